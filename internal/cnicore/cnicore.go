@@ -1,0 +1,194 @@
+// Package cnicore is the plugin-side plumbing shared by podnet and
+// podnet-bridge: configuration, CNI_ARGS, CNI errors, the IPAM delegate,
+// netns opening, MTU resolution and the rollback stack of ADD.
+package cnicore
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+
+	"github.com/containernetworking/cni/pkg/types"
+	"github.com/containernetworking/cni/pkg/version"
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/vishvananda/netlink"
+
+	"github.com/podnet/podnet/internal/nodestate"
+)
+
+// SupportedVersions lists the CNI versions the podnet plugins accept.
+var SupportedVersions = []string{"0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"}
+
+// VersionInfo answers VERSION.
+func VersionInfo() version.PluginInfo { return version.PluginSupports(SupportedVersions...) }
+
+// MTU bounds accepted in configuration.
+const (
+	MinMTU = 576
+	MaxMTU = 65535
+	// DefaultMTU is used when neither the config, the node state file nor
+	// the node's default route tells the MTU.
+	DefaultMTU = 1500
+)
+
+// NetConf is the configuration common to the podnet plugins.
+type NetConf struct {
+	types.PluginConf
+	// MTU of the pod interface; 0 means: from the node state file, else
+	// the MTU of the node's default-route interface.
+	MTU int `json:"mtu,omitempty"`
+	// StateDir holds node.json (default /run/podnet).
+	StateDir string `json:"stateDir,omitempty"`
+	// LogFile, when set, receives the plugin's structured logs.
+	LogFile string `json:"logFile,omitempty"`
+}
+
+// Errorf builds a CNI error with code and a message.
+func Errorf(code uint, format string, args ...any) *types.Error {
+	return types.NewError(code, fmt.Sprintf(format, args...), "")
+}
+
+// LoadConf parses and validates stdin into conf (which embeds NetConf in
+// the caller's type). Errors are CNI errors with code 7 (or 6 for a
+// prevResult that cannot be decoded).
+func LoadConf(stdin []byte, conf any, base *NetConf) error {
+	if err := json.Unmarshal(stdin, conf); err != nil {
+		return Errorf(types.ErrInvalidNetworkConfig, "invalid network config: %v", err)
+	}
+	if base.IPAM.Type == "" {
+		return Errorf(types.ErrInvalidNetworkConfig, "network %q: missing \"ipam\" section with a \"type\" (for example {\"type\": \"podnet-ipam\"} or {\"type\": \"host-local\", ...})", base.Name)
+	}
+	if base.MTU != 0 && (base.MTU < MinMTU || base.MTU > MaxMTU) {
+		return Errorf(types.ErrInvalidNetworkConfig, "network %q: mtu %d is out of range: use %d-%d, or leave it out to take the node's MTU", base.Name, base.MTU, MinMTU, MaxMTU)
+	}
+	if err := version.ParsePrevResult(&base.PluginConf); err != nil {
+		return Errorf(types.ErrDecodingFailure, "network %q: cannot decode prevResult: %v", base.Name, err)
+	}
+	return nil
+}
+
+// PodArgs are the CNI_ARGS podnet uses.
+type PodArgs struct {
+	PodNamespace string
+	PodName      string
+}
+
+// ParseArgs reads K8S_POD_NAMESPACE and K8S_POD_NAME from CNI_ARGS
+// ("K=V;K=V"); other keys are ignored.
+func ParseArgs(cniArgs string) (PodArgs, error) {
+	var a PodArgs
+	if cniArgs == "" {
+		return a, nil
+	}
+	for _, kv := range strings.Split(cniArgs, ";") {
+		if kv == "" {
+			continue
+		}
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok {
+			return a, Errorf(types.ErrInvalidEnvironmentVariables, "CNI_ARGS: %q is not KEY=VALUE", kv)
+		}
+		switch k {
+		case "K8S_POD_NAMESPACE":
+			a.PodNamespace = v
+		case "K8S_POD_NAME":
+			a.PodName = v
+		}
+	}
+	return a, nil
+}
+
+// OpenNetns opens the pod netns. A path that does not exist or is not a
+// netns is error code 3 (the container is gone or unknown).
+func OpenNetns(path string) (ns.NetNS, error) {
+	podNS, err := ns.GetNS(path)
+	if err == nil {
+		return podNS, nil
+	}
+	var notExist ns.NSPathNotExistErr
+	if errors.As(err, &notExist) {
+		return nil, Errorf(types.ErrUnknownContainer, "CNI_NETNS %s does not exist (has the container exited?)", path)
+	}
+	var notNS ns.NSPathNotNSErr
+	if errors.As(err, &notNS) {
+		return nil, Errorf(types.ErrUnknownContainer, "CNI_NETNS %s is not a network namespace", path)
+	}
+	return nil, Errorf(types.ErrUnknownContainer, "cannot open CNI_NETNS %s: %v", path, err)
+}
+
+// ResolveMTU returns the pod MTU: from the config, else the node state file,
+// else the MTU of the current netns' default-route interface, else 1500.
+func ResolveMTU(conf *NetConf) (int, error) {
+	if conf.MTU > 0 {
+		return conf.MTU, nil
+	}
+	st, err := nodestate.Read(conf.StateDir)
+	switch {
+	case err == nil && st.MTU > 0:
+		return st.MTU, nil
+	case err != nil && !errors.Is(err, nodestate.ErrNotReady):
+		return 0, Errorf(types.ErrTryAgainLater, "cannot take the MTU from the node state: %v", err)
+	}
+	return underlayMTU(), nil
+}
+
+// underlayMTU is the MTU of the interface of the IPv4 default route.
+func underlayMTU() int {
+	routes, err := netlinksafe.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: 254}, netlink.RT_FILTER_TABLE)
+	if err != nil {
+		return DefaultMTU
+	}
+	for _, r := range routes {
+		if r.Dst != nil {
+			if ones, _ := r.Dst.Mask.Size(); ones != 0 {
+				continue
+			}
+		}
+		if r.LinkIndex == 0 {
+			continue
+		}
+		if l, err := netlink.LinkByIndex(r.LinkIndex); err == nil && l.Attrs().MTU > 0 {
+			return l.Attrs().MTU
+		}
+	}
+	return DefaultMTU
+}
+
+// Logger returns a logger writing to conf.LogFile, or one that discards.
+// The returned closer must be called when the plugin is done.
+func Logger(conf *NetConf, plugin string) (*slog.Logger, func()) {
+	if conf.LogFile == "" {
+		return slog.New(slog.NewTextHandler(io.Discard, nil)), func() {}
+	}
+	f, err := os.OpenFile(conf.LogFile, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o600)
+	if err != nil {
+		return slog.New(slog.NewTextHandler(io.Discard, nil)), func() {}
+	}
+	l := slog.New(slog.NewJSONHandler(f, nil)).With("plugin", plugin, "network", conf.Name)
+	return l, func() { _ = f.Close() }
+}
+
+// Rollback is the undo stack of an ADD: each successful step pushes its
+// undo; on failure Run undoes them in reverse order.
+type Rollback struct {
+	undo []func() error
+	Log  *slog.Logger
+}
+
+// Push records how to undo a step that succeeded.
+func (r *Rollback) Push(undo func() error) { r.undo = append(r.undo, undo) }
+
+// Run undoes every recorded step, newest first, and logs undo failures.
+func (r *Rollback) Run() {
+	for i := len(r.undo) - 1; i >= 0; i-- {
+		if err := r.undo[i](); err != nil && r.Log != nil {
+			r.Log.Error("rollback step failed", "err", err)
+		}
+	}
+	r.undo = nil
+}

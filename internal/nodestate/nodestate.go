@@ -1,0 +1,91 @@
+// Package nodestate reads and writes the node state file that podnet-routed
+// publishes for the plugins: this node's PodCIDRs, the pod MTU and the
+// encapsulation in use.
+package nodestate
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+)
+
+// DefaultDir is where podnet-routed writes node.json on a real node.
+const DefaultDir = "/run/podnet"
+
+// FileName is the name of the state file inside the state directory.
+const FileName = "node.json"
+
+// State is the content of node.json.
+type State struct {
+	NodeName string   `json:"nodeName,omitempty"`
+	PodCIDRs []string `json:"podCIDRs,omitempty"`
+	MTU      int      `json:"mtu,omitempty"`
+	Encap    string   `json:"encap,omitempty"`
+}
+
+// ErrNotReady is returned by Read when the state file does not exist yet.
+var ErrNotReady = errors.New("node state not published yet (is podnet-routed running on this node?)")
+
+// Path returns the state file path for dir (DefaultDir when empty).
+func Path(dir string) string {
+	if dir == "" {
+		dir = DefaultDir
+	}
+	return filepath.Join(dir, FileName)
+}
+
+// Read loads the state file from dir. A missing file yields an error wrapping
+// ErrNotReady.
+func Read(dir string) (*State, error) {
+	p := Path(dir)
+	data, err := os.ReadFile(p)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("%s: %w", p, ErrNotReady)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read node state %s: %w", p, err)
+	}
+	var s State
+	if err := json.Unmarshal(data, &s); err != nil {
+		return nil, fmt.Errorf("parse node state %s: %w", p, err)
+	}
+	return &s, nil
+}
+
+// Write stores s atomically (temp file, fsync, rename) in dir.
+func Write(dir string, s *State) error {
+	p := Path(dir)
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		return fmt.Errorf("create state dir: %w", err)
+	}
+	data, err := json.MarshalIndent(s, "", "  ")
+	if err != nil {
+		return fmt.Errorf("encode node state: %w", err)
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(p), ".node.json.*")
+	if err != nil {
+		return fmt.Errorf("create temp state file: %w", err)
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(append(data, '\n')); err != nil {
+		tmp.Close()
+		return fmt.Errorf("write temp state file: %w", err)
+	}
+	if err := tmp.Chmod(0o644); err != nil {
+		tmp.Close()
+		return fmt.Errorf("chmod temp state file: %w", err)
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return fmt.Errorf("sync temp state file: %w", err)
+	}
+	if err := tmp.Close(); err != nil {
+		return fmt.Errorf("close temp state file: %w", err)
+	}
+	if err := os.Rename(tmp.Name(), p); err != nil {
+		return fmt.Errorf("install node state %s: %w", p, err)
+	}
+	return nil
+}

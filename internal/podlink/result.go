@@ -1,0 +1,105 @@
+package podlink
+
+import (
+	"fmt"
+	"net"
+
+	"github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/vishvananda/netlink"
+)
+
+// HasIPv6 reports whether any of ips is IPv6.
+func HasIPv6(ips []net.IP) bool {
+	for _, ip := range ips {
+		if ip.To4() == nil {
+			return true
+		}
+	}
+	return false
+}
+
+// RoutedResult builds the ADD result of a routed attachment: prevResult's
+// content (when chained) followed by the host veth and the pod interface,
+// the pod addresses as configured, and the routes the pod got.
+func RoutedResult(prevResult types.Result, alloc *current.Result, hostName string, podIface *current.Interface, side PodSide) (*current.Result, error) {
+	result := &current.Result{CNIVersion: current.ImplementedSpecVersion}
+	if prevResult != nil {
+		prev, err := current.NewResultFromResult(prevResult)
+		if err != nil {
+			return nil, err
+		}
+		result.Interfaces = append(result.Interfaces, prev.Interfaces...)
+		result.IPs = append(result.IPs, prev.IPs...)
+		result.Routes = append(result.Routes, prev.Routes...)
+		result.DNS = prev.DNS
+	}
+	result.Interfaces = append(result.Interfaces, &current.Interface{Name: hostName, Mac: HostMAC}, podIface)
+	podIndex := len(result.Interfaces) - 1
+	for _, a := range side.Addrs {
+		gw := side.GatewayV4
+		if a.IP.To4() == nil {
+			gw = side.GatewayV6
+		}
+		addr := *a
+		result.IPs = append(result.IPs, &current.IPConfig{Interface: current.Int(podIndex), Address: addr, Gateway: gw})
+	}
+	for _, r := range side.routes(0) {
+		if r.Gw == nil {
+			continue // the scope-link route to the gateway is an implementation detail
+		}
+		result.Routes = append(result.Routes, &types.Route{Dst: *r.Dst, GW: r.Gw})
+	}
+	if len(alloc.DNS.Nameservers) > 0 {
+		result.DNS = alloc.DNS
+	}
+	return result, nil
+}
+
+// PodIPs returns the addresses prevResult assigned to the interface ifName
+// in netns sandbox.
+func PodIPs(prev *current.Result, ifName, sandbox string) ([]net.IP, error) {
+	idx := -1
+	for i, iface := range prev.Interfaces {
+		if iface.Name == ifName && iface.Sandbox == sandbox {
+			idx = i
+		}
+	}
+	if idx < 0 {
+		return nil, fmt.Errorf("prevResult has no interface %s in netns %s", ifName, sandbox)
+	}
+	var ips []net.IP
+	for _, c := range prev.IPs {
+		if c.Interface != nil && *c.Interface == idx {
+			ips = append(ips, c.Address.IP)
+		}
+	}
+	if len(ips) == 0 {
+		return nil, fmt.Errorf("prevResult has no address for interface %s", ifName)
+	}
+	return ips, nil
+}
+
+// GCHostVeths deletes the host veths of network whose attachment is not in
+// valid, and returns their names. Routes through them go with them.
+func GCHostVeths(network string, valid []types.GCAttachment) ([]string, error) {
+	owned, err := OwnedHostVeths(network)
+	if err != nil {
+		return nil, err
+	}
+	keep := make(map[[2]string]bool, len(valid))
+	for _, a := range valid {
+		keep[[2]string{a.ContainerID, a.IfName}] = true
+	}
+	var removed []string
+	for o, link := range owned {
+		if keep[[2]string{o.ContainerID, o.IfName}] {
+			continue
+		}
+		if err := netlink.LinkDel(link); err != nil && !isNotFound(err) {
+			return removed, fmt.Errorf("delete stale veth %s of container %s: %w", link.Attrs().Name, o.ContainerID, err)
+		}
+		removed = append(removed, link.Attrs().Name)
+	}
+	return removed, nil
+}

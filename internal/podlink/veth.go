@@ -1,0 +1,195 @@
+package podlink
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// VethSpec describes the veth pair of one attachment.
+type VethSpec struct {
+	HostName string           // host-side name (HostVethName)
+	PodName  string           // CNI_IFNAME, the name inside the pod
+	MTU      int              // both ends
+	HostMAC  net.HardwareAddr // nil: the kernel picks one
+	Owner    Owner            // recorded as the host veth's alias
+}
+
+// CreateVeth creates the pair in the current (node) netns. The pod end gets a
+// temporary name until MoveToPod renames it. The host end stays down.
+func CreateVeth(spec VethSpec) (netlink.Link, error) {
+	attrs := netlink.NewLinkAttrs()
+	attrs.Name = spec.HostName
+	attrs.MTU = spec.MTU
+	attrs.HardwareAddr = spec.HostMAC
+	veth := &netlink.Veth{LinkAttrs: attrs, PeerName: tempPeerName(spec.HostName), PeerMTU: uint32(spec.MTU)}
+	if err := netlink.LinkAdd(veth); err != nil {
+		if errors.Is(err, unix.EEXIST) {
+			return nil, fmt.Errorf("create veth %s: an interface with that name already exists: %w", spec.HostName, err)
+		}
+		return nil, fmt.Errorf("create veth %s: %w", spec.HostName, err)
+	}
+	host, err := netlinksafe.LinkByName(spec.HostName)
+	if err != nil {
+		_ = netlink.LinkDel(veth)
+		return nil, fmt.Errorf("look up new veth %s: %w", spec.HostName, err)
+	}
+	if err := netlink.LinkSetAlias(host, spec.Owner.Alias()); err != nil {
+		_ = netlink.LinkDel(host)
+		return nil, fmt.Errorf("set alias on veth %s: %w", spec.HostName, err)
+	}
+	return host, nil
+}
+
+// MoveToPod moves the pod end of the pair into podNS and gives it its final
+// name. It fails, naming the interface, when the pod already has one by that
+// name.
+func MoveToPod(spec VethSpec, podNS ns.NetNS) error {
+	tmp := tempPeerName(spec.HostName)
+	peer, err := netlinksafe.LinkByName(tmp)
+	if err != nil {
+		return fmt.Errorf("look up pod end %s of veth %s: %w", tmp, spec.HostName, err)
+	}
+	if err := netlink.LinkSetNsFd(peer, int(podNS.Fd())); err != nil {
+		return fmt.Errorf("move %s into netns %s: %w", tmp, podNS.Path(), err)
+	}
+	return podNS.Do(func(ns.NetNS) error {
+		link, err := netlinksafe.LinkByName(tmp)
+		if err != nil {
+			return fmt.Errorf("look up %s in netns %s: %w", tmp, podNS.Path(), err)
+		}
+		if err := netlink.LinkSetName(link, spec.PodName); err != nil {
+			if errors.Is(err, unix.EEXIST) {
+				return fmt.Errorf("netns %s already has an interface named %q", podNS.Path(), spec.PodName)
+			}
+			return fmt.Errorf("rename %s to %s in netns %s: %w", tmp, spec.PodName, podNS.Path(), err)
+		}
+		return nil
+	})
+}
+
+// DeleteHostVeth deletes the host veth hostName (and with it the pod end and
+// every route through it) when it belongs to owner. It returns false when
+// there was nothing of owner's to delete; a veth of the same name owned by
+// another attachment is left alone.
+func DeleteHostVeth(hostName string, owner Owner) (bool, error) {
+	link, err := netlinksafe.LinkByName(hostName)
+	if err != nil {
+		if isNotFound(err) {
+			return false, nil
+		}
+		return false, fmt.Errorf("look up host veth %s: %w", hostName, err)
+	}
+	got, ok := ParseAlias(link.Attrs().Alias)
+	if !ok || got != owner {
+		return false, nil
+	}
+	if err := netlink.LinkDel(link); err != nil && !isNotFound(err) {
+		return false, fmt.Errorf("delete host veth %s: %w", hostName, err)
+	}
+	return true, nil
+}
+
+// DeleteStaleHostVeth removes a leftover host veth named hostName that is
+// owned by another container of the same pod (a previous sandbox whose DEL
+// never came) or is a half-created pair of owner. Links podnet did not create
+// are never touched: their name clash is reported.
+func DeleteStaleHostVeth(hostName string, owner Owner) error {
+	link, err := netlinksafe.LinkByName(hostName)
+	if err != nil {
+		if isNotFound(err) {
+			return nil
+		}
+		return fmt.Errorf("look up host veth %s: %w", hostName, err)
+	}
+	if _, ok := ParseAlias(link.Attrs().Alias); !ok {
+		return fmt.Errorf("interface %s exists and was not created by podnet; remove or rename it", hostName)
+	}
+	if err := netlink.LinkDel(link); err != nil && !isNotFound(err) {
+		return fmt.Errorf("delete stale host veth %s: %w", hostName, err)
+	}
+	return nil
+}
+
+// DeletePodLink deletes ifName inside podNS if it is still there (the host
+// end was already gone). A missing netns or link is not an error.
+func DeletePodLink(netnsPath, ifName string) error {
+	if netnsPath == "" {
+		return nil
+	}
+	podNS, err := ns.GetNS(netnsPath)
+	if err != nil {
+		var notExist ns.NSPathNotExistErr
+		var notNS ns.NSPathNotNSErr
+		if errors.As(err, &notExist) || errors.As(err, &notNS) {
+			return nil
+		}
+		return fmt.Errorf("open netns %s: %w", netnsPath, err)
+	}
+	defer podNS.Close()
+	return podNS.Do(func(ns.NetNS) error {
+		link, err := netlinksafe.LinkByName(ifName)
+		if err != nil {
+			if isNotFound(err) {
+				return nil
+			}
+			return fmt.Errorf("look up %s in netns %s: %w", ifName, netnsPath, err)
+		}
+		if _, isVeth := link.(*netlink.Veth); !isVeth {
+			return nil
+		}
+		if err := netlink.LinkDel(link); err != nil && !isNotFound(err) {
+			return fmt.Errorf("delete %s in netns %s: %w", ifName, netnsPath, err)
+		}
+		return nil
+	})
+}
+
+// OwnedHostVeths lists the host veths of network in the current netns.
+func OwnedHostVeths(network string) (map[Owner]netlink.Link, error) {
+	links, err := netlinksafe.LinkList()
+	if err != nil {
+		return nil, fmt.Errorf("list links: %w", err)
+	}
+	owned := make(map[Owner]netlink.Link)
+	for _, l := range links {
+		if _, isVeth := l.(*netlink.Veth); !isVeth {
+			continue
+		}
+		if o, ok := ParseAlias(l.Attrs().Alias); ok && o.Network == network {
+			owned[o] = l
+		}
+	}
+	return owned, nil
+}
+
+func isNotFound(err error) bool {
+	var lnf netlink.LinkNotFoundError
+	return errors.As(err, &lnf) || errors.Is(err, unix.ENODEV) || errors.Is(err, unix.ENOENT)
+}
+
+// writeSysctl sets a per-netns kernel setting such as
+// "net/ipv4/conf/eth0/proxy_arp" for the calling thread's netns.
+func writeSysctl(name, value string) error {
+	p := filepath.Join("/proc/sys", name)
+	if err := os.WriteFile(p, []byte(value), 0o644); err != nil {
+		return fmt.Errorf("set %s=%s: %w", name, value, err)
+	}
+	return nil
+}
+
+func readSysctl(name string) (string, error) {
+	b, err := os.ReadFile(filepath.Join("/proc/sys", name))
+	if err != nil {
+		return "", fmt.Errorf("read %s: %w", name, err)
+	}
+	return strings.TrimSpace(string(b)), nil
+}
