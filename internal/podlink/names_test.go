@@ -1,0 +1,121 @@
+package podlink
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestHostVethName(t *testing.T) {
+	base := HostVethName("default", "web", "ctr1", "eth0")
+
+	t.Run("deterministic", func(t *testing.T) {
+		for range 3 {
+			if got := HostVethName("default", "web", "ctr1", "eth0"); got != base {
+				t.Fatalf("HostVethName changed between calls: %q then %q", base, got)
+			}
+		}
+	})
+
+	t.Run("shape", func(t *testing.T) {
+		for _, name := range []string{
+			base,
+			HostVethName("", "", "ctr1", "eth0"),
+			HostVethName(strings.Repeat("n", 63), strings.Repeat("p", 253), strings.Repeat("c", 64), "net15"),
+		} {
+			if len(name) > 15 {
+				t.Errorf("%q is %d characters, over the 15-character interface name limit", name, len(name))
+			}
+			rest, ok := strings.CutPrefix(name, "pn")
+			if !ok {
+				t.Errorf("%q does not start with \"pn\"", name)
+			}
+			if len(rest) != 11 || strings.Trim(rest, "0123456789abcdef") != "" {
+				t.Errorf("%q: want \"pn\" + 11 hex characters", name)
+			}
+		}
+	})
+
+	t.Run("differs", func(t *testing.T) {
+		for _, c := range []struct {
+			what string
+			name string
+		}{
+			{"by ifname", HostVethName("default", "web", "ctr1", "net1")},
+			{"by pod name", HostVethName("default", "api", "ctr1", "eth0")},
+			{"by pod namespace", HostVethName("prod", "web", "ctr1", "eth0")},
+			{"by container (no pod names)", HostVethName("", "", "ctr2", "eth0")},
+		} {
+			if c.name == base {
+				t.Errorf("name does not differ %s: both %q", c.what, base)
+			}
+		}
+		if a, b := HostVethName("", "", "ctr1", "eth0"), HostVethName("", "", "ctr2", "eth0"); a == b {
+			t.Errorf("containers ctr1 and ctr2 share name %q", a)
+		}
+		if a, b := HostVethName("", "", "ctr1", "eth0"), HostVethName("", "", "ctr1", "net1"); a == b {
+			t.Errorf("ifnames eth0 and net1 of one container share name %q", a)
+		}
+	})
+
+	t.Run("uses pod namespace and name when both given", func(t *testing.T) {
+		// A new sandbox (container ID) of the same pod gets the same name,
+		// so its ADD finds and replaces the previous sandbox's leftover veth.
+		if got := HostVethName("default", "web", "ctr2", "eth0"); got != base {
+			t.Errorf("same pod, other container: %q, want %q", got, base)
+		}
+		if got := HostVethName("default", "web", "", "eth0"); got != base {
+			t.Errorf("same pod, no container ID: %q, want %q", got, base)
+		}
+	})
+
+	t.Run("falls back to container ID when a pod name part is missing", func(t *testing.T) {
+		byID := HostVethName("", "", "ctr1", "eth0")
+		for _, c := range [][2]string{{"default", ""}, {"", "web"}} {
+			if got := HostVethName(c[0], c[1], "ctr1", "eth0"); got != byID {
+				t.Errorf("HostVethName(%q, %q, ctr1, eth0) = %q, want the container-ID name %q", c[0], c[1], got, byID)
+			}
+		}
+	})
+}
+
+func TestOwnerAlias(t *testing.T) {
+	for _, o := range []Owner{
+		{Network: "podnet", ContainerID: "0123456789abcdef", IfName: "eth0"},
+		{Network: "k8s-pod-network", ContainerID: "ctr_1.a-b", IfName: "net1"},
+	} {
+		alias := o.Alias()
+		if !strings.HasPrefix(alias, "podnet:") {
+			t.Errorf("alias %q lacks the podnet: prefix", alias)
+		}
+		got, ok := ParseAlias(alias)
+		if !ok || got != o {
+			t.Errorf("ParseAlias(%q) = %+v, %v; want %+v, true", alias, got, ok, o)
+		}
+	}
+	if got := (Owner{Network: "n", ContainerID: "c", IfName: "i"}).Alias(); got != "podnet:n:c:i" {
+		t.Errorf("Alias() = %q, want %q", got, "podnet:n:c:i")
+	}
+}
+
+func TestParseAliasRejectsForeignAliases(t *testing.T) {
+	for _, alias := range []string{
+		"",
+		"foo",
+		"podnet",
+		"podnet:",
+		"podnet:a:b",  // missing a part
+		"podnet:a::c", // empty part
+		"podnet::b:c",
+		"podnet:a:b:",
+		"podnet:::",
+		"calico:a:b:c", // another tool's alias
+		"PODNET:a:b:c",
+		" podnet:a:b:c",
+	} {
+		if o, ok := ParseAlias(alias); ok {
+			t.Errorf("ParseAlias(%q) = %+v, true; want false", alias, o)
+		} else if o != (Owner{}) {
+			t.Errorf("ParseAlias(%q) returned non-zero owner %+v with ok=false", alias, o)
+		}
+	}
+}

@@ -1,0 +1,339 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"github.com/containernetworking/cni/pkg/skel"
+	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/vishvananda/netlink"
+
+	"github.com/podnet/podnet/internal/cnicore"
+	"github.com/podnet/podnet/internal/podlink"
+	"github.com/podnet/podnet/internal/rtproto"
+	"github.com/podnet/podnet/test/nettest"
+)
+
+// addSteps are the names cmdAdd passes to p.step, in order.
+var addSteps = []string{"ipam", "veth", "move", "host", "address", "route", "host-route"}
+
+const (
+	testSubnet     = "10.244.30.0/24"
+	testPodNS      = "default"
+	testPodName    = "web"
+	testIfName     = "eth0"
+	testCNIArgs    = "IgnoreUnknown=1;K8S_POD_NAMESPACE=" + testPodNS + ";K8S_POD_NAME=" + testPodName
+	testNetwork    = "podnet"
+	testCNIVersion = "1.0.0"
+)
+
+// addEnv is one in-process attachment: a node netns standing in for the
+// host, a pod netns, a host-local data directory and the CNI arguments.
+type addEnv struct {
+	node     *nettest.Node
+	podNS    ns.NetNS
+	dataDir  string
+	hostVeth string
+	args     *skel.CmdArgs
+}
+
+// newAddEnv prepares the netns pair, the network config and the CNI_*
+// environment that invoke.DelegateAdd/DelegateDel pass on to host-local.
+func newAddEnv(t *testing.T, containerID string) *addEnv {
+	t.Helper()
+	tools := nettest.RefToolsDir(t)
+	node := nettest.NewNode(t)
+	podNS := nettest.NewNetNS(t)
+	dataDir := t.TempDir()
+	// stateDir keeps ResolveMTU away from the machine's /run/podnet: with no
+	// node.json there and no default route in the node netns, MTU is 1500.
+	conf := fmt.Sprintf(`{"cniVersion":%q,"name":%q,"type":"podnet","stateDir":%q,`+
+		`"ipam":{"type":"host-local","dataDir":%q,"ranges":[[{"subnet":%q}]]}}`,
+		testCNIVersion, testNetwork, t.TempDir(), dataDir, testSubnet)
+
+	t.Setenv("CNI_COMMAND", "ADD")
+	t.Setenv("CNI_CONTAINERID", containerID)
+	t.Setenv("CNI_NETNS", podNS.Path())
+	t.Setenv("CNI_IFNAME", testIfName)
+	t.Setenv("CNI_PATH", tools)
+	t.Setenv("CNI_ARGS", testCNIArgs)
+
+	return &addEnv{
+		node:     node,
+		podNS:    podNS,
+		dataDir:  dataDir,
+		hostVeth: podlink.HostVethName(testPodNS, testPodName, containerID, testIfName),
+		args: &skel.CmdArgs{
+			ContainerID: containerID,
+			Netns:       podNS.Path(),
+			IfName:      testIfName,
+			Args:        testCNIArgs,
+			Path:        tools,
+			StdinData:   []byte(conf),
+		},
+	}
+}
+
+// inNode runs f with the calling thread in the node netns, so that every
+// netlink call and exec of cmdAdd/cmdDel acts on the node netns and never on
+// the machine's own.
+func (e *addEnv) inNode(f func() error) error {
+	return e.node.NS.Do(func(ns.NetNS) error { return f() })
+}
+
+// add runs p.cmdAdd in the node netns and returns its error and what it
+// printed on stdout.
+func (e *addEnv) add(t *testing.T, p *plugin) (string, error) {
+	t.Helper()
+	t.Setenv("CNI_COMMAND", "ADD")
+	out, err := os.CreateTemp(t.TempDir(), "stdout")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer out.Close()
+	saved := os.Stdout
+	os.Stdout = out
+	addErr := e.inNode(func() error { return p.cmdAdd(e.args) })
+	os.Stdout = saved
+	if _, err := out.Seek(0, io.SeekStart); err != nil {
+		t.Fatal(err)
+	}
+	printed, err := io.ReadAll(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(printed), addErr
+}
+
+// del runs p.cmdDel in the node netns.
+func (e *addEnv) del(t *testing.T, p *plugin) error {
+	t.Helper()
+	t.Setenv("CNI_COMMAND", "DEL")
+	return e.inNode(func() error { return p.cmdDel(e.args) })
+}
+
+// state is what an attachment leaves behind, as the checks see it.
+type state struct {
+	nodeLinks    []string // node links other than lo
+	podnetRoutes []string // node routes with protocol rtproto.Podnet (dst)
+	podLinks     []string // pod links other than lo
+	reservations []string // host-local reservation files (IPs)
+}
+
+// observe reads the state with the test's helpers. It must run in the test
+// goroutine (the helpers call t.Fatal).
+func (e *addEnv) observe(t *testing.T) state {
+	t.Helper()
+	var s state
+	s.nodeLinks = e.node.Links()
+	for _, r := range e.node.RoutesWithProto(rtproto.Podnet) {
+		s.podnetRoutes = append(s.podnetRoutes, routeDst(r))
+	}
+	links, err := linkNames(e.podNS)
+	if err != nil {
+		t.Fatalf("list pod links: %v", err)
+	}
+	s.podLinks = links
+	if s.reservations, err = reservations(e.dataDir); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// observeRaw reads the same state without touching t, for use inside
+// failAfter, which runs on the goroutine of ns.Do with the thread already in
+// the node netns.
+func (e *addEnv) observeRaw() (state, error) {
+	var s state
+	var err error
+	if s.nodeLinks, err = linkNames(e.node.NS); err != nil {
+		return s, err
+	}
+	err = e.node.NS.Do(func(ns.NetNS) error {
+		routes, err := netlink.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Protocol: rtproto.Podnet}, netlink.RT_FILTER_PROTOCOL|netlink.RT_FILTER_TABLE)
+		for _, r := range routes {
+			s.podnetRoutes = append(s.podnetRoutes, routeDst(r))
+		}
+		return err
+	})
+	if err != nil {
+		return s, err
+	}
+	if s.podLinks, err = linkNames(e.podNS); err != nil {
+		return s, err
+	}
+	s.reservations, err = reservations(e.dataDir)
+	return s, err
+}
+
+// assertClean fails unless nothing of the attachment is left.
+func (e *addEnv) assertClean(t *testing.T, when string) {
+	t.Helper()
+	s := e.observe(t)
+	if len(s.nodeLinks) > 0 {
+		t.Errorf("%s: links left in node netns: %v", when, s.nodeLinks)
+	}
+	if len(s.podnetRoutes) > 0 {
+		t.Errorf("%s: podnet routes left in node netns: %v", when, s.podnetRoutes)
+	}
+	if len(s.podLinks) > 0 {
+		t.Errorf("%s: interfaces left in pod netns: %v", when, s.podLinks)
+	}
+	if len(s.reservations) > 0 {
+		t.Errorf("%s: host-local reservations left: %v", when, s.reservations)
+	}
+}
+
+func linkNames(netns ns.NetNS) ([]string, error) {
+	var names []string
+	err := netns.Do(func(ns.NetNS) error {
+		links, err := netlink.LinkList()
+		if err != nil {
+			return err
+		}
+		for _, l := range links {
+			if l.Attrs().Name != "lo" {
+				names = append(names, l.Attrs().Name)
+			}
+		}
+		return nil
+	})
+	return names, err
+}
+
+// reservations lists host-local's reserved addresses in dataDir/<network>:
+// the file names that parse as IPs (not "lock" or "last_reserved_ip.0").
+func reservations(dataDir string) ([]string, error) {
+	entries, err := os.ReadDir(filepath.Join(dataDir, testNetwork))
+	if err != nil && !os.IsNotExist(err) {
+		return nil, err
+	}
+	var ips []string
+	for _, e := range entries {
+		if net.ParseIP(e.Name()) != nil {
+			ips = append(ips, e.Name())
+		}
+	}
+	return ips, nil
+}
+
+func routeDst(r netlink.Route) string {
+	if r.Dst == nil {
+		return "default"
+	}
+	return r.Dst.String()
+}
+
+// TestAddRollsBackAfterEachStep makes ADD fail right after each of its
+// steps and checks that the rollback leaves neither link, route, pod
+// interface nor address reservation behind. The control case runs the same
+// checks after a successful ADD, where they must see all four, and then DEL.
+func TestAddRollsBackAfterEachStep(t *testing.T) {
+	t.Run("control", func(t *testing.T) {
+		e := newAddEnv(t, "ctr-control")
+		var calls []string
+		p := &plugin{ipam: cnicore.ExecIPAM{}, failAfter: func(step string) error {
+			calls = append(calls, step)
+			return nil
+		}}
+		printed, err := e.add(t, p)
+		if err != nil {
+			t.Fatalf("ADD: %v", err)
+		}
+		if !slices.Equal(calls, addSteps) {
+			t.Errorf("ADD stepped through %v, want %v", calls, addSteps)
+		}
+		raw, err := current.NewResult([]byte(printed))
+		if err != nil {
+			t.Fatalf("ADD printed no readable result: %v\n%s", err, printed)
+		}
+		res, err := current.NewResultFromResult(raw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(res.IPs) != 1 {
+			t.Fatalf("ADD result has IPs %v, want one", res.IPs)
+		}
+		ip := res.IPs[0].Address.IP.String()
+		_, subnet, _ := net.ParseCIDR(testSubnet)
+		if !subnet.Contains(res.IPs[0].Address.IP) {
+			t.Errorf("ADD gave %s, outside %s", ip, testSubnet)
+		}
+
+		s := e.observe(t)
+		if !slices.Equal(s.nodeLinks, []string{e.hostVeth}) {
+			t.Errorf("node links after ADD: %v, want [%s]", s.nodeLinks, e.hostVeth)
+		}
+		if !slices.Equal(s.podnetRoutes, []string{ip + "/32"}) {
+			t.Errorf("podnet routes after ADD: %v, want [%s/32]", s.podnetRoutes, ip)
+		}
+		if !slices.Equal(s.podLinks, []string{testIfName}) {
+			t.Errorf("pod links after ADD: %v, want [%s]", s.podLinks, testIfName)
+		}
+		if !slices.Equal(s.reservations, []string{ip}) {
+			t.Errorf("reservations after ADD: %v, want [%s]", s.reservations, ip)
+		}
+
+		if err := e.del(t, p); err != nil {
+			t.Fatalf("DEL: %v", err)
+		}
+		e.assertClean(t, "after DEL")
+	})
+
+	for i, step := range addSteps {
+		t.Run("fail-after-"+step, func(t *testing.T) {
+			e := newAddEnv(t, "ctr-"+step)
+			injected := fmt.Errorf("injected failure after step %q", step)
+			var calls []string
+			var before state
+			var observeErr error
+			p := &plugin{ipam: cnicore.ExecIPAM{}, failAfter: func(s string) error {
+				calls = append(calls, s)
+				if s != step {
+					return nil
+				}
+				// What the rollback will have to undo.
+				before, observeErr = e.observeRaw()
+				return injected
+			}}
+
+			printed, err := e.add(t, p)
+			if !errors.Is(err, injected) {
+				t.Fatalf("ADD returned %v, want the injected error %q", err, injected)
+			}
+			if printed != "" {
+				t.Errorf("failed ADD printed a result: %s", printed)
+			}
+			if want := addSteps[:i+1]; !slices.Equal(calls, want) {
+				t.Errorf("ADD stepped through %v, want %v", calls, want)
+			}
+
+			// The failure point had something to roll back, so the clean
+			// state below is the rollback's doing.
+			if observeErr != nil {
+				t.Fatalf("observe state at step %q: %v", step, observeErr)
+			}
+			if len(before.reservations) != 1 {
+				t.Errorf("at step %q: reservations %v, want one", step, before.reservations)
+			}
+			if i >= slices.Index(addSteps, "veth") && !slices.Contains(before.nodeLinks, e.hostVeth) {
+				t.Errorf("at step %q: host veth %s missing from node links %v", step, e.hostVeth, before.nodeLinks)
+			}
+			if i >= slices.Index(addSteps, "move") && !slices.Equal(before.podLinks, []string{testIfName}) {
+				t.Errorf("at step %q: pod links %v, want [%s]", step, before.podLinks, testIfName)
+			}
+			if i >= slices.Index(addSteps, "host-route") && len(before.podnetRoutes) != 1 {
+				t.Errorf("at step %q: podnet routes %v, want one", step, before.podnetRoutes)
+			}
+
+			e.assertClean(t, "after failed ADD")
+		})
+	}
+}
