@@ -8,8 +8,9 @@ export CGO_ENABLED := 0
 
 # binary name -> main package
 PKG_podnet := ./plugins/podnet
+PKG_podnet-ipam := ./ipam/cmd/podnet-ipam
 
-BINS := podnet
+BINS := podnet podnet-ipam
 
 .PHONY: all build test unit integration lint deps cni-tools clean FORCE
 

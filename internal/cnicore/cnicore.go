@@ -46,6 +46,9 @@ type NetConf struct {
 	StateDir string `json:"stateDir,omitempty"`
 	// LogFile, when set, receives the plugin's structured logs.
 	LogFile string `json:"logFile,omitempty"`
+	// ExecIPAM forces exec of the IPAM binary even for podnet-ipam, which
+	// otherwise runs in-process.
+	ExecIPAM bool `json:"execIPAM,omitempty"`
 }
 
 // Errorf builds a CNI error with code and a message.

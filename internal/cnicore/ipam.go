@@ -6,36 +6,40 @@ import (
 	"fmt"
 
 	"github.com/containernetworking/cni/pkg/invoke"
+	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 )
 
 // IPAM runs the verbs of a network's IPAM plugin. ExecIPAM execs the
 // plugin binary found in CNI_PATH, as the CNI spec describes.
+// Each verb gets the plugin's own CmdArgs: the IPAM plugin sees the same
+// config and CNI environment as the plugin that delegates to it.
 type IPAM interface {
-	Add(ctx context.Context, pluginType string, stdin []byte) (types.Result, error)
-	Del(ctx context.Context, pluginType string, stdin []byte) error
-	Check(ctx context.Context, pluginType string, stdin []byte) error
-	GC(ctx context.Context, pluginType string, stdin []byte) error
-	Status(ctx context.Context, pluginType string, stdin []byte) error
+	Add(ctx context.Context, pluginType string, args *skel.CmdArgs) (types.Result, error)
+	Del(ctx context.Context, pluginType string, args *skel.CmdArgs) error
+	Check(ctx context.Context, pluginType string, args *skel.CmdArgs) error
+	GC(ctx context.Context, pluginType string, args *skel.CmdArgs) error
+	Status(ctx context.Context, pluginType string, args *skel.CmdArgs) error
 }
 
-// ExecIPAM delegates to the IPAM binary named by ipam.type.
+// ExecIPAM delegates to the IPAM binary named by ipam.type (the CNI_*
+// environment is inherited by the child).
 type ExecIPAM struct{}
 
-func (ExecIPAM) Add(ctx context.Context, t string, stdin []byte) (types.Result, error) {
-	return invoke.DelegateAdd(ctx, t, stdin, nil)
+func (ExecIPAM) Add(ctx context.Context, t string, a *skel.CmdArgs) (types.Result, error) {
+	return invoke.DelegateAdd(ctx, t, a.StdinData, nil)
 }
-func (ExecIPAM) Del(ctx context.Context, t string, stdin []byte) error {
-	return invoke.DelegateDel(ctx, t, stdin, nil)
+func (ExecIPAM) Del(ctx context.Context, t string, a *skel.CmdArgs) error {
+	return invoke.DelegateDel(ctx, t, a.StdinData, nil)
 }
-func (ExecIPAM) Check(ctx context.Context, t string, stdin []byte) error {
-	return invoke.DelegateCheck(ctx, t, stdin, nil)
+func (ExecIPAM) Check(ctx context.Context, t string, a *skel.CmdArgs) error {
+	return invoke.DelegateCheck(ctx, t, a.StdinData, nil)
 }
-func (ExecIPAM) GC(ctx context.Context, t string, stdin []byte) error {
-	return invoke.DelegateGC(ctx, t, stdin, nil)
+func (ExecIPAM) GC(ctx context.Context, t string, a *skel.CmdArgs) error {
+	return invoke.DelegateGC(ctx, t, a.StdinData, nil)
 }
-func (ExecIPAM) Status(ctx context.Context, t string, stdin []byte) error {
-	return invoke.DelegateStatus(ctx, t, stdin, nil)
+func (ExecIPAM) Status(ctx context.Context, t string, a *skel.CmdArgs) error {
+	return invoke.DelegateStatus(ctx, t, a.StdinData, nil)
 }
 
 // IPAMError turns an IPAM plugin failure into a CNI error that names the

@@ -14,6 +14,7 @@ import (
 
 	"github.com/podnet/podnet/internal/cnicore"
 	"github.com/podnet/podnet/internal/podlink"
+	"github.com/podnet/podnet/ipam"
 )
 
 // plugin holds what the verbs need from outside. failAfter, set only by
@@ -24,7 +25,7 @@ type plugin struct {
 }
 
 func main() {
-	p := &plugin{ipam: cnicore.ExecIPAM{}}
+	p := &plugin{ipam: ipam.Auto{}}
 	skel.PluginMainFuncs(skel.CNIFuncs{
 		Add:    p.cmdAdd,
 		Del:    p.cmdDel,
@@ -32,6 +33,15 @@ func main() {
 		GC:     p.cmdGC,
 		Status: p.cmdStatus,
 	}, cnicore.VersionInfo(), "podnet: routed veth CNI plugin")
+}
+
+// ipamFor is the IPAM runner for conf: podnet-ipam in-process unless the
+// config sets "execIPAM", every other IPAM plugin by exec.
+func (p *plugin) ipamFor(conf *cnicore.NetConf) cnicore.IPAM {
+	if conf.ExecIPAM {
+		return cnicore.ExecIPAM{}
+	}
+	return p.ipam
 }
 
 func (p *plugin) step(name string) error {
@@ -71,11 +81,12 @@ func (p *plugin) cmdAdd(args *skel.CmdArgs) (err error) {
 	}()
 
 	ctx := context.Background()
-	ipamResult, err := p.ipam.Add(ctx, conf.IPAM.Type, args.StdinData)
+	ipam := p.ipamFor(conf)
+	ipamResult, err := ipam.Add(ctx, conf.IPAM.Type, args)
 	if err != nil {
 		return cnicore.IPAMError("ADD", conf.IPAM.Type, err, types.ErrTryAgainLater)
 	}
-	rollback.Push(func() error { return p.ipam.Del(ctx, conf.IPAM.Type, args.StdinData) })
+	rollback.Push(func() error { return ipam.Del(ctx, conf.IPAM.Type, args) })
 	if err = p.step("ipam"); err != nil {
 		return err
 	}
@@ -165,7 +176,7 @@ func (p *plugin) cmdDel(args *skel.CmdArgs) error {
 	if err != nil {
 		return err
 	}
-	if err := p.ipam.Del(context.Background(), conf.IPAM.Type, args.StdinData); err != nil {
+	if err := p.ipamFor(conf).Del(context.Background(), conf.IPAM.Type, args); err != nil {
 		return cnicore.IPAMError("DEL", conf.IPAM.Type, err, types.ErrTryAgainLater)
 	}
 	owner := podlink.Owner{Network: conf.Name, ContainerID: args.ContainerID, IfName: args.IfName}
@@ -195,7 +206,7 @@ func (p *plugin) cmdCheck(args *skel.CmdArgs) error {
 	if err != nil {
 		return err
 	}
-	if err := p.ipam.Check(context.Background(), conf.IPAM.Type, args.StdinData); err != nil {
+	if err := p.ipamFor(conf).Check(context.Background(), conf.IPAM.Type, args); err != nil {
 		return cnicore.IPAMError("CHECK", conf.IPAM.Type, err, types.ErrInternal)
 	}
 	prev, err := current.NewResultFromResult(conf.PrevResult)
@@ -233,7 +244,7 @@ func (p *plugin) cmdGC(args *skel.CmdArgs) error {
 	if _, err := podlink.GCHostVeths(conf.Name, conf.ValidAttachments); err != nil {
 		return cnicore.Errorf(types.ErrTryAgainLater, "GC: %v", err)
 	}
-	if err := p.ipam.GC(context.Background(), conf.IPAM.Type, args.StdinData); err != nil {
+	if err := p.ipamFor(conf).GC(context.Background(), conf.IPAM.Type, args); err != nil {
 		return cnicore.IPAMError("GC", conf.IPAM.Type, err, types.ErrTryAgainLater)
 	}
 	return nil
@@ -245,7 +256,7 @@ func (p *plugin) cmdStatus(args *skel.CmdArgs) error {
 	if err != nil {
 		return err
 	}
-	if err := p.ipam.Status(context.Background(), conf.IPAM.Type, args.StdinData); err != nil {
+	if err := p.ipamFor(conf).Status(context.Background(), conf.IPAM.Type, args); err != nil {
 		return cnicore.IPAMError("STATUS", conf.IPAM.Type, err, types.ErrPluginNotAvailable)
 	}
 	return nil

@@ -1,0 +1,210 @@
+package ipam
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+
+	"github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/cni/pkg/utils"
+
+	"github.com/podnet/podnet/internal/nodestate"
+	"github.com/podnet/podnet/ipam/allocator"
+	"github.com/podnet/podnet/ipam/store"
+)
+
+// Request is one invocation: the network config on stdin and the CNI
+// environment.
+type Request struct {
+	Stdin       []byte
+	ContainerID string
+	IfName      string
+	Args        string // CNI_ARGS
+}
+
+// session is an open, locked store with the allocator over it.
+type session struct {
+	plan  *Plan
+	disk  *store.Disk
+	alloc *allocator.Allocator
+}
+
+// open parses the config and opens the locked store. An unknown PodCIDR
+// comes back as an error wrapping ErrPodCIDRUnknown (see openError).
+func open(req Request) (*session, error) {
+	plan, err := ParseConfig(req.Stdin, req.Args, NodeStatePodCIDRs(stateDir(req.Stdin)))
+	if err != nil {
+		return nil, err
+	}
+	if err := utils.ValidateNetworkName(plan.Conf.Name); err != nil {
+		return nil, err
+	}
+	disk, err := store.OpenDisk(plan.DataDir, plan.Conf.Name)
+	if err != nil {
+		return nil, types.NewError(types.ErrIOFailure, fmt.Sprintf("podnet-ipam: %v", err), "")
+	}
+	return &session{plan: plan, disk: disk, alloc: &allocator.Allocator{Sets: plan.Sets, Exclude: plan.Exclude, Store: disk}}, nil
+}
+
+func (s *session) close() { _ = s.disk.Close() }
+
+// openError turns an open failure into a CNI error; an unknown PodCIDR gets
+// podCIDRCode (11 for ADD, 50 for STATUS).
+func openError(err error, podCIDRCode uint) error {
+	if errors.Is(err, ErrPodCIDRUnknown) {
+		return types.NewError(podCIDRCode, fmt.Sprintf("podnet-ipam: %v", err), "podnet-routed writes the node's PodCIDR to node.json once the Node has spec.podCIDRs")
+	}
+	var te *types.Error
+	if errors.As(err, &te) {
+		return te
+	}
+	return types.NewError(types.ErrTryAgainLater, fmt.Sprintf("podnet-ipam: %v", err), "")
+}
+
+// stateDir is ipam.stateDir, else the plugin's top-level stateDir, else the
+// default; a config that does not parse yields the default (ParseConfig
+// reports the parse error).
+func stateDir(stdin []byte) string {
+	var c NetConf
+	_ = json.Unmarshal(stdin, &c)
+	if c.IPAM.StateDir != "" {
+		return c.IPAM.StateDir
+	}
+	if c.StateDir != "" {
+		return c.StateDir
+	}
+	return nodestate.DefaultDir
+}
+
+func owner(req Request) (allocator.Owner, error) {
+	o := allocator.Owner{ContainerID: req.ContainerID, IfName: req.IfName}
+	if err := store.ValidateOwner(o); err != nil {
+		return o, types.NewError(types.ErrInvalidEnvironmentVariables, fmt.Sprintf("podnet-ipam: %v", err), "")
+	}
+	return o, nil
+}
+
+// Add reserves one address per range set for the attachment (the same ones
+// again when it already has them) and returns them as a CNI result.
+func Add(req Request) (*current.Result, error) {
+	o, err := owner(req)
+	if err != nil {
+		return nil, err
+	}
+	s, err := open(req)
+	if err != nil {
+		return nil, openError(err, types.ErrTryAgainLater)
+	}
+	defer s.close()
+	prefixes, err := s.alloc.Allocate(o, s.plan.Requested)
+	if err != nil {
+		return nil, allocError(err)
+	}
+	result := &current.Result{CNIVersion: current.ImplementedSpecVersion, Routes: s.plan.Conf.IPAM.Routes}
+	for _, p := range prefixes {
+		ipc := &current.IPConfig{Address: net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}}
+		if gw := s.alloc.GatewayOf(p.Addr()); gw.IsValid() {
+			ipc.Gateway = gw.AsSlice()
+		}
+		result.IPs = append(result.IPs, ipc)
+	}
+	return result, nil
+}
+
+// Del releases what the attachment holds; nothing held is success.
+func Del(req Request) error {
+	o, err := owner(req)
+	if err != nil {
+		return err
+	}
+	s, err := open(req)
+	if errors.Is(err, ErrPodCIDRUnknown) {
+		return nil // PodCIDR never known: nothing can have been allocated
+	}
+	if err != nil {
+		return openError(err, types.ErrTryAgainLater)
+	}
+	defer s.close()
+	if err := s.alloc.Release(o); err != nil {
+		return types.NewError(types.ErrIOFailure, fmt.Sprintf("podnet-ipam: release %s/%s: %v", o.ContainerID, o.IfName, err), "")
+	}
+	return nil
+}
+
+// Check verifies that the attachment holds a reservation.
+func Check(req Request) error {
+	o, err := owner(req)
+	if err != nil {
+		return err
+	}
+	s, err := open(req)
+	if err != nil {
+		return openError(err, types.ErrTryAgainLater)
+	}
+	defer s.close()
+	ips, err := s.disk.IPsOf(o)
+	if err != nil {
+		return types.NewError(types.ErrIOFailure, fmt.Sprintf("podnet-ipam: %v", err), "")
+	}
+	if len(ips) == 0 {
+		return types.NewError(types.ErrInternal, fmt.Sprintf("podnet-ipam: no reservation for container %s interface %s in network %s", o.ContainerID, o.IfName, s.plan.Conf.Name), "")
+	}
+	for _, ip := range ips {
+		holder, ok, err := s.disk.OwnerOf(ip)
+		if err != nil {
+			return types.NewError(types.ErrIOFailure, fmt.Sprintf("podnet-ipam: %v", err), "")
+		}
+		if !ok || holder != o {
+			return types.NewError(types.ErrInternal, fmt.Sprintf("podnet-ipam: address %s of container %s is not reserved for it", ip, o.ContainerID), "")
+		}
+	}
+	return nil
+}
+
+// GC releases every reservation of the network whose attachment is not in
+// cni.dev/valid-attachments, and repairs the store after crashes.
+func GC(req Request) error {
+	s, err := open(req)
+	if err != nil {
+		return openError(err, types.ErrTryAgainLater)
+	}
+	defer s.close()
+	valid := make([]allocator.Owner, 0, len(s.plan.Conf.ValidAttachments))
+	for _, a := range s.plan.Conf.ValidAttachments {
+		valid = append(valid, allocator.Owner{ContainerID: a.ContainerID, IfName: a.IfName})
+	}
+	if err := s.disk.RemoveTemp(); err != nil {
+		return types.NewError(types.ErrIOFailure, fmt.Sprintf("podnet-ipam: GC: %v", err), "")
+	}
+	if _, err := s.alloc.GC(valid); err != nil {
+		return types.NewError(types.ErrIOFailure, fmt.Sprintf("podnet-ipam: GC: %v", err), "")
+	}
+	return nil
+}
+
+// Status reports code 50 when ADD cannot succeed: PodCIDR unknown, or a
+// range set with no free address.
+func Status(req Request) error {
+	s, err := open(req)
+	if err != nil {
+		return openError(err, types.ErrPluginNotAvailable)
+	}
+	defer s.close()
+	if err := s.alloc.Usable(); err != nil {
+		return types.NewError(types.ErrPluginNotAvailable, fmt.Sprintf("podnet-ipam: %v", err), "")
+	}
+	return nil
+}
+
+// allocError maps allocator errors to CNI errors.
+func allocError(err error) error {
+	switch {
+	case errors.Is(err, allocator.ErrExhausted):
+		return types.NewError(types.ErrTryAgainLater, fmt.Sprintf("podnet-ipam: %v", err), "every address of the range is reserved; GC or DEL of finished pods frees them")
+	case errors.Is(err, allocator.ErrUnavailable):
+		return types.NewError(types.ErrInvalidNetworkConfig, fmt.Sprintf("podnet-ipam: %v", err), "")
+	}
+	return types.NewError(types.ErrIOFailure, fmt.Sprintf("podnet-ipam: %v", err), "")
+}
