@@ -247,3 +247,15 @@ func isDefault(n *net.IPNet) bool {
 	ones, _ := n.Mask.Size()
 	return ones == 0
 }
+
+// IPs are the pod's addresses without prefix.
+func (side PodSide) IPs() []net.IP {
+	ips := make([]net.IP, 0, len(side.Addrs))
+	for _, a := range side.Addrs {
+		ips = append(ips, a.IP)
+	}
+	return ips
+}
+
+// HasIPv6 reports whether the pod has an IPv6 address.
+func (side PodSide) HasIPv6() bool { return hasIPv6(side.Addrs) }

@@ -9,16 +9,6 @@ import (
 	"github.com/vishvananda/netlink"
 )
 
-// HasIPv6 reports whether any of ips is IPv6.
-func HasIPv6(ips []net.IP) bool {
-	for _, ip := range ips {
-		if ip.To4() == nil {
-			return true
-		}
-	}
-	return false
-}
-
 // RoutedResult builds the ADD result of a routed attachment: prevResult's
 // content (when chained) followed by the host veth and the pod interface,
 // the pod addresses as configured, and the routes the pod got.
@@ -56,9 +46,9 @@ func RoutedResult(prevResult types.Result, alloc *current.Result, hostName strin
 	return result, nil
 }
 
-// PodIPs returns the addresses prevResult assigned to the interface ifName
-// in netns sandbox.
-func PodIPs(prev *current.Result, ifName, sandbox string) ([]net.IP, error) {
+// PodAllocation returns the part of prevResult that belongs to the
+// interface ifName in netns sandbox: its addresses and the routes.
+func PodAllocation(prev *current.Result, ifName, sandbox string) (*current.Result, error) {
 	idx := -1
 	for i, iface := range prev.Interfaces {
 		if iface.Name == ifName && iface.Sandbox == sandbox {
@@ -68,16 +58,25 @@ func PodIPs(prev *current.Result, ifName, sandbox string) ([]net.IP, error) {
 	if idx < 0 {
 		return nil, fmt.Errorf("prevResult has no interface %s in netns %s", ifName, sandbox)
 	}
-	var ips []net.IP
+	out := &current.Result{CNIVersion: prev.CNIVersion, Routes: prev.Routes}
 	for _, c := range prev.IPs {
 		if c.Interface != nil && *c.Interface == idx {
-			ips = append(ips, c.Address.IP)
+			out.IPs = append(out.IPs, c)
 		}
 	}
-	if len(ips) == 0 {
+	if len(out.IPs) == 0 {
 		return nil, fmt.Errorf("prevResult has no address for interface %s", ifName)
 	}
-	return ips, nil
+	return out, nil
+}
+
+// AllocatedIPs lists the addresses of an IPAM result.
+func AllocatedIPs(alloc *current.Result) []net.IP {
+	ips := make([]net.IP, 0, len(alloc.IPs))
+	for _, c := range alloc.IPs {
+		ips = append(ips, c.Address.IP)
+	}
+	return ips
 }
 
 // GCHostVeths deletes the host veths of network whose attachment is not in

@@ -17,11 +17,12 @@ import (
 
 	"github.com/podnet/podnet/internal/cnicore"
 	"github.com/podnet/podnet/internal/podlink"
+	"github.com/podnet/podnet/internal/podplugin"
 	"github.com/podnet/podnet/internal/rtproto"
 	"github.com/podnet/podnet/test/nettest"
 )
 
-// addSteps are the names cmdAdd passes to p.step, in order.
+// addSteps are the names Add passes to p.step, in order.
 var addSteps = []string{"ipam", "veth", "move", "host", "address", "route", "host-route"}
 
 const (
@@ -82,15 +83,15 @@ func newAddEnv(t *testing.T, containerID string) *addEnv {
 }
 
 // inNode runs f with the calling thread in the node netns, so that every
-// netlink call and exec of cmdAdd/cmdDel acts on the node netns and never on
+// netlink call and exec of Add/Del acts on the node netns and never on
 // the machine's own.
 func (e *addEnv) inNode(f func() error) error {
 	return e.node.NS.Do(func(ns.NetNS) error { return f() })
 }
 
-// add runs p.cmdAdd in the node netns and returns its error and what it
+// add runs p.Add in the node netns and returns its error and what it
 // printed on stdout.
-func (e *addEnv) add(t *testing.T, p *plugin) (string, error) {
+func (e *addEnv) add(t *testing.T, p *podplugin.Plugin) (string, error) {
 	t.Helper()
 	t.Setenv("CNI_COMMAND", "ADD")
 	out, err := os.CreateTemp(t.TempDir(), "stdout")
@@ -100,7 +101,7 @@ func (e *addEnv) add(t *testing.T, p *plugin) (string, error) {
 	defer out.Close()
 	saved := os.Stdout
 	os.Stdout = out
-	addErr := e.inNode(func() error { return p.cmdAdd(e.args) })
+	addErr := e.inNode(func() error { return p.Add(e.args) })
 	os.Stdout = saved
 	if _, err := out.Seek(0, io.SeekStart); err != nil {
 		t.Fatal(err)
@@ -112,11 +113,11 @@ func (e *addEnv) add(t *testing.T, p *plugin) (string, error) {
 	return string(printed), addErr
 }
 
-// del runs p.cmdDel in the node netns.
-func (e *addEnv) del(t *testing.T, p *plugin) error {
+// del runs p.Del in the node netns.
+func (e *addEnv) del(t *testing.T, p *podplugin.Plugin) error {
 	t.Helper()
 	t.Setenv("CNI_COMMAND", "DEL")
-	return e.inNode(func() error { return p.cmdDel(e.args) })
+	return e.inNode(func() error { return p.Del(e.args) })
 }
 
 // state is what an attachment leaves behind, as the checks see it.
@@ -239,10 +240,10 @@ func TestAddRollsBackAfterEachStep(t *testing.T) {
 	t.Run("control", func(t *testing.T) {
 		e := newAddEnv(t, "ctr-control")
 		var calls []string
-		p := &plugin{ipam: cnicore.ExecIPAM{}, failAfter: func(step string) error {
+		p := newPlugin(cnicore.ExecIPAM{}, func(step string) error {
 			calls = append(calls, step)
 			return nil
-		}}
+		})
 		printed, err := e.add(t, p)
 		if err != nil {
 			t.Fatalf("ADD: %v", err)
@@ -294,7 +295,7 @@ func TestAddRollsBackAfterEachStep(t *testing.T) {
 			var calls []string
 			var before state
 			var observeErr error
-			p := &plugin{ipam: cnicore.ExecIPAM{}, failAfter: func(s string) error {
+			p := newPlugin(cnicore.ExecIPAM{}, func(s string) error {
 				calls = append(calls, s)
 				if s != step {
 					return nil
@@ -302,7 +303,7 @@ func TestAddRollsBackAfterEachStep(t *testing.T) {
 				// What the rollback will have to undo.
 				before, observeErr = e.observeRaw()
 				return injected
-			}}
+			})
 
 			printed, err := e.add(t, p)
 			if !errors.Is(err, injected) {

@@ -1,0 +1,298 @@
+// Package podplugin is the verb flow shared by the veth-based podnet plugins
+// (podnet, podnet-bridge): IPAM, veth pair, move into the pod, host side,
+// pod addresses and routes, with a rollback for every step of ADD. What
+// differs between the plugins (how the host end and the pod routes look) is
+// a Mode.
+package podplugin
+
+import (
+	"context"
+	"net"
+
+	"github.com/containernetworking/cni/pkg/skel"
+	"github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/vishvananda/netlink"
+
+	"github.com/podnet/podnet/internal/cnicore"
+	"github.com/podnet/podnet/internal/podlink"
+)
+
+// Mode is what one plugin does differently.
+type Mode interface {
+	// HostMAC is the host veth's MAC (nil: the kernel picks one).
+	HostMAC() net.HardwareAddr
+	// PodSide says how the pod end is addressed and routed.
+	PodSide(ifName string, alloc *current.Result) (podlink.PodSide, error)
+	// PrepareNode runs before the veth exists (e.g. ensure the bridge). It
+	// must be idempotent: nothing it creates is rolled back.
+	PrepareNode(side podlink.PodSide) error
+	// SetupHost configures the host end once the pod end has moved.
+	SetupHost(host netlink.Link, side podlink.PodSide) error
+	// FinishHost runs after the pod is configured (e.g. node routes to it).
+	FinishHost(host netlink.Link, side podlink.PodSide) error
+	// CheckHost verifies the host end for CHECK and returns it.
+	CheckHost(hostName string, side podlink.PodSide) (netlink.Link, error)
+	// Result builds the ADD result.
+	Result(prev types.Result, alloc *current.Result, hostName string, podIface *current.Interface, side podlink.PodSide) (*current.Result, error)
+}
+
+// Plugin runs the verbs of one plugin.
+type Plugin struct {
+	Name string
+	// NewMode builds the Mode from the network config of an invocation.
+	NewMode func(stdin []byte, conf *cnicore.NetConf) (Mode, error)
+	// IPAM runs the IPAM plugin (unless the config sets execIPAM).
+	IPAM cnicore.IPAM
+	// FailAfter, set only by tests, is called after each ADD step
+	// ("ipam", "veth", "move", "host", "address", "route", "host-route")
+	// and makes ADD fail there.
+	FailAfter func(step string) error
+}
+
+// Funcs returns the verbs for skel.
+func (p *Plugin) Funcs() skel.CNIFuncs {
+	return skel.CNIFuncs{Add: p.Add, Del: p.Del, Check: p.Check, GC: p.GC, Status: p.Status}
+}
+
+func (p *Plugin) step(name string) error {
+	if p.FailAfter == nil {
+		return nil
+	}
+	return p.FailAfter(name)
+}
+
+// ipamFor is the IPAM runner for conf: p.IPAM unless the config sets
+// "execIPAM", which forces exec of the IPAM binary.
+func (p *Plugin) ipamFor(conf *cnicore.NetConf) cnicore.IPAM {
+	if conf.ExecIPAM {
+		return cnicore.ExecIPAM{}
+	}
+	return p.IPAM
+}
+
+// invocation is what every verb starts from.
+type invocation struct {
+	conf    *cnicore.NetConf
+	mode    Mode
+	podArgs cnicore.PodArgs
+	owner   podlink.Owner
+	host    string
+}
+
+func (p *Plugin) begin(args *skel.CmdArgs) (*invocation, error) {
+	var conf cnicore.NetConf
+	if err := cnicore.LoadConf(args.StdinData, &conf, &conf); err != nil {
+		return nil, err
+	}
+	mode, err := p.NewMode(args.StdinData, &conf)
+	if err != nil {
+		return nil, err
+	}
+	podArgs, err := cnicore.ParseArgs(args.Args)
+	if err != nil {
+		return nil, err
+	}
+	return &invocation{
+		conf:    &conf,
+		mode:    mode,
+		podArgs: podArgs,
+		owner:   podlink.Owner{Network: conf.Name, ContainerID: args.ContainerID, IfName: args.IfName},
+		host:    podlink.HostVethName(podArgs.PodNamespace, podArgs.PodName, args.ContainerID, args.IfName),
+	}, nil
+}
+
+// Add attaches the pod. Every step that succeeded is undone, newest first,
+// when a later one fails.
+func (p *Plugin) Add(args *skel.CmdArgs) (err error) {
+	inv, err := p.begin(args)
+	if err != nil {
+		return err
+	}
+	podNS, err := cnicore.OpenNetns(args.Netns)
+	if err != nil {
+		return err
+	}
+	defer podNS.Close()
+	mtu, err := cnicore.ResolveMTU(inv.conf)
+	if err != nil {
+		return err
+	}
+	log, closeLog := cnicore.Logger(inv.conf, p.Name)
+	defer closeLog()
+	rollback := &cnicore.Rollback{Log: log}
+	defer func() {
+		if err != nil {
+			log.Warn("ADD failed, rolling back", "container", args.ContainerID, "err", err)
+			rollback.Run()
+		}
+	}()
+
+	ctx := context.Background()
+	ipam := p.ipamFor(inv.conf)
+	ipamResult, err := ipam.Add(ctx, inv.conf.IPAM.Type, args)
+	if err != nil {
+		return cnicore.IPAMError("ADD", inv.conf.IPAM.Type, err, types.ErrTryAgainLater)
+	}
+	rollback.Push(func() error { return ipam.Del(ctx, inv.conf.IPAM.Type, args) })
+	if err = p.step("ipam"); err != nil {
+		return err
+	}
+	alloc, err := current.NewResultFromResult(ipamResult)
+	if err != nil {
+		return cnicore.Errorf(types.ErrDecodingFailure, "cannot read the result of IPAM plugin %q: %v", inv.conf.IPAM.Type, err)
+	}
+	if len(alloc.IPs) == 0 {
+		return cnicore.Errorf(types.ErrTryAgainLater, "IPAM plugin %q returned no IP address", inv.conf.IPAM.Type)
+	}
+	side, err := inv.mode.PodSide(args.IfName, alloc)
+	if err != nil {
+		return err
+	}
+	if err = inv.mode.PrepareNode(side); err != nil {
+		return err
+	}
+
+	spec := podlink.VethSpec{HostName: inv.host, PodName: args.IfName, MTU: mtu, HostMAC: inv.mode.HostMAC(), Owner: inv.owner}
+	if err = podlink.DeleteStaleHostVeth(spec.HostName, inv.owner); err != nil {
+		return cnicore.Errorf(types.ErrTryAgainLater, "%v", err)
+	}
+	host, err := podlink.CreateVeth(spec)
+	if err != nil {
+		return err
+	}
+	rollback.Push(func() error { _, err := podlink.DeleteHostVeth(spec.HostName, inv.owner); return err })
+	if err = p.step("veth"); err != nil {
+		return err
+	}
+	if err = podlink.MoveToPod(spec, podNS); err != nil {
+		return err
+	}
+	if err = p.step("move"); err != nil {
+		return err
+	}
+	if err = inv.mode.SetupHost(host, side); err != nil {
+		return err
+	}
+	if err = p.step("host"); err != nil {
+		return err
+	}
+	podIface, err := podlink.ConfigurePodAddresses(podNS, side)
+	if err != nil {
+		return err
+	}
+	if err = p.step("address"); err != nil {
+		return err
+	}
+	if err = podlink.ConfigurePodRoutes(podNS, side); err != nil {
+		return err
+	}
+	if err = p.step("route"); err != nil {
+		return err
+	}
+	if err = inv.mode.FinishHost(host, side); err != nil {
+		return cnicore.Errorf(types.ErrTryAgainLater, "%v", err)
+	}
+	if err = p.step("host-route"); err != nil {
+		return err
+	}
+
+	result, err := inv.mode.Result(inv.conf.PrevResult, alloc, spec.HostName, podIface, side)
+	if err != nil {
+		return cnicore.Errorf(types.ErrDecodingFailure, "prevResult: %v", err)
+	}
+	if len(inv.conf.DNS.Nameservers) > 0 {
+		result.DNS = inv.conf.DNS
+	}
+	log.Info("pod attached", "container", args.ContainerID, "ifname", args.IfName, "hostVeth", spec.HostName, "addrs", side.Addrs, "mtu", mtu)
+	return types.PrintResult(result, inv.conf.CNIVersion)
+}
+
+// Del releases the addresses first, then deletes the veth pair (routes
+// through it go with it). Everything already gone counts as done.
+func (p *Plugin) Del(args *skel.CmdArgs) error {
+	inv, err := p.begin(args)
+	if err != nil {
+		return err
+	}
+	if err := p.ipamFor(inv.conf).Del(context.Background(), inv.conf.IPAM.Type, args); err != nil {
+		return cnicore.IPAMError("DEL", inv.conf.IPAM.Type, err, types.ErrTryAgainLater)
+	}
+	deleted, err := podlink.DeleteHostVeth(inv.host, inv.owner)
+	if err != nil {
+		return cnicore.Errorf(types.ErrTryAgainLater, "%v", err)
+	}
+	if !deleted {
+		if err := podlink.DeletePodLink(args.Netns, args.IfName); err != nil {
+			return cnicore.Errorf(types.ErrTryAgainLater, "%v", err)
+		}
+	}
+	return nil
+}
+
+// Check compares the pod and the host side with prevResult.
+func (p *Plugin) Check(args *skel.CmdArgs) error {
+	inv, err := p.begin(args)
+	if err != nil {
+		return err
+	}
+	if inv.conf.PrevResult == nil {
+		return cnicore.Errorf(types.ErrInvalidNetworkConfig, "CHECK needs the prevResult of ADD in the network config")
+	}
+	if err := p.ipamFor(inv.conf).Check(context.Background(), inv.conf.IPAM.Type, args); err != nil {
+		return cnicore.IPAMError("CHECK", inv.conf.IPAM.Type, err, types.ErrInternal)
+	}
+	prev, err := current.NewResultFromResult(inv.conf.PrevResult)
+	if err != nil {
+		return cnicore.Errorf(types.ErrDecodingFailure, "prevResult: %v", err)
+	}
+	alloc, err := podlink.PodAllocation(prev, args.IfName, args.Netns)
+	if err != nil {
+		return cnicore.Errorf(types.ErrInternal, "CHECK: %v", err)
+	}
+	side, err := inv.mode.PodSide(args.IfName, alloc)
+	if err != nil {
+		return err
+	}
+	podNS, err := cnicore.OpenNetns(args.Netns)
+	if err != nil {
+		return err
+	}
+	defer podNS.Close()
+	host, err := inv.mode.CheckHost(inv.host, side)
+	if err != nil {
+		return cnicore.Errorf(types.ErrInternal, "CHECK: %v", err)
+	}
+	if err := podlink.CheckPod(podNS, side, host.Attrs().Index); err != nil {
+		return cnicore.Errorf(types.ErrInternal, "CHECK: %v", err)
+	}
+	return nil
+}
+
+// GC removes the veths (and so the routes) of attachments the runtime no
+// longer knows, then lets IPAM release their addresses.
+func (p *Plugin) GC(args *skel.CmdArgs) error {
+	inv, err := p.begin(args)
+	if err != nil {
+		return err
+	}
+	if _, err := podlink.GCHostVeths(inv.conf.Name, inv.conf.ValidAttachments); err != nil {
+		return cnicore.Errorf(types.ErrTryAgainLater, "GC: %v", err)
+	}
+	if err := p.ipamFor(inv.conf).GC(context.Background(), inv.conf.IPAM.Type, args); err != nil {
+		return cnicore.IPAMError("GC", inv.conf.IPAM.Type, err, types.ErrTryAgainLater)
+	}
+	return nil
+}
+
+// Status reports whether ADD can be served: it can when IPAM can.
+func (p *Plugin) Status(args *skel.CmdArgs) error {
+	inv, err := p.begin(args)
+	if err != nil {
+		return err
+	}
+	if err := p.ipamFor(inv.conf).Status(context.Background(), inv.conf.IPAM.Type, args); err != nil {
+		return cnicore.IPAMError("STATUS", inv.conf.IPAM.Type, err, types.ErrPluginNotAvailable)
+	}
+	return nil
+}
