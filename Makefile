@@ -9,8 +9,9 @@ export CGO_ENABLED := 0
 # binary name -> main package
 PKG_podnet := ./plugins/podnet
 PKG_podnet-ipam := ./ipam/cmd/podnet-ipam
+PKG_podnet-bridge := ./plugins/podnet-bridge
 
-BINS := podnet podnet-ipam
+BINS := podnet podnet-bridge podnet-ipam
 
 .PHONY: all build test unit integration lint deps cni-tools clean FORCE
 

@@ -12,27 +12,34 @@ import (
 // RoutedResult builds the ADD result of a routed attachment: prevResult's
 // content (when chained) followed by the host veth and the pod interface,
 // the pod addresses as configured, and the routes the pod got.
-func RoutedResult(prevResult types.Result, alloc *current.Result, hostName string, podIface *current.Interface, side PodSide) (*current.Result, error) {
+func RoutedResult(prev *current.Result, hostName string, podIface *current.Interface, side PodSide) *current.Result {
+	result := chainedBase(prev)
+	result.Interfaces = append(result.Interfaces, &current.Interface{Name: hostName, Mac: HostMAC}, podIface)
+	addPodIPsAndRoutes(result, len(result.Interfaces)-1, side)
+	return result
+}
+
+// chainedBase starts a result from prevResult's content, when chained.
+func chainedBase(prev *current.Result) *current.Result {
 	result := &current.Result{CNIVersion: current.ImplementedSpecVersion}
-	if prevResult != nil {
-		prev, err := current.NewResultFromResult(prevResult)
-		if err != nil {
-			return nil, err
-		}
+	if prev != nil {
 		result.Interfaces = append(result.Interfaces, prev.Interfaces...)
 		result.IPs = append(result.IPs, prev.IPs...)
 		result.Routes = append(result.Routes, prev.Routes...)
 		result.DNS = prev.DNS
 	}
-	result.Interfaces = append(result.Interfaces, &current.Interface{Name: hostName, Mac: HostMAC}, podIface)
-	podIndex := len(result.Interfaces) - 1
+	return result
+}
+
+// addPodIPsAndRoutes appends the pod's addresses (on interface podIndex)
+// and the routes that carry a gateway.
+func addPodIPsAndRoutes(result *current.Result, podIndex int, side PodSide) {
 	for _, a := range side.Addrs {
 		gw := side.GatewayV4
 		if a.IP.To4() == nil {
 			gw = side.GatewayV6
 		}
-		addr := *a
-		result.IPs = append(result.IPs, &current.IPConfig{Interface: current.Int(podIndex), Address: addr, Gateway: gw})
+		result.IPs = append(result.IPs, &current.IPConfig{Interface: current.Int(podIndex), Address: *a, Gateway: gw})
 	}
 	for _, r := range side.routes(0) {
 		if r.Gw == nil {
@@ -40,10 +47,6 @@ func RoutedResult(prevResult types.Result, alloc *current.Result, hostName strin
 		}
 		result.Routes = append(result.Routes, &types.Route{Dst: *r.Dst, GW: r.Gw})
 	}
-	if len(alloc.DNS.Nameservers) > 0 {
-		result.DNS = alloc.DNS
-	}
-	return result, nil
 }
 
 // PodAllocation returns the part of prevResult that belongs to the

@@ -24,17 +24,19 @@ type Mode interface {
 	HostMAC() net.HardwareAddr
 	// PodSide says how the pod end is addressed and routed.
 	PodSide(ifName string, alloc *current.Result) (podlink.PodSide, error)
-	// PrepareNode runs before the veth exists (e.g. ensure the bridge). It
-	// must be idempotent: nothing it creates is rolled back.
-	PrepareNode(side podlink.PodSide) error
+	// PrepareNode runs before the veth exists (e.g. ensure the bridge,
+	// with the pod MTU). It must be idempotent: nothing it creates is rolled
+	// back, as other pods share it.
+	PrepareNode(side podlink.PodSide, mtu int) error
 	// SetupHost configures the host end once the pod end has moved.
 	SetupHost(host netlink.Link, side podlink.PodSide) error
 	// FinishHost runs after the pod is configured (e.g. node routes to it).
 	FinishHost(host netlink.Link, side podlink.PodSide) error
 	// CheckHost verifies the host end for CHECK and returns it.
 	CheckHost(hostName string, side podlink.PodSide) (netlink.Link, error)
-	// Result builds the ADD result.
-	Result(prev types.Result, alloc *current.Result, hostName string, podIface *current.Interface, side podlink.PodSide) (*current.Result, error)
+	// Result builds the ADD result on top of prev (the chained
+	// prevResult, nil when podnet is first).
+	Result(prev *current.Result, hostName string, podIface *current.Interface, side podlink.PodSide) *current.Result
 }
 
 // Plugin runs the verbs of one plugin.
@@ -149,7 +151,7 @@ func (p *Plugin) Add(args *skel.CmdArgs) (err error) {
 	if err != nil {
 		return err
 	}
-	if err = inv.mode.PrepareNode(side); err != nil {
+	if err = inv.mode.PrepareNode(side, mtu); err != nil {
 		return err
 	}
 
@@ -197,12 +199,18 @@ func (p *Plugin) Add(args *skel.CmdArgs) (err error) {
 		return err
 	}
 
-	result, err := inv.mode.Result(inv.conf.PrevResult, alloc, spec.HostName, podIface, side)
-	if err != nil {
-		return cnicore.Errorf(types.ErrDecodingFailure, "prevResult: %v", err)
+	var prev *current.Result
+	if inv.conf.PrevResult != nil {
+		if prev, err = current.NewResultFromResult(inv.conf.PrevResult); err != nil {
+			return cnicore.Errorf(types.ErrDecodingFailure, "prevResult: %v", err)
+		}
 	}
-	if len(inv.conf.DNS.Nameservers) > 0 {
+	result := inv.mode.Result(prev, spec.HostName, podIface, side)
+	switch {
+	case len(inv.conf.DNS.Nameservers) > 0:
 		result.DNS = inv.conf.DNS
+	case len(alloc.DNS.Nameservers) > 0:
+		result.DNS = alloc.DNS
 	}
 	log.Info("pod attached", "container", args.ContainerID, "ifname", args.IfName, "hostVeth", spec.HostName, "addrs", side.Addrs, "mtu", mtu)
 	return types.PrintResult(result, inv.conf.CNIVersion)

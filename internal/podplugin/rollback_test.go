@@ -1,4 +1,4 @@
-package main
+package podplugin
 
 import (
 	"errors"
@@ -17,7 +17,6 @@ import (
 
 	"github.com/podnet/podnet/internal/cnicore"
 	"github.com/podnet/podnet/internal/podlink"
-	"github.com/podnet/podnet/internal/podplugin"
 	"github.com/podnet/podnet/internal/rtproto"
 	"github.com/podnet/podnet/test/nettest"
 )
@@ -91,7 +90,7 @@ func (e *addEnv) inNode(f func() error) error {
 
 // add runs p.Add in the node netns and returns its error and what it
 // printed on stdout.
-func (e *addEnv) add(t *testing.T, p *podplugin.Plugin) (string, error) {
+func (e *addEnv) add(t *testing.T, p *Plugin) (string, error) {
 	t.Helper()
 	t.Setenv("CNI_COMMAND", "ADD")
 	out, err := os.CreateTemp(t.TempDir(), "stdout")
@@ -114,7 +113,7 @@ func (e *addEnv) add(t *testing.T, p *podplugin.Plugin) (string, error) {
 }
 
 // del runs p.Del in the node netns.
-func (e *addEnv) del(t *testing.T, p *podplugin.Plugin) error {
+func (e *addEnv) del(t *testing.T, p *Plugin) error {
 	t.Helper()
 	t.Setenv("CNI_COMMAND", "DEL")
 	return e.inNode(func() error { return p.Del(e.args) })
@@ -240,7 +239,7 @@ func TestAddRollsBackAfterEachStep(t *testing.T) {
 	t.Run("control", func(t *testing.T) {
 		e := newAddEnv(t, "ctr-control")
 		var calls []string
-		p := newPlugin(cnicore.ExecIPAM{}, func(step string) error {
+		p := NewRouted(cnicore.ExecIPAM{}, func(step string) error {
 			calls = append(calls, step)
 			return nil
 		})
@@ -295,7 +294,7 @@ func TestAddRollsBackAfterEachStep(t *testing.T) {
 			var calls []string
 			var before state
 			var observeErr error
-			p := newPlugin(cnicore.ExecIPAM{}, func(s string) error {
+			p := NewRouted(cnicore.ExecIPAM{}, func(s string) error {
 				calls = append(calls, s)
 				if s != step {
 					return nil

@@ -1,0 +1,183 @@
+package podlink
+
+import (
+	"errors"
+	"fmt"
+	"net"
+
+	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// EnsureBridge returns the bridge name, creating it (up, with mtu) when it
+// does not exist. Concurrent callers racing to create it all succeed.
+func EnsureBridge(name string, mtu int) (*netlink.Bridge, error) {
+	br, err := lookupBridge(name)
+	if err == nil {
+		return br, setUp(br)
+	}
+	if !isNotFound(err) {
+		return nil, err
+	}
+	attrs := netlink.NewLinkAttrs()
+	attrs.Name = name
+	attrs.MTU = mtu
+	if err := netlink.LinkAdd(&netlink.Bridge{LinkAttrs: attrs}); err != nil && !errors.Is(err, unix.EEXIST) {
+		return nil, fmt.Errorf("create bridge %s: %w", name, err)
+	}
+	if br, err = lookupBridge(name); err != nil {
+		return nil, err
+	}
+	return br, setUp(br)
+}
+
+func lookupBridge(name string) (*netlink.Bridge, error) {
+	l, err := netlinksafe.LinkByName(name)
+	if err != nil {
+		return nil, err
+	}
+	br, ok := l.(*netlink.Bridge)
+	if !ok {
+		return nil, fmt.Errorf("interface %s exists and is a %s, not a bridge", name, l.Type())
+	}
+	return br, nil
+}
+
+func setUp(l netlink.Link) error {
+	if l.Attrs().Flags&net.FlagUp != 0 {
+		return nil
+	}
+	if err := netlink.LinkSetUp(l); err != nil {
+		return fmt.Errorf("set %s up: %w", l.Attrs().Name, err)
+	}
+	return nil
+}
+
+// EnsureBridgeGateway puts each gateway address (with its subnet's prefix)
+// on the bridge once and turns on forwarding for the bridge's families.
+func EnsureBridgeGateway(br *netlink.Bridge, gateways []*net.IPNet) error {
+	for _, gw := range gateways {
+		err := netlink.AddrAdd(br, &netlink.Addr{IPNet: gw, Flags: nodad(gw.IP)})
+		if err != nil && !errors.Is(err, unix.EEXIST) {
+			return fmt.Errorf("add gateway %s to bridge %s: %w", gw, br.Attrs().Name, err)
+		}
+	}
+	return nil
+}
+
+// EnableForwarding turns forwarding on for the bridge (and IPv6 forwarding
+// on the node when v6).
+func EnableForwarding(dev string, v4, v6 bool) error {
+	if v4 {
+		if err := writeSysctl("net/ipv4/conf/"+dev+"/forwarding", "1"); err != nil {
+			return err
+		}
+	}
+	if v6 {
+		if err := writeSysctl("net/ipv6/conf/all/forwarding", "1"); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// AttachToBridge enslaves the host veth to the bridge, sets its hairpin
+// flag and brings it up.
+func AttachToBridge(host netlink.Link, br *netlink.Bridge, hairpin bool) error {
+	if err := netlink.LinkSetMaster(host, br); err != nil {
+		return fmt.Errorf("attach %s to bridge %s: %w", host.Attrs().Name, br.Attrs().Name, err)
+	}
+	if err := netlink.LinkSetHairpin(host, hairpin); err != nil {
+		return fmt.Errorf("set hairpin mode on %s: %w", host.Attrs().Name, err)
+	}
+	if err := netlink.LinkSetUp(host); err != nil {
+		return fmt.Errorf("set %s up: %w", host.Attrs().Name, err)
+	}
+	return nil
+}
+
+// CheckBridgedHost verifies that the host veth exists, is up and is a port
+// of the bridge.
+func CheckBridgedHost(hostName, bridge string) (netlink.Link, error) {
+	host, err := netlinksafe.LinkByName(hostName)
+	if err != nil {
+		return nil, fmt.Errorf("host veth %s not found: %w", hostName, err)
+	}
+	br, err := lookupBridge(bridge)
+	if err != nil {
+		return nil, fmt.Errorf("bridge %s: %w", bridge, err)
+	}
+	if host.Attrs().MasterIndex != br.Attrs().Index {
+		return nil, fmt.Errorf("host veth %s is not attached to bridge %s", hostName, bridge)
+	}
+	if host.Attrs().Flags&net.FlagUp == 0 {
+		return nil, fmt.Errorf("host veth %s is down", hostName)
+	}
+	return host, nil
+}
+
+// BridgedResult builds the ADD result of a bridged attachment: prevResult's
+// content, then the bridge, the host veth and the pod interface.
+func BridgedResult(prevResult *current.Result, br *current.Interface, hostName string, podIface *current.Interface, side PodSide) *current.Result {
+	result := chainedBase(prevResult)
+	result.Interfaces = append(result.Interfaces, br, &current.Interface{Name: hostName}, podIface)
+	addPodIPsAndRoutes(result, len(result.Interfaces)-1, side)
+	return result
+}
+
+func nodad(ip net.IP) int {
+	if ip.To4() == nil {
+		return unix.IFA_F_NODAD
+	}
+	return 0
+}
+
+// BridgedPodSide describes the pod end of a bridged attachment: addresses
+// with their subnet prefix, default routes via the IPAM gateway of each
+// family (the subnet's first address when IPAM names none).
+func BridgedPodSide(ifName string, alloc *current.Result) PodSide {
+	side := PodSide{IfName: ifName, Routes: alloc.Routes}
+	for _, c := range alloc.IPs {
+		addr := c.Address
+		side.Addrs = append(side.Addrs, &addr)
+		gw := c.Gateway
+		if gw == nil {
+			gw = firstAddr(&addr)
+		}
+		if addr.IP.To4() != nil && side.GatewayV4 == nil {
+			side.GatewayV4 = gw.To4()
+		} else if addr.IP.To4() == nil && side.GatewayV6 == nil {
+			side.GatewayV6 = gw
+		}
+	}
+	return side
+}
+
+// BridgeGateways are the gateway addresses of side with their subnet's
+// prefix, as they go on the bridge.
+func BridgeGateways(side PodSide) []*net.IPNet {
+	var out []*net.IPNet
+	for _, a := range side.Addrs {
+		gw := side.GatewayV6
+		if a.IP.To4() != nil {
+			gw = side.GatewayV4
+		}
+		if gw != nil {
+			out = append(out, &net.IPNet{IP: gw, Mask: a.Mask})
+		}
+	}
+	return out
+}
+
+func firstAddr(n *net.IPNet) net.IP {
+	ip := n.IP.Mask(n.Mask)
+	if v4 := ip.To4(); v4 != nil {
+		ip = v4
+	}
+	out := make(net.IP, len(ip))
+	copy(out, ip)
+	out[len(out)-1]++
+	return out
+}
