@@ -17,7 +17,6 @@ import (
 
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/plugins/pkg/ns"
-	"github.com/vishvananda/netlink"
 
 	"github.com/podnet/podnet/internal/rtproto"
 	"github.com/podnet/podnet/test/nettest"
@@ -93,24 +92,6 @@ func decodeCNIErrorOutput(stdout []byte) (*types.Error, error) {
 		return nil, fmt.Errorf("error has an empty msg")
 	}
 	return &e, nil
-}
-
-// podLinksBesidesLo lists the links of podNS other than lo.
-func podLinksBesidesLo(podNS ns.NetNS) ([]string, error) {
-	var names []string
-	err := podNS.Do(func(ns.NetNS) error {
-		links, err := netlink.LinkList()
-		if err != nil {
-			return err
-		}
-		for _, l := range links {
-			if l.Attrs().Name != "lo" {
-				names = append(names, l.Attrs().Name)
-			}
-		}
-		return nil
-	})
-	return names, err
 }
 
 // badInputConf is the valid base network config of TestBadInput: podnet
@@ -350,7 +331,7 @@ func TestBadInput(t *testing.T) {
 			if r := reservations(t, dataDir); len(r) > 0 {
 				t.Errorf("host-local reservations left: %v", r)
 			}
-			links, err := podLinksBesidesLo(podNS)
+			links, err := nettest.LinkNames(podNS)
 			if err != nil {
 				t.Fatalf("list pod links: %v", err)
 			}

@@ -137,8 +137,17 @@ func (n *Node) Do(f func() error) {
 
 // Links returns the names of the node's links other than lo.
 func (n *Node) Links() []string {
+	names, err := LinkNames(n.NS)
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	return names
+}
+
+// LinkNames lists the links of netns other than lo.
+func LinkNames(netns ns.NetNS) ([]string, error) {
 	var names []string
-	n.Do(func() error {
+	err := netns.Do(func(ns.NetNS) error {
 		links, err := netlink.LinkList()
 		if err != nil {
 			return err
@@ -150,7 +159,7 @@ func (n *Node) Links() []string {
 		}
 		return nil
 	})
-	return names
+	return names, err
 }
 
 // RoutesWithProto lists the node's routes of protocol proto (both
