@@ -10,10 +10,11 @@ export CGO_ENABLED := 0
 PKG_podnet := ./plugins/podnet
 PKG_podnet-ipam := ./ipam/cmd/podnet-ipam
 PKG_podnet-bridge := ./plugins/podnet-bridge
+PKG_podnet-routed := ./routed/cmd/podnet-routed
 
-BINS := podnet podnet-bridge podnet-ipam
+BINS := podnet podnet-bridge podnet-ipam podnet-routed
 
-.PHONY: all build test unit integration lint deps cni-tools clean FORCE
+.PHONY: all build test unit integration lint deps cni-tools clean FORCE bench
 
 all: build
 
@@ -43,3 +44,9 @@ test: build cni-tools lint
 
 clean:
 	rm -rf bin
+
+# podnet-ipam ADD+DEL cost against occupancy, in-process (Go benchmark) and
+# exec'd side by side with the reference host-local; writes
+# bench/results/ipam.md and asserts nothing (not part of `make test`).
+bench:
+	scripts/bench-ipam.sh

@@ -89,3 +89,11 @@ func Write(dir string, s *State) error {
 	}
 	return nil
 }
+
+// Remove deletes the state file in dir; a missing file is fine.
+func Remove(dir string) error {
+	if err := os.Remove(Path(dir)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove node state: %w", err)
+	}
+	return nil
+}

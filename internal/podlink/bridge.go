@@ -1,6 +1,7 @@
 package podlink
 
 import (
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"net"
@@ -13,6 +14,11 @@ import (
 
 // EnsureBridge returns the bridge name, creating it (up, with mtu) when it
 // does not exist. Concurrent callers racing to create it all succeed.
+//
+// A new bridge gets a MAC of its own: a bridge whose MAC was never set takes
+// the lowest MAC of its ports and changes it as ports come and go, and the
+// pods, which cache the gateway's MAC, would then lose the gateway when the
+// pod owning that port leaves.
 func EnsureBridge(name string, mtu int) (*netlink.Bridge, error) {
 	br, err := lookupBridge(name)
 	if err == nil {
@@ -24,6 +30,7 @@ func EnsureBridge(name string, mtu int) (*netlink.Bridge, error) {
 	attrs := netlink.NewLinkAttrs()
 	attrs.Name = name
 	attrs.MTU = mtu
+	attrs.HardwareAddr = randomMAC()
 	if err := netlink.LinkAdd(&netlink.Bridge{LinkAttrs: attrs}); err != nil && !errors.Is(err, unix.EEXIST) {
 		return nil, fmt.Errorf("create bridge %s: %w", name, err)
 	}
@@ -125,6 +132,14 @@ func BridgedResult(prevResult *current.Result, br *current.Interface, hostName s
 	result.Interfaces = append(result.Interfaces, br, &current.Interface{Name: hostName}, podIface)
 	addPodIPsAndRoutes(result, len(result.Interfaces)-1, side)
 	return result
+}
+
+// randomMAC returns a random locally administered unicast MAC.
+func randomMAC() net.HardwareAddr {
+	mac := make(net.HardwareAddr, 6)
+	_, _ = rand.Read(mac) // never fails (crypto/rand)
+	mac[0] = mac[0]&^0x01 | 0x02
+	return mac
 }
 
 func nodad(ip net.IP) int {

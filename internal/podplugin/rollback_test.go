@@ -34,6 +34,24 @@ const (
 	testCNIVersion = "1.0.0"
 )
 
+// rollbackModes are the plugins whose ADD rollback is tested, with what
+// sets their attachments apart.
+var rollbackModes = []struct {
+	name       string
+	pluginType string
+	newPlugin  func(ipamRunner cnicore.IPAM, failAfter func(string) error) *Plugin
+	// shared are the node links ADD may create that outlive a rollback and
+	// a DEL: podnet-bridge's bridge, which the node's pods share.
+	shared []string
+	// hostRoutes says whether ADD routes the pod address on the node.
+	hostRoutes bool
+	// podPrefix is the length of the pod's address on its interface.
+	podPrefix int
+}{
+	{name: "routed", pluginType: "podnet", newPlugin: NewRouted, hostRoutes: true, podPrefix: 32},
+	{name: "bridged", pluginType: "podnet-bridge", newPlugin: NewBridged, shared: []string{DefaultBridge}, podPrefix: 24},
+}
+
 // addEnv is one in-process attachment: a node netns standing in for the
 // host, a pod netns, a host-local data directory and the CNI arguments.
 type addEnv struct {
@@ -41,12 +59,14 @@ type addEnv struct {
 	podNS    ns.NetNS
 	dataDir  string
 	hostVeth string
+	shared   []string // node links a rollback may leave (rollbackModes)
 	args     *skel.CmdArgs
 }
 
-// newAddEnv prepares the netns pair, the network config and the CNI_*
-// environment that invoke.DelegateAdd/DelegateDel pass on to host-local.
-func newAddEnv(t *testing.T, containerID string) *addEnv {
+// newAddEnv prepares the netns pair, the network config of pluginType and
+// the CNI_* environment that invoke.DelegateAdd/DelegateDel pass on to
+// host-local. shared are the node links assertClean accepts.
+func newAddEnv(t *testing.T, pluginType string, shared []string, containerID string) *addEnv {
 	t.Helper()
 	tools := nettest.RefToolsDir(t)
 	node := nettest.NewNode(t)
@@ -54,9 +74,9 @@ func newAddEnv(t *testing.T, containerID string) *addEnv {
 	dataDir := t.TempDir()
 	// stateDir keeps ResolveMTU away from the machine's /run/podnet: with no
 	// node.json there and no default route in the node netns, MTU is 1500.
-	conf := fmt.Sprintf(`{"cniVersion":%q,"name":%q,"type":"podnet","stateDir":%q,`+
+	conf := fmt.Sprintf(`{"cniVersion":%q,"name":%q,"type":%q,"stateDir":%q,`+
 		`"ipam":{"type":"host-local","dataDir":%q,"ranges":[[{"subnet":%q}]]}}`,
-		testCNIVersion, testNetwork, t.TempDir(), dataDir, testSubnet)
+		testCNIVersion, testNetwork, pluginType, t.TempDir(), dataDir, testSubnet)
 
 	t.Setenv("CNI_COMMAND", "ADD")
 	t.Setenv("CNI_CONTAINERID", containerID)
@@ -70,6 +90,7 @@ func newAddEnv(t *testing.T, containerID string) *addEnv {
 		podNS:    podNS,
 		dataDir:  dataDir,
 		hostVeth: podlink.HostVethName(testPodNS, testPodName, containerID, testIfName),
+		shared:   shared,
 		args: &skel.CmdArgs{
 			ContainerID: containerID,
 			Netns:       podNS.Path(),
@@ -173,12 +194,14 @@ func (e *addEnv) observeRaw() (state, error) {
 	return s, err
 }
 
-// assertClean fails unless nothing of the attachment is left.
+// assertClean fails unless nothing of the attachment is left: no node link
+// but the shared ones (the bridge, with no port left since every veth is
+// gone), no podnet route, no pod interface, no reservation.
 func (e *addEnv) assertClean(t *testing.T, when string) {
 	t.Helper()
 	s := e.observe(t)
-	if len(s.nodeLinks) > 0 {
-		t.Errorf("%s: links left in node netns: %v", when, s.nodeLinks)
+	if left := withoutShared(s.nodeLinks, e.shared); len(left) > 0 {
+		t.Errorf("%s: links left in node netns: %v", when, left)
 	}
 	if len(s.podnetRoutes) > 0 {
 		t.Errorf("%s: podnet routes left in node netns: %v", when, s.podnetRoutes)
@@ -189,6 +212,17 @@ func (e *addEnv) assertClean(t *testing.T, when string) {
 	if len(s.reservations) > 0 {
 		t.Errorf("%s: host-local reservations left: %v", when, s.reservations)
 	}
+}
+
+// withoutShared returns links minus the names in shared.
+func withoutShared(links, shared []string) []string {
+	var out []string
+	for _, l := range links {
+		if !slices.Contains(shared, l) {
+			out = append(out, l)
+		}
+	}
+	return out
 }
 
 func linkNames(netns ns.NetNS) ([]string, error) {
@@ -232,108 +266,133 @@ func routeDst(r netlink.Route) string {
 }
 
 // TestAddRollsBackAfterEachStep makes ADD fail right after each of its
-// steps and checks that the rollback leaves neither link, route, pod
-// interface nor address reservation behind. The control case runs the same
-// checks after a successful ADD, where they must see all four, and then DEL.
+// steps, for every mode, and checks that the rollback leaves neither link,
+// route, pod interface nor address reservation behind (only the bridge of
+// the bridged mode, which the node's pods share, may stay). The control case
+// runs the same checks after a successful ADD, where they must see the
+// attachment, and then DEL.
 func TestAddRollsBackAfterEachStep(t *testing.T) {
-	t.Run("control", func(t *testing.T) {
-		e := newAddEnv(t, "ctr-control")
-		var calls []string
-		p := NewRouted(cnicore.ExecIPAM{}, func(step string) error {
-			calls = append(calls, step)
-			return nil
-		})
-		printed, err := e.add(t, p)
-		if err != nil {
-			t.Fatalf("ADD: %v", err)
-		}
-		if !slices.Equal(calls, addSteps) {
-			t.Errorf("ADD stepped through %v, want %v", calls, addSteps)
-		}
-		raw, err := current.NewResult([]byte(printed))
-		if err != nil {
-			t.Fatalf("ADD printed no readable result: %v\n%s", err, printed)
-		}
-		res, err := current.NewResultFromResult(raw)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if len(res.IPs) != 1 {
-			t.Fatalf("ADD result has IPs %v, want one", res.IPs)
-		}
-		ip := res.IPs[0].Address.IP.String()
-		_, subnet, _ := net.ParseCIDR(testSubnet)
-		if !subnet.Contains(res.IPs[0].Address.IP) {
-			t.Errorf("ADD gave %s, outside %s", ip, testSubnet)
-		}
-
-		s := e.observe(t)
-		if !slices.Equal(s.nodeLinks, []string{e.hostVeth}) {
-			t.Errorf("node links after ADD: %v, want [%s]", s.nodeLinks, e.hostVeth)
-		}
-		if !slices.Equal(s.podnetRoutes, []string{ip + "/32"}) {
-			t.Errorf("podnet routes after ADD: %v, want [%s/32]", s.podnetRoutes, ip)
-		}
-		if !slices.Equal(s.podLinks, []string{testIfName}) {
-			t.Errorf("pod links after ADD: %v, want [%s]", s.podLinks, testIfName)
-		}
-		if !slices.Equal(s.reservations, []string{ip}) {
-			t.Errorf("reservations after ADD: %v, want [%s]", s.reservations, ip)
-		}
-
-		if err := e.del(t, p); err != nil {
-			t.Fatalf("DEL: %v", err)
-		}
-		e.assertClean(t, "after DEL")
-	})
-
-	for i, step := range addSteps {
-		t.Run("fail-after-"+step, func(t *testing.T) {
-			e := newAddEnv(t, "ctr-"+step)
-			injected := fmt.Errorf("injected failure after step %q", step)
-			var calls []string
-			var before state
-			var observeErr error
-			p := NewRouted(cnicore.ExecIPAM{}, func(s string) error {
-				calls = append(calls, s)
-				if s != step {
+	for _, m := range rollbackModes {
+		t.Run(m.name, func(t *testing.T) {
+			t.Run("control", func(t *testing.T) {
+				e := newAddEnv(t, m.pluginType, m.shared, "ctr-control")
+				var calls []string
+				p := m.newPlugin(cnicore.ExecIPAM{}, func(step string) error {
+					calls = append(calls, step)
 					return nil
+				})
+				printed, err := e.add(t, p)
+				if err != nil {
+					t.Fatalf("ADD: %v", err)
 				}
-				// What the rollback will have to undo.
-				before, observeErr = e.observeRaw()
-				return injected
+				if !slices.Equal(calls, addSteps) {
+					t.Errorf("ADD stepped through %v, want %v", calls, addSteps)
+				}
+				raw, err := current.NewResult([]byte(printed))
+				if err != nil {
+					t.Fatalf("ADD printed no readable result: %v\n%s", err, printed)
+				}
+				res, err := current.NewResultFromResult(raw)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(res.IPs) != 1 {
+					t.Fatalf("ADD result has IPs %v, want one", res.IPs)
+				}
+				ip := res.IPs[0].Address.IP.String()
+				_, subnet, _ := net.ParseCIDR(testSubnet)
+				if !subnet.Contains(res.IPs[0].Address.IP) {
+					t.Errorf("ADD gave %s, outside %s", ip, testSubnet)
+				}
+				if ones, _ := res.IPs[0].Address.Mask.Size(); ones != m.podPrefix {
+					t.Errorf("ADD gave %s, want a /%d", res.IPs[0].Address.String(), m.podPrefix)
+				}
+
+				s := e.observe(t)
+				wantLinks := append(slices.Clone(m.shared), e.hostVeth)
+				if !slices.Equal(sorted(s.nodeLinks), sorted(wantLinks)) {
+					t.Errorf("node links after ADD: %v, want %v", s.nodeLinks, wantLinks)
+				}
+				var wantRoutes []string
+				if m.hostRoutes {
+					wantRoutes = []string{ip + "/32"}
+				}
+				if !slices.Equal(s.podnetRoutes, wantRoutes) {
+					t.Errorf("podnet routes after ADD: %v, want %v", s.podnetRoutes, wantRoutes)
+				}
+				if !slices.Equal(s.podLinks, []string{testIfName}) {
+					t.Errorf("pod links after ADD: %v, want [%s]", s.podLinks, testIfName)
+				}
+				if !slices.Equal(s.reservations, []string{ip}) {
+					t.Errorf("reservations after ADD: %v, want [%s]", s.reservations, ip)
+				}
+
+				if err := e.del(t, p); err != nil {
+					t.Fatalf("DEL: %v", err)
+				}
+				e.assertClean(t, "after DEL")
 			})
 
-			printed, err := e.add(t, p)
-			if !errors.Is(err, injected) {
-				t.Fatalf("ADD returned %v, want the injected error %q", err, injected)
-			}
-			if printed != "" {
-				t.Errorf("failed ADD printed a result: %s", printed)
-			}
-			if want := addSteps[:i+1]; !slices.Equal(calls, want) {
-				t.Errorf("ADD stepped through %v, want %v", calls, want)
-			}
+			for i, step := range addSteps {
+				t.Run("fail-after-"+step, func(t *testing.T) {
+					e := newAddEnv(t, m.pluginType, m.shared, "ctr-"+step)
+					injected := fmt.Errorf("injected failure after step %q", step)
+					var calls []string
+					var before state
+					var observeErr error
+					p := m.newPlugin(cnicore.ExecIPAM{}, func(s string) error {
+						calls = append(calls, s)
+						if s != step {
+							return nil
+						}
+						// What the rollback will have to undo.
+						before, observeErr = e.observeRaw()
+						return injected
+					})
 
-			// The failure point had something to roll back, so the clean
-			// state below is the rollback's doing.
-			if observeErr != nil {
-				t.Fatalf("observe state at step %q: %v", step, observeErr)
-			}
-			if len(before.reservations) != 1 {
-				t.Errorf("at step %q: reservations %v, want one", step, before.reservations)
-			}
-			if i >= slices.Index(addSteps, "veth") && !slices.Contains(before.nodeLinks, e.hostVeth) {
-				t.Errorf("at step %q: host veth %s missing from node links %v", step, e.hostVeth, before.nodeLinks)
-			}
-			if i >= slices.Index(addSteps, "move") && !slices.Equal(before.podLinks, []string{testIfName}) {
-				t.Errorf("at step %q: pod links %v, want [%s]", step, before.podLinks, testIfName)
-			}
-			if i >= slices.Index(addSteps, "host-route") && len(before.podnetRoutes) != 1 {
-				t.Errorf("at step %q: podnet routes %v, want one", step, before.podnetRoutes)
-			}
+					printed, err := e.add(t, p)
+					if !errors.Is(err, injected) {
+						t.Fatalf("ADD returned %v, want the injected error %q", err, injected)
+					}
+					if printed != "" {
+						t.Errorf("failed ADD printed a result: %s", printed)
+					}
+					if want := addSteps[:i+1]; !slices.Equal(calls, want) {
+						t.Errorf("ADD stepped through %v, want %v", calls, want)
+					}
 
-			e.assertClean(t, "after failed ADD")
+					// The failure point had something to roll back, so the
+					// clean state below is the rollback's doing.
+					if observeErr != nil {
+						t.Fatalf("observe state at step %q: %v", step, observeErr)
+					}
+					if len(before.reservations) != 1 {
+						t.Errorf("at step %q: reservations %v, want one", step, before.reservations)
+					}
+					if i >= slices.Index(addSteps, "veth") && !slices.Contains(before.nodeLinks, e.hostVeth) {
+						t.Errorf("at step %q: host veth %s missing from node links %v", step, e.hostVeth, before.nodeLinks)
+					}
+					for _, l := range m.shared {
+						if i >= slices.Index(addSteps, "veth") && !slices.Contains(before.nodeLinks, l) {
+							t.Errorf("at step %q: shared link %s missing from node links %v", step, l, before.nodeLinks)
+						}
+					}
+					if i >= slices.Index(addSteps, "move") && !slices.Equal(before.podLinks, []string{testIfName}) {
+						t.Errorf("at step %q: pod links %v, want [%s]", step, before.podLinks, testIfName)
+					}
+					if m.hostRoutes && i >= slices.Index(addSteps, "host-route") && len(before.podnetRoutes) != 1 {
+						t.Errorf("at step %q: podnet routes %v, want one", step, before.podnetRoutes)
+					}
+
+					e.assertClean(t, "after failed ADD")
+				})
+			}
 		})
 	}
+}
+
+func sorted(s []string) []string {
+	c := slices.Clone(s)
+	slices.Sort(c)
+	return c
 }

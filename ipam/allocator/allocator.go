@@ -85,6 +85,7 @@ func (a *Allocator) Allocate(owner Owner, requested []netip.Addr) ([]netip.Prefi
 	release := func() {
 		for _, ip := range got {
 			_ = a.Store.Release(ip)
+			a.markFree(ip) // else the hint calls it taken and STATUS may say full
 		}
 	}
 	for i, set := range a.Sets {
@@ -139,6 +140,10 @@ func (a *Allocator) GC(valid []Owner) ([]netip.Addr, error) {
 	if err != nil {
 		return nil, err
 	}
+	owners, err := a.Store.Owners()
+	if err != nil {
+		return nil, err
+	}
 	var released []netip.Addr
 	held := make(map[Owner][]netip.Addr)
 	for ip, o := range all {
@@ -151,9 +156,20 @@ func (a *Allocator) GC(valid []Owner) ([]netip.Addr, error) {
 		}
 		released = append(released, ip)
 	}
-	owners, err := a.Store.Owners()
-	if err != nil {
-		return released, err
+	// One address per range set: more means an ADD was killed between
+	// Reserve and SetIPsOf and the same attachment was added again. Keep
+	// what its index lists (what ADD returned), release the rest.
+	for o, ips := range held {
+		extra := a.extraPerSet(ips, owners[o])
+		for _, ip := range extra {
+			if err := a.Store.Release(ip); err != nil {
+				return released, err
+			}
+			released = append(released, ip)
+		}
+		if len(extra) > 0 {
+			held[o] = slices.DeleteFunc(ips, func(ip netip.Addr) bool { return slices.Contains(extra, ip) })
+		}
 	}
 	for o, ips := range owners {
 		if !slices.Equal(sorted(ips), sorted(held[o])) {
@@ -173,6 +189,33 @@ func (a *Allocator) GC(valid []Owner) ([]netip.Addr, error) {
 	return released, a.rebuildHints(all, released)
 }
 
+// extraPerSet returns the addresses of ips beyond one per range set,
+// keeping those listed in indexed first, then the lowest.
+func (a *Allocator) extraPerSet(ips, indexed []netip.Addr) []netip.Addr {
+	if len(ips) <= 1 {
+		return nil
+	}
+	chosen := make(map[int]netip.Addr)
+	var extra []netip.Addr
+	for _, ip := range sorted(ips) {
+		i, _, ok := a.find(ip)
+		if !ok {
+			continue // outside the configured ranges: left as it is
+		}
+		cur, has := chosen[i]
+		switch {
+		case !has:
+			chosen[i] = ip
+		case slices.Contains(indexed, ip) && !slices.Contains(indexed, cur):
+			extra = append(extra, cur)
+			chosen[i] = ip
+		default:
+			extra = append(extra, ip)
+		}
+	}
+	return extra
+}
+
 // Usable reports whether every range set still has a free address.
 func (a *Allocator) Usable() error {
 	for i, set := range a.Sets {
@@ -182,7 +225,16 @@ func (a *Allocator) Usable() error {
 			if err != nil {
 				return err
 			}
-			if _, ok := a.nextCandidate(r, h, h.Cursor(), r.Size()); ok {
+			_, ok := a.nextCandidate(r, h, h.Cursor(), r.Size())
+			if !ok {
+				// The hint says full: it may be stale (see
+				// reserveNext). Rebuild it from the store once.
+				if err := a.rebuildHint(r, h); err != nil {
+					return err
+				}
+				_, ok = a.nextCandidate(r, h, h.Cursor(), r.Size())
+			}
+			if ok {
 				free = true
 				break
 			}

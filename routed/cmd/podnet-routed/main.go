@@ -1,0 +1,155 @@
+// Command podnet-routed is podnet's node daemon: it watches the cluster's
+// Nodes and routes every remote node's PodCIDR over tunl0 (IPIP), the
+// podnet.vxlan device or directly, masquerades outbound pod traffic and
+// publishes the node's PodCIDR and MTU for the CNI plugins.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/podnet/podnet/internal/nodestate"
+	"github.com/podnet/podnet/routed/daemon"
+	"github.com/podnet/podnet/routed/desired"
+)
+
+func main() {
+	if err := run(os.Args[1:]); err != nil {
+		fmt.Fprintln(os.Stderr, "podnet-routed:", err)
+		os.Exit(1)
+	}
+}
+
+func run(argv []string) error {
+	fs := flag.NewFlagSet("podnet-routed", flag.ContinueOnError)
+	kubeconfig := fs.String("kubeconfig", os.Getenv("KUBECONFIG"), "kubeconfig file (default: in-cluster config)")
+	nodeName := fs.String("node-name", os.Getenv("NODE_NAME"), "this node's name (env NODE_NAME)")
+	encap := fs.String("encap", "ipip", "encapsulation between nodes: ipip, vxlan or none")
+	crossSubnet := fs.Bool("cross-subnet", false, "route directly to nodes on this node's L2 subnet, encapsulate only across subnets")
+	clusterCIDRs := fs.String("cluster-cidr", os.Getenv("CLUSTER_CIDR"), "comma-separated cluster pod CIDRs: traffic to them is not masqueraded")
+	masquerade := fs.Bool("masquerade", true, "masquerade pod traffic leaving the cluster CIDRs")
+	mtu := fs.Int("mtu", 0, "pod/overlay MTU (0: underlay MTU minus encapsulation overhead)")
+	stateDir := fs.String("state-dir", nodestate.DefaultDir, "directory of node.json for the CNI plugins")
+	resync := fs.Duration("resync-interval", 30*time.Second, "full resync period (repairs and prunes)")
+	healthAddr := fs.String("health-addr", ":9099", "address of /healthz and /readyz (empty: off)")
+	metricsAddr := fs.String("metrics-addr", ":9098", "address of /metrics (empty: off)")
+	vni := fs.Int("vxlan-vni", 4096, "VXLAN network identifier")
+	port := fs.Int("vxlan-port", 4789, "VXLAN UDP port")
+	cleanup := fs.Bool("cleanup", false, "remove every route, device, nft table and state file podnet-routed created, then exit")
+	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	if err := fs.Parse(argv); err != nil {
+		return err
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
+		return fmt.Errorf("--log-level: %w", err)
+	}
+	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+
+	if *cleanup {
+		if err := daemon.Cleanup(*stateDir); err != nil {
+			return fmt.Errorf("cleanup: %w", err)
+		}
+		log.Info("cleanup done")
+		return nil
+	}
+
+	e, err := desired.ParseEncap(*encap)
+	if err != nil {
+		return fmt.Errorf("--encap: %w", err)
+	}
+	if *nodeName == "" {
+		return errors.New("--node-name (or NODE_NAME) is required")
+	}
+	cidrs, err := parseCIDRs(*clusterCIDRs)
+	if err != nil {
+		return fmt.Errorf("--cluster-cidr: %w", err)
+	}
+	if *masquerade && len(cidrs) == 0 {
+		return errors.New("--masquerade needs --cluster-cidr (the pod CIDRs of the cluster), or pass --masquerade=false")
+	}
+	if *resync <= 0 {
+		return errors.New("--resync-interval must be positive")
+	}
+	restCfg, err := kubeConfig(*kubeconfig)
+	if err != nil {
+		return err
+	}
+	client, err := kubernetes.NewForConfig(restCfg)
+	if err != nil {
+		return fmt.Errorf("kubernetes client: %w", err)
+	}
+	d := daemon.New(daemon.Config{
+		NodeName: *nodeName, Encap: e, CrossSubnet: *crossSubnet, ClusterCIDRs: cidrs, Masquerade: *masquerade,
+		MTU: *mtu, StateDir: *stateDir, ResyncInterval: *resync, VXLANVNI: *vni, VXLANPort: *port,
+	}, client, log)
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	for _, addr := range uniq(*healthAddr, *metricsAddr) {
+		srv := &http.Server{Addr: addr, Handler: d.Handler(), ReadHeaderTimeout: 5 * time.Second}
+		go func() {
+			if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				log.Error("http server", "addr", addr, "err", err)
+				stop()
+			}
+		}()
+		defer srv.Close()
+	}
+	log.Info("starting", "node", *nodeName, "encap", e, "crossSubnet", *crossSubnet, "clusterCIDRs", cidrs)
+	return d.Run(ctx)
+}
+
+func kubeConfig(path string) (*rest.Config, error) {
+	if path == "" {
+		cfg, err := rest.InClusterConfig()
+		if err != nil {
+			return nil, fmt.Errorf("no --kubeconfig and not in a cluster: %w", err)
+		}
+		return cfg, nil
+	}
+	cfg, err := clientcmd.BuildConfigFromFlags("", path)
+	if err != nil {
+		return nil, fmt.Errorf("kubeconfig %s: %w", path, err)
+	}
+	return cfg, nil
+}
+
+func parseCIDRs(s string) ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		p, err := netip.ParsePrefix(f)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, p.Masked())
+	}
+	return out, nil
+}
+
+func uniq(addrs ...string) []string {
+	var out []string
+	for _, a := range addrs {
+		if a != "" && (len(out) == 0 || out[len(out)-1] != a) {
+			out = append(out, a)
+		}
+	}
+	return out
+}

@@ -1,0 +1,344 @@
+// Package daemon is podnet-routed's control loop: a client-go informer on
+// Nodes feeds the desired state, which is applied to the kernel on every
+// change, on every deletion of a podnet route (repair), and periodically
+// (resync and prune).
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/netip"
+	"slices"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/vishvananda/netlink"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	listersv1 "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/podnet/podnet/internal/nodestate"
+	"github.com/podnet/podnet/internal/rtproto"
+	"github.com/podnet/podnet/routed/dataplane"
+	"github.com/podnet/podnet/routed/desired"
+)
+
+// NodeIPAnnotation overrides a node's InternalIP.
+const NodeIPAnnotation = "podnet.io/node-ip"
+
+// Config is the daemon's configuration (from flags).
+type Config struct {
+	NodeName       string
+	Encap          desired.Encap
+	CrossSubnet    bool
+	ClusterCIDRs   []netip.Prefix
+	Masquerade     bool
+	MTU            int
+	StateDir       string
+	ResyncInterval time.Duration
+	VXLANVNI       int
+	VXLANPort      int
+}
+
+// Daemon reconciles the node's dataplane with the Nodes of the cluster.
+type Daemon struct {
+	cfg     Config
+	client  kubernetes.Interface
+	log     *slog.Logger
+	dp      *dataplane.Netlink
+	nat     dataplane.NAT
+	metrics *Metrics
+	kick    chan string
+
+	synced      atomic.Bool
+	lastApplyOK atomic.Bool
+	lastState   nodestate.State
+}
+
+// New builds a daemon.
+func New(cfg Config, client kubernetes.Interface, log *slog.Logger) *Daemon {
+	return &Daemon{
+		cfg:     cfg,
+		client:  client,
+		log:     log,
+		dp:      &dataplane.Netlink{Encap: cfg.Encap, CrossSubnet: cfg.CrossSubnet, VNI: cfg.VXLANVNI, Port: cfg.VXLANPort, MTU: cfg.MTU, Log: log},
+		metrics: NewMetrics(),
+		kick:    make(chan string, 1),
+	}
+}
+
+// Metrics are the daemon's Prometheus metrics, in their own registry.
+type Metrics struct {
+	Registry        *prometheus.Registry
+	RoutesDesired   prometheus.Gauge
+	RoutesProgramed prometheus.Gauge
+	ApplySeconds    prometheus.Histogram
+	Repairs         prometheus.Counter
+	Errors          prometheus.Counter
+	NodesSkipped    prometheus.Gauge
+}
+
+// NewMetrics registers the metrics in a fresh registry.
+func NewMetrics() *Metrics {
+	m := &Metrics{
+		Registry:        prometheus.NewRegistry(),
+		RoutesDesired:   prometheus.NewGauge(prometheus.GaugeOpts{Name: "podnet_routes_desired", Help: "Routes podnet-routed wants in the kernel."}),
+		RoutesProgramed: prometheus.NewGauge(prometheus.GaugeOpts{Name: "podnet_routes_programmed", Help: "Routes with podnet's protocol in the kernel after the last apply."}),
+		ApplySeconds:    prometheus.NewHistogram(prometheus.HistogramOpts{Name: "podnet_apply_duration_seconds", Help: "Time to apply the desired state.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}),
+		Repairs:         prometheus.NewCounter(prometheus.CounterOpts{Name: "podnet_route_repairs_total", Help: "Applies that changed the kernel after a podnet route was removed by someone else."}),
+		Errors:          prometheus.NewCounter(prometheus.CounterOpts{Name: "podnet_apply_errors_total", Help: "Applies that failed."}),
+		NodesSkipped:    prometheus.NewGauge(prometheus.GaugeOpts{Name: "podnet_nodes_skipped", Help: "Nodes without PodCIDR or address, not routed yet."}),
+	}
+	m.Registry.MustRegister(m.RoutesDesired, m.RoutesProgramed, m.ApplySeconds, m.Repairs, m.Errors, m.NodesSkipped)
+	return m
+}
+
+// Handler serves /healthz, /readyz and /metrics.
+func (d *Daemon) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !d.synced.Load() {
+			http.Error(w, "node informer not synced", http.StatusServiceUnavailable)
+			return
+		}
+		if !d.lastApplyOK.Load() {
+			http.Error(w, "last apply failed or not done yet", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	})
+	mux.Handle("/metrics", promhttp.HandlerFor(d.metrics.Registry, promhttp.HandlerOpts{}))
+	return mux
+}
+
+// Run watches Nodes and reconciles until ctx ends. Routes stay in place
+// when it returns.
+func (d *Daemon) Run(ctx context.Context) error {
+	if d.cfg.Encap == desired.IPIP {
+		if err := dataplane.CheckIPIP(); err != nil {
+			return err
+		}
+	}
+	factory := informers.NewSharedInformerFactory(d.client, 0)
+	nodes := factory.Core().V1().Nodes()
+	kick := func(any) { d.trigger("node") }
+	if _, err := nodes.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    kick,
+		UpdateFunc: func(_, n any) { kick(n) },
+		DeleteFunc: kick,
+	}); err != nil {
+		return fmt.Errorf("node event handler: %w", err)
+	}
+	factory.Start(ctx.Done())
+	d.log.Info("waiting for the node informer to sync")
+	if !cache.WaitForCacheSync(ctx.Done(), nodes.Informer().HasSynced) {
+		return ctx.Err()
+	}
+	d.synced.Store(true)
+	d.log.Info("node informer synced")
+	go d.watchRoutes(ctx)
+
+	resync := time.NewTicker(d.cfg.ResyncInterval)
+	defer resync.Stop()
+	d.reconcile(nodes.Lister(), "initial sync")
+	for {
+		select {
+		case <-ctx.Done():
+			d.log.Info("stopping; routes stay in place")
+			return nil
+		case why := <-d.kick:
+			d.reconcile(nodes.Lister(), why)
+		case <-resync.C:
+			d.reconcile(nodes.Lister(), "periodic resync")
+		}
+	}
+}
+
+func (d *Daemon) trigger(why string) {
+	select {
+	case d.kick <- why:
+	default: // a reconcile is already pending; it will see this change too
+	}
+}
+
+// watchRoutes kicks a reconcile whenever a podnet route disappears (someone
+// deleted it, or its device went away).
+func (d *Daemon) watchRoutes(ctx context.Context) {
+	for ctx.Err() == nil {
+		updates := make(chan netlink.RouteUpdate, 256)
+		done := make(chan struct{})
+		err := netlink.RouteSubscribeWithOptions(updates, done, netlink.RouteSubscribeOptions{
+			ErrorCallback: func(err error) { d.log.Warn("route subscription error", "err", err) },
+		})
+		if err != nil {
+			d.log.Error("cannot subscribe to route changes; relying on periodic resync", "err", err)
+			select {
+			case <-ctx.Done():
+			case <-time.After(5 * time.Second):
+			}
+			continue
+		}
+	loop:
+		for {
+			select {
+			case <-ctx.Done():
+				close(done)
+				return
+			case u, ok := <-updates:
+				if !ok {
+					break loop
+				}
+				if u.Type == 25 /* RTM_DELROUTE */ && u.Protocol == rtproto.Podnet {
+					d.trigger("repair")
+				}
+			}
+		}
+		close(done)
+	}
+}
+
+// reconcile computes the desired state from the lister and applies it.
+func (d *Daemon) reconcile(lister listersv1.NodeLister, why string) {
+	start := time.Now()
+	err := d.apply(lister, why)
+	d.metrics.ApplySeconds.Observe(time.Since(start).Seconds())
+	if err != nil {
+		d.metrics.Errors.Inc()
+		d.lastApplyOK.Store(false)
+		d.log.Error("apply failed", "trigger", why, "err", err)
+		return
+	}
+	d.lastApplyOK.Store(true)
+}
+
+func (d *Daemon) apply(lister listersv1.NodeLister, why string) error {
+	objs, err := lister.List(labels.Everything())
+	if err != nil {
+		return fmt.Errorf("list nodes: %w", err)
+	}
+	nodes := make([]desired.Node, 0, len(objs))
+	for _, o := range objs {
+		nodes = append(nodes, FromNode(o))
+	}
+	cfg := desired.Config{Self: d.cfg.NodeName, Encap: d.cfg.Encap, CrossSubnet: d.cfg.CrossSubnet}
+	var underlay netlink.Link
+	if self := findNode(nodes, d.cfg.NodeName); self != nil && self.IP.IsValid() {
+		if underlay, err = dataplane.Underlay(self.IP); err != nil {
+			return err
+		}
+		cfg.Underlay = underlay.Attrs().Name
+	}
+	st := desired.Compute(cfg, nodes, dataplane.OnLink)
+	d.metrics.NodesSkipped.Set(float64(len(st.Skipped)))
+	for _, s := range st.Skipped {
+		d.log.Debug("node skipped", "node", s.Node, "reason", s.Reason)
+	}
+	if st.Self == nil || underlay == nil {
+		return fmt.Errorf("this node (%q) has no PodCIDR or address yet: nothing applied", d.cfg.NodeName)
+	}
+	if err := d.dp.Setup(*st.Self, st.VTEPs); err != nil {
+		return err
+	}
+	d.metrics.RoutesDesired.Set(float64(len(st.Routes)))
+	changed, err := dataplane.ApplyRoutes(st.Routes)
+	if err != nil {
+		return err
+	}
+	if d.cfg.Encap == desired.VXLAN {
+		if err := dataplane.ApplyVXLANPeers(st.Neighbors, st.FDBs); err != nil {
+			return err
+		}
+	}
+	if d.cfg.Masquerade {
+		if err := d.nat.Apply(st.Self.PodCIDRs, d.cfg.ClusterCIDRs); err != nil {
+			return err
+		}
+	}
+	if err := d.writeState(st.Self, d.dp.OverlayMTU(underlay)); err != nil {
+		return err
+	}
+	if owned, err := dataplane.OwnedRoutes(); err == nil {
+		d.metrics.RoutesProgramed.Set(float64(len(owned)))
+	}
+	if changed > 0 {
+		if why == "repair" {
+			d.metrics.Repairs.Inc()
+		}
+		d.log.Info("routes applied", "trigger", why, "changed", changed, "routes", len(st.Routes), "skipped", len(st.Skipped))
+	}
+	return nil
+}
+
+func (d *Daemon) writeState(self *desired.Node, mtu int) error {
+	st := nodestate.State{NodeName: self.Name, MTU: mtu, Encap: string(d.cfg.Encap)}
+	for _, p := range self.PodCIDRs {
+		st.PodCIDRs = append(st.PodCIDRs, p.String())
+	}
+	if slices.Equal(st.PodCIDRs, d.lastState.PodCIDRs) && st.MTU == d.lastState.MTU && st.Encap == d.lastState.Encap && st.NodeName == d.lastState.NodeName {
+		return nil
+	}
+	if err := nodestate.Write(d.cfg.StateDir, &st); err != nil {
+		return err
+	}
+	d.lastState = st
+	d.log.Info("node state written", "path", nodestate.Path(d.cfg.StateDir), "podCIDRs", st.PodCIDRs, "mtu", mtu)
+	return nil
+}
+
+// FromNode extracts what routing needs from a Node.
+func FromNode(n *corev1.Node) desired.Node {
+	out := desired.Node{Name: n.Name}
+	cidrs := n.Spec.PodCIDRs
+	if len(cidrs) == 0 && n.Spec.PodCIDR != "" {
+		cidrs = []string{n.Spec.PodCIDR}
+	}
+	for _, c := range cidrs {
+		if p, err := netip.ParsePrefix(c); err == nil {
+			out.PodCIDRs = append(out.PodCIDRs, p.Masked())
+		}
+	}
+	if a, ok := n.Annotations[NodeIPAnnotation]; ok {
+		if ip, err := netip.ParseAddr(a); err == nil {
+			out.IP = ip
+			return out
+		}
+	}
+	for _, a := range n.Status.Addresses {
+		if a.Type == corev1.NodeInternalIP {
+			if ip, err := netip.ParseAddr(a.Address); err == nil {
+				out.IP = ip
+				break
+			}
+		}
+	}
+	return out
+}
+
+func findNode(nodes []desired.Node, name string) *desired.Node {
+	for i := range nodes {
+		if nodes[i].Name == name {
+			return &nodes[i]
+		}
+	}
+	return nil
+}
+
+// Cleanup removes everything podnet-routed created: podnet routes, the
+// VXLAN device, the nft table and the node state file.
+func Cleanup(stateDir string) error {
+	var errs []error
+	errs = append(errs, dataplane.Cleanup(), dataplane.DeleteNAT())
+	if err := nodestate.Remove(stateDir); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,113 @@
+package dataplane
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
+	"golang.org/x/sys/unix"
+)
+
+// NATTable is the nftables table podnet-routed owns (family inet).
+const NATTable = "podnet"
+
+// NAT keeps the masquerade rules: traffic from this node's PodCIDRs to any
+// destination outside every cluster CIDR leaves with the node's address;
+// pod-to-pod traffic keeps the pod address.
+type NAT struct {
+	applied string // the last rule set written, to skip identical rewrites
+}
+
+// Apply replaces the table's content atomically (add, delete, re-create in
+// one transaction) when the inputs changed.
+//
+//	table inet podnet {
+//	  chain postrouting { type nat hook postrouting priority srcnat;
+//	    ip daddr <clusterCIDR> return        (one per cluster CIDR, per family)
+//	    ip saddr <localPodCIDR> masquerade   (one per local PodCIDR)
+//	  }
+//	}
+func (n *NAT) Apply(local, cluster []netip.Prefix) error {
+	key := fmt.Sprint(local, cluster)
+	if key == n.applied {
+		return nil
+	}
+	c, err := nftables.New()
+	if err != nil {
+		return fmt.Errorf("nftables: %w", err)
+	}
+	table := &nftables.Table{Family: nftables.TableFamilyINet, Name: NATTable}
+	c.AddTable(table)
+	c.DelTable(table)
+	c.AddTable(table)
+	chain := c.AddChain(&nftables.Chain{
+		Name:     "postrouting",
+		Table:    table,
+		Type:     nftables.ChainTypeNAT,
+		Hooknum:  nftables.ChainHookPostrouting,
+		Priority: nftables.ChainPriorityNATSource,
+	})
+	for _, p := range cluster {
+		c.AddRule(&nftables.Rule{Table: table, Chain: chain, Exprs: matchPrefix(p, false, &expr.Verdict{Kind: expr.VerdictReturn})})
+	}
+	for _, p := range local {
+		c.AddRule(&nftables.Rule{Table: table, Chain: chain, Exprs: matchPrefix(p, true, &expr.Masq{})})
+	}
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("write nftables table %s: %w", NATTable, err)
+	}
+	n.applied = key
+	return nil
+}
+
+// matchPrefix matches packets whose source (or destination) is in p, then
+// runs action.
+func matchPrefix(p netip.Prefix, source bool, action expr.Any) []expr.Any {
+	p = p.Masked()
+	proto, offset, size := byte(unix.NFPROTO_IPV4), uint32(16), uint32(4)
+	if source {
+		offset = 12
+	}
+	if p.Addr().Is6() {
+		proto, offset, size = unix.NFPROTO_IPV6, 24, 16
+		if source {
+			offset = 8
+		}
+	}
+	mask := make([]byte, size)
+	for i := 0; i < p.Bits(); i++ {
+		mask[i/8] |= 0x80 >> (i % 8)
+	}
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{proto}},
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: offset, Len: size},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: size, Mask: mask, Xor: make([]byte, size)},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: p.Addr().AsSlice()},
+		action,
+	}
+}
+
+// DeleteNAT removes podnet's table; a missing table is fine.
+func DeleteNAT() error {
+	c, err := nftables.New()
+	if err != nil {
+		return fmt.Errorf("nftables: %w", err)
+	}
+	tables, err := c.ListTablesOfFamily(nftables.TableFamilyINet)
+	if err != nil {
+		return fmt.Errorf("list nftables tables: %w", err)
+	}
+	if !slices.ContainsFunc(tables, func(t *nftables.Table) bool { return t.Name == NATTable }) {
+		return nil
+	}
+	c.DelTable(&nftables.Table{Family: nftables.TableFamilyINet, Name: NATTable})
+	if err := c.Flush(); err != nil && !errors.Is(err, unix.ENOENT) && !strings.Contains(err.Error(), "no such file") {
+		return fmt.Errorf("delete nftables table %s: %w", NATTable, err)
+	}
+	return nil
+}

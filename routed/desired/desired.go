@@ -1,0 +1,233 @@
+// Package desired computes, without touching the kernel, what podnet-routed
+// wants the node's dataplane to look like: one route per remote node
+// PodCIDR (through the IPIP tunnel, the VXLAN device or directly), VXLAN
+// neighbor and FDB entries, and a blackhole for the local PodCIDR. The
+// dataplane layer diffs this against the kernel.
+package desired
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	"slices"
+	"sort"
+)
+
+// Encap is how traffic reaches a remote node's pods.
+type Encap string
+
+// Encapsulation modes.
+const (
+	IPIP  Encap = "ipip"
+	VXLAN Encap = "vxlan"
+	None  Encap = "none"
+)
+
+// Fixed device names (DESIGN.md §2).
+const (
+	TunnelDevice = "tunl0"
+	VXLANDevice  = "podnet.vxlan"
+)
+
+// Overheads subtracted from the underlay MTU.
+const (
+	IPIPOverhead  = 20
+	VXLANOverhead = 50
+)
+
+// ParseEncap validates an --encap value.
+func ParseEncap(s string) (Encap, error) {
+	switch e := Encap(s); e {
+	case IPIP, VXLAN, None:
+		return e, nil
+	}
+	return "", fmt.Errorf("unknown encapsulation %q: use ipip, vxlan or none", s)
+}
+
+// Overhead is the per-packet cost of e.
+func (e Encap) Overhead() int {
+	switch e {
+	case IPIP:
+		return IPIPOverhead
+	case VXLAN:
+		return VXLANOverhead
+	}
+	return 0
+}
+
+// Node is what podnet-routed needs of a Kubernetes Node.
+type Node struct {
+	Name     string
+	PodCIDRs []netip.Prefix
+	IP       netip.Addr // InternalIP, or the podnet.io/node-ip annotation
+}
+
+// Config is the daemon's configuration as far as desired state goes.
+type Config struct {
+	Self        string // this node's name
+	Encap       Encap
+	CrossSubnet bool
+	// Underlay is the device that reaches other nodes directly.
+	Underlay string
+}
+
+// Kind says how a route forwards.
+type Kind int
+
+// Route kinds.
+const (
+	Via       Kind = iota // unicast via a next hop
+	Blackhole             // drop: the local PodCIDR's unallocated addresses
+)
+
+// Route is one desired route. Routes are keyed by destination.
+type Route struct {
+	Dst    netip.Prefix
+	Kind   Kind
+	Gw     netip.Addr
+	Dev    string
+	OnLink bool
+}
+
+func (r Route) String() string {
+	if r.Kind == Blackhole {
+		return "blackhole " + r.Dst.String()
+	}
+	s := fmt.Sprintf("%s via %s dev %s", r.Dst, r.Gw, r.Dev)
+	if r.OnLink {
+		s += " onlink"
+	}
+	return s
+}
+
+// Neighbor is a permanent VXLAN neighbor entry: the remote VTEP address
+// resolves to the remote device's MAC.
+type Neighbor struct {
+	IP  netip.Addr
+	MAC string
+}
+
+// FDB sends frames for MAC to the remote node's underlay address.
+type FDB struct {
+	MAC string
+	Dst netip.Addr
+}
+
+// Skip is a node left out, and why.
+type Skip struct {
+	Node   string
+	Reason string
+}
+
+// State is the whole desired dataplane.
+type State struct {
+	Routes    []Route // sorted by Dst
+	Neighbors []Neighbor
+	FDBs      []FDB
+	// Self is this node, when it is known and has PodCIDRs.
+	Self *Node
+	// VTEPs are the addresses of this node's VXLAN device (one per
+	// local PodCIDR family: the PodCIDR's network address).
+	VTEPs   []netip.Prefix
+	Skipped []Skip
+}
+
+// OnLink tells whether a node address is reachable without a gateway on
+// the underlay (decided by the dataplane with a route lookup).
+type OnLink func(netip.Addr) bool
+
+// Compute derives the desired state from the nodes.
+func Compute(cfg Config, nodes []Node, onLink OnLink) State {
+	var st State
+	sorted := slices.Clone(nodes)
+	sort.Slice(sorted, func(i, j int) bool { return sorted[i].Name < sorted[j].Name })
+	for _, n := range sorted {
+		if len(n.PodCIDRs) == 0 {
+			st.Skipped = append(st.Skipped, Skip{n.Name, "no spec.podCIDRs yet"})
+			continue
+		}
+		if n.Name == cfg.Self {
+			self := n
+			st.Self = &self
+			for _, p := range n.PodCIDRs {
+				st.Routes = append(st.Routes, Route{Dst: p.Masked(), Kind: Blackhole})
+				st.VTEPs = append(st.VTEPs, netip.PrefixFrom(p.Masked().Addr(), p.Addr().BitLen()))
+			}
+			continue
+		}
+		if !n.IP.IsValid() {
+			st.Skipped = append(st.Skipped, Skip{n.Name, "no InternalIP address (or podnet.io/node-ip annotation) yet"})
+			continue
+		}
+		encap := cfg.Encap
+		if encap != None && cfg.CrossSubnet && onLink != nil && onLink(n.IP) {
+			encap = None
+		}
+		for _, p := range n.PodCIDRs {
+			p = p.Masked()
+			if p.Addr().Is4() != n.IP.Is4() && encap != VXLAN {
+				// IPIP and direct routes need a next hop of the same
+				// family; VXLAN carries either family.
+				st.Skipped = append(st.Skipped, Skip{n.Name, fmt.Sprintf("PodCIDR %s has no node address of its family", p)})
+				continue
+			}
+			switch encap {
+			case IPIP:
+				st.Routes = append(st.Routes, Route{Dst: p, Gw: n.IP, Dev: TunnelDevice, OnLink: true})
+			case None:
+				st.Routes = append(st.Routes, Route{Dst: p, Gw: n.IP, Dev: cfg.Underlay})
+			case VXLAN:
+				vtep := p.Addr() // the remote PodCIDR's network address
+				mac := VTEPMAC(n.IP)
+				st.Routes = append(st.Routes, Route{Dst: p, Gw: vtep, Dev: VXLANDevice, OnLink: true})
+				st.Neighbors = append(st.Neighbors, Neighbor{IP: vtep, MAC: mac})
+				st.FDBs = append(st.FDBs, FDB{MAC: mac, Dst: n.IP})
+			}
+		}
+	}
+	sort.Slice(st.Routes, func(i, j int) bool { return st.Routes[i].Dst.String() < st.Routes[j].Dst.String() })
+	st.FDBs = dedupFDB(st.FDBs)
+	return st
+}
+
+// VTEPMAC is the MAC of a node's VXLAN device, derived from its underlay
+// address so every node can compute every other node's without extra
+// annotations: locally administered, 0e:70 + the last 4 bytes of the IP.
+func VTEPMAC(nodeIP netip.Addr) string {
+	b := nodeIP.As16()
+	return net.HardwareAddr{0x0e, 0x70, b[12], b[13], b[14], b[15]}.String()
+}
+
+func dedupFDB(in []FDB) []FDB {
+	seen := make(map[FDB]bool, len(in))
+	out := in[:0]
+	for _, f := range in {
+		if !seen[f] {
+			seen[f] = true
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// Diff compares desired routes with the routes podnet owns in the kernel
+// (actual) and returns what to add or replace and what to delete.
+func Diff(want, actual []Route) (upsert, remove []Route) {
+	have := make(map[netip.Prefix]Route, len(actual))
+	for _, r := range actual {
+		have[r.Dst] = r
+	}
+	wanted := make(map[netip.Prefix]bool, len(want))
+	for _, r := range want {
+		wanted[r.Dst] = true
+		if cur, ok := have[r.Dst]; !ok || cur != r {
+			upsert = append(upsert, r)
+		}
+	}
+	for _, r := range actual {
+		if !wanted[r.Dst] {
+			remove = append(remove, r)
+		}
+	}
+	return upsert, remove
+}
