@@ -14,7 +14,7 @@ PKG_podnet-routed := ./routed/cmd/podnet-routed
 
 BINS := podnet podnet-bridge podnet-ipam podnet-routed
 
-.PHONY: all build test unit integration lint deps cni-tools clean FORCE bench
+.PHONY: all build test unit integration lint deps cni-tools kapi clean FORCE bench
 
 all: build
 
@@ -32,6 +32,11 @@ deps:
 cni-tools:
 	@scripts/install-cni-tools.sh >/dev/null
 
+# A real kube-apiserver + etcd for the routed tests, built once per version
+# and cached under ~/.cache/podnet (6-16 min the first time).
+kapi:
+	@scripts/ensure-kapi.sh >/dev/null
+
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	  if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
@@ -39,8 +44,9 @@ lint:
 
 # The whole suite: lint, unit tests, then the integration tests that exec the
 # built binaries through libcni inside throwaway network namespaces (root).
-test: build cni-tools lint
-	PODNET_CNI_TOOLS=$$(scripts/install-cni-tools.sh) $(GO) test -count=1 -timeout 30m ./...
+test: build cni-tools kapi lint
+	PODNET_CNI_TOOLS=$$(scripts/install-cni-tools.sh) PODNET_KAPI_DIR=$$(scripts/ensure-kapi.sh) \
+	  $(GO) test -count=1 -timeout 30m ./...
 
 clean:
 	rm -rf bin

@@ -1,0 +1,346 @@
+// Package kapi starts a real etcd and kube-apiserver on loopback for tests:
+// the binaries come from scripts/ensure-kapi.sh (cached by version; the
+// Makefile exports their directory as PODNET_KAPI_DIR), the certificates,
+// service-account keys and static tokens are made here.
+package kapi
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/rsa"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/hex"
+	"encoding/pem"
+	"fmt"
+	"math/big"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+)
+
+// Token users the server knows.
+const (
+	AdminUser  = "admin"         // group system:masters
+	RoutedUser = "podnet-routed" // no groups: only what RBAC grants it
+)
+
+// Server is a running etcd + kube-apiserver pair.
+type Server struct {
+	Dir        string
+	BinDir     string
+	Port       int
+	etcdPort   int
+	Tokens     map[string]string // user -> bearer token
+	etcd, kas  *proc
+	t          testing.TB
+	ServerName string
+}
+
+// BinDir returns the directory of the cached binaries or fails the test.
+func BinDir(t testing.TB) string {
+	t.Helper()
+	dir := os.Getenv("PODNET_KAPI_DIR")
+	if dir == "" {
+		t.Fatal("PODNET_KAPI_DIR is not set: run the tests with `make test` (it builds kube-apiserver and etcd once, see scripts/ensure-kapi.sh)")
+	}
+	for _, b := range []string{"etcd", "kube-apiserver"} {
+		if _, err := os.Stat(filepath.Join(dir, b)); err != nil {
+			t.Fatalf("%s missing in %s: %v", b, dir, err)
+		}
+	}
+	return dir
+}
+
+// Start brings up etcd and kube-apiserver (RBAC authorization) and stops
+// them when the test ends. Extra serving-certificate IPs can be given (e.g.
+// 10.0.2.2 for a QEMU guest).
+func Start(t testing.TB, extraIPs ...net.IP) *Server {
+	t.Helper()
+	s := &Server{Dir: t.TempDir(), BinDir: BinDir(t), Tokens: map[string]string{}, t: t}
+	if err := s.makePKI(extraIPs); err != nil {
+		t.Fatal(err)
+	}
+	s.etcdPort = freePort(t)
+	s.Port = freePort(t)
+	if err := s.startEtcd(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Stop)
+	if err := s.StartAPIServer(); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// URL is the API server's address.
+func (s *Server) URL() string { return fmt.Sprintf("https://127.0.0.1:%d", s.Port) }
+
+func (s *Server) startEtcd() error {
+	peer := freePort(s.t)
+	cmd := exec.Command(filepath.Join(s.BinDir, "etcd"),
+		"--name=test", "--data-dir="+filepath.Join(s.Dir, "etcd-data"),
+		fmt.Sprintf("--listen-client-urls=http://127.0.0.1:%d", s.etcdPort),
+		fmt.Sprintf("--advertise-client-urls=http://127.0.0.1:%d", s.etcdPort),
+		fmt.Sprintf("--listen-peer-urls=http://127.0.0.1:%d", peer),
+		fmt.Sprintf("--initial-advertise-peer-urls=http://127.0.0.1:%d", peer),
+		fmt.Sprintf("--initial-cluster=test=http://127.0.0.1:%d", peer),
+		"--unsafe-no-fsync", "--log-level=warn")
+	cmd.Env = cleanEnv()
+	pr, err := startLogged(cmd, filepath.Join(s.Dir, "etcd.log"))
+	if err != nil {
+		return err
+	}
+	s.etcd = pr
+	return waitFor(30*time.Second, func() error {
+		resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/health", s.etcdPort))
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("etcd health %d", resp.StatusCode)
+		}
+		return nil
+	}, "etcd")
+}
+
+// StartAPIServer starts (or restarts) kube-apiserver and waits for /readyz.
+func (s *Server) StartAPIServer() error {
+	p := func(n string) string { return filepath.Join(s.Dir, "pki", n) }
+	cmd := exec.Command(filepath.Join(s.BinDir, "kube-apiserver"),
+		fmt.Sprintf("--etcd-servers=http://127.0.0.1:%d", s.etcdPort),
+		"--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", "--secure-port="+strconv.Itoa(s.Port),
+		"--tls-cert-file="+p("apiserver.crt"), "--tls-private-key-file="+p("apiserver.key"),
+		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+		"--service-account-key-file="+p("sa.pub"), "--service-account-signing-key-file="+p("sa.key"),
+		"--service-cluster-ip-range=10.96.0.0/24", "--endpoint-reconciler-type=none",
+		"--token-auth-file="+p("tokens.csv"), "--authorization-mode=RBAC", "--profiling=false", "--v=1")
+	cmd.Env = cleanEnv()
+	pr, err := startLogged(cmd, filepath.Join(s.Dir, "kube-apiserver.log"))
+	if err != nil {
+		return err
+	}
+	s.kas = pr
+	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}, Timeout: 2 * time.Second}
+	return waitFor(90*time.Second, func() error {
+		req, _ := http.NewRequest(http.MethodGet, s.URL()+"/readyz", nil)
+		req.Header.Set("Authorization", "Bearer "+s.Tokens[AdminUser])
+		resp, err := client.Do(req)
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("readyz %d", resp.StatusCode)
+		}
+		return nil
+	}, "kube-apiserver (log: "+filepath.Join(s.Dir, "kube-apiserver.log")+")")
+}
+
+// StopAPIServer stops kube-apiserver only (etcd keeps the data).
+func (s *Server) StopAPIServer() {
+	stopCmd(s.kas)
+	s.kas = nil
+}
+
+// Stop stops both processes.
+func (s *Server) Stop() {
+	stopCmd(s.kas)
+	stopCmd(s.etcd)
+	s.kas, s.etcd = nil, nil
+}
+
+// Kubeconfig writes a kubeconfig for user (AdminUser or RoutedUser) and
+// returns its path. server overrides the address (e.g. for a VM guest).
+func (s *Server) Kubeconfig(user, server string) string {
+	if server == "" {
+		server = s.URL()
+	}
+	path := filepath.Join(s.Dir, user+"-"+hex.EncodeToString([]byte(server))[:8]+".kubeconfig")
+	content := fmt.Sprintf(`apiVersion: v1
+kind: Config
+clusters:
+- name: test
+  cluster:
+    server: %s
+    certificate-authority: %s
+users:
+- name: %s
+  user:
+    token: %s
+contexts:
+- name: test
+  context: {cluster: test, user: %s}
+current-context: test
+`, server, filepath.Join(s.Dir, "pki", "ca.crt"), user, s.Tokens[user], user)
+	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+		s.t.Fatal(err)
+	}
+	return path
+}
+
+// Client returns an admin clientset.
+func (s *Server) Client() kubernetes.Interface {
+	cfg, err := clientcmd.BuildConfigFromFlags("", s.Kubeconfig(AdminUser, ""))
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	c, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	return c
+}
+
+// CACert is the path of the CA certificate.
+func (s *Server) CACert() string { return filepath.Join(s.Dir, "pki", "ca.crt") }
+
+func (s *Server) makePKI(extraIPs []net.IP) error {
+	dir := filepath.Join(s.Dir, "pki")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return err
+	}
+	caTmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "podnet-test-ca"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
+	}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		return err
+	}
+	ca, _ := x509.ParseCertificate(caDER)
+	srvKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return err
+	}
+	srvTmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "kube-apiserver"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		KeyUsage:    x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		IPAddresses: append([]net.IP{net.ParseIP("127.0.0.1"), net.ParseIP("10.96.0.1")}, extraIPs...),
+		DNSNames:    []string{"localhost", "kubernetes", "kubernetes.default"},
+	}
+	srvDER, err := x509.CreateCertificate(rand.Reader, srvTmpl, ca, &srvKey.PublicKey, caKey)
+	if err != nil {
+		return err
+	}
+	saKey, err := rsa.GenerateKey(rand.Reader, 2048)
+	if err != nil {
+		return err
+	}
+	srvKeyDER, _ := x509.MarshalECPrivateKey(srvKey)
+	saPub, _ := x509.MarshalPKIXPublicKey(&saKey.PublicKey)
+	files := map[string][]byte{
+		"ca.crt":        pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}),
+		"apiserver.crt": pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srvDER}),
+		"apiserver.key": pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: srvKeyDER}),
+		"sa.key":        pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(saKey)}),
+		"sa.pub":        pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: saPub}),
+	}
+	tokens := ""
+	for _, u := range []string{AdminUser, RoutedUser} {
+		b := make([]byte, 16)
+		if _, err := rand.Read(b); err != nil {
+			return err
+		}
+		s.Tokens[u] = hex.EncodeToString(b)
+		groups := ""
+		if u == AdminUser {
+			groups = `,"system:masters"`
+		}
+		tokens += fmt.Sprintf("%s,%s,%s-uid%s\n", s.Tokens[u], u, u, groups)
+	}
+	files["tokens.csv"] = []byte(tokens)
+	for name, data := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), data, 0o600); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// cleanEnv drops ETCD_* variables (etcd reads them as flags).
+func cleanEnv() []string {
+	var env []string
+	for _, e := range os.Environ() {
+		if len(e) < 5 || e[:5] != "ETCD_" {
+			env = append(env, e)
+		}
+	}
+	return env
+}
+
+// proc is a started process and the channel closed when it exits.
+type proc struct {
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+func startLogged(cmd *exec.Cmd, logPath string) (*proc, error) {
+	f, err := os.Create(logPath)
+	if err != nil {
+		return nil, err
+	}
+	cmd.Stdout, cmd.Stderr = f, f
+	if err := cmd.Start(); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("start %s: %w", cmd.Path, err)
+	}
+	p := &proc{cmd: cmd, done: make(chan struct{})}
+	go func() { _ = cmd.Wait(); f.Close(); close(p.done) }()
+	return p, nil
+}
+
+// stopCmd interrupts p and kills it if it has not exited within 10 s.
+func stopCmd(p *proc) {
+	if p == nil {
+		return
+	}
+	_ = p.cmd.Process.Signal(os.Interrupt)
+	select {
+	case <-p.done:
+	case <-time.After(10 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-p.done
+	}
+}
+
+func waitFor(limit time.Duration, check func() error, what string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
+	defer cancel()
+	var err error
+	for ctx.Err() == nil {
+		if err = check(); err == nil {
+			return nil
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return fmt.Errorf("%s not ready after %s: %v", what, limit, err)
+}
+
+func freePort(t testing.TB) int {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
