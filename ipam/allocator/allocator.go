@@ -353,16 +353,42 @@ func (a *Allocator) nextCandidate(r Range, h Hint, from, budget uint64) (uint64,
 		if step >= budget {
 			return 0, false
 		}
-		if a.allowed(r, r.At(off)) {
+		ip := r.At(off)
+		if a.allowed(r, ip) {
 			return off, true
 		}
-		// A never-allocatable address (gateway, excluded): mark it so
-		// the next search skips it at bitmap speed.
+		// A never-allocatable address (gateway, excluded): mark it so the
+		// next search skips it at bitmap speed, and jump over the rest of
+		// its excluded block at once (it may be huge in an IPv6 range).
 		_ = h.Mark(off, true)
-		budget -= step + 1
-		from = off + 1
+		last := a.blockedThrough(r, ip, off)
+		consumed := step + (last - off) + 1
+		if consumed >= budget {
+			return 0, false
+		}
+		budget -= consumed
+		from = last + 1
 	}
 	return 0, false
+}
+
+// blockedThrough returns the offset of the last address, from off on, that
+// the exclusion covering ip (at off) still covers within r.
+func (a *Allocator) blockedThrough(r Range, ip netip.Addr, off uint64) uint64 {
+	last := off
+	for _, p := range a.Exclude {
+		if !p.Contains(ip) {
+			continue
+		}
+		end := lastAddr(p.Masked())
+		if end.Compare(r.End) > 0 {
+			end = r.End
+		}
+		if o := r.Offset(end); o > last {
+			last = o
+		}
+	}
+	return last
 }
 
 func (a *Allocator) allowed(r Range, ip netip.Addr) bool {

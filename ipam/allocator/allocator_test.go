@@ -1008,3 +1008,24 @@ func TestAllocatorProperties(t *testing.T) {
 		t.Errorf("the random sequences never hit exhaustion (%d) or an unavailable request (%d): weak test", stats.exhausted, stats.unavailable)
 	}
 }
+
+// A large exclude inside a huge (sparse-hint) range is jumped over, not
+// walked address by address.
+func TestHugeExcludeIsSkipped(t *testing.T) {
+	r, err := allocator.NewRange(netip.MustParsePrefix("fd00::/64"), netip.Addr{}, netip.Addr{}, netip.Addr{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := &allocator.Allocator{
+		Sets:    []allocator.RangeSet{{r}},
+		Exclude: []netip.Prefix{netip.MustParsePrefix("fd00::/96")},
+		Store:   store.NewMemory(),
+	}
+	got, err := a.Allocate(allocator.Owner{ContainerID: "c1", IfName: "eth0"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := netip.MustParseAddr("fd00::1:0:0"); got[0].Addr() != want {
+		t.Fatalf("got %s, want %s (first address after the excluded /96)", got[0], want)
+	}
+}

@@ -5,6 +5,7 @@
 // reservations (the same addresses for every plugin), then times -n ADD+DEL
 // pairs of fresh container IDs and writes a Markdown table of p50/p90
 // latencies, plus host-local/podnet-ipam ratios when both plugins ran.
+// The plugins take turns in chunks of -chunk pairs.
 //
 //	go run ./test/bench/ipamexec -plugin bin/podnet-ipam -plugin $CNI_TOOLS/host-local \
 //	    -prefill 0,100,1000 -n 200 -out results.md
@@ -63,6 +64,7 @@ func main() {
 	flag.Var(&plugins, "plugin", "plugin binary to measure (repeatable or comma-separated); its base name must be podnet-ipam or host-local")
 	n := flag.Int("n", 200, "measured ADD+DEL pairs per plugin and occupancy")
 	warmup := flag.Int("warmup", 5, "unmeasured ADD+DEL pairs before the measured ones")
+	chunk := flag.Int("chunk", 25, "measured pairs of one plugin before switching to the next")
 	prefillList := flag.String("prefill", "0,100,1000", "comma-separated numbers of addresses reserved before measuring")
 	subnetText := flag.String("subnet", "10.128.0.0/16", "subnet of the range")
 	out := flag.String("out", "", "Markdown file to write the tables to (default stdout)")
@@ -70,6 +72,9 @@ func main() {
 	flag.Parse()
 	if len(plugins) == 0 {
 		fatalf("no -plugin given")
+	}
+	if *n < 1 || *chunk < 1 || *warmup < 0 {
+		fatalf("-n and -chunk must be positive, -warmup not negative")
 	}
 	subnet, err := netip.ParsePrefix(*subnetText)
 	if err != nil || !subnet.Addr().Is4() {
@@ -117,14 +122,31 @@ func main() {
 		if count > len(candidates) {
 			fatalf("-prefill %d: the subnet has only %d usable addresses", count, len(candidates))
 		}
+		var runs []*run
 		for i, plugin := range plugins {
-			r := run(runSpec{
-				plugin: plugin, subnet: subnet, dataDir: filepath.Join(base, fmt.Sprintf("%d-%d", count, i)),
-				prefill: candidates[:count], n: *n, warmup: *warmup, netns: netns,
-			})
+			runs = append(runs, newRun(plugin, subnet, filepath.Join(base, fmt.Sprintf("%d-%d", count, i)), candidates[:count], netns))
+		}
+		// Alternate the plugins in chunks of pairs: drift in the machine's
+		// speed hits all of them alike, while one plugin's verbs rarely
+		// run right after the other's (host-local's scans of thousands of
+		// files evict caches the next verb would otherwise find warm).
+		for _, r := range runs {
+			for i := 0; i < *warmup; i++ {
+				r.pair(false)
+			}
+		}
+		for done := 0; done < *n; done += *chunk {
+			for _, r := range runs {
+				for i := done; i < min(done+*chunk, *n); i++ {
+					r.pair(true)
+				}
+			}
+		}
+		for _, r := range runs {
+			r.check()
 			fmt.Fprintf(os.Stderr, "ipamexec: %-11s prefill %6d: ADD p50 %s ms, DEL p50 %s ms (pre-fill %v)\n",
 				r.plugin, count, ms(pct(r.add, 50)), ms(pct(r.del, 50)), r.fill.Round(time.Millisecond))
-			results = append(results, r)
+			results = append(results, r.result)
 		}
 	}
 
@@ -141,41 +163,50 @@ func main() {
 	writeTables(w, results)
 }
 
-type runSpec struct {
-	plugin  string
-	subnet  netip.Prefix
+type run struct {
+	result
+	path    string
+	conf    []byte
 	dataDir string
-	prefill []netip.Addr
-	n       int
-	warmup  int
-	netns   string
+	env     []string
+	seq     int
 }
 
-func run(s runSpec) result {
-	kind := filepath.Base(s.plugin)
-	conf := config(kind, s.subnet, s.dataDir)
+// newRun pre-fills a fresh data dir of the plugin with addrs.
+func newRun(plugin string, subnet netip.Prefix, dataDir string, addrs []netip.Addr, netns string) *run {
+	kind := filepath.Base(plugin)
+	r := &run{path: plugin, conf: config(kind, subnet, dataDir), dataDir: dataDir,
+		env: append(os.Environ(), "CNI_PATH="+filepath.Dir(plugin), "CNI_NETNS="+netns, "CNI_IFNAME=eth0")}
 	start := time.Now()
 	switch kind {
 	case "host-local":
-		prefillHostLocal(s.dataDir, s.prefill)
+		prefillHostLocal(dataDir, addrs)
 	default:
-		prefillPodnet(conf, s.prefill)
+		prefillPodnet(r.conf, addrs)
 	}
-	r := result{plugin: kind, prefill: len(s.prefill), n: s.n, fill: time.Since(start)}
-	env := append(os.Environ(), "CNI_PATH="+filepath.Dir(s.plugin), "CNI_NETNS="+s.netns, "CNI_IFNAME=eth0")
-	for i := -s.warmup; i < s.n; i++ {
-		cid := fmt.Sprintf("bench-%s-%d", kind, i+s.warmup)
-		add := execPlugin(s.plugin, "ADD", cid, conf, env)
-		del := execPlugin(s.plugin, "DEL", cid, conf, env)
-		if i >= 0 {
-			r.add = append(r.add, add)
-			r.del = append(r.del, del)
-		}
-	}
-	if got := countReservations(kind, s.dataDir); got != len(s.prefill) {
-		fatalf("%s: %d reservations after the run, want %d (a DEL did not release its ADD)", kind, got, len(s.prefill))
-	}
+	r.result = result{plugin: kind, prefill: len(addrs), fill: time.Since(start)}
 	return r
+}
+
+// pair execs ADD then DEL of a new container, recording the times if
+// measured.
+func (r *run) pair(measured bool) {
+	r.seq++
+	cid := fmt.Sprintf("bench-%s-%d", r.plugin, r.seq)
+	add := execPlugin(r.path, "ADD", cid, r.conf, r.env)
+	del := execPlugin(r.path, "DEL", cid, r.conf, r.env)
+	if measured {
+		r.add = append(r.add, add)
+		r.del = append(r.del, del)
+		r.n++
+	}
+}
+
+// check verifies that every DEL released its ADD.
+func (r *run) check() {
+	if got := countReservations(r.plugin, r.dataDir); got != r.prefill {
+		fatalf("%s: %d reservations after the run, want %d (a DEL did not release its ADD)", r.plugin, got, r.prefill)
+	}
 }
 
 func config(kind string, subnet netip.Prefix, dataDir string) []byte {
