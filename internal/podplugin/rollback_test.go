@@ -157,7 +157,7 @@ func (e *addEnv) observe(t *testing.T) state {
 	for _, r := range e.node.RoutesWithProto(rtproto.Podnet) {
 		s.podnetRoutes = append(s.podnetRoutes, routeDst(r))
 	}
-	links, err := linkNames(e.podNS)
+	links, err := nettest.LinkNames(e.podNS)
 	if err != nil {
 		t.Fatalf("list pod links: %v", err)
 	}
@@ -174,7 +174,7 @@ func (e *addEnv) observe(t *testing.T) state {
 func (e *addEnv) observeRaw() (state, error) {
 	var s state
 	var err error
-	if s.nodeLinks, err = linkNames(e.node.NS); err != nil {
+	if s.nodeLinks, err = nettest.LinkNames(e.node.NS); err != nil {
 		return s, err
 	}
 	err = e.node.NS.Do(func(ns.NetNS) error {
@@ -187,7 +187,7 @@ func (e *addEnv) observeRaw() (state, error) {
 	if err != nil {
 		return s, err
 	}
-	if s.podLinks, err = linkNames(e.podNS); err != nil {
+	if s.podLinks, err = nettest.LinkNames(e.podNS); err != nil {
 		return s, err
 	}
 	s.reservations, err = reservations(e.dataDir)
@@ -223,23 +223,6 @@ func withoutShared(links, shared []string) []string {
 		}
 	}
 	return out
-}
-
-func linkNames(netns ns.NetNS) ([]string, error) {
-	var names []string
-	err := netns.Do(func(ns.NetNS) error {
-		links, err := netlink.LinkList()
-		if err != nil {
-			return err
-		}
-		for _, l := range links {
-			if l.Attrs().Name != "lo" {
-				names = append(names, l.Attrs().Name)
-			}
-		}
-		return nil
-	})
-	return names, err
 }
 
 // reservations lists host-local's reserved addresses in dataDir/<network>:

@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"encoding/json"
 	"fmt"
 	"net"
 	"os"
@@ -36,26 +35,17 @@ const brNetwork = "podnet-br"
 // route).
 func bridgeList(t *testing.T, cniVersion, ipam string, extra map[string]any) string {
 	t.Helper()
-	plugin := map[string]any{"type": "podnet-bridge", "ipam": json.RawMessage(ipam), "stateDir": t.TempDir()}
+	withState := map[string]any{"stateDir": t.TempDir()}
 	for k, v := range extra {
-		plugin[k] = v
+		withState[k] = v
 	}
-	list := map[string]any{"cniVersion": cniVersion, "name": brNetwork, "plugins": []any{plugin}}
-	b, err := json.Marshal(list)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(b)
+	return pluginList(brNetwork, "podnet-bridge", cniVersion, ipam, withState)
 }
 
 // brIPAM is the ipam JSON of podnet-ipam over subnets (one range set
 // each), with its store in dataDir.
 func brIPAM(dataDir string, subnets ...string) string {
-	var sets []string
-	for _, s := range subnets {
-		sets = append(sets, fmt.Sprintf(`[{"subnet":%q}]`, s))
-	}
-	return fmt.Sprintf(`{"type":"podnet-ipam","dataDir":%q,"ranges":[%s]}`, dataDir, strings.Join(sets, ","))
+	return rangesIPAM("podnet-ipam", dataDir, subnets...)
 }
 
 // brPaths are the plugin directories of the bridge tests: the podnet
@@ -153,19 +143,7 @@ func readBrNode(t *testing.T, node *nettest.Node, bridgeName string) brNode {
 // brPodLinks lists the links of podNS other than lo.
 func brPodLinks(t *testing.T, podNS ns.NetNS) []string {
 	t.Helper()
-	var names []string
-	err := podNS.Do(func(ns.NetNS) error {
-		links, err := netlink.LinkList()
-		if err != nil {
-			return err
-		}
-		for _, l := range links {
-			if l.Attrs().Name != "lo" {
-				names = append(names, l.Attrs().Name)
-			}
-		}
-		return nil
-	})
+	names, err := nettest.LinkNames(podNS)
 	if err != nil {
 		t.Fatalf("list links of %s: %v", podNS.Path(), err)
 	}

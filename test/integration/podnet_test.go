@@ -25,11 +25,17 @@ import (
 // podnetList renders a one-plugin podnet conflist. ipam is the JSON of the
 // "ipam" object; extra holds more top-level plugin keys.
 func podnetList(cniVersion, ipam string, extra map[string]any) string {
-	plugin := map[string]any{"type": "podnet", "ipam": json.RawMessage(ipam)}
+	return pluginList("podnet", "podnet", cniVersion, ipam, extra)
+}
+
+// pluginList renders a one-plugin conflist of network name with plugin
+// type typ.
+func pluginList(name, typ, cniVersion, ipam string, extra map[string]any) string {
+	plugin := map[string]any{"type": typ, "ipam": json.RawMessage(ipam)}
 	for k, v := range extra {
 		plugin[k] = v
 	}
-	list := map[string]any{"cniVersion": cniVersion, "name": "podnet", "plugins": []any{plugin}}
+	list := map[string]any{"cniVersion": cniVersion, "name": name, "plugins": []any{plugin}}
 	b, err := json.Marshal(list)
 	if err != nil {
 		panic(err)
@@ -40,11 +46,16 @@ func podnetList(cniVersion, ipam string, extra map[string]any) string {
 // hostLocal is the ipam JSON of the reference host-local plugin over
 // subnets (one range set per subnet: dual-stack when given one of each).
 func hostLocal(dataDir string, subnets ...string) string {
+	return rangesIPAM("host-local", dataDir, subnets...)
+}
+
+// rangesIPAM is the ipam JSON of a host-local-style IPAM plugin typ.
+func rangesIPAM(typ, dataDir string, subnets ...string) string {
 	var sets []string
 	for _, s := range subnets {
 		sets = append(sets, fmt.Sprintf(`[{"subnet":%q}]`, s))
 	}
-	return fmt.Sprintf(`{"type":"host-local","dataDir":%q,"ranges":[%s]}`, dataDir, strings.Join(sets, ","))
+	return fmt.Sprintf(`{"type":%q,"dataDir":%q,"ranges":[%s]}`, typ, dataDir, strings.Join(sets, ","))
 }
 
 // newPodnet prepares a node and a libcni runtime for podnet + host-local.
