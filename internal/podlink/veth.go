@@ -49,6 +49,9 @@ func CreateVeth(spec VethSpec) (netlink.Link, error) {
 	return host, nil
 }
 
+// ErrIfNameTaken means CNI_IFNAME already exists in the pod.
+var ErrIfNameTaken = errors.New("CNI_IFNAME is taken in the pod")
+
 // MoveToPod moves the pod end of the pair into podNS and gives it its final
 // name. It fails, naming the interface, when the pod already has one by that
 // name.
@@ -68,7 +71,7 @@ func MoveToPod(spec VethSpec, podNS ns.NetNS) error {
 		}
 		if err := netlink.LinkSetName(link, spec.PodName); err != nil {
 			if errors.Is(err, unix.EEXIST) {
-				return fmt.Errorf("netns %s already has an interface named %q", podNS.Path(), spec.PodName)
+				return fmt.Errorf("netns %s already has an interface named %q: %w", podNS.Path(), spec.PodName, ErrIfNameTaken)
 			}
 			return fmt.Errorf("rename %s to %s in netns %s: %w", tmp, spec.PodName, podNS.Path(), err)
 		}

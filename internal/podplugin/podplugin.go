@@ -7,6 +7,7 @@ package podplugin
 
 import (
 	"context"
+	"errors"
 	"net"
 
 	"github.com/containernetworking/cni/pkg/skel"
@@ -168,6 +169,9 @@ func (p *Plugin) Add(args *skel.CmdArgs) (err error) {
 		return err
 	}
 	if err = podlink.MoveToPod(spec, podNS); err != nil {
+		if errors.Is(err, podlink.ErrIfNameTaken) {
+			return cnicore.Errorf(types.ErrInvalidEnvironmentVariables, "%v", err)
+		}
 		return err
 	}
 	if err = p.step("move"); err != nil {

@@ -256,7 +256,7 @@ func TestBadInput(t *testing.T) {
 			// fails, so this one proves the rollback of ADD.
 			name:    "ifname taken in the pod",
 			editEnv: setEnv("CNI_IFNAME", "lo"),
-			code:    types.ErrInternal,
+			code:    types.ErrInvalidEnvironmentVariables,
 			msg:     []string{`already has an interface named "lo"`},
 		},
 	}
