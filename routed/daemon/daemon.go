@@ -308,14 +308,14 @@ func FromNode(n *corev1.Node) desired.Node {
 	}
 	if a, ok := n.Annotations[NodeIPAnnotation]; ok {
 		if ip, err := netip.ParseAddr(a); err == nil {
-			out.IP = ip
+			out.IP = ip.Unmap() // ::ffff:a.b.c.d is an IPv4 node
 			return out
 		}
 	}
 	for _, a := range n.Status.Addresses {
 		if a.Type == corev1.NodeInternalIP {
 			if ip, err := netip.ParseAddr(a.Address); err == nil {
-				out.IP = ip
+				out.IP = ip.Unmap()
 				break
 			}
 		}

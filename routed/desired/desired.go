@@ -159,16 +159,25 @@ func Compute(cfg Config, nodes []Node, onLink OnLink) State {
 			st.Skipped = append(st.Skipped, Skip{n.Name, "no InternalIP address (or podnet.io/node-ip annotation) yet"})
 			continue
 		}
-		encap := cfg.Encap
-		if encap != None && cfg.CrossSubnet && onLink != nil && onLink(n.IP) {
-			encap = None
-		}
+		direct := cfg.Encap != None && cfg.CrossSubnet && onLink != nil && onLink(n.IP)
 		for _, p := range n.PodCIDRs {
 			p = p.Masked()
-			if p.Addr().Is4() != n.IP.Is4() && encap != VXLAN {
+			sameFamily := p.Addr().Is4() == n.IP.Is4()
+			encap := cfg.Encap
+			if direct && sameFamily {
+				// Cross-subnet: a node on our L2 subnet is reached
+				// directly, in the family of its address only.
+				encap = None
+			}
+			if !sameFamily && encap != VXLAN {
 				// IPIP and direct routes need a next hop of the same
 				// family; VXLAN carries either family.
 				st.Skipped = append(st.Skipped, Skip{n.Name, fmt.Sprintf("PodCIDR %s has no node address of its family", p)})
+				continue
+			}
+			if encap == IPIP && !p.Addr().Is4() {
+				// tunl0 is IPv4-in-IPv4: it drops anything else.
+				st.Skipped = append(st.Skipped, Skip{n.Name, fmt.Sprintf("PodCIDR %s: IPIP carries IPv4 only (use vxlan or none)", p)})
 				continue
 			}
 			switch encap {

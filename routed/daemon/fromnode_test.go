@@ -1,0 +1,162 @@
+package daemon
+
+import (
+	"net/netip"
+	"reflect"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/podnet/podnet/routed/desired"
+)
+
+func TestFromNode(t *testing.T) {
+	internal := func(ip string) corev1.NodeAddress {
+		return corev1.NodeAddress{Type: corev1.NodeInternalIP, Address: ip}
+	}
+	external := func(ip string) corev1.NodeAddress {
+		return corev1.NodeAddress{Type: corev1.NodeExternalIP, Address: ip}
+	}
+	hostname := corev1.NodeAddress{Type: corev1.NodeHostName, Address: "n1.example"}
+	pfx := func(ss ...string) []netip.Prefix {
+		var out []netip.Prefix
+		for _, s := range ss {
+			out = append(out, netip.MustParsePrefix(s))
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		name        string
+		annotations map[string]string
+		spec        corev1.NodeSpec
+		addrs       []corev1.NodeAddress
+		want        desired.Node
+	}{
+		{
+			name:  "PodCIDRs and InternalIP",
+			spec:  corev1.NodeSpec{PodCIDR: "10.244.1.0/24", PodCIDRs: []string{"10.244.1.0/24", "fd00:10:244:1::/64"}},
+			addrs: []corev1.NodeAddress{hostname, internal("192.168.1.2")},
+			want:  desired.Node{Name: "n1", PodCIDRs: pfx("10.244.1.0/24", "fd00:10:244:1::/64"), IP: netip.MustParseAddr("192.168.1.2")},
+		},
+		{
+			name:  "PodCIDRs preferred over legacy PodCIDR",
+			spec:  corev1.NodeSpec{PodCIDR: "10.99.0.0/24", PodCIDRs: []string{"10.244.1.0/24"}},
+			addrs: []corev1.NodeAddress{internal("192.168.1.2")},
+			want:  desired.Node{Name: "n1", PodCIDRs: pfx("10.244.1.0/24"), IP: netip.MustParseAddr("192.168.1.2")},
+		},
+		{
+			name:  "legacy PodCIDR fallback",
+			spec:  corev1.NodeSpec{PodCIDR: "10.244.1.0/24"},
+			addrs: []corev1.NodeAddress{internal("192.168.1.2")},
+			want:  desired.Node{Name: "n1", PodCIDRs: pfx("10.244.1.0/24"), IP: netip.MustParseAddr("192.168.1.2")},
+		},
+		{
+			name:  "no PodCIDR",
+			addrs: []corev1.NodeAddress{internal("192.168.1.2")},
+			want:  desired.Node{Name: "n1", IP: netip.MustParseAddr("192.168.1.2")},
+		},
+		{
+			name:  "PodCIDRs are masked, invalid ones dropped",
+			spec:  corev1.NodeSpec{PodCIDRs: []string{"10.244.1.7/24", "bogus", "fd00:10:244:1::1/64"}},
+			addrs: []corev1.NodeAddress{internal("192.168.1.2")},
+			want:  desired.Node{Name: "n1", PodCIDRs: pfx("10.244.1.0/24", "fd00:10:244:1::/64"), IP: netip.MustParseAddr("192.168.1.2")},
+		},
+		{
+			name:        "annotation overrides InternalIP",
+			annotations: map[string]string{NodeIPAnnotation: "10.0.0.2"},
+			spec:        corev1.NodeSpec{PodCIDRs: []string{"10.244.1.0/24"}},
+			addrs:       []corev1.NodeAddress{internal("192.168.1.2")},
+			want:        desired.Node{Name: "n1", PodCIDRs: pfx("10.244.1.0/24"), IP: netip.MustParseAddr("10.0.0.2")},
+		},
+		{
+			name:        "annotation without any address",
+			annotations: map[string]string{NodeIPAnnotation: "fd00:1::2"},
+			spec:        corev1.NodeSpec{PodCIDRs: []string{"fd00:10:244:1::/64"}},
+			want:        desired.Node{Name: "n1", PodCIDRs: pfx("fd00:10:244:1::/64"), IP: netip.MustParseAddr("fd00:1::2")},
+		},
+		{
+			name:        "IPv4-mapped annotation is unmapped",
+			annotations: map[string]string{NodeIPAnnotation: "::ffff:10.0.0.2"},
+			spec:        corev1.NodeSpec{PodCIDRs: []string{"10.244.1.0/24"}},
+			addrs:       []corev1.NodeAddress{internal("192.168.1.2")},
+			want:        desired.Node{Name: "n1", PodCIDRs: pfx("10.244.1.0/24"), IP: netip.MustParseAddr("10.0.0.2")},
+		},
+		{
+			name:  "IPv4-mapped InternalIP is unmapped",
+			addrs: []corev1.NodeAddress{internal("::ffff:192.168.1.2")},
+			want:  desired.Node{Name: "n1", IP: netip.MustParseAddr("192.168.1.2")},
+		},
+		{
+			name:        "invalid annotation falls back to InternalIP",
+			annotations: map[string]string{NodeIPAnnotation: "not-an-ip"},
+			spec:        corev1.NodeSpec{PodCIDRs: []string{"10.244.1.0/24"}},
+			addrs:       []corev1.NodeAddress{internal("192.168.1.2")},
+			want:        desired.Node{Name: "n1", PodCIDRs: pfx("10.244.1.0/24"), IP: netip.MustParseAddr("192.168.1.2")},
+		},
+		{
+			name:        "empty annotation falls back to InternalIP",
+			annotations: map[string]string{NodeIPAnnotation: ""},
+			addrs:       []corev1.NodeAddress{internal("192.168.1.2")},
+			want:        desired.Node{Name: "n1", IP: netip.MustParseAddr("192.168.1.2")},
+		},
+		{
+			name:        "CIDR in annotation is invalid",
+			annotations: map[string]string{NodeIPAnnotation: "10.0.0.2/24"},
+			addrs:       []corev1.NodeAddress{internal("192.168.1.2")},
+			want:        desired.Node{Name: "n1", IP: netip.MustParseAddr("192.168.1.2")},
+		},
+		{
+			name:        "other annotations ignored",
+			annotations: map[string]string{"example.com/node-ip": "10.0.0.2"},
+			addrs:       []corev1.NodeAddress{internal("192.168.1.2")},
+			want:        desired.Node{Name: "n1", IP: netip.MustParseAddr("192.168.1.2")},
+		},
+		{
+			name:  "ExternalIP ignored",
+			spec:  corev1.NodeSpec{PodCIDRs: []string{"10.244.1.0/24"}},
+			addrs: []corev1.NodeAddress{external("203.0.113.5"), hostname, internal("192.168.1.2")},
+			want:  desired.Node{Name: "n1", PodCIDRs: pfx("10.244.1.0/24"), IP: netip.MustParseAddr("192.168.1.2")},
+		},
+		{
+			name:  "only ExternalIP: no address",
+			spec:  corev1.NodeSpec{PodCIDRs: []string{"10.244.1.0/24"}},
+			addrs: []corev1.NodeAddress{external("203.0.113.5"), hostname},
+			want:  desired.Node{Name: "n1", PodCIDRs: pfx("10.244.1.0/24")},
+		},
+		{
+			name:  "first valid InternalIP wins",
+			addrs: []corev1.NodeAddress{internal("garbage"), internal("192.168.1.2"), internal("fd00:1::2")},
+			want:  desired.Node{Name: "n1", IP: netip.MustParseAddr("192.168.1.2")},
+		},
+		{
+			name:        "invalid annotation and no address",
+			annotations: map[string]string{NodeIPAnnotation: "nope"},
+			spec:        corev1.NodeSpec{PodCIDRs: []string{"10.244.1.0/24"}},
+			want:        desired.Node{Name: "n1", PodCIDRs: pfx("10.244.1.0/24")},
+		},
+		{
+			name: "nothing at all",
+			want: desired.Node{Name: "n1"},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n := &corev1.Node{
+				ObjectMeta: metav1.ObjectMeta{Name: "n1", Annotations: tc.annotations},
+				Spec:       tc.spec,
+				Status:     corev1.NodeStatus{Addresses: tc.addrs},
+			}
+			before := n.DeepCopy()
+			got := FromNode(n)
+			if !reflect.DeepEqual(got, tc.want) {
+				t.Errorf("FromNode:\n got  %+v\n want %+v", got, tc.want)
+			}
+			if got.IP.IsValid() != tc.want.IP.IsValid() {
+				t.Errorf("IP valid = %v, want %v", got.IP.IsValid(), tc.want.IP.IsValid())
+			}
+			if !reflect.DeepEqual(n, before) {
+				t.Errorf("FromNode modified the Node")
+			}
+		})
+	}
+}
