@@ -14,7 +14,7 @@ PKG_podnet-routed := ./routed/cmd/podnet-routed
 
 BINS := podnet podnet-bridge podnet-ipam podnet-routed
 
-.PHONY: all build test unit integration lint deps cni-tools kapi clean FORCE bench
+.PHONY: all build test unit integration lint deps cni-tools kapi clean FORCE bench image
 
 all: build
 
@@ -56,3 +56,32 @@ clean:
 # bench/results/ipam.md and asserts nothing (not part of `make test`).
 bench:
 	scripts/bench-ipam.sh
+
+# ---- shipping: installer, image (conf/k8s/podnet.yaml, scripts/install.sh,
+# README "Operating podnet on a cluster").
+
+# podnet-install: the DaemonSet's init containers and scripts/install.sh.
+PKG_podnet-install := ./routed/cmd/podnet-install
+build: bin/podnet-install
+
+# The image conf/k8s/podnet.yaml runs (keep IMAGE_VERSION equal to its tag).
+IMAGE_REPO    ?= docker.io/podnet/podnet
+IMAGE_VERSION ?= 0.1.0
+IMAGE_TAR     ?= bin/podnet-image.tar
+
+# OCI image tarball without a container engine (scripts/mkimage, its own Go
+# module using go-containerregistry): the static binaries under /bin plus
+# Debian's CA bundle, entrypoint /bin/podnet-routed, reproducible (same
+# binaries -> same digest). Prints "<tar> <ref> <manifest digest>".
+image: build
+	@$(GO) build -C scripts/mkimage -trimpath -o $(CURDIR)/bin/.mkimage .
+	@bin/.mkimage -o $(IMAGE_TAR) -bin-dir bin -ref $(IMAGE_REPO):$(IMAGE_VERSION) -arch $$($(GO) env GOARCH)
+
+# The IPIP VM test alone (test/ipipvm, also part of `make test`): this kernel
+# has no ipip module, so it boots Debian's kernel in QEMU with the binaries
+# and runs podnet-routed --encap=ipip in three node netns against a real
+# kube-apiserver on the host. The kernel and QEMU are fetched on first use
+# (scripts/ipipvm/ensure-kernel.sh, cached under ~/.cache/podnet/ipipvm).
+.PHONY: ipipvm
+ipipvm: build kapi
+	PODNET_KAPI_DIR=$$(scripts/ensure-kapi.sh) $(GO) test -count=1 -v ./test/ipipvm/

@@ -1,0 +1,105 @@
+package installer
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/podnet/podnet/routed/daemon"
+	"github.com/podnet/podnet/routed/dataplane"
+	"github.com/podnet/podnet/routed/desired"
+)
+
+// Prep configures the node for podnet-routed running without privileges.
+//
+// A container that is not privileged gets /proc/sys read-only, so
+// podnet-routed (which only has CAP_NET_ADMIN) cannot set ip_forward or a
+// device's rp_filter itself. It does not need to when they already have the
+// values it wants: it reads them and only writes on a difference. Prep,
+// run once per pod start from an init container that has the host's
+// /proc/sys/net mounted read-write at another path, creates the
+// encapsulation devices exactly as podnet-routed would (the same dataplane
+// code), sets their sysctls through that path, and then checks that
+// podnet-routed's own setup has nothing left to write.
+type Prep struct {
+	NodeName     string
+	Encap        desired.Encap
+	ClusterCIDRs []netip.Prefix
+	MTU          int
+	VXLANVNI     int
+	VXLANPort    int
+	// ProcSys is where the host's /proc/sys is visible read-write (the
+	// net/ subtree is enough), e.g. /host/proc/sys.
+	ProcSys string
+	Log     *slog.Logger
+}
+
+// Run prepares the node. client reads this node's Node object (its address
+// and PodCIDRs, the same way podnet-routed reads them).
+func (p Prep) Run(ctx context.Context, client kubernetes.Interface) error {
+	if p.Log == nil {
+		p.Log = slog.New(slog.DiscardHandler)
+	}
+	obj, err := client.CoreV1().Nodes().Get(ctx, p.NodeName, metav1.GetOptions{})
+	if err != nil {
+		return fmt.Errorf("get node %s: %w", p.NodeName, err)
+	}
+	self := daemon.FromNode(obj)
+	if !self.IP.IsValid() {
+		return fmt.Errorf("node %s has no InternalIP (or %s annotation) yet", p.NodeName, daemon.NodeIPAnnotation)
+	}
+	if p.Encap == desired.IPIP {
+		if err := dataplane.CheckIPIP(); err != nil {
+			return err
+		}
+	}
+	dp := &dataplane.Netlink{Encap: p.Encap, VNI: p.VXLANVNI, Port: p.VXLANPort, MTU: p.MTU, Log: p.Log}
+	// Creates tunl0 / podnet.vxlan; the sysctl part fails on a read-only
+	// /proc/sys, which is what the writes below are for.
+	if err := dp.Setup(self, nil); err != nil {
+		p.Log.Info("tunnel device set up; sysctls next", "err", err)
+	}
+	sysctls := [][2]string{{"net/ipv4/ip_forward", "1"}}
+	v6 := false
+	for _, c := range append(append([]netip.Prefix(nil), self.PodCIDRs...), p.ClusterCIDRs...) {
+		v6 = v6 || c.Addr().Is6()
+	}
+	if v6 {
+		sysctls = append(sysctls, [2]string{"net/ipv6/conf/all/forwarding", "1"})
+	}
+	switch p.Encap {
+	case desired.IPIP:
+		sysctls = append(sysctls, [2]string{"net/ipv4/conf/" + desired.TunnelDevice + "/rp_filter", "2"})
+	case desired.VXLAN:
+		sysctls = append(sysctls, [2]string{"net/ipv4/conf/" + desired.VXLANDevice + "/rp_filter", "2"})
+	}
+	for _, s := range sysctls {
+		if err := writeSysctl(p.ProcSys, s[0], s[1], p.Log); err != nil {
+			return err
+		}
+	}
+	if err := dp.Setup(self, nil); err != nil {
+		return fmt.Errorf("podnet-routed's setup would still change the node after preparing it: %w", err)
+	}
+	return nil
+}
+
+func writeSysctl(procSys, name, value string, log *slog.Logger) error {
+	p := filepath.Join(procSys, name)
+	cur, err := os.ReadFile(p)
+	if err == nil && strings.TrimSpace(string(cur)) == value {
+		return nil
+	}
+	if err := os.WriteFile(p, []byte(value), 0o644); err != nil {
+		return fmt.Errorf("set %s=%s through %s: %w", strings.ReplaceAll(name, "/", "."), value, procSys, err)
+	}
+	log.Info("sysctl set", "name", strings.ReplaceAll(name, "/", "."), "value", value)
+	return nil
+}
