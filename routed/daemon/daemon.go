@@ -249,22 +249,27 @@ func (d *Daemon) apply(lister listersv1.NodeLister, why string) error {
 		return err
 	}
 	d.metrics.RoutesDesired.Set(float64(len(st.Routes)))
+	// One route that cannot be installed (a foreign route holding a remote
+	// PodCIDR, a gateway not reachable yet) must not keep the rest of the
+	// node from working: the other steps still run and the errors are
+	// reported together.
+	var errs []error
 	changed, err := dataplane.ApplyRoutes(st.Routes)
 	if err != nil {
-		return err
+		errs = append(errs, err)
 	}
 	if d.cfg.Encap == desired.VXLAN {
 		if err := dataplane.ApplyVXLANPeers(st.Neighbors, st.FDBs); err != nil {
-			return err
+			errs = append(errs, err)
 		}
 	}
 	if d.cfg.Masquerade {
 		if err := d.nat.Apply(st.Self.PodCIDRs, d.cfg.ClusterCIDRs); err != nil {
-			return err
+			errs = append(errs, err)
 		}
 	}
 	if err := d.writeState(st.Self, d.dp.OverlayMTU(underlay)); err != nil {
-		return err
+		errs = append(errs, err)
 	}
 	if owned, err := dataplane.OwnedRoutes(); err == nil {
 		d.metrics.RoutesProgramed.Set(float64(len(owned)))
@@ -275,7 +280,7 @@ func (d *Daemon) apply(lister listersv1.NodeLister, why string) error {
 		}
 		d.log.Info("routes applied", "trigger", why, "changed", changed, "routes", len(st.Routes), "skipped", len(st.Skipped))
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 func (d *Daemon) writeState(self *desired.Node, mtu int) error {

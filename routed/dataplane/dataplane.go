@@ -216,7 +216,9 @@ func (d *Netlink) ensureVXLAN(selfIP netip.Addr, underlay netlink.Link, mtu int,
 	return nil
 }
 
-// OwnedRoutes lists the routes with podnet's protocol in the main table.
+// OwnedRoutes lists the routes podnet-routed manages: podnet's protocol in
+// the main table, blackholes and routes via a gateway. The plugin's pod host
+// routes carry the same protocol but have neither, and are left out.
 func OwnedRoutes() ([]desired.Route, error) {
 	filter := &netlink.Route{Protocol: rtproto.Podnet, Table: unix.RT_TABLE_MAIN}
 	routes, err := netlinksafe.RouteListFiltered(netlink.FAMILY_ALL, filter, netlink.RT_FILTER_PROTOCOL|netlink.RT_FILTER_TABLE)
@@ -237,6 +239,13 @@ func OwnedRoutes() ([]desired.Route, error) {
 		if r.Type == unix.RTN_BLACKHOLE {
 			dr.Kind = desired.Blackhole
 		} else {
+			if r.Gw == nil {
+				// A pod's host route (podIP dev <host veth> scope link),
+				// installed by the CNI plugin with the same protocol. Every
+				// route podnet-routed installs has a gateway or is a
+				// blackhole: pruning this one would cut the pod off.
+				continue
+			}
 			dr.Gw, _ = netip.AddrFromSlice(r.Gw)
 			dr.Gw = dr.Gw.Unmap()
 			dr.OnLink = r.Flags&int(netlink.FLAG_ONLINK) != 0

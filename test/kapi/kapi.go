@@ -10,6 +10,7 @@ import (
 	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/rsa"
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
@@ -168,7 +169,8 @@ func (s *Server) Kubeconfig(user, server string) string {
 	if server == "" {
 		server = s.URL()
 	}
-	path := filepath.Join(s.Dir, user+"-"+hex.EncodeToString([]byte(server))[:8]+".kubeconfig")
+	sum := sha256.Sum256([]byte(server))
+	path := filepath.Join(s.Dir, user+"-"+hex.EncodeToString(sum[:4])+".kubeconfig")
 	content := fmt.Sprintf(`apiVersion: v1
 kind: Config
 clusters:

@@ -1,0 +1,657 @@
+// Package routed runs the built bin/podnet-routed against a real
+// kube-apiserver, inside throwaway node network namespaces, and checks the
+// kernel state it leaves there with netlink and nftables.
+//
+// Every test needs root, `make` (bin/podnet-routed) and PODNET_KAPI_DIR
+// (scripts/ensure-kapi.sh); without them the tests fail, they never skip.
+package routed
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/podnet/podnet/internal/nodestate"
+	"github.com/podnet/podnet/internal/rtproto"
+)
+
+// Route lines as fmtRoute renders them (proto 77 is podnet's).
+const (
+	bhA   = "blackhole 10.244.1.0/24 proto 77"
+	viaB  = "10.244.2.0/24 via 10.77.0.2 dev eth0 proto 77"
+	viaC  = "10.244.3.0/24 via 10.77.0.3 dev eth0 proto 77"
+	syncT = 30 * time.Second // first sync after start (includes API connection)
+	// A change seen by the informer should reach the kernel quickly; allow
+	// for a loaded machine.
+	changeT = 10 * time.Second
+)
+
+// threeNodes makes node-a (10.77.0.1, 10.244.1.0/24), node-b and node-c
+// (10.244.2.0/24, 10.244.3.0/24), netns and Node objects, with RBAC
+// granted to the podnet-routed user.
+func threeNodes(t *testing.T) (*cluster, *node, *node, *node) {
+	c := newCluster(t)
+	c.grantRBAC()
+	a := c.addNode("node-a", "10.77.0.1")
+	b := c.addNode("node-b", "10.77.0.2")
+	cc := c.addNode("node-c", "10.77.0.3")
+	c.createNode("node-a", a.ip, "10.244.1.0/24")
+	c.createNode("node-b", b.ip, "10.244.2.0/24")
+	c.createNode("node-c", cc.ip, "10.244.3.0/24")
+	return c, a, b, cc
+}
+
+// TestNodeLifecycleRoutes: routes follow the Node objects.
+func TestNodeLifecycleRoutes(t *testing.T) {
+	c, a, b, _ := threeNodes(t)
+	c.addNode("node-d", "10.77.0.4")
+	c.addNode("node-e", "10.77.0.5")
+	c.createNode("node-d", "10.77.0.4", "") // no PodCIDR yet
+	c.createNode("node-e", "10.77.0.5", "") // no PodCIDR yet
+
+	start := time.Now()
+	d := a.startDaemon()
+	a.expectRoutes(syncT, d, bhA, viaB, viaC)
+	t.Logf("MEASURE initial sync (process start to 3 routes in the kernel): %s", time.Since(start).Round(time.Millisecond))
+	d.waitReady(changeT)
+	a.expectState(changeT, nodestate.State{NodeName: "node-a", PodCIDRs: []string{"10.244.1.0/24"}, MTU: underlayMTU, Encap: "none"})
+
+	// node-d: created without a PodCIDR; re-registered with one.
+	c.deleteNode("node-d")
+	start = time.Now()
+	c.createNode("node-d", "10.77.0.4", "10.244.4.0/24")
+	viaD := "10.244.4.0/24 via 10.77.0.4 dev eth0 proto 77"
+	a.expectRoutes(changeT, d, bhA, viaB, viaC, viaD)
+	t.Logf("MEASURE node re-created with a PodCIDR -> route: %s", time.Since(start).Round(time.Millisecond))
+
+	// node-e: PodCIDR assigned later on the existing object (as the node
+	// IPAM controller does: "" -> CIDR is the one change the API allows).
+	start = time.Now()
+	c.assignPodCIDR("node-e", "10.244.5.0/24")
+	viaE := "10.244.5.0/24 via 10.77.0.5 dev eth0 proto 77"
+	a.expectRoutes(changeT, d, bhA, viaB, viaC, viaD, viaE)
+	t.Logf("MEASURE PodCIDR assigned -> route: %s", time.Since(start).Round(time.Millisecond))
+
+	// node-b's InternalIP changes: the route's gateway follows.
+	b.addIP("10.77.0.12")
+	start = time.Now()
+	c.setNodeIP("node-b", "10.77.0.12")
+	viaB2 := "10.244.2.0/24 via 10.77.0.12 dev eth0 proto 77"
+	a.expectRoutes(changeT, d, bhA, viaB2, viaC, viaD, viaE)
+	t.Logf("MEASURE InternalIP change -> gateway replaced: %s", time.Since(start).Round(time.Millisecond))
+
+	// node-c deleted: its route goes.
+	start = time.Now()
+	c.deleteNode("node-c")
+	a.expectRoutes(changeT, d, bhA, viaB2, viaD, viaE)
+	t.Logf("MEASURE node deleted -> route removed: %s", time.Since(start).Round(time.Millisecond))
+
+	// Steady state: periodic resyncs change nothing (no churn) and the
+	// state file stays as it was.
+	noChurn(t, resync+resync/2, d)
+	a.expectRoutes(0, d, bhA, viaB2, viaD, viaE)
+	a.expectState(0, nodestate.State{NodeName: "node-a", PodCIDRs: []string{"10.244.1.0/24"}, MTU: underlayMTU, Encap: "none"})
+}
+
+// TestRouteRepair: a podnet route deleted by hand comes back within 1 s; a
+// link flap that flushes routes silently is repaired by the resync.
+func TestRouteRepair(t *testing.T) {
+	_, a, _, _ := threeNodes(t)
+	d := a.startDaemon()
+	a.expectRoutes(syncT, d, bhA, viaB, viaC)
+	d.waitReady(changeT)
+
+	var lat []time.Duration
+	for i, dst := range []string{"10.244.2.0/24", "10.244.1.0/24", "10.244.3.0/24", "10.244.2.0/24", "10.244.1.0/24"} {
+		want, _ := a.podnetRoutes()
+		a.delRoutes(dst)
+		got := pollFast(t, 3*time.Second, func() bool {
+			r, err := a.podnetRoutes()
+			return err == nil && slices.Equal(r, want)
+		})
+		if got < 0 {
+			t.Fatalf("repair %d: route to %s not back after 3 s", i, dst)
+		}
+		t.Logf("MEASURE repair of %s: %s", dst, got.Round(100*time.Microsecond))
+		if got > time.Second {
+			t.Errorf("repair of %s took %s, want < 1 s", dst, got)
+		}
+		lat = append(lat, got)
+	}
+	t.Logf("MEASURE repair latency max %s over %d deletions", slices.Max(lat).Round(100*time.Microsecond), len(lat))
+
+	// All three at once.
+	for _, dst := range []string{"10.244.1.0/24", "10.244.2.0/24", "10.244.3.0/24"} {
+		a.delRoutes(dst)
+	}
+	all := pollFast(t, 3*time.Second, func() bool {
+		r, err := a.podnetRoutes()
+		return err == nil && len(r) == 3
+	})
+	if all < 0 || all > time.Second {
+		t.Fatalf("all podnet routes deleted: back after %s, want < 1 s", all)
+	}
+	a.expectRoutes(0, d, bhA, viaB, viaC)
+	t.Logf("MEASURE repair of all 3 routes deleted at once: %s", all.Round(100*time.Microsecond))
+
+	m, err := d.metrics()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m["podnet_route_repairs_total"] < 1 {
+		t.Errorf("podnet_route_repairs_total = %v after repairs", m["podnet_route_repairs_total"])
+	}
+	t.Logf("podnet_route_repairs_total = %v", m["podnet_route_repairs_total"])
+
+	// Link flap: the kernel flushes the routes via eth0 without a
+	// RTM_DELROUTE; the periodic resync puts them back once eth0 is up.
+	setLink(t, a, uplinkName, false)
+	a.expectRoutes(changeT, d, bhA)
+	setLink(t, a, uplinkName, true)
+	start := time.Now()
+	a.expectRoutes(resync+3*time.Second, d, bhA, viaB, viaC)
+	t.Logf("MEASURE eth0 down/up: routes back %s after link up (resync interval %s)", time.Since(start).Round(time.Millisecond), resync)
+	d.waitReady(resync + 3*time.Second)
+}
+
+// pollFast polls cond every 1 ms and returns the time until it held, or
+// -1 after timeout.
+func pollFast(t *testing.T, timeout time.Duration, cond func() bool) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for time.Since(start) < timeout {
+		if cond() {
+			return time.Since(start)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	return -1
+}
+
+func setLink(t *testing.T, n *node, name string, up bool) {
+	t.Helper()
+	n.c.do(n.ns, func() error {
+		l, err := netlink.LinkByName(name)
+		if err != nil {
+			return err
+		}
+		if up {
+			return netlink.LinkSetUp(l)
+		}
+		return netlink.LinkSetDown(l)
+	})
+}
+
+// TestStaleAndForeignRoutes: podnet prunes its own leftovers and never
+// touches routes of another protocol.
+func TestStaleAndForeignRoutes(t *testing.T) {
+	c, a, _, _ := threeNodes(t)
+	// Left by a "previous run": podnet routes for nodes that are gone.
+	a.addRoute("10.244.99.0/24", "10.77.0.99", uplinkName, rtproto.Podnet)
+	a.addRoute("10.244.100.0/24", "", "", rtproto.Podnet)
+	// Someone else's: a static route inside the cluster CIDR for no node,
+	// and a boot route holding node-c's PodCIDR.
+	a.addRoute("10.244.98.0/24", "10.77.0.98", uplinkName, unix.RTPROT_STATIC)
+	a.addRoute("10.244.3.0/24", "10.77.0.50", uplinkName, unix.RTPROT_BOOT)
+	foreign98 := []string{"10.244.98.0/24 via 10.77.0.98 dev eth0 proto 4"}
+	foreignC := []string{"10.244.3.0/24 via 10.77.0.50 dev eth0 proto 3"}
+
+	d := a.startDaemon()
+	a.expectRoutes(syncT, d, bhA, viaB) // stale ones pruned, none for node-c
+	// The rest of the node's setup does not depend on node-c's route.
+	a.expectState(changeT, nodestate.State{NodeName: "node-a", PodCIDRs: []string{"10.244.1.0/24"}, MTU: underlayMTU, Encap: "none"})
+
+	foreignIntact := func() error {
+		if err := d.alive(); err != nil {
+			return err
+		}
+		for dst, want := range map[string][]string{"10.244.98.0/24": foreign98, "10.244.3.0/24": foreignC} {
+			got, err := a.routesTo(dst)
+			if err != nil {
+				return err
+			}
+			if !slices.Equal(got, want) {
+				return fmt.Errorf("routes to %s: got %q, want %q", dst, got, want)
+			}
+		}
+		return nil
+	}
+	consistently(t, 2*resync+resync/2, "foreign routes survive resyncs", foreignIntact)
+	a.expectRoutes(0, d, bhA, viaB)
+	if len(d.logLines("apply failed")) == 0 {
+		t.Errorf("the conflict with the foreign route to node-c's PodCIDR is not reported in the log")
+	}
+	code, body := d.status("/readyz")
+	m, _ := d.metrics()
+	t.Logf("with a foreign route on node-c's PodCIDR: /readyz %d %q, podnet_apply_errors_total %v", code, body, m["podnet_apply_errors_total"])
+
+	// A stale podnet route appearing while running (no netlink event
+	// triggers an apply) is pruned by the periodic resync.
+	start := time.Now()
+	a.addRoute("10.244.97.0/24", "10.77.0.97", uplinkName, rtproto.Podnet)
+	a.expectRoutes(resync+3*time.Second, d, bhA, viaB)
+	t.Logf("MEASURE stale podnet route added at run time pruned after %s (resync %s)", time.Since(start).Round(time.Millisecond), resync)
+
+	// Once the owner removes its route, podnet routes node-c.
+	a.delRoutes("10.244.3.0/24")
+	start = time.Now()
+	a.expectRoutes(resync+3*time.Second, d, bhA, viaB, viaC)
+	t.Logf("MEASURE foreign route removed -> podnet route to node-c after %s", time.Since(start).Round(time.Millisecond))
+	d.waitReady(resync + 3*time.Second)
+	if err := foreignIntactOnly(a, "10.244.98.0/24", foreign98); err != nil {
+		t.Fatal(err)
+	}
+
+	// A real previous run: stop the daemon (its routes stay), delete
+	// node-b meanwhile, start again: node-b's route is pruned at once.
+	d.stop()
+	a.expectRoutes(0, nil, bhA, viaB, viaC)
+	c.deleteNode("node-b")
+	start = time.Now()
+	d2 := a.startDaemon()
+	a.expectRoutes(syncT, d2, bhA, viaC)
+	t.Logf("MEASURE restart after node-b was deleted: its route pruned %s after start", time.Since(start).Round(time.Millisecond))
+	d2.waitReady(changeT)
+	if err := foreignIntactOnly(a, "10.244.98.0/24", foreign98); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func foreignIntactOnly(n *node, dst string, want []string) error {
+	got, err := n.routesTo(dst)
+	if err != nil {
+		return err
+	}
+	if !slices.Equal(got, want) {
+		return fmt.Errorf("routes to %s: got %q, want %q", dst, got, want)
+	}
+	return nil
+}
+
+// TestAPIServerOutage: routes stay while the API server is down; changes
+// made after it is back (and changes missed while the node was cut off)
+// are applied.
+func TestAPIServerOutage(t *testing.T) {
+	c, a, _, _ := threeNodes(t)
+	d := a.startDaemon()
+	a.expectRoutes(syncT, d, bhA, viaB, viaC)
+	d.waitReady(changeT)
+	before, _ := a.podnetRoutes()
+	stateBefore, err := a.state()
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	c.api.StopAPIServer()
+	downStart := time.Now()
+	consistently(t, 2*resync+resync/2, "routes while the API server is down", func() error {
+		if err := d.alive(); err != nil {
+			return err
+		}
+		got, err := a.podnetRoutes()
+		if err != nil {
+			return err
+		}
+		if !slices.Equal(got, before) {
+			return fmt.Errorf("routes changed: %q -> %q", before, got)
+		}
+		if st, err := a.state(); err != nil || st.MTU != stateBefore.MTU || !slices.Equal(st.PodCIDRs, stateBefore.PodCIDRs) {
+			return fmt.Errorf("node.json changed: %+v, %v", st, err)
+		}
+		if code, body := d.status("/healthz"); code != http.StatusOK {
+			return fmt.Errorf("/healthz %d %q", code, body)
+		}
+		return nil
+	})
+	code, body := d.status("/readyz")
+	t.Logf("API server down for %s: routes unchanged; /readyz %d %q", time.Since(downStart).Round(time.Millisecond), code, body)
+
+	if err := c.api.StartAPIServer(); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("API server back after %s down", time.Since(downStart).Round(time.Millisecond))
+	// The cluster changes as soon as it is back: node-b goes, node-d
+	// comes, node-c moves.
+	start := time.Now()
+	c.addNode("node-d", "10.77.0.4")
+	c.deleteNode("node-b")
+	c.createNode("node-d", "10.77.0.4", "10.244.4.0/24")
+	c.setNodeIP("node-c", "10.77.0.13")
+	viaC2 := "10.244.3.0/24 via 10.77.0.13 dev eth0 proto 77"
+	viaD := "10.244.4.0/24 via 10.77.0.4 dev eth0 proto 77"
+	a.expectRoutes(45*time.Second, d, bhA, viaC2, viaD)
+	t.Logf("MEASURE after API server restart: converged %s after the changes", time.Since(start).Round(time.Millisecond))
+
+	// Cut node-a off the API server (its watch breaks); change the cluster
+	// meanwhile; reconnect: the missed events are applied.
+	a.proxy.pause()
+	c.deleteNode("node-c")
+	c.addNode("node-e", "10.77.0.5")
+	c.createNode("node-e", "10.77.0.5", "10.244.5.0/24")
+	consistently(t, resync+resync/2, "routes while node-a is cut off", func() error {
+		got, err := a.podnetRoutes()
+		if err != nil {
+			return err
+		}
+		if want := sorted(bhA, viaC2, viaD); !slices.Equal(got, want) {
+			return fmt.Errorf("routes changed while cut off: %q", got)
+		}
+		return nil
+	})
+	a.proxy.resume()
+	start = time.Now()
+	viaE := "10.244.5.0/24 via 10.77.0.5 dev eth0 proto 77"
+	a.expectRoutes(45*time.Second, d, bhA, viaD, viaE)
+	t.Logf("MEASURE node reconnected after missing events: converged in %s", time.Since(start).Round(time.Millisecond))
+	d.waitReady(changeT)
+}
+
+func sorted(s ...string) []string {
+	s = slices.Clone(s)
+	slices.Sort(s)
+	return s
+}
+
+// TestRBAC: with no binding the routed user cannot list Nodes and the
+// daemon stays unready; the ClusterRole of conf/podnet-routed-rbac.yaml is
+// enough to sync.
+func TestRBAC(t *testing.T) {
+	c := newCluster(t) // no grantRBAC
+	a := c.addNode("node-a", "10.77.0.1")
+	c.addNode("node-b", "10.77.0.2")
+	c.createNode("node-a", "10.77.0.1", "10.244.1.0/24")
+	c.createNode("node-b", "10.77.0.2", "10.244.2.0/24")
+	d := a.startDaemon()
+
+	eventually(t, changeT, "/healthz up", func() error {
+		if code, body := d.status("/healthz"); code != http.StatusOK {
+			return fmt.Errorf("/healthz %d %q", code, body)
+		}
+		return nil
+	})
+	consistently(t, 3*time.Second, "no RBAC: not ready, nothing programmed", func() error {
+		if err := d.alive(); err != nil {
+			return err
+		}
+		if code, body := d.status("/readyz"); code != http.StatusServiceUnavailable {
+			return fmt.Errorf("/readyz %d %q, want 503", code, body)
+		}
+		if r, err := a.podnetRoutes(); err != nil || len(r) != 0 {
+			return fmt.Errorf("podnet routes without RBAC: %q %v", r, err)
+		}
+		if _, err := a.state(); !errors.Is(err, nodestate.ErrNotReady) {
+			return fmt.Errorf("node.json without RBAC: %v", err)
+		}
+		return nil
+	})
+	_, body := d.status("/readyz")
+	t.Logf("no binding: /readyz 503 %q", body)
+	if logText, _ := os.ReadFile(d.p.logPath); !strings.Contains(string(logText), "forbidden") {
+		t.Errorf("the daemon's log does not mention the authorization failure:\n%s", tail(d.p.logPath, 20))
+	}
+
+	start := time.Now()
+	c.grantRBAC()
+	a.expectRoutes(45*time.Second, d, bhA, "10.244.2.0/24 via 10.77.0.2 dev eth0 proto 77")
+	d.waitReady(changeT)
+	t.Logf("MEASURE RBAC granted -> synced and routes programmed in %s (informer list retry backoff)", time.Since(start).Round(time.Millisecond))
+}
+
+// TestHealthAndMetrics: /healthz, /readyz and /metrics.
+func TestHealthAndMetrics(t *testing.T) {
+	c := newCluster(t)
+	c.grantRBAC()
+	a := c.addNode("node-a", "10.77.0.1")
+	c.addNode("node-b", "10.77.0.2")
+	c.addNode("node-c", "10.77.0.3")
+	c.addNode("node-d", "10.77.0.4")
+	c.createNode("node-b", "10.77.0.2", "10.244.2.0/24")
+	c.createNode("node-c", "10.77.0.3", "10.244.3.0/24")
+	c.createNode("node-d", "10.77.0.4", "") // skipped: no PodCIDR
+
+	// node-a's own Node does not exist yet: alive, synced, but not ready.
+	d := a.startDaemon()
+	eventually(t, syncT, "/healthz 200 and /readyz 503 before the node exists", func() error {
+		if err := d.alive(); err != nil {
+			return err
+		}
+		if code, body := d.status("/healthz"); code != http.StatusOK || body != "ok" {
+			return fmt.Errorf("/healthz %d %q", code, body)
+		}
+		m, err := d.metrics()
+		if err != nil {
+			return err
+		}
+		if m["podnet_apply_errors_total"] < 1 {
+			return fmt.Errorf("podnet_apply_errors_total %v: no apply attempted yet", m["podnet_apply_errors_total"])
+		}
+		if code, body := d.status("/readyz"); code != http.StatusServiceUnavailable {
+			return fmt.Errorf("/readyz %d %q, want 503 while the node has no Node object", code, body)
+		}
+		return nil
+	})
+	if r, _ := a.podnetRoutes(); len(r) != 0 {
+		t.Fatalf("routes before the node exists: %q", r)
+	}
+
+	start := time.Now()
+	c.createNode("node-a", "10.77.0.1", "10.244.1.0/24")
+	d.waitReady(changeT)
+	t.Logf("MEASURE own Node created -> /readyz 200 in %s", time.Since(start).Round(time.Millisecond))
+	a.expectRoutes(changeT, d, bhA, viaB, viaC)
+
+	expectMetrics := func(want map[string]float64) {
+		t.Helper()
+		eventually(t, changeT, "metrics", func() error {
+			m, err := d.metrics()
+			if err != nil {
+				return err
+			}
+			for k, v := range want {
+				if m[k] != v {
+					return fmt.Errorf("%s = %v, want %v", k, m[k], v)
+				}
+			}
+			if m["podnet_apply_duration_seconds_count"] < 1 {
+				return fmt.Errorf("podnet_apply_duration_seconds_count = %v", m["podnet_apply_duration_seconds_count"])
+			}
+			return nil
+		})
+	}
+	// 2 remote routes + the local blackhole; node-d skipped.
+	expectMetrics(map[string]float64{"podnet_routes_desired": 3, "podnet_routes_programmed": 3, "podnet_nodes_skipped": 1})
+
+	c.deleteNode("node-c")
+	a.expectRoutes(changeT, d, bhA, viaB)
+	expectMetrics(map[string]float64{"podnet_routes_desired": 2, "podnet_routes_programmed": 2, "podnet_nodes_skipped": 1})
+	c.assignPodCIDR("node-d", "10.244.4.0/24")
+	a.expectRoutes(changeT, d, bhA, viaB, "10.244.4.0/24 via 10.77.0.4 dev eth0 proto 77")
+	expectMetrics(map[string]float64{"podnet_routes_desired": 3, "podnet_routes_programmed": 3, "podnet_nodes_skipped": 0})
+
+	// Both listeners serve the handler; unknown paths are 404.
+	for _, addr := range []string{d.healthAddr, d.metricsAddr} {
+		for path, want := range map[string]int{"/healthz": 200, "/readyz": 200, "/metrics": 200, "/nope": 404} {
+			code, _, err := a.get(addr, path)
+			if err != nil || code != want {
+				t.Errorf("GET %s%s: %d %v, want %d", addr, path, code, err, want)
+			}
+		}
+	}
+	_, text, _ := a.get(d.metricsAddr, "/metrics")
+	for _, name := range []string{"podnet_routes_desired", "podnet_routes_programmed"} {
+		if !strings.Contains(text, "# TYPE "+name+" gauge") {
+			t.Errorf("/metrics has no gauge %s", name)
+		}
+	}
+}
+
+// TestVXLANAndCleanup: two nodes in VXLAN mode route pod traffic to each
+// other; SIGTERM leaves the dataplane in place; --cleanup restores each
+// node netns to its state before podnet-routed ran.
+func TestVXLANAndCleanup(t *testing.T) {
+	c := newCluster(t)
+	c.grantRBAC()
+	a := c.addNode("node-a", "10.77.0.1")
+	b := c.addNode("node-b", "10.77.0.2")
+	c.createNode("node-a", a.ip, "10.244.1.0/24")
+	c.createNode("node-b", b.ip, "10.244.2.0/24")
+	// A "pod" address on each node, inside its PodCIDR.
+	a.addPodAddr("10.244.1.5")
+	b.addPodAddr("10.244.2.5")
+	nodes := []*node{a, b}
+	before := map[*node]snapshot{}
+	fwdBefore := map[*node]string{}
+	for _, n := range nodes {
+		before[n] = n.stableSnapshot()
+		fwdBefore[n] = sysctl(t, n, "net/ipv4/ip_forward")
+	}
+
+	daemons := map[*node]*daemon{}
+	for _, n := range nodes {
+		daemons[n] = n.startDaemon("--encap=vxlan")
+	}
+	a.expectRoutes(syncT, daemons[a], bhA, "10.244.2.0/24 via 10.244.2.0 dev podnet.vxlan proto 77 onlink")
+	b.expectRoutes(syncT, daemons[b], "blackhole 10.244.2.0/24 proto 77", "10.244.1.0/24 via 10.244.1.0 dev podnet.vxlan proto 77 onlink")
+	for _, n := range nodes {
+		daemons[n].waitReady(changeT)
+	}
+	a.expectState(changeT, nodestate.State{NodeName: "node-a", PodCIDRs: []string{"10.244.1.0/24"}, MTU: underlayMTU - 50, Encap: "vxlan"})
+
+	// The VXLAN device, its VTEP address, neighbor and FDB entry, and the
+	// masquerade table.
+	s := a.snapshot()
+	for _, want := range []struct {
+		what string
+		got  []string
+		line string
+	}{
+		{"link", s.Links, "podnet.vxlan type vxlan mtu 1350 up mac 0e:70:0a:4d:00:01 vni 4096 port 4789"},
+		{"addr", s.Addrs, "podnet.vxlan 10.244.1.0/32 scope 0"},
+		{"neigh", s.Neighs, "10.244.2.0 dev podnet.vxlan lladdr 0e:70:0a:4d:00:02 permanent"},
+		{"nft", s.NFT, "table inet podnet"},
+		{"nft", s.NFT, "chain inet podnet postrouting"},
+	} {
+		if !slices.Contains(want.got, want.line) {
+			t.Errorf("%s %q missing in node-a:\n\t%s", want.what, want.line, strings.Join(want.got, "\n\t"))
+		}
+	}
+	if fdb := vxlanFDB(t, a); !slices.Equal(fdb, []string{"0e:70:0a:4d:00:02 dst 10.77.0.2"}) {
+		t.Errorf("podnet.vxlan FDB of node-a: %q", fdb)
+	}
+
+	// Pod to pod across the overlay.
+	start := time.Now()
+	eventually(t, changeT, "ping 10.244.1.5 -> 10.244.2.5 over VXLAN", func() error { return a.ping("10.244.1.5", "10.244.2.5") })
+	t.Logf("MEASURE first pod-to-pod ping over VXLAN answered after %s", time.Since(start).Round(time.Millisecond))
+
+	// podnet.vxlan deleted by hand (its routes go with it, without a
+	// RTM_DELROUTE for each): the resync re-creates device, routes and
+	// peers.
+	a.c.do(a.ns, func() error {
+		l, err := netlink.LinkByName("podnet.vxlan")
+		if err != nil {
+			return err
+		}
+		return netlink.LinkDel(l)
+	})
+	start = time.Now()
+	a.expectRoutes(resync+3*time.Second, daemons[a], bhA, "10.244.2.0/24 via 10.244.2.0 dev podnet.vxlan proto 77 onlink")
+	eventually(t, changeT, "ping over the re-created podnet.vxlan", func() error { return a.ping("10.244.1.5", "10.244.2.5") })
+	t.Logf("MEASURE podnet.vxlan deleted -> device, routes and pod-to-pod traffic back after %s", time.Since(start).Round(time.Millisecond))
+	if fdb := vxlanFDB(t, a); !slices.Equal(fdb, []string{"0e:70:0a:4d:00:02 dst 10.77.0.2"}) {
+		t.Errorf("podnet.vxlan FDB of node-a after re-creation: %q", fdb)
+	}
+	noChurn(t, resync+resync/2, daemons[a], daemons[b])
+
+	// SIGTERM: the daemons exit, the dataplane stays.
+	running := map[*node]snapshot{}
+	for _, n := range nodes {
+		running[n] = n.snapshot()
+		daemons[n].stop()
+	}
+	for _, n := range nodes {
+		if d := running[n].diff(n.snapshot()); d != "" {
+			t.Errorf("%s changed after SIGTERM (routes must stay):\n%s", n.name, d)
+		}
+		if _, err := n.state(); err != nil {
+			t.Errorf("%s: node.json after SIGTERM: %v", n.name, err)
+		}
+	}
+	if err := a.ping("10.244.1.5", "10.244.2.5"); err != nil {
+		t.Errorf("pod-to-pod after the daemons stopped: %v", err)
+	}
+
+	// --cleanup (twice: it is idempotent) restores the recorded state.
+	for _, n := range nodes {
+		for i := range 2 {
+			p := runInNS(t, n.ns, filepath.Join(n.dir, "cleanup.log"), c.bin, "--cleanup", "--state-dir="+n.stateDir)
+			select {
+			case <-p.done:
+			case <-time.After(10 * time.Second):
+				_ = p.cmd.Process.Kill()
+				t.Fatalf("%s: podnet-routed --cleanup hangs", n.name)
+			}
+			if p.err != nil {
+				t.Fatalf("%s: podnet-routed --cleanup (run %d): %v\n%s", n.name, i+1, p.err, tail(p.logPath, 20))
+			}
+		}
+		after := n.snapshot()
+		if d := before[n].diff(after); d != "" {
+			t.Errorf("%s after --cleanup differs from before podnet-routed (- before, + after):\n%s", n.name, d)
+		}
+		if _, err := os.Stat(filepath.Join(n.stateDir, nodestate.FileName)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s: node.json still there after --cleanup: %v", n.name, err)
+		}
+		if fwd := sysctl(t, n, "net/ipv4/ip_forward"); fwd != fwdBefore[n] {
+			t.Logf("%s: net.ipv4.ip_forward %s before podnet-routed, %s after --cleanup (not restored; not part of the compared state)", n.name, fwdBefore[n], fwd)
+		}
+	}
+}
+
+func sysctl(t *testing.T, n *node, name string) string {
+	t.Helper()
+	var v string
+	n.c.do(n.ns, func() error {
+		b, err := os.ReadFile("/proc/sys/" + name)
+		v = strings.TrimSpace(string(b))
+		return err
+	})
+	return v
+}
+
+// vxlanFDB lists podnet.vxlan's FDB entries with a remote destination.
+func vxlanFDB(t *testing.T, n *node) []string {
+	t.Helper()
+	var out []string
+	if err := n.ns.Do(func(ns.NetNS) error {
+		l, err := netlink.LinkByName("podnet.vxlan")
+		if err != nil {
+			return err
+		}
+		fdb, err := netlink.NeighList(l.Attrs().Index, unix.AF_BRIDGE)
+		if err != nil {
+			return err
+		}
+		for _, e := range fdb {
+			if e.IP != nil && !e.IP.Equal(net.IPv4zero) {
+				out = append(out, fmt.Sprintf("%s dst %s", e.HardwareAddr, e.IP))
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(out)
+	return out
+}
