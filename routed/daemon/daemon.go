@@ -12,12 +12,14 @@ import (
 	"net/http"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/informers"
@@ -146,6 +148,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	d.synced.Store(true)
 	d.log.Info("node informer synced")
 	go d.watchRoutes(ctx)
+	go d.watchLinks(ctx)
 
 	resync := time.NewTicker(d.cfg.ResyncInterval)
 	defer resync.Stop()
@@ -197,8 +200,45 @@ func (d *Daemon) watchRoutes(ctx context.Context) {
 				if !ok {
 					break loop
 				}
-				if u.Type == 25 /* RTM_DELROUTE */ && u.Protocol == rtproto.Podnet {
+				if u.Type == unix.RTM_DELROUTE && u.Protocol == rtproto.Podnet {
 					d.trigger("repair")
+				}
+			}
+		}
+		close(done)
+	}
+}
+
+// watchLinks kicks a reconcile when a link other than a pod's host veth
+// changes: the tunnel device deleted, the underlay down and up again (its
+// routes are gone then, without a route deletion event).
+func (d *Daemon) watchLinks(ctx context.Context) {
+	for ctx.Err() == nil {
+		updates := make(chan netlink.LinkUpdate, 256)
+		done := make(chan struct{})
+		err := netlink.LinkSubscribeWithOptions(updates, done, netlink.LinkSubscribeOptions{
+			ErrorCallback: func(err error) { d.log.Warn("link subscription error", "err", err) },
+		})
+		if err != nil {
+			d.log.Error("cannot subscribe to link changes; relying on periodic resync", "err", err)
+			select {
+			case <-ctx.Done():
+			case <-time.After(5 * time.Second):
+			}
+			continue
+		}
+	loop:
+		for {
+			select {
+			case <-ctx.Done():
+				close(done)
+				return
+			case u, ok := <-updates:
+				if !ok {
+					break loop
+				}
+				if u.Link != nil && !strings.HasPrefix(u.Link.Attrs().Name, "pn") {
+					d.trigger("link change")
 				}
 			}
 		}

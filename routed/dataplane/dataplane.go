@@ -15,6 +15,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
@@ -33,6 +34,8 @@ type Netlink struct {
 	// MTU of the overlay; 0: underlay MTU minus the encapsulation overhead.
 	MTU int
 	Log *slog.Logger
+
+	warnedMTU bool
 }
 
 // ErrNoIPIP is returned when the kernel cannot create tunl0.
@@ -60,6 +63,13 @@ func Underlay(nodeIP netip.Addr) (netlink.Link, error) {
 // minus the encapsulation overhead (cross-subnet nodes may encapsulate, so
 // the overhead applies there too).
 func (d *Netlink) OverlayMTU(underlay netlink.Link) int {
+	if max := underlay.Attrs().MTU - d.Encap.Overhead(); d.MTU > max {
+		if !d.warnedMTU {
+			d.warnedMTU = true
+			d.Log.Warn("--mtu is larger than the underlay allows; using the largest that fits", "mtu", d.MTU, "max", max, "underlay", underlay.Attrs().Name)
+		}
+		return max
+	}
 	if d.MTU > 0 {
 		return d.MTU
 	}
@@ -110,9 +120,17 @@ func (d *Netlink) Setup(self desired.Node, vteps []netip.Prefix) error {
 }
 
 // CheckIPIP makes sure tunl0 exists (creating it loads the kernel's ipip
-// support), or returns ErrNoIPIP.
+// support), or returns ErrNoIPIP. A module that is still loading (another
+// process asked first) can answer "not supported" for a moment, so it
+// retries for up to 2 s.
 func CheckIPIP() error {
-	_, err := tunl0()
+	var err error
+	for i := 0; i < 20; i++ {
+		if _, err = tunl0(); !errors.Is(err, ErrNoIPIP) {
+			return err
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 	return err
 }
 
