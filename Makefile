@@ -85,3 +85,11 @@ image: build
 .PHONY: ipipvm
 ipipvm: build kapi
 	PODNET_KAPI_DIR=$$(scripts/ensure-kapi.sh) $(GO) test -count=1 -v ./test/ipipvm/
+
+# The container-runtime end-to-end test alone (it also runs in `make test`):
+# installs Debian's containerd + runc when missing, then drives pod sandboxes
+# through containerd 1.6's CRI with the shipped conflists (root, ~1 min).
+.PHONY: test-runtime
+test-runtime: build cni-tools
+	scripts/runtime/install-deps.sh
+	PODNET_CNI_TOOLS=$$(scripts/install-cni-tools.sh) $(GO) test -count=1 -v -timeout 10m ./test/runtime/
