@@ -51,11 +51,16 @@ test: build cni-tools kapi lint
 clean:
 	rm -rf bin
 
-# podnet-ipam ADD+DEL cost against occupancy, in-process (Go benchmark) and
-# exec'd side by side with the reference host-local; writes
-# bench/results/ipam.md and asserts nothing (not part of `make test`).
-bench:
-	scripts/bench-ipam.sh
+# podnet against the reference plugins (issue 8), all in one invocation,
+# interleaved: the plugin stacks through libcni (200 pods sequential and 8
+# concurrent, 1,000 pods on one node, floors, leak checks), podnet-ipam vs
+# host-local (scripts/bench-ipam.sh), podnet-routed at 100/1,000/5,000 Nodes
+# of a real kube-apiserver, iperf3 pod<->pod vs node<->node. Writes
+# bench/REPORT.md, bench/plots/*.png and the raw bench/results/; asserts
+# nothing (not part of `make test`). About 10 minutes on 2 cores;
+# BENCH_QUICK=1 is a one-minute smoke run of the same pipeline.
+bench: build cni-tools kapi
+	scripts/bench.sh
 
 # ---- shipping: installer, image (conf/k8s/podnet.yaml, scripts/install.sh,
 # README "Operating podnet on a cluster").
@@ -93,3 +98,19 @@ ipipvm: build kapi
 test-runtime: build cni-tools
 	scripts/runtime/install-deps.sh
 	PODNET_CNI_TOOLS=$$(scripts/install-cni-tools.sh) $(GO) test -count=1 -v -timeout 10m ./test/runtime/
+
+# ---- cluster in a box (issue 6): test/cluster, scripts/demo.sh.
+# `make demo` builds everything, brings up a podnet cluster in network
+# namespaces (real kube-apiserver + etcd, 3 nodes running podnet-routed,
+# pods attached through libcni with conf/10-podnet.conflist, an outside
+# host), prints nodes, pods, routes and a ✓/✗ connectivity matrix, then
+# removes it all and checks that `ip netns`, `ip link` and the nft ruleset
+# are as before. MODE=none|vxlan (default: vxlan here, this kernel has no
+# IPIP); MODE=ipip runs test/ipipvm in QEMU; KEEP=1 leaves the cluster up
+# until `make demo-down`.
+.PHONY: demo demo-down
+demo: build
+	@MODE="$(MODE)" KEEP="$(KEEP)" GO="$(GO)" scripts/demo.sh
+
+demo-down:
+	@GO="$(GO)" scripts/demo.sh down

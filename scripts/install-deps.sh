@@ -2,7 +2,7 @@
 # Installs the Debian packages the tests and the demo use, when missing.
 set -euo pipefail
 
-pkgs=(iproute2 iputils-ping make git ca-certificates openssl qemu-system-x86 busybox-static cpio xz-utils containerd runc)
+pkgs=(iproute2 iputils-ping make git ca-certificates openssl qemu-system-x86 busybox-static cpio xz-utils containerd runc iperf3)
 missing=()
 for p in "${pkgs[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

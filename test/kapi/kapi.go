@@ -28,6 +28,7 @@ import (
 	"time"
 
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 )
 
@@ -45,23 +46,54 @@ type Server struct {
 	etcdPort   int
 	Tokens     map[string]string // user -> bearer token
 	etcd, kas  *proc
-	t          testing.TB
+	t          testing.TB // nil when made by New: Kubeconfig and Client panic instead
 	ServerName string
+	opts       Options
+}
+
+// Options configure New. Start fills them for a test.
+type Options struct {
+	// Dir holds the PKI, etcd's data and the logs (it must exist).
+	Dir string
+	// BinDir holds etcd and kube-apiserver (see BinDir and LookBinDir).
+	BinDir string
+	// ExtraIPs are added to the serving certificate.
+	ExtraIPs []net.IP
+	// BindAddress is kube-apiserver's --bind-address (default 127.0.0.1).
+	BindAddress string
+	// Port is kube-apiserver's secure port (0: a free port).
+	Port int
+	// StartProcess starts etcd and kube-apiserver (default cmd.Start): a
+	// caller can start them inside another network namespace.
+	StartProcess func(cmd *exec.Cmd) error
+	// Dial connects to the servers for the readiness checks and Client
+	// (default: a plain dial, from the caller's network namespace).
+	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
 }
 
 // BinDir returns the directory of the cached binaries or fails the test.
 func BinDir(t testing.TB) string {
 	t.Helper()
+	dir, err := LookBinDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// LookBinDir returns $PODNET_KAPI_DIR after checking that it holds etcd and
+// kube-apiserver.
+func LookBinDir() (string, error) {
 	dir := os.Getenv("PODNET_KAPI_DIR")
 	if dir == "" {
-		t.Fatal("PODNET_KAPI_DIR is not set: run the tests with `make test` (it builds kube-apiserver and etcd once, see scripts/ensure-kapi.sh)")
+		return "", fmt.Errorf("PODNET_KAPI_DIR is not set: run the tests with `make test` (it builds kube-apiserver and etcd once, see scripts/ensure-kapi.sh)")
 	}
 	for _, b := range []string{"etcd", "kube-apiserver"} {
 		if _, err := os.Stat(filepath.Join(dir, b)); err != nil {
-			t.Fatalf("%s missing in %s: %v", b, dir, err)
+			return "", fmt.Errorf("%s missing in %s: %v", b, dir, err)
 		}
 	}
-	return dir
+	return dir, nil
 }
 
 // Start brings up etcd and kube-apiserver (RBAC authorization) and stops
@@ -69,27 +101,81 @@ func BinDir(t testing.TB) string {
 // 10.0.2.2 for a QEMU guest).
 func Start(t testing.TB, extraIPs ...net.IP) *Server {
 	t.Helper()
-	s := &Server{Dir: t.TempDir(), BinDir: BinDir(t), Tokens: map[string]string{}, t: t}
-	if err := s.makePKI(extraIPs); err != nil {
+	s, err := New(Options{Dir: t.TempDir(), BinDir: BinDir(t), ExtraIPs: extraIPs})
+	if s != nil {
+		t.Cleanup(s.Stop)
+	}
+	if err != nil {
 		t.Fatal(err)
 	}
-	s.etcdPort = freePort(t)
-	s.Port = freePort(t)
-	if err := s.startEtcd(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(s.Stop)
-	if err := s.StartAPIServer(); err != nil {
-		t.Fatal(err)
-	}
+	s.t = t
 	return s
+}
+
+// New brings up etcd and kube-apiserver as Start does, for a program (no
+// testing.TB): the caller stops them with Stop. On error the processes
+// already started are stopped.
+func New(o Options) (*Server, error) {
+	if o.Dir == "" || o.BinDir == "" {
+		return nil, fmt.Errorf("kapi.New: Dir and BinDir are required")
+	}
+	if o.BindAddress == "" {
+		o.BindAddress = "127.0.0.1"
+	}
+	if o.StartProcess == nil {
+		o.StartProcess = (*exec.Cmd).Start
+	}
+	s := &Server{Dir: o.Dir, BinDir: o.BinDir, Tokens: map[string]string{}, Port: o.Port, opts: o}
+	if err := s.makePKI(o.ExtraIPs); err != nil {
+		return nil, err
+	}
+	var err error
+	if s.etcdPort, err = freePort(); err != nil {
+		return nil, err
+	}
+	if s.Port == 0 {
+		if s.Port, err = freePort(); err != nil {
+			return nil, err
+		}
+	}
+	if err := s.startEtcd(); err != nil {
+		s.Stop()
+		return nil, err
+	}
+	if err := s.StartAPIServer(); err != nil {
+		s.Stop()
+		return s, err
+	}
+	return s, nil
+}
+
+// Pids are the process IDs of etcd and kube-apiserver (those running).
+func (s *Server) Pids() []int {
+	var out []int
+	for _, p := range []*proc{s.etcd, s.kas} {
+		if p != nil {
+			out = append(out, p.cmd.Process.Pid)
+		}
+	}
+	return out
+}
+
+// httpClient is for the readiness checks.
+func (s *Server) httpClient() *http.Client {
+	return &http.Client{
+		Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, DialContext: s.opts.Dial, DisableKeepAlives: true},
+		Timeout:   2 * time.Second,
+	}
 }
 
 // URL is the API server's address.
 func (s *Server) URL() string { return fmt.Sprintf("https://127.0.0.1:%d", s.Port) }
 
 func (s *Server) startEtcd() error {
-	peer := freePort(s.t)
+	peer, err := freePort()
+	if err != nil {
+		return err
+	}
 	cmd := exec.Command(filepath.Join(s.BinDir, "etcd"),
 		"--name=test", "--data-dir="+filepath.Join(s.Dir, "etcd-data"),
 		fmt.Sprintf("--listen-client-urls=http://127.0.0.1:%d", s.etcdPort),
@@ -99,13 +185,14 @@ func (s *Server) startEtcd() error {
 		fmt.Sprintf("--initial-cluster=test=http://127.0.0.1:%d", peer),
 		"--unsafe-no-fsync", "--log-level=warn")
 	cmd.Env = cleanEnv()
-	pr, err := startLogged(cmd, filepath.Join(s.Dir, "etcd.log"))
+	pr, err := s.startLogged(cmd, filepath.Join(s.Dir, "etcd.log"))
 	if err != nil {
 		return err
 	}
 	s.etcd = pr
+	client := s.httpClient()
 	return waitFor(30*time.Second, func() error {
-		resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/health", s.etcdPort))
+		resp, err := client.Get(fmt.Sprintf("http://127.0.0.1:%d/health", s.etcdPort))
 		if err != nil {
 			return err
 		}
@@ -122,19 +209,19 @@ func (s *Server) StartAPIServer() error {
 	p := func(n string) string { return filepath.Join(s.Dir, "pki", n) }
 	cmd := exec.Command(filepath.Join(s.BinDir, "kube-apiserver"),
 		fmt.Sprintf("--etcd-servers=http://127.0.0.1:%d", s.etcdPort),
-		"--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", "--secure-port="+strconv.Itoa(s.Port),
+		"--bind-address="+s.opts.BindAddress, "--advertise-address=127.0.0.1", "--secure-port="+strconv.Itoa(s.Port),
 		"--tls-cert-file="+p("apiserver.crt"), "--tls-private-key-file="+p("apiserver.key"),
 		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
 		"--service-account-key-file="+p("sa.pub"), "--service-account-signing-key-file="+p("sa.key"),
 		"--service-cluster-ip-range=10.96.0.0/24", "--endpoint-reconciler-type=none",
 		"--token-auth-file="+p("tokens.csv"), "--authorization-mode=RBAC", "--profiling=false", "--v=1")
 	cmd.Env = cleanEnv()
-	pr, err := startLogged(cmd, filepath.Join(s.Dir, "kube-apiserver.log"))
+	pr, err := s.startLogged(cmd, filepath.Join(s.Dir, "kube-apiserver.log"))
 	if err != nil {
 		return err
 	}
 	s.kas = pr
-	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}, Timeout: 2 * time.Second}
+	client := s.httpClient()
 	return waitFor(90*time.Second, func() error {
 		req, _ := http.NewRequest(http.MethodGet, s.URL()+"/readyz", nil)
 		req.Header.Set("Authorization", "Bearer "+s.Tokens[AdminUser])
@@ -166,6 +253,24 @@ func (s *Server) Stop() {
 // Kubeconfig writes a kubeconfig for user (AdminUser or RoutedUser) and
 // returns its path. server overrides the address (e.g. for a VM guest).
 func (s *Server) Kubeconfig(user, server string) string {
+	path, err := s.WriteKubeconfig(user, server)
+	if err != nil {
+		s.fatal(err)
+	}
+	return path
+}
+
+// fatal fails the test of a Server made by Start, or panics.
+func (s *Server) fatal(err error) {
+	if s.t == nil {
+		panic(err)
+	}
+	s.t.Helper()
+	s.t.Fatal(err)
+}
+
+// WriteKubeconfig is Kubeconfig returning its error.
+func (s *Server) WriteKubeconfig(user, server string) (string, error) {
 	if server == "" {
 		server = s.URL()
 	}
@@ -188,22 +293,37 @@ contexts:
 current-context: test
 `, server, filepath.Join(s.Dir, "pki", "ca.crt"), user, s.Tokens[user], user)
 	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
-		s.t.Fatal(err)
+		return "", err
 	}
-	return path
+	return path, nil
 }
 
 // Client returns an admin clientset.
 func (s *Server) Client() kubernetes.Interface {
-	cfg, err := clientcmd.BuildConfigFromFlags("", s.Kubeconfig(AdminUser, ""))
+	cfg, err := s.AdminConfig()
 	if err != nil {
-		s.t.Fatal(err)
+		s.fatal(err)
 	}
 	c, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
-		s.t.Fatal(err)
+		s.fatal(err)
 	}
 	return c
+}
+
+// AdminConfig is the admin user's client config (dialing with
+// Options.Dial when set).
+func (s *Server) AdminConfig() (*rest.Config, error) {
+	path, err := s.WriteKubeconfig(AdminUser, "")
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := clientcmd.BuildConfigFromFlags("", path)
+	if err != nil {
+		return nil, err
+	}
+	cfg.Dial = s.opts.Dial
+	return cfg, nil
 }
 
 // CACert is the path of the CA certificate.
@@ -296,13 +416,13 @@ type proc struct {
 	done chan struct{}
 }
 
-func startLogged(cmd *exec.Cmd, logPath string) (*proc, error) {
+func (s *Server) startLogged(cmd *exec.Cmd, logPath string) (*proc, error) {
 	f, err := os.Create(logPath)
 	if err != nil {
 		return nil, err
 	}
 	cmd.Stdout, cmd.Stderr = f, f
-	if err := cmd.Start(); err != nil {
+	if err := s.opts.StartProcess(cmd); err != nil {
 		f.Close()
 		return nil, fmt.Errorf("start %s: %w", cmd.Path, err)
 	}
@@ -338,11 +458,11 @@ func waitFor(limit time.Duration, check func() error, what string) error {
 	return fmt.Errorf("%s not ready after %s: %v", what, limit, err)
 }
 
-func freePort(t testing.TB) int {
+func freePort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		t.Fatal(err)
+		return 0, err
 	}
 	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return l.Addr().(*net.TCPAddr).Port, nil
 }

@@ -1,0 +1,157 @@
+package main
+
+// The JSON the benchmark drivers write (test/bench/cnibench,
+// test/bench/routedbench) and scripts/bench.sh's meta.json. Only the fields
+// the report uses are declared.
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+)
+
+type cniData struct {
+	Started time.Time `json:"started"`
+	Seconds float64   `json:"seconds"`
+	DataFS  string    `json:"data_fs"`
+	Stacks  []struct {
+		Name   string `json:"name"`
+		Plugin string `json:"plugin"`
+		IPAM   string `json:"ipam"`
+		Conf   string `json:"conflist"`
+	} `json:"stacks"`
+	Runs      []cniRun   `json:"runs"`
+	Occupancy []occRun   `json:"occupancy"`
+	Floors    []floorRun `json:"floors"`
+}
+
+type cniRun struct {
+	Stack     string    `json:"stack"`
+	Mode      string    `json:"mode"`
+	Workers   int       `json:"workers"`
+	Rep       int       `json:"rep"`
+	Pods      int       `json:"pods"`
+	AddMs     []float64 `json:"add_ms"`
+	DelMs     []float64 `json:"del_ms"`
+	AddWallS  float64   `json:"add_wall_s"`
+	DelWallS  float64   `json:"del_wall_s"`
+	AddUserMs float64   `json:"add_user_ms"`
+	AddSysMs  float64   `json:"add_sys_ms"`
+	DelUserMs float64   `json:"del_user_ms"`
+	DelSysMs  float64   `json:"del_sys_ms"`
+	Errors    []string  `json:"errors"`
+	Leak      string    `json:"leak"`
+}
+
+func (r cniRun) addCPU() float64 { return (r.AddUserMs + r.AddSysMs) / float64(r.Pods) }
+func (r cniRun) delCPU() float64 { return (r.DelUserMs + r.DelSysMs) / float64(r.Pods) }
+
+type occRun struct {
+	Stack     string    `json:"stack"`
+	Pods      int       `json:"pods"`
+	Chunk     int       `json:"chunk"`
+	AddMs     []float64 `json:"add_ms"`
+	DelMs     []float64 `json:"del_ms"`
+	AddUserMs float64   `json:"add_user_ms"`
+	AddSysMs  float64   `json:"add_sys_ms"`
+	DelUserMs float64   `json:"del_user_ms"`
+	DelSysMs  float64   `json:"del_sys_ms"`
+	Errors    []string  `json:"errors"`
+	Leak      string    `json:"leak"`
+}
+
+type floorRun struct {
+	Name  string    `json:"name"`
+	Ms    []float64 `json:"ms"`
+	CPUMs []float64 `json:"cpu_ms"`
+	Note  string    `json:"note"`
+}
+
+type routedData struct {
+	Seconds float64       `json:"seconds"`
+	Samples int           `json:"samples"`
+	Flags   string        `json:"flags"`
+	Scales  []routedScale `json:"scales"`
+}
+
+type routedScale struct {
+	Nodes           int       `json:"nodes"`
+	Routes          int       `json:"routes"`
+	CreateS         float64   `json:"create_s"`
+	CreatedNodes    int       `json:"created_nodes"`
+	StartToSyncS    float64   `json:"start_to_sync_s"`
+	SyncToRoutesS   float64   `json:"sync_to_routes_s"`
+	SyncToAppliedS  float64   `json:"sync_to_applied_s"`
+	StartToRoutesS  float64   `json:"start_to_routes_s"`
+	Polled          bool      `json:"polled"`
+	MetricRoutes    float64   `json:"metric_programmed"`
+	UpdateMs        []float64 `json:"update_ms"`
+	UpdateAPIMs     []float64 `json:"update_api_ms"`
+	UpdateTimeouts  int       `json:"update_timeouts"`
+	RSSKiB          int       `json:"rss_kib"`
+	HWMKiB          int       `json:"hwm_kib"`
+	RSSAfterSyncKiB int       `json:"rss_after_sync_kib"`
+}
+
+type datapathData struct {
+	Seconds  float64 `json:"seconds"`
+	Duration int     `json:"duration_s"`
+	Omit     int     `json:"omit_s"`
+	Iperf    string  `json:"iperf3"`
+	Modes    []struct {
+		Encap  string `json:"encap"`
+		PodMTU int    `json:"pod_mtu"`
+		Runs   []struct {
+			Path        string  `json:"path"`
+			Rep         int     `json:"rep"`
+			Gbps        float64 `json:"gbps"`
+			Retransmits int     `json:"retransmits"`
+			MSS         int     `json:"mss"`
+		} `json:"runs"`
+		PingFits  string            `json:"ping_fits"`
+		PingOver  string            `json:"ping_over"`
+		FragDelta map[string]string `json:"frag_delta"`
+	} `json:"modes"`
+}
+
+// metaData is written by scripts/bench.sh.
+type metaData struct {
+	Date        string  `json:"date"`
+	Command     string  `json:"command"`
+	Commit      string  `json:"commit"`
+	CPU         string  `json:"cpu"`
+	Nproc       int     `json:"nproc"`
+	MemGiB      float64 `json:"mem_gib"`
+	Kernel      string  `json:"kernel"`
+	Go          string  `json:"go"`
+	CNIPlugins  string  `json:"cni_plugins"`
+	CNITools    string  `json:"cni_tools_dir"`
+	KubeAPI     string  `json:"kube_apiserver"`
+	Etcd        string  `json:"etcd"`
+	Iperf       string  `json:"iperf3"`
+	LoadBefore  string  `json:"load_before"`
+	LoadAfter   string  `json:"load_after"`
+	StartedUnix int64   `json:"started_unix"`
+	Stages      []stage `json:"stages"`
+}
+
+type stage struct {
+	Name    string  `json:"name"`
+	Seconds float64 `json:"seconds"`
+	Status  string  `json:"status"` // "ok" or the failure
+}
+
+// load reads in/<name> into v; a missing file leaves v nil-ish and is
+// reported by the caller as a skipped section.
+func load(dir, name string, v any) error {
+	data, err := os.ReadFile(filepath.Join(dir, name))
+	if err != nil {
+		return err
+	}
+	if err := json.Unmarshal(data, v); err != nil {
+		return fmt.Errorf("%s: %w", name, err)
+	}
+	return nil
+}

@@ -1,0 +1,148 @@
+#!/usr/bin/env bash
+# `make bench`: podnet against the reference plugins, side by side, and
+# bench/REPORT.md with its plots (issue 8). Stages, each timed:
+#
+#   routed    test/bench/routedbench TestRoutedScale: podnet-routed at 100,
+#             1,000 and 5,000 Nodes of a real kube-apiserver (sync -> routes,
+#             Node change -> route, RSS)             -> bench/results/routed.json
+#   datapath  test/bench/routedbench TestDatapath: iperf3 pod<->pod across
+#             node netns (none, vxlan) vs node<->node, MTU and fragmentation
+#                                                     -> bench/results/datapath.json
+#   cni       test/bench/cnibench: the four plugin stacks through libcni,
+#             200 pods sequential and 8 concurrent, 1,000 pods on one node,
+#             floors, leak checks                     -> bench/results/cni.json
+#   ipam      scripts/bench-ipam.sh: podnet-ipam vs host-local alone
+#                                                     -> bench/results/ipam.md
+#   report    bench/report (its own module, gonum.org/v1/plot)
+#                                                     -> bench/REPORT.md, bench/plots/*.png
+#
+# The quiet-sensitive stages (routed latency) run first. A stage that fails
+# is recorded in the report and makes the script exit non-zero after the
+# report is written. Not part of `make test`; needs root (network
+# namespaces), the reference plugins (scripts/install-cni-tools.sh), the
+# cached kube-apiserver + etcd (scripts/ensure-kapi.sh) and iperf3 (installed
+# here from Debian when missing).
+#
+# Knobs: BENCH_PODS (200), BENCH_REPS (3), BENCH_WORKERS (8),
+# BENCH_OCCUPANCY (1000, 0 skips), BENCH_ROUTED_SCALES (100,1000,5000),
+# BENCH_ROUTED_SAMPLES (100), BENCH_IPERF_SECONDS (3), BENCH_IPERF_REPS (3),
+# BENCH_STAGES (routed,datapath,cni,ipam), BENCH_DIR (bench: where
+# REPORT.md, plots/ and results/ go), BENCH_QUICK=1 (a small smoke run of
+# everything, into $TMPDIR/podnet-bench-quick unless BENCH_DIR is set), plus
+# scripts/bench-ipam.sh's own knobs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+started=$(date +%s)
+load_before=$(cut -d' ' -f1-3 /proc/loadavg)
+if [ "${BENCH_QUICK:-0}" = 1 ]; then
+	# Written elsewhere, so that a smoke run never overwrites the report.
+	: "${BENCH_DIR:=${TMPDIR:-/tmp}/podnet-bench-quick}"
+	: "${BENCH_PODS:=30}" "${BENCH_REPS:=1}" "${BENCH_OCCUPANCY:=100}" "${BENCH_ROUTED_SCALES:=20,100}"
+	: "${BENCH_ROUTED_SAMPLES:=10}" "${BENCH_IPERF_SECONDS:=1}" "${BENCH_IPERF_REPS:=1}"
+	export BENCH_PAIRS=${BENCH_PAIRS:-20} BENCH_PAIRS_FULL=${BENCH_PAIRS_FULL:-0} BENCH_GO_TIME=${BENCH_GO_TIME:-200x} BENCH_GO_COUNT=${BENCH_GO_COUNT:-1}
+fi
+pods=${BENCH_PODS:-200}
+reps=${BENCH_REPS:-3}
+workers=${BENCH_WORKERS:-8}
+occupancy=${BENCH_OCCUPANCY:-1000}
+stages=${BENCH_STAGES:-routed,datapath,cni,ipam}
+dir=${BENCH_DIR:-bench} # REPORT.md, plots/ and results/ go here
+results=$dir/results
+mkdir -p "$results" "$dir/plots"
+
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+say() { echo "bench: $*" >&2; }
+
+# ---- prerequisites ----
+say "building bin/ and the benchmark drivers"
+make --no-print-directory build >&2
+tools=$(scripts/install-cni-tools.sh)
+kapi=$(scripts/ensure-kapi.sh)
+if ! command -v iperf3 >/dev/null; then
+	say "installing iperf3 (Debian package)"
+	export DEBIAN_FRONTEND=noninteractive
+	apt-get update -qq >&2
+	apt-get install -y -qq --no-install-recommends iperf3 >&2
+fi
+CGO_ENABLED=0 go build -trimpath -o "$tmp/noop/noop" ./test/bench/noop
+go build -o "$tmp/cnibench" ./test/bench/cnibench
+go test -c -o "$tmp/routedbench.test" ./test/bench/routedbench
+go build -C bench/report -o "$tmp/report" .
+
+# ---- stages ----
+stage_json=()
+failed=0
+run_stage() { # name, command...
+	local name=$1
+	shift
+	if [[ ",$stages," != *",$name,"* ]]; then
+		return
+	fi
+	say "---- $name ----"
+	local t0 status=ok
+	t0=$(date +%s)
+	if ! "$@" 2>&1 | tee "$tmp/$name.log" >&2; then
+		status="failed (exit status; see the $name stage's output)"
+		failed=1
+		say "$name FAILED"
+	fi
+	local dt=$(($(date +%s) - t0))
+	say "$name took ${dt}s"
+	stage_json+=("{\"name\":\"$name\",\"seconds\":$dt,\"status\":\"$status\"}")
+}
+
+export PODNET_BENCH_OUT=$(cd "$results" && pwd) PODNET_KAPI_DIR=$kapi PODNET_CNI_TOOLS=$tools
+export PODNET_BENCH_ROUTED_SCALES=${BENCH_ROUTED_SCALES:-100,1000,5000}
+export PODNET_BENCH_ROUTED_SAMPLES=${BENCH_ROUTED_SAMPLES:-100}
+export PODNET_BENCH_IPERF_SECONDS=${BENCH_IPERF_SECONDS:-3}
+export PODNET_BENCH_IPERF_REPS=${BENCH_IPERF_REPS:-3}
+
+run_stage routed "$tmp/routedbench.test" -test.run '^TestRoutedScale$' -test.v -test.count=1 -test.timeout=30m
+run_stage datapath "$tmp/routedbench.test" -test.run '^TestDatapath$' -test.v -test.count=1 -test.timeout=10m
+run_stage cni "$tmp/cnibench" -bin bin -ref "$tools" -noop "$tmp/noop/noop" -pods "$pods" -reps "$reps" \
+	-workers "$workers" -occupancy "$occupancy" -out "$results/cni.json"
+run_stage ipam env BENCH_OUT="$results/ipam.md" scripts/bench-ipam.sh
+
+# ---- versions, then the report ----
+jstr() { # a JSON string
+	local s=${1//\\/\\\\}
+	s=${s//\"/\\\"}
+	printf '"%s"' "$s"
+}
+cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)
+mem=$(awk '/^MemTotal/ {printf "%.1f", $2/1048576}' /proc/meminfo)
+rev=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+if [ -n "$(git status --porcelain 2>/dev/null)" ]; then rev="$rev (with uncommitted changes)"; fi
+plugins=$(go version -m "$tools/ptp" | awk '$1 == "mod" && $2 == "github.com/containernetworking/plugins" {print $3}')
+stages_out=$(
+	IFS=,
+	echo "${stage_json[*]:-}"
+)
+cat >"$results/meta.json" <<EOF
+{
+ "date": $(jstr "$(date -u '+%Y-%m-%d %H:%M:%S UTC')"),
+ "command": $(jstr "make bench$([ "${BENCH_QUICK:-0}" = 1 ] && echo ' (BENCH_QUICK=1)')"),
+ "commit": $(jstr "$rev"),
+ "cpu": $(jstr "${cpu:-unknown}"),
+ "nproc": $(nproc),
+ "mem_gib": ${mem:-0},
+ "kernel": $(jstr "$(uname -sr)"),
+ "go": $(jstr "$(go version | cut -d' ' -f3-)"),
+ "cni_plugins": $(jstr "${plugins:-unknown}"),
+ "cni_tools_dir": $(jstr "$tools"),
+ "kube_apiserver": $(jstr "$("$kapi/kube-apiserver" --version | awk '{print $2}')"),
+ "etcd": $(jstr "$("$kapi/etcd" --version | awk '/etcd Version/ {print "v" $3}')"),
+ "iperf3": $(jstr "$(iperf3 --version | head -1)"),
+ "load_before": $(jstr "$load_before"),
+ "load_after": $(jstr "$(cut -d' ' -f1-3 /proc/loadavg)"),
+ "started_unix": $started,
+ "stages": [$stages_out]
+}
+EOF
+say "---- report ----"
+"$tmp/report" -in "$results" -out "$dir/REPORT.md" -plots "$dir/plots"
+say "wrote $dir/REPORT.md and $dir/plots/ ($(($(date +%s) - started)) s in all)"
+exit "$failed"

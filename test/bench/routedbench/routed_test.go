@@ -1,0 +1,341 @@
+package routedbench
+
+// podnet-routed at 100, 1,000 and 5,000 Nodes (issue 5 "Must show" 7,
+// issue 8 §4). One API server; the Node objects are created in bulk
+// (concurrently, no client rate limit), each with a /24 PodCIDR out of
+// 10.0.0.0/8 and an InternalIP in the node's underlay /16, so every
+// `--encap=none` route (podCIDR via nodeIP dev ul0) is valid. For every
+// scale a fresh node netns runs a fresh podnet-routed:
+//
+//   - convergence: the daemon's "node informer synced" log record to the
+//     moment the netns holds all N podnet routes (N-1 remote PodCIDRs and
+//     the local blackhole), seen by a netlink route subscription in the
+//     netns; plus the time to sync (start -> synced) and the daemon's own
+//     "routes applied" record.
+//   - update latency: -samples times, one remote Node's InternalIP is
+//     changed (a status merge patch, as the kubelet would) and the time from
+//     issuing the request to the kernel's RTM_NEWROUTE with the new gateway
+//     in the netns is recorded.
+//   - memory: VmRSS and VmHWM of podnet-routed after both.
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/podnet/podnet/test/kapi"
+	"github.com/podnet/podnet/test/nettest"
+)
+
+// scaleResult is what one scale measured.
+type scaleResult struct {
+	Nodes           int       `json:"nodes"`
+	Routes          int       `json:"routes"` // podnet routes expected (and seen)
+	CreateS         float64   `json:"create_s"`
+	CreatedNodes    int       `json:"created_nodes"` // Node objects created for this scale
+	StartToSyncS    float64   `json:"start_to_sync_s"`
+	SyncToRoutesS   float64   `json:"sync_to_routes_s"`   // informer synced -> all routes in the kernel
+	SyncToAppliedS  float64   `json:"sync_to_applied_s"`  // informer synced -> the daemon's "routes applied" record
+	StartToRoutesS  float64   `json:"start_to_routes_s"`  // process start -> all routes
+	Polled          bool      `json:"polled"`             // the subscription overflowed: the end time was polled
+	MetricRoutes    float64   `json:"metric_programmed"`  // podnet_routes_programmed afterwards
+	UpdateMs        []float64 `json:"update_ms"`          // Node status patch issued -> route changed in the kernel
+	UpdateAPIMs     []float64 `json:"update_api_ms"`      // the patch request's own round trip
+	UpdateTimeouts  int       `json:"update_timeouts"`    // samples whose route never changed within 10 s
+	RSSKiB          int       `json:"rss_kib"`            // after convergence and the updates
+	HWMKiB          int       `json:"hwm_kib"`            // peak RSS
+	RSSAfterSyncKiB int       `json:"rss_after_sync_kib"` // right after convergence
+}
+
+type routedResult struct {
+	Started time.Time     `json:"started"`
+	Seconds float64       `json:"seconds"`
+	Samples int           `json:"samples"`
+	Scales  []scaleResult `json:"scales"`
+	Flags   string        `json:"flags"`
+}
+
+const (
+	benchClusterCIDR = "10.0.0.0/8"
+	selfIP           = "172.20.0.10"
+	underlayBits     = 16
+)
+
+// nodeName, podCIDR and nodeIP describe Node i; Node 0 is the measured
+// node itself.
+func nodeName(i int) string { return fmt.Sprintf("bench-node-%05d", i) }
+
+func podCIDR(i int) string { return fmt.Sprintf("10.%d.%d.0/24", i>>8, i&255) }
+
+func nodeIP(i int) string {
+	return netip.AddrFrom4([4]byte{172, 20, byte((10 + i) >> 8), byte(10 + i)}).String()
+}
+
+// movedIP is the i-th fresh address an update moves a Node to (upper half
+// of the /16, never used by nodeIP); movedSeq numbers them across scales,
+// so that no update is a no-op.
+var movedSeq atomic.Int64
+
+func movedIP(i int) string {
+	return netip.AddrFrom4([4]byte{172, 20, byte(128 + i>>8), byte(i)}).String()
+}
+
+// createNodes creates Nodes [from, to) with `workers` concurrent creates.
+func createNodes(t *testing.T, client kubernetes.Interface, from, to, workers int) time.Duration {
+	t.Helper()
+	start := time.Now()
+	var next atomic.Int64
+	next.Store(int64(from))
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var firstErr error
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= to {
+					return
+				}
+				n := &corev1.Node{
+					ObjectMeta: metav1.ObjectMeta{Name: nodeName(i)},
+					Spec:       corev1.NodeSpec{PodCIDR: podCIDR(i), PodCIDRs: []string{podCIDR(i)}},
+					// Status is kept on create (the kubelet registers its
+					// Node with its addresses the same way).
+					Status: corev1.NodeStatus{Addresses: []corev1.NodeAddress{
+						{Type: corev1.NodeInternalIP, Address: nodeIP(i)}, {Type: corev1.NodeHostName, Address: nodeName(i)}}},
+				}
+				var err error
+				for try := 0; try < 5; try++ {
+					if _, err = client.CoreV1().Nodes().Create(context.Background(), n, metav1.CreateOptions{}); err == nil {
+						break
+					}
+					time.Sleep(50 * time.Millisecond)
+				}
+				if err != nil {
+					mu.Lock()
+					if firstErr == nil {
+						firstErr = fmt.Errorf("create %s: %w", n.Name, err)
+					}
+					mu.Unlock()
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if firstErr != nil {
+		t.Fatal(firstErr)
+	}
+	// The status must have been kept, or the daemon would skip every node.
+	got, err := client.CoreV1().Nodes().Get(context.Background(), nodeName(to-1), metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Status.Addresses) == 0 || got.Status.Addresses[0].Address != nodeIP(to-1) {
+		t.Fatalf("node %s: status addresses not kept on create: %+v", got.Name, got.Status.Addresses)
+	}
+	return time.Since(start)
+}
+
+func TestRoutedScale(t *testing.T) {
+	out := benchOut(t)
+	var scales []int
+	for _, f := range strings.Split(envOr("PODNET_BENCH_ROUTED_SCALES", "100,1000,5000"), ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 2 {
+			t.Fatalf("PODNET_BENCH_ROUTED_SCALES: bad scale %q", f)
+		}
+		scales = append(scales, n)
+	}
+	samples := envInt("PODNET_BENCH_ROUTED_SAMPLES", 100)
+	bin := filepath.Join(nettest.BinDir(t, "podnet-routed"), "podnet-routed")
+	res := routedResult{Started: time.Now().UTC(), Samples: samples}
+
+	start := time.Now()
+	api := kapi.Start(t)
+	t.Logf("kube-apiserver + etcd up in %v", time.Since(start).Round(time.Millisecond))
+	client := fastClient(t, api)
+	kubeconfig := api.Kubeconfig(kapi.AdminUser, "")
+
+	created := 0
+	for _, n := range scales {
+		if n <= created {
+			t.Fatalf("scales must increase: %v", scales)
+		}
+		sr := scaleResult{Nodes: n, Routes: n, CreatedNodes: n - created}
+		sr.CreateS = createNodes(t, client, created, n, 32).Seconds()
+		t.Logf("%d Nodes: created %d in %.1fs", n, n-created, sr.CreateS)
+		created = n
+		t.Run(strconv.Itoa(n), func(t *testing.T) {
+			measureScale(t, api, bin, kubeconfig, client, &sr, samples)
+		})
+		res.Scales = append(res.Scales, sr)
+		writeJSON(t, filepath.Join(out, "routed.json"), res) // partial results survive a later failure
+	}
+	res.Flags = "--encap=none --cluster-cidr=" + benchClusterCIDR + " --resync-interval=1h --log-level=info"
+	res.Seconds = time.Since(res.Started).Seconds()
+	writeJSON(t, filepath.Join(out, "routed.json"), res)
+}
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+// measureScale runs a fresh podnet-routed in a fresh node netns against
+// the sr.Nodes Nodes of the API server.
+func measureScale(t *testing.T, api *kapi.Server, bin, kubeconfig string, client kubernetes.Interface, sr *scaleResult, samples int) {
+	// The node: ul0 = selfIP/16 on a veth whose peer is a port of an
+	// underlay bridge, so ul0 has carrier and the /16 is on-link.
+	node := nettest.NewNode(t).NS
+	underlay := newUnderlay(t)
+	plug(t, underlay, "br0", node, "ul0", fmt.Sprintf("%s/%d", selfIP, underlayBits), 1)
+	apiForward(t, node, api.Port)
+	w := watchRoutes(t, node)
+	stateDir := filepath.Join(t.TempDir(), "state")
+	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t, node))
+	logPath := filepath.Join(t.TempDir(), "podnet-routed.log")
+
+	started := time.Now()
+	d := startInNS(t, node, logPath, bin,
+		"--kubeconfig="+kubeconfig, "--node-name="+nodeName(0), "--encap=none",
+		"--cluster-cidr="+benchClusterCIDR, "--state-dir="+stateDir, "--resync-interval=1h",
+		"--health-addr="+addr, "--metrics-addr="+addr, "--log-level=info")
+
+	// Convergence: distinct podnet destinations present in the kernel.
+	present := map[string]bool{}
+	var allAt time.Time
+	deadline := time.After(5 * time.Minute)
+	poll := time.NewTicker(50 * time.Millisecond)
+	defer poll.Stop()
+	for allAt.IsZero() {
+		select {
+		case ev := <-w.Events:
+			if ev.Del {
+				delete(present, ev.Dst)
+			} else {
+				present[ev.Dst] = true
+			}
+			if len(present) == sr.Routes {
+				allAt = ev.At
+			}
+		case err := <-w.Overflow:
+			if !sr.Polled {
+				t.Logf("route subscription failed (%v): polling the route count instead", err)
+			}
+			sr.Polled = true
+		case <-poll.C:
+			if err := d.alive(); err != nil {
+				t.Fatal(err)
+			}
+			if sr.Polled {
+				if c, err := podnetRouteCount(node); err == nil && c == sr.Routes {
+					allAt = time.Now()
+				}
+			}
+		case <-deadline:
+			c, _ := podnetRouteCount(node)
+			t.Fatalf("%d routes after 5 min, want %d\n%s", c, sr.Routes, tail(logPath, 20))
+		}
+	}
+	if c, err := podnetRouteCount(node); err != nil || c != sr.Routes {
+		t.Fatalf("route dump: %d podnet routes (err %v), want %d", c, err, sr.Routes)
+	}
+	syncAt, ok := d.logTime("node informer synced")
+	if !ok {
+		t.Fatalf("no \"node informer synced\" record\n%s", tail(logPath, 20))
+	}
+	sr.StartToSyncS = syncAt.Sub(started).Seconds()
+	sr.SyncToRoutesS = allAt.Sub(syncAt).Seconds()
+	sr.StartToRoutesS = allAt.Sub(started).Seconds()
+	// "routes applied" is logged once the initial apply returns.
+	for i := 0; i < 100; i++ {
+		if at, ok := d.logTime("routes applied"); ok {
+			sr.SyncToAppliedS = at.Sub(syncAt).Seconds()
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	sr.RSSAfterSyncKiB, _ = memKiB(d.cmd.Process.Pid)
+	t.Logf("%d Nodes: start->synced %.3fs, synced->%d routes in the kernel %.3fs (daemon's \"routes applied\" %.3fs), RSS %d KiB",
+		sr.Nodes, sr.StartToSyncS, sr.Routes, sr.SyncToRoutesS, sr.SyncToAppliedS, sr.RSSAfterSyncKiB)
+
+	// Update latency.
+	rng := rand.New(rand.NewPCG(uint64(sr.Nodes), 7))
+	for k := 0; k < samples; k++ {
+		j := 1 + rng.IntN(sr.Nodes-1)
+		ip := movedIP(int(movedSeq.Add(1)))
+		want := podCIDR(j)
+		patch, _ := json.Marshal(map[string]any{"status": map[string]any{"addresses": []map[string]string{
+			{"type": "InternalIP", "address": ip}, {"type": "Hostname", "address": nodeName(j)}}}})
+		// Stale events (none expected) must not be taken for this sample.
+	drain:
+		for {
+			select {
+			case <-w.Events:
+			default:
+				break drain
+			}
+		}
+		t0 := time.Now()
+		if _, err := client.CoreV1().Nodes().Patch(context.Background(), nodeName(j), types.MergePatchType, patch, metav1.PatchOptions{}, "status"); err != nil {
+			t.Fatalf("patch %s: %v", nodeName(j), err)
+		}
+		sr.UpdateAPIMs = append(sr.UpdateAPIMs, float64(time.Since(t0))/1e6)
+		timeout := time.After(10 * time.Second)
+	wait:
+		for {
+			select {
+			case ev := <-w.Events:
+				if !ev.Del && ev.Dst == want && ev.Gw == ip {
+					sr.UpdateMs = append(sr.UpdateMs, float64(ev.At.Sub(t0))/1e6)
+					break wait
+				}
+			case <-timeout:
+				sr.UpdateTimeouts++
+				t.Logf("sample %d: route to %s via %s not seen within 10 s", k, want, ip)
+				break wait
+			}
+		}
+		time.Sleep(time.Duration(20+rng.IntN(30)) * time.Millisecond)
+	}
+	sr.RSSKiB, sr.HWMKiB = memKiB(d.cmd.Process.Pid)
+	if body, err := httpGet(node, addr, "/metrics"); err == nil {
+		sr.MetricRoutes, _ = metric(body, "podnet_routes_programmed")
+	}
+	if err := d.alive(); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d Nodes: %d updates, median %.1f ms, %d timeouts; RSS %d KiB (peak %d KiB); podnet_routes_programmed %v",
+		sr.Nodes, len(sr.UpdateMs), median(sr.UpdateMs), sr.UpdateTimeouts, sr.RSSKiB, sr.HWMKiB, sr.MetricRoutes)
+	d.stop()
+}
+
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	return s[len(s)/2]
+}

@@ -1,0 +1,677 @@
+// Package cluster brings up a whole podnet cluster on one machine, out of
+// network namespaces, for `make demo` (cmd/podnet-demo) and the end-to-end
+// suite (test/e2e):
+//
+//   - an underlay: one netns holding a Linux bridge per L2 subnet; every
+//     other netns hangs on it by a veth pair ("eth0" on its side);
+//   - a control plane netns running a real etcd + kube-apiserver
+//     (test/kapi) on the underlay, reached by the nodes over it like a
+//     real cluster's API endpoint;
+//   - N node netns, each with its Node object (spec.podCIDRs carved from
+//     the cluster CIDR in order, as kube-controller-manager's range
+//     allocator does; status InternalIP as the kubelet reports it) and a
+//     podnet-routed process;
+//   - pods: netns attached through libcni with the shipped
+//     conf/10-podnet.conflist (only its directories changed), exactly as a
+//     container runtime on the node would call the plugins;
+//   - an "outside" netns on the underlay that is not part of the cluster,
+//     and, for cross-subnet, a router netns joining two underlay subnets.
+//
+// Every name starts with Config.Name, so several clusters can run at once.
+// Down removes everything; DownDir does the same from the state file a
+// cluster keeps in its work directory (for `make demo-down` after KEEP=1).
+// The machine's own netns only gains and loses the named netns entries.
+package cluster
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	k8sruntime "k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/podnet/podnet/routed/desired"
+	"github.com/podnet/podnet/test/kapi"
+)
+
+// Fixed addressing of the box (inside its own netns, so several clusters
+// can use the same addresses).
+var (
+	// Subnets are the underlay L2 subnets (bridges br0, br1).
+	Subnets = []netip.Prefix{netip.MustParsePrefix("172.30.0.0/24"), netip.MustParsePrefix("172.30.1.0/24")}
+	// APIServerIP is the control plane's address on subnet 0.
+	APIServerIP = netip.MustParseAddr("172.30.0.250")
+	// OutsideIP is the outside host's address on subnet 0.
+	OutsideIP = netip.MustParseAddr("172.30.0.200")
+	// RouterHost is the router's host number on every subnet (.254).
+	RouterHost = 254
+)
+
+// APIServerPort is kube-apiserver's port in the control plane netns.
+const APIServerPort = 6443
+
+// UnderlayDev is the name of every netns' underlay interface.
+const UnderlayDev = "eth0"
+
+// Config describes a cluster.
+type Config struct {
+	// Name prefixes every netns; it must be unique among live clusters.
+	Name string
+	// WorkDir holds state dirs, IPAM data, logs and the API server's
+	// files. Down removes it.
+	WorkDir string
+	// RepoRoot holds conf/10-podnet.conflist and conf/podnet-routed-rbac.yaml.
+	RepoRoot string
+	// BinDir holds podnet, podnet-ipam and podnet-routed; KapiDir etcd and
+	// kube-apiserver.
+	BinDir, KapiDir string
+	// Encap is podnet-routed's --encap: none, vxlan or ipip.
+	Encap string
+	// CrossSubnet puts even-numbered nodes on a second underlay subnet
+	// behind a router netns and runs podnet-routed --cross-subnet.
+	CrossSubnet bool
+	// Nodes is how many nodes Up creates (default 3).
+	Nodes int
+	// ClusterCIDR (default 10.244.0.0/16) and NodeCIDRMaskSize (default
+	// 24) are kube-controller-manager's --cluster-cidr and
+	// --node-cidr-mask-size.
+	ClusterCIDR      string
+	NodeCIDRMaskSize int
+	// Resync is podnet-routed's --resync-interval (0: its default).
+	Resync time.Duration
+	// Detach lets the processes outlive this one (KEEP=1); otherwise they
+	// are killed if it dies.
+	Detach bool
+	// Logf reports progress (nil: silent).
+	Logf func(format string, args ...any)
+}
+
+// Cluster is a running box.
+type Cluster struct {
+	Cfg      Config
+	Underlay *NetNS
+	CP       *NetNS // etcd + kube-apiserver
+	Outside  *NetNS
+	Router   *NetNS // CrossSubnet only
+	API      *kapi.Server
+	Client   kubernetes.Interface
+	Nodes    []*Node
+
+	conflist   []byte
+	cidrs      *cidrAllocator
+	kubeconfig string // podnet-routed's (RBAC user), server on the underlay
+	mu         sync.Mutex
+	netns      map[string]*NetNS
+	servers    []io.Closer
+	nodeSeq    int
+}
+
+func (c *Cluster) logf(format string, args ...any) {
+	if c.Cfg.Logf != nil {
+		c.Cfg.Logf(format, args...)
+	}
+}
+
+// Up builds the cluster and returns when every node's podnet-routed is
+// ready and every node has its routes to every other node. On error it
+// returns the partial cluster (so that the caller can show logs) after
+// tearing it down.
+func Up(ctx context.Context, cfg Config) (c *Cluster, err error) {
+	if cfg.Nodes == 0 {
+		cfg.Nodes = 3
+	}
+	if cfg.ClusterCIDR == "" {
+		cfg.ClusterCIDR = "10.244.0.0/16"
+	}
+	if cfg.NodeCIDRMaskSize == 0 {
+		cfg.NodeCIDRMaskSize = 24
+	}
+	if cfg.Name == "" || cfg.WorkDir == "" || cfg.RepoRoot == "" || cfg.BinDir == "" || cfg.KapiDir == "" {
+		return nil, errors.New("cluster: Name, WorkDir, RepoRoot, BinDir and KapiDir are required")
+	}
+	if _, err := desired.ParseEncap(cfg.Encap); err != nil {
+		return nil, err
+	}
+	if cfg.CrossSubnet && cfg.Encap == "none" {
+		return nil, errors.New("cluster: cross-subnet needs an encapsulation (the router knows no pod routes)")
+	}
+	cidrs, err := newCIDRAllocator(cfg.ClusterCIDR, cfg.NodeCIDRMaskSize)
+	if err != nil {
+		return nil, err
+	}
+	if left, _ := NetNSNames(cfg.Name + "-"); len(left) > 0 {
+		return nil, fmt.Errorf("cluster %s: netns %v already exist (a cluster of that name is up: tear it down first)", cfg.Name, left)
+	}
+	c = &Cluster{Cfg: cfg, cidrs: cidrs, netns: map[string]*NetNS{}}
+	defer func() {
+		if err != nil {
+			if derr := c.Down(); derr != nil {
+				err = fmt.Errorf("%w (and tearing down: %v)", err, derr)
+			}
+		}
+	}()
+	if err := os.MkdirAll(cfg.WorkDir, 0o755); err != nil {
+		return c, err
+	}
+	if err := c.saveState(); err != nil {
+		return c, err
+	}
+	if c.conflist, err = conflist(filepath.Join(cfg.RepoRoot, "conf", "10-podnet.conflist")); err != nil {
+		return c, err
+	}
+
+	start := time.Now()
+	if err := c.buildUnderlay(); err != nil {
+		return c, err
+	}
+	if err := c.startControlPlane(); err != nil {
+		// The logs go with the work directory: keep their end.
+		log := filepath.Join(cfg.WorkDir, "kapi", "kube-apiserver.log")
+		return c, fmt.Errorf("%w\n%s (last lines):\n%s", err, filepath.Base(log), Tail(log, 15))
+	}
+	c.logf("kube-apiserver + etcd ready on %s:%d (netns %s) in %s", APIServerIP, APIServerPort, c.CP.Name, time.Since(start).Round(time.Millisecond))
+
+	start = time.Now()
+	for range cfg.Nodes {
+		if _, err := c.addNode(); err != nil {
+			return c, err
+		}
+	}
+	for _, n := range c.Nodes {
+		if err := n.WaitReady(ctx, 30*time.Second); err != nil {
+			return c, err
+		}
+	}
+	if err := c.WaitConverged(ctx, 30*time.Second); err != nil {
+		return c, err
+	}
+	c.logf("%d nodes up, podnet-routed --encap=%s ready and routes converged in %s", len(c.Nodes), cfg.Encap, time.Since(start).Round(time.Millisecond))
+	return c, nil
+}
+
+// newNetNS creates the cluster's netns <Name>-<suffix> and records it.
+func (c *Cluster) newNetNS(suffix string) (*NetNS, error) {
+	n, err := newNetNS(c.Cfg.Name + "-" + suffix)
+	if err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	c.netns[n.Name] = n
+	c.mu.Unlock()
+	return n, c.saveState()
+}
+
+// dropNetNS removes one of the cluster's netns.
+func (c *Cluster) dropNetNS(n *NetNS) error {
+	c.mu.Lock()
+	delete(c.netns, n.Name)
+	c.mu.Unlock()
+	n.Close()
+	err := removeNetNS(n.Name)
+	return errors.Join(err, c.saveState())
+}
+
+func (c *Cluster) buildUnderlay() error {
+	var err error
+	if c.Underlay, err = c.newNetNS("underlay"); err != nil {
+		return err
+	}
+	nBridges := 1
+	if c.Cfg.CrossSubnet {
+		nBridges = 2
+	}
+	if err := c.Underlay.Do(func() error {
+		for i := range nBridges {
+			br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: bridgeName(i), MTU: 1500}}
+			if err := netlink.LinkAdd(br); err != nil {
+				return fmt.Errorf("add bridge %s: %w", br.Name, err)
+			}
+			if err := netlink.LinkSetUp(br); err != nil {
+				return err
+			}
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	gw := netip.Addr{}
+	if c.Cfg.CrossSubnet {
+		if c.Router, err = c.newNetNS("router"); err != nil {
+			return err
+		}
+		for i := range 2 {
+			if err := c.plug(c.Router, i, "router"+fmt.Sprint(i), fmt.Sprintf("eth%d", i), hostAddr(i, RouterHost), netip.Addr{}); err != nil {
+				return err
+			}
+		}
+		if err := c.Router.Do(func() error { return writeSysctl("net/ipv4/ip_forward", "1") }); err != nil {
+			return err
+		}
+		gw = hostAddr(0, RouterHost).Addr()
+	}
+	if c.Outside, err = c.newNetNS("outside"); err != nil {
+		return err
+	}
+	// The outside host knows the underlay only: no route to any pod.
+	return c.plug(c.Outside, 0, "outside", UnderlayDev, netip.PrefixFrom(OutsideIP, Subnets[0].Bits()), gw)
+}
+
+// RouterIP is the router's address on underlay subnet s.
+func RouterIP(s int) netip.Addr { return hostAddr(s, RouterHost).Addr() }
+
+func bridgeName(subnet int) string { return fmt.Sprintf("br%d", subnet) }
+
+// hostAddr is host number h on underlay subnet s, with the subnet's length.
+func hostAddr(s, h int) netip.Prefix {
+	a := Subnets[s].Addr().As4()
+	a[3] = byte(h)
+	return netip.PrefixFrom(netip.AddrFrom4(a), Subnets[s].Bits())
+}
+
+// routerOf is the router's address on subnet s, or invalid without router.
+func (c *Cluster) routerOf(s int) netip.Addr {
+	if c.Router == nil {
+		return netip.Addr{}
+	}
+	return hostAddr(s, RouterHost).Addr()
+}
+
+// plug connects target to bridge subnet with a veth pair: brSide in the
+// underlay netns, ifName (MTU 1500, addr, default route via gw when
+// valid) in target.
+func (c *Cluster) plug(target *NetNS, subnet int, brSide, ifName string, addr netip.Prefix, gw netip.Addr) error {
+	if err := c.Underlay.Do(func() error {
+		br, err := netlink.LinkByName(bridgeName(subnet))
+		if err != nil {
+			return err
+		}
+		veth := &netlink.Veth{
+			LinkAttrs:     netlink.LinkAttrs{Name: brSide, MTU: 1500, MasterIndex: br.Attrs().Index},
+			PeerName:      ifName,
+			PeerMTU:       1500,
+			PeerNamespace: netlink.NsFd(int(target.Fd())),
+		}
+		if err := netlink.LinkAdd(veth); err != nil {
+			return fmt.Errorf("add veth %s to %s: %w", brSide, target.Name, err)
+		}
+		return linkUp(brSide)
+	}); err != nil {
+		return err
+	}
+	return target.Do(func() error {
+		l, err := netlink.LinkByName(ifName)
+		if err != nil {
+			return err
+		}
+		if err := netlink.AddrAdd(l, &netlink.Addr{IPNet: prefixIPNet(addr)}); err != nil {
+			return fmt.Errorf("add %s to %s: %w", addr, target.Name, err)
+		}
+		if err := netlink.LinkSetUp(l); err != nil {
+			return err
+		}
+		if gw.IsValid() {
+			if err := netlink.RouteAdd(&netlink.Route{LinkIndex: l.Attrs().Index, Gw: gw.AsSlice()}); err != nil {
+				return fmt.Errorf("default route via %s in %s: %w", gw, target.Name, err)
+			}
+		}
+		return nil
+	})
+}
+
+func (c *Cluster) startControlPlane() error {
+	var err error
+	if c.CP, err = c.newNetNS("cp"); err != nil {
+		return err
+	}
+	if err := c.plug(c.CP, 0, "cp", UnderlayDev, netip.PrefixFrom(APIServerIP, Subnets[0].Bits()), c.routerOf(0)); err != nil {
+		return err
+	}
+	dir := filepath.Join(c.Cfg.WorkDir, "kapi")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	api, err := kapi.New(kapi.Options{
+		Dir:          dir,
+		BinDir:       c.Cfg.KapiDir,
+		ExtraIPs:     []net.IP{APIServerIP.AsSlice()},
+		BindAddress:  "0.0.0.0",
+		Port:         APIServerPort,
+		StartProcess: func(cmd *exec.Cmd) error { return c.CP.StartProcess(cmd, !c.Cfg.Detach) },
+		Dial:         c.CP.DialContext,
+	})
+	c.API = api
+	if err != nil {
+		return fmt.Errorf("kube-apiserver: %w", err)
+	}
+	if err := c.saveState(); err != nil {
+		return err
+	}
+	cfg, err := api.AdminConfig()
+	if err != nil {
+		return err
+	}
+	cfg.QPS, cfg.Burst = 1000, 1000
+	if c.Client, err = kubernetes.NewForConfig(cfg); err != nil {
+		return err
+	}
+	// podnet-routed's credentials: a token user with only the RBAC the
+	// shipped manifest grants, talking to the API server over the underlay.
+	if c.kubeconfig, err = api.WriteKubeconfig(kapi.RoutedUser, fmt.Sprintf("https://%s:%d", APIServerIP, APIServerPort)); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	return c.grantRBAC(ctx)
+}
+
+// clusterState is what DownDir needs to remove a cluster left up.
+type clusterState struct {
+	Name  string   `json:"name"`
+	NetNS []string `json:"netns"`
+	Procs []pidRef `json:"processes"`
+}
+
+// StateFile is the state file's name in the work directory.
+const StateFile = "cluster.json"
+
+func (c *Cluster) saveState() error {
+	c.mu.Lock()
+	st := clusterState{Name: c.Cfg.Name}
+	for name := range c.netns {
+		st.NetNS = append(st.NetNS, name)
+	}
+	c.mu.Unlock()
+	slices.Sort(st.NetNS)
+	// In the order DownDir stops them: the API server's clients, then
+	// kube-apiserver, then etcd (kube-apiserver hangs on exit without it).
+	for _, n := range c.Nodes {
+		if p := n.routed; p != nil && !p.exited() {
+			st.Procs = append(st.Procs, newPidRef(p.cmd.Process.Pid))
+		}
+	}
+	if c.API != nil {
+		pids := c.API.Pids()
+		slices.Reverse(pids)
+		for _, pid := range pids {
+			st.Procs = append(st.Procs, newPidRef(pid))
+		}
+	}
+	data, err := json.MarshalIndent(st, "", "  ")
+	if err != nil {
+		return err
+	}
+	tmp := filepath.Join(c.Cfg.WorkDir, "."+StateFile)
+	if err := os.WriteFile(tmp, data, 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, filepath.Join(c.Cfg.WorkDir, StateFile))
+}
+
+// grantRBAC applies conf/podnet-routed-rbac.yaml: its ClusterRole as is,
+// its ClusterRoleBinding with the token user podnet-routed runs as added
+// as a subject (the file binds the kube-system ServiceAccount, which a
+// DaemonSet would use).
+func (c *Cluster) grantRBAC(ctx context.Context) error {
+	data, err := os.ReadFile(filepath.Join(c.Cfg.RepoRoot, "conf", "podnet-routed-rbac.yaml"))
+	if err != nil {
+		return err
+	}
+	dec := yaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096)
+	bound := false
+	for {
+		var obj map[string]any
+		if err := dec.Decode(&obj); errors.Is(err, io.EOF) {
+			break
+		} else if err != nil {
+			return fmt.Errorf("parse podnet-routed-rbac.yaml: %w", err)
+		}
+		switch obj["kind"] {
+		case "ClusterRole":
+			var cr rbacv1.ClusterRole
+			if err := k8sruntime.DefaultUnstructuredConverter.FromUnstructured(obj, &cr); err != nil {
+				return err
+			}
+			if _, err := c.Client.RbacV1().ClusterRoles().Create(ctx, &cr, metav1.CreateOptions{}); err != nil {
+				return err
+			}
+		case "ClusterRoleBinding":
+			var crb rbacv1.ClusterRoleBinding
+			if err := k8sruntime.DefaultUnstructuredConverter.FromUnstructured(obj, &crb); err != nil {
+				return err
+			}
+			crb.Subjects = append(crb.Subjects, rbacv1.Subject{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: kapi.RoutedUser})
+			if _, err := c.Client.RbacV1().ClusterRoleBindings().Create(ctx, &crb, metav1.CreateOptions{}); err != nil {
+				return err
+			}
+			bound = true
+		}
+	}
+	if !bound {
+		return errors.New("podnet-routed-rbac.yaml has no ClusterRoleBinding")
+	}
+	return nil
+}
+
+// createNodeObject registers a Node as a kubelet and kube-controller-manager
+// would: spec.podCIDRs, then status.addresses through the status
+// subresource.
+func (c *Cluster) createNodeObject(ctx context.Context, n *Node) error {
+	obj := &corev1.Node{
+		ObjectMeta: metav1.ObjectMeta{Name: n.Name, Labels: map[string]string{"kubernetes.io/hostname": n.Name}},
+		Spec:       corev1.NodeSpec{PodCIDR: n.PodCIDR.String(), PodCIDRs: []string{n.PodCIDR.String()}},
+	}
+	created, err := c.Client.CoreV1().Nodes().Create(ctx, obj, metav1.CreateOptions{})
+	if err != nil {
+		return fmt.Errorf("create Node %s: %w", n.Name, err)
+	}
+	created.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: n.IP.String()}, {Type: corev1.NodeHostName, Address: n.Name}}
+	if _, err := c.Client.CoreV1().Nodes().UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
+		return fmt.Errorf("Node %s status: %w", n.Name, err)
+	}
+	return nil
+}
+
+// deleteNodeObject deletes the Node and waits until it is gone.
+func (c *Cluster) deleteNodeObject(ctx context.Context, name string) error {
+	if err := c.Client.CoreV1().Nodes().Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
+		return fmt.Errorf("delete Node %s: %w", name, err)
+	}
+	return poll(ctx, 10*time.Second, func() error {
+		_, err := c.Client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		return fmt.Errorf("Node %s still there (%v)", name, err)
+	})
+}
+
+// ExpectedRoutes is the podnet routes (pod host routes aside) n must have:
+// a blackhole for its own PodCIDR and one route per other node's.
+func (c *Cluster) ExpectedRoutes(n *Node) []string {
+	want := []string{"blackhole " + n.PodCIDR.String()}
+	for _, m := range c.Nodes {
+		if m == n {
+			continue
+		}
+		encap := c.Cfg.Encap
+		if c.Cfg.CrossSubnet && m.Subnet == n.Subnet {
+			encap = "none"
+		}
+		switch encap {
+		case "none":
+			want = append(want, fmt.Sprintf("%s via %s dev %s", m.PodCIDR, m.IP, UnderlayDev))
+		case "vxlan":
+			want = append(want, fmt.Sprintf("%s via %s dev %s onlink", m.PodCIDR, m.PodCIDR.Addr(), desired.VXLANDevice))
+		case "ipip":
+			want = append(want, fmt.Sprintf("%s via %s dev %s onlink", m.PodCIDR, m.IP, desired.TunnelDevice))
+		}
+	}
+	slices.Sort(want)
+	return want
+}
+
+// WaitConverged waits until every node has exactly its expected routes.
+func (c *Cluster) WaitConverged(ctx context.Context, limit time.Duration) error {
+	for _, n := range c.Nodes {
+		if err := n.WaitRoutes(ctx, c.ExpectedRoutes(n), limit); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Pods lists every pod of every node, in node order.
+func (c *Cluster) Pods() []*Pod {
+	var out []*Pod
+	for _, n := range c.Nodes {
+		out = append(out, n.Pods...)
+	}
+	return out
+}
+
+// Down stops every process and removes every netns and the work
+// directory. It keeps going past errors and returns them all.
+func (c *Cluster) Down() error {
+	var errs []error
+	c.mu.Lock()
+	servers := c.servers
+	c.servers = nil
+	c.mu.Unlock()
+	for _, s := range servers {
+		s.Close()
+	}
+	for _, n := range c.Nodes {
+		// How podnet-routed exits is for the tests to check (StopRouted),
+		// not for the teardown: it may be stopped mid-start.
+		_ = n.routed.stop(5 * time.Second)
+		n.routed = nil
+	}
+	if c.API != nil {
+		c.API.Stop()
+	}
+	c.mu.Lock()
+	var all []*NetNS
+	for _, n := range c.netns {
+		all = append(all, n)
+	}
+	c.mu.Unlock()
+	// Pods first, then nodes, the underlay last (only tidier).
+	slices.SortFunc(all, func(a, b *NetNS) int { return teardownRank(a.Name) - teardownRank(b.Name) })
+	for _, n := range all {
+		errs = append(errs, c.dropNetNS(n))
+	}
+	if left, err := NetNSNames(c.Cfg.Name + "-"); err == nil && len(left) > 0 {
+		for _, name := range left {
+			errs = append(errs, removeNetNS(name))
+		}
+	}
+	errs = append(errs, os.RemoveAll(c.Cfg.WorkDir))
+	return errors.Join(errs...)
+}
+
+func teardownRank(name string) int {
+	switch {
+	case strings.Contains(name, "-pod-"):
+		return 0
+	case strings.HasSuffix(name, "-underlay"):
+		return 2
+	}
+	return 1
+}
+
+// DownDir removes a cluster left up (Config.Detach) from the state file in
+// its work directory: it kills the processes it recorded (those still
+// being the same processes), removes its netns and the directory. name,
+// when not "", also sweeps every netns named name-* (a cluster whose state
+// file is lost). Nothing to remove is not an error.
+func DownDir(workDir, name string) (removed []string, err error) {
+	var st clusterState
+	data, err := os.ReadFile(filepath.Join(workDir, StateFile))
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+	case err != nil:
+		return nil, err
+	default:
+		if err := json.Unmarshal(data, &st); err != nil {
+			return nil, fmt.Errorf("%s: %w", StateFile, err)
+		}
+	}
+	if name != "" && st.Name != "" && name != st.Name {
+		return nil, fmt.Errorf("%s is cluster %q, not %q", workDir, st.Name, name)
+	}
+	if st.Name == "" {
+		st.Name = name
+	}
+	var errs []error
+	for _, p := range st.Procs {
+		if p.kill(5 * time.Second) {
+			removed = append(removed, fmt.Sprintf("process %d (%s)", p.Pid, p.Comm))
+		}
+	}
+	names := slices.Clone(st.NetNS)
+	if st.Name != "" {
+		if more, err := NetNSNames(st.Name + "-"); err == nil {
+			names = append(names, more...)
+		}
+	}
+	slices.SortFunc(names, func(a, b string) int { return teardownRank(a) - teardownRank(b) })
+	names = slices.Compact(names)
+	for _, name := range names {
+		if _, err := os.Stat(filepath.Join(NetNSDir, name)); err != nil {
+			continue
+		}
+		if err := removeNetNS(name); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		removed = append(removed, "netns "+name)
+	}
+	if _, err := os.Stat(workDir); err == nil {
+		errs = append(errs, os.RemoveAll(workDir))
+		removed = append(removed, "directory "+workDir)
+	}
+	return removed, errors.Join(errs...)
+}
+
+// poll calls check every 50 ms until it succeeds, limit passes or ctx
+// ends; it returns check's last error.
+func poll(ctx context.Context, limit time.Duration, check func() error) error {
+	deadline := time.Now().Add(limit)
+	for {
+		err := check()
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w (last: %v)", ctx.Err(), err)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+func writeSysctl(name, value string) error {
+	return os.WriteFile(filepath.Join("/proc/sys", name), []byte(value), 0o644)
+}

@@ -1,0 +1,418 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/containernetworking/cni/libcni"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/podnet/podnet/internal/nodestate"
+	"github.com/podnet/podnet/internal/rtproto"
+)
+
+// Addresses podnet-routed serves on inside every node netns.
+const (
+	healthAddr  = "127.0.0.1:9099"
+	metricsAddr = "127.0.0.1:9098"
+)
+
+// Node is a Kubernetes node: a netns on the underlay, its Node object and
+// its podnet-routed.
+type Node struct {
+	c       *Cluster
+	Name    string
+	Subnet  int          // index in Subnets
+	IP      netip.Addr   // InternalIP, on eth0
+	PodCIDR netip.Prefix // spec.podCIDRs[0]
+	NS      *NetNS
+	Dir     string // this node's files
+	// StateDir holds node.json (podnet-routed --state-dir, the plugins'
+	// stateDir); DataDir the IPAM reservations (podnet-ipam dataDir).
+	StateDir, DataDir string
+	// Initial is the netns as it was before podnet-routed first ran.
+	Initial Snapshot
+	Pods    []*Pod
+
+	cni    *libcni.CNIConfig
+	list   *libcni.NetworkConfigList
+	routed *proc
+	podSeq int
+}
+
+// AddNode adds a node as a cluster admin would add a machine: netns on the
+// underlay, Node object with the next free PodCIDR, podnet-routed started.
+// It returns once that podnet-routed is ready; the other nodes learn the
+// new one through their watch (see WaitConverged).
+func (c *Cluster) AddNode(ctx context.Context) (*Node, error) {
+	n, err := c.addNode()
+	if err != nil {
+		return nil, err
+	}
+	return n, n.WaitReady(ctx, 30*time.Second)
+}
+
+func (c *Cluster) addNode() (*Node, error) {
+	c.nodeSeq++
+	num := c.nodeSeq
+	subnet := 0
+	if c.Cfg.CrossSubnet && num%2 == 0 {
+		subnet = 1
+	}
+	cidr, err := c.cidrs.allocate()
+	if err != nil {
+		return nil, err
+	}
+	addr := hostAddr(subnet, num)
+	n := &Node{c: c, Name: fmt.Sprintf("node%d", num), Subnet: subnet, IP: addr.Addr(), PodCIDR: cidr}
+	n.Dir = filepath.Join(c.Cfg.WorkDir, n.Name)
+	n.StateDir = filepath.Join(n.Dir, "state")
+	n.DataDir = filepath.Join(n.Dir, "ipam")
+	if err := os.MkdirAll(n.Dir, 0o755); err != nil {
+		return nil, err
+	}
+	if n.NS, err = c.newNetNS(n.Name); err != nil {
+		return nil, err
+	}
+	c.Nodes = append(c.Nodes, n)
+	// No IPv6 DAD: addresses are final at once, so the recorded initial
+	// state does not change under our feet.
+	if err := n.NS.Do(func() error {
+		for _, s := range []string{"net/ipv6/conf/all/accept_dad", "net/ipv6/conf/default/accept_dad"} {
+			if err := writeSysctl(s, "0"); err != nil {
+				return err
+			}
+		}
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	if err := c.plug(n.NS, subnet, n.Name, UnderlayDev, addr, c.routerOf(subnet)); err != nil {
+		return nil, err
+	}
+	if n.Initial, err = n.stableSnapshot(); err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := c.createNodeObject(ctx, n); err != nil {
+		return nil, err
+	}
+	if err := n.initCNI(); err != nil {
+		return nil, err
+	}
+	return n, n.StartRouted()
+}
+
+// DeleteNode removes a node as when its machine is decommissioned: its
+// podnet-routed stops, its Node object is deleted (its PodCIDR returns to
+// the pool) and its netns, with its pods, go away.
+func (c *Cluster) DeleteNode(ctx context.Context, n *Node) error {
+	err := n.StopRouted()
+	if err := c.deleteNodeObject(ctx, n.Name); err != nil {
+		return err
+	}
+	c.cidrs.release(n.PodCIDR)
+	c.Nodes = slices.DeleteFunc(c.Nodes, func(m *Node) bool { return m == n })
+	for _, p := range n.Pods {
+		p.closeServers()
+		err = errors.Join(err, c.dropNetNS(p.NS))
+	}
+	n.Pods = nil
+	return errors.Join(err, c.dropNetNS(n.NS), os.RemoveAll(n.Dir))
+}
+
+// StartRouted starts podnet-routed in the node netns.
+func (n *Node) StartRouted() error {
+	if n.routed != nil && !n.routed.exited() {
+		return fmt.Errorf("%s: podnet-routed already running", n.Name)
+	}
+	cfg := n.c.Cfg
+	args := []string{
+		"--kubeconfig=" + n.c.kubeconfig,
+		"--node-name=" + n.Name,
+		"--encap=" + cfg.Encap,
+		"--cluster-cidr=" + cfg.ClusterCIDR,
+		"--state-dir=" + n.StateDir,
+		"--health-addr=" + healthAddr,
+		"--metrics-addr=" + metricsAddr,
+	}
+	if cfg.CrossSubnet {
+		args = append(args, "--cross-subnet")
+	}
+	if cfg.Resync > 0 {
+		args = append(args, "--resync-interval="+cfg.Resync.String())
+	}
+	p, err := startProc(n.NS, !cfg.Detach, n.RoutedLog(), filepath.Join(cfg.BinDir, "podnet-routed"), args...)
+	if err != nil {
+		return err
+	}
+	n.routed = p
+	return n.c.saveState()
+}
+
+// RoutedLog is the path of podnet-routed's log (every run appends).
+func (n *Node) RoutedLog() string { return filepath.Join(n.Dir, "podnet-routed.log") }
+
+// StopRouted sends podnet-routed SIGTERM and waits for it to exit (it
+// leaves the dataplane in place).
+func (n *Node) StopRouted() error {
+	if n.routed == nil {
+		return nil
+	}
+	err := n.routed.stop(10 * time.Second)
+	n.routed = nil
+	if err != nil {
+		return fmt.Errorf("%s: %w\n%s", n.Name, err, Tail(n.RoutedLog(), 20))
+	}
+	return n.c.saveState()
+}
+
+// RoutedRunning says whether podnet-routed runs on the node.
+func (n *Node) RoutedRunning() bool { return n.routed != nil && !n.routed.exited() }
+
+// WaitReady waits for node.json with the node's PodCIDR and /readyz 200.
+func (n *Node) WaitReady(ctx context.Context, limit time.Duration) error {
+	client := n.httpClient()
+	err := poll(ctx, limit, func() error {
+		if err := n.alive(); err != nil {
+			return err
+		}
+		st, err := nodestate.Read(n.StateDir)
+		if err != nil {
+			return err
+		}
+		if !slices.Equal(st.PodCIDRs, []string{n.PodCIDR.String()}) {
+			return fmt.Errorf("node.json podCIDRs %v, want [%s]", st.PodCIDRs, n.PodCIDR)
+		}
+		resp, err := client.Get("http://" + healthAddr + "/readyz")
+		if err != nil {
+			return err
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("/readyz %d: %s", resp.StatusCode, strings.TrimSpace(string(body)))
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("%s: podnet-routed not ready: %w\n%s", n.Name, err, Tail(n.RoutedLog(), 20))
+	}
+	return nil
+}
+
+func (n *Node) alive() error {
+	if n.routed == nil {
+		return fmt.Errorf("%s: podnet-routed not running", n.Name)
+	}
+	if n.routed.exited() {
+		return fmt.Errorf("%s: podnet-routed exited: %v", n.Name, n.routed.err)
+	}
+	return nil
+}
+
+func (n *Node) httpClient() *http.Client {
+	return &http.Client{
+		Transport: &http.Transport{
+			DisableKeepAlives: true,
+			DialContext:       n.NS.DialContext,
+		},
+		Timeout: 2 * time.Second,
+	}
+}
+
+// State reads the node's node.json.
+func (n *Node) State() (*nodestate.State, error) { return nodestate.Read(n.StateDir) }
+
+// Cleanup runs `podnet-routed --cleanup` in the node netns (podnet-routed
+// must be stopped) and returns its output.
+func (n *Node) Cleanup(ctx context.Context) (string, error) {
+	if n.RoutedRunning() {
+		return "", fmt.Errorf("%s: stop podnet-routed before --cleanup", n.Name)
+	}
+	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	return n.NS.Exec(ctx, filepath.Join(n.c.Cfg.BinDir, "podnet-routed"), "--cleanup", "--state-dir="+n.StateDir)
+}
+
+// Route is a podnet route (protocol rtproto.Podnet) in the main table.
+type Route struct {
+	Dst       netip.Prefix
+	Via       netip.Addr
+	Dev       string
+	OnLink    bool
+	Blackhole bool
+}
+
+// IsPodRoute says whether r is a pod's host route (made by the plugin)
+// rather than a node route (made by podnet-routed).
+func (r Route) IsPodRoute() bool { return r.Dst.IsSingleIP() }
+
+// String renders r as `ip route` does.
+func (r Route) String() string {
+	if r.Blackhole {
+		return "blackhole " + r.Dst.String()
+	}
+	s := r.Dst.String()
+	if r.Dst.IsSingleIP() {
+		s = r.Dst.Addr().String()
+	}
+	if r.Via.IsValid() {
+		s += " via " + r.Via.String()
+	}
+	s += " dev " + r.Dev
+	if r.OnLink {
+		s += " onlink"
+	}
+	return s
+}
+
+// Routes lists the node's podnet routes (IPv4 and IPv6), sorted by
+// destination.
+func (n *Node) Routes() ([]Route, error) {
+	var out []Route
+	err := n.NS.Do(func() error {
+		routes, err := netlink.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Protocol: rtproto.Podnet, Table: unix.RT_TABLE_MAIN},
+			netlink.RT_FILTER_PROTOCOL|netlink.RT_FILTER_TABLE)
+		if err != nil {
+			return err
+		}
+		for _, r := range routes {
+			var rt Route
+			if r.Dst != nil {
+				rt.Dst = ipNetPrefix(r.Dst)
+			}
+			if r.Type == unix.RTN_BLACKHOLE {
+				rt.Blackhole = true
+				out = append(out, rt)
+				continue
+			}
+			if r.Gw != nil {
+				rt.Via, _ = netip.AddrFromSlice(r.Gw)
+				rt.Via = rt.Via.Unmap()
+			}
+			rt.Dev = fmt.Sprint(r.LinkIndex)
+			if l, err := netlink.LinkByIndex(r.LinkIndex); err == nil {
+				rt.Dev = l.Attrs().Name
+			}
+			rt.OnLink = r.Flags&int(netlink.FLAG_ONLINK) != 0
+			out = append(out, rt)
+		}
+		return nil
+	})
+	slices.SortFunc(out, func(a, b Route) int {
+		if c := a.Dst.Addr().Compare(b.Dst.Addr()); c != 0 {
+			return c
+		}
+		return a.Dst.Bits() - b.Dst.Bits()
+	})
+	return out, err
+}
+
+// NodeRoutes is Routes without the pods' host routes, rendered and sorted.
+func (n *Node) NodeRoutes() ([]string, error) {
+	routes, err := n.Routes()
+	var out []string
+	for _, r := range routes {
+		if !r.IsPodRoute() {
+			out = append(out, r.String())
+		}
+	}
+	slices.Sort(out)
+	return out, err
+}
+
+// WaitRoutes waits until the node's podnet node routes are exactly want.
+func (n *Node) WaitRoutes(ctx context.Context, want []string, limit time.Duration) error {
+	want = slices.Sorted(slices.Values(want))
+	var got []string
+	err := poll(ctx, limit, func() error {
+		var err error
+		if got, err = n.NodeRoutes(); err != nil {
+			return err
+		}
+		if !slices.Equal(got, want) {
+			return errors.New("routes differ")
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("%s: podnet routes after %s: %v\n  got  %q\n  want %q", n.Name, limit, err, got, want)
+	}
+	return nil
+}
+
+// Links lists the names of the node's links, lo aside.
+func (n *Node) Links() ([]string, error) {
+	var out []string
+	err := n.NS.Do(func() error {
+		links, err := netlink.LinkList()
+		for _, l := range links {
+			if l.Attrs().Name != "lo" {
+				out = append(out, l.Attrs().Name)
+			}
+		}
+		return err
+	})
+	return out, err
+}
+
+// Reservations lists the IPAM store's reservation and owner files (the
+// addresses held, and by whom).
+func (n *Node) Reservations() ([]string, error) {
+	var out []string
+	for _, sub := range []string{"ips", "owners"} {
+		dir := filepath.Join(n.DataDir, "podnet", sub)
+		entries, err := os.ReadDir(dir)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		for _, e := range entries {
+			out = append(out, filepath.Join(sub, e.Name()))
+		}
+	}
+	return out, nil
+}
+
+// Ping pings dst from the node netns.
+func (n *Node) Ping(ctx context.Context, dst netip.Addr) (time.Duration, error) {
+	return Ping(ctx, n.NS, dst)
+}
+
+func ipNetPrefix(n *net.IPNet) netip.Prefix {
+	a, _ := netip.AddrFromSlice(n.IP)
+	ones, _ := n.Mask.Size()
+	return netip.PrefixFrom(a.Unmap(), ones)
+}
+
+func prefixIPNet(p netip.Prefix) *net.IPNet {
+	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
+}
+
+// Tail returns the last n lines of a file.
+func Tail(path string, n int) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Sprintf("(%v)", err)
+	}
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}

@@ -1,0 +1,176 @@
+package cluster
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+
+	"github.com/containernetworking/cni/libcni"
+	"github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
+)
+
+// Pod is a pod sandbox: a netns attached to its node's network by the
+// plugins of conf/10-podnet.conflist.
+type Pod struct {
+	Name        string // also K8S_POD_NAME, in namespace "default"
+	Node        *Node
+	NS          *NetNS
+	IP          netip.Addr
+	ContainerID string
+	Result      *current.Result
+
+	rt      *libcni.RuntimeConf
+	mu      sync.Mutex
+	servers []io.Closer
+}
+
+// conflist reads the shipped conflist; initCNI changes only its
+// directories for each node.
+func conflist(path string) ([]byte, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := libcni.ConfListFromBytes(data); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return data, nil
+}
+
+// NodeConflist is the shipped conflist with the node's stateDir (node.json)
+// and IPAM dataDir, so that nodes sharing this machine's filesystem keep
+// their files apart. Nothing else changes.
+func (n *Node) NodeConflist() ([]byte, error) {
+	var conf map[string]any
+	if err := json.Unmarshal(n.c.conflist, &conf); err != nil {
+		return nil, err
+	}
+	plugins, _ := conf["plugins"].([]any)
+	found := false
+	for _, p := range plugins {
+		plugin, _ := p.(map[string]any)
+		if plugin["type"] != "podnet" {
+			continue
+		}
+		found = true
+		plugin["stateDir"] = n.StateDir
+		ipam, _ := plugin["ipam"].(map[string]any)
+		if ipam == nil {
+			return nil, errors.New("conflist: podnet plugin without ipam")
+		}
+		ipam["dataDir"] = n.DataDir
+	}
+	if !found {
+		return nil, errors.New("conflist: no podnet plugin")
+	}
+	return json.MarshalIndent(conf, "", "  ")
+}
+
+func (n *Node) initCNI() error {
+	data, err := n.NodeConflist()
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(n.Dir, "10-podnet.conflist"), data, 0o644); err != nil {
+		return err
+	}
+	if n.list, err = libcni.ConfListFromBytes(data); err != nil {
+		return err
+	}
+	n.cni = libcni.NewCNIConfigWithCacheDir([]string{n.c.Cfg.BinDir}, filepath.Join(n.Dir, "cni-cache"), nil)
+	return nil
+}
+
+// AddPod creates a pod netns and runs CNI ADD for it in the node netns,
+// as a runtime does (eth0, K8S_POD_* args, result cache).
+func (n *Node) AddPod(ctx context.Context, name string) (*Pod, error) {
+	if name == "" {
+		n.podSeq++
+		name = fmt.Sprintf("%s-%c", n.Name, 'a'+rune(n.podSeq-1)%26)
+	}
+	netns, err := n.c.newNetNS("pod-" + name)
+	if err != nil {
+		return nil, err
+	}
+	id := make([]byte, 32)
+	_, _ = rand.Read(id)
+	p := &Pod{Name: name, Node: n, NS: netns, ContainerID: hex.EncodeToString(id)}
+	p.rt = &libcni.RuntimeConf{
+		ContainerID: p.ContainerID, NetNS: netns.Path(), IfName: "eth0",
+		Args: [][2]string{
+			{"IgnoreUnknown", "1"},
+			{"K8S_POD_NAMESPACE", "default"},
+			{"K8S_POD_NAME", name},
+			{"K8S_POD_INFRA_CONTAINER_ID", p.ContainerID},
+		},
+	}
+	var res types.Result
+	err = n.NS.Do(func() error {
+		var err error
+		res, err = n.cni.AddNetworkList(ctx, n.list, p.rt)
+		return err
+	})
+	if err != nil {
+		// As a runtime does after a failed ADD: DEL, then drop the sandbox.
+		_ = n.NS.Do(func() error { return n.cni.DelNetworkList(ctx, n.list, p.rt) })
+		return nil, errors.Join(fmt.Errorf("CNI ADD %s on %s: %w", name, n.Name, err), n.c.dropNetNS(netns))
+	}
+	if p.Result, err = current.NewResultFromResult(res); err != nil {
+		return nil, err
+	}
+	for _, ip := range p.Result.IPs {
+		if a, ok := netip.AddrFromSlice(ip.Address.IP); ok && a.Unmap().Is4() {
+			p.IP = a.Unmap()
+		}
+	}
+	if !p.IP.IsValid() || !n.PodCIDR.Contains(p.IP) {
+		return nil, fmt.Errorf("pod %s got %v, want an address in %s", name, p.Result.IPs, n.PodCIDR)
+	}
+	n.Pods = append(n.Pods, p)
+	return p, nil
+}
+
+// DelPod runs CNI DEL for the pod (with the cached result, as a runtime
+// does) and removes its netns.
+func (n *Node) DelPod(ctx context.Context, p *Pod) error {
+	p.closeServers()
+	err := n.NS.Do(func() error { return n.cni.DelNetworkList(ctx, n.list, p.rt) })
+	if err != nil {
+		return fmt.Errorf("CNI DEL %s on %s: %w", p.Name, n.Name, err)
+	}
+	n.Pods = slices.DeleteFunc(n.Pods, func(q *Pod) bool { return q == p })
+	return n.c.dropNetNS(p.NS)
+}
+
+// Check runs CNI CHECK for the pod.
+func (n *Node) Check(ctx context.Context, p *Pod) error {
+	return n.NS.Do(func() error { return n.cni.CheckNetworkList(ctx, n.list, p.rt) })
+}
+
+func (p *Pod) addServer(s io.Closer) {
+	p.mu.Lock()
+	p.servers = append(p.servers, s)
+	p.mu.Unlock()
+}
+
+// closeServers closes the pod's listeners: an open socket would keep the
+// pod's netns alive after its name is removed.
+func (p *Pod) closeServers() {
+	p.mu.Lock()
+	s := p.servers
+	p.servers = nil
+	p.mu.Unlock()
+	for _, c := range s {
+		c.Close()
+	}
+}
