@@ -47,8 +47,8 @@ const (
 	clusterCIDR = "10.244.0.0/16"
 	// guestDeadline bounds the test program in the VM; vmTimeout the
 	// whole QEMU run (boot included). A normal run takes 15-40 s.
-	guestDeadline = 80 * time.Second
-	vmTimeout     = 105 * time.Second
+	guestDeadline = 150 * time.Second
+	vmTimeout     = 180 * time.Second
 )
 
 // vmNodes are the simulated nodes. node-c's pod takes its range from the

@@ -216,7 +216,7 @@ func (g *guest) waitAllRoutes() error {
 		var st *nodestate.State
 		// Routes come first; tunl0's MTU, the masquerade table and
 		// node.json follow in the same apply.
-		err := waitFor(15*time.Second, func() error {
+		err := waitFor(40*time.Second, func() error {
 			err := n.netns.Do(func(ns.NetNS) error {
 				l, err := netlinksafe.LinkByName("tunl0")
 				if err != nil {
@@ -280,7 +280,7 @@ func (g *guest) repair() error {
 		return fmt.Errorf("%s: delete route to %s: %w", n.Name, peer.cidr, err)
 	}
 	start := time.Now()
-	if err := g.waitRoutes(n, g.wantRoutes(n, ""), 15*time.Second); err != nil {
+	if err := g.waitRoutes(n, g.wantRoutes(n, ""), 40*time.Second); err != nil {
 		return fmt.Errorf("route to %s not restored: %w", peer.cidr, err)
 	}
 	g.result("repair %s: route %s via %s dev tunl0 back %s after it was deleted", n.Name, peer.cidr, peer.ip, time.Since(start).Round(time.Millisecond))
