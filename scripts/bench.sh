@@ -69,7 +69,7 @@ if ! command -v iperf3 >/dev/null; then
 fi
 CGO_ENABLED=0 go build -trimpath -o "$tmp/noop/noop" ./test/bench/noop
 go build -o "$tmp/cnibench" ./test/bench/cnibench
-go test -c -o "$tmp/routedbench.test" ./test/bench/routedbench
+go test -tags bench -c -o "$tmp/routedbench.test" ./test/bench/routedbench
 go build -C bench/report -o "$tmp/report" .
 
 # ---- stages ----

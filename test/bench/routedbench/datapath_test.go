@@ -1,3 +1,5 @@
+//go:build bench
+
 package routedbench
 
 // Data path (issue 8 §5): two node netns on one L2 underlay (a bridge in

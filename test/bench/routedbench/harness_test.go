@@ -1,3 +1,5 @@
+//go:build bench
+
 // Package routedbench holds the podnet-routed and data-path benchmarks of
 // `make bench` (issue 8 §4-§5, issue 5 "Must show" 7): podnet-routed
 // against a real kube-apiserver + etcd (test/kapi), running in node netns

@@ -1,3 +1,5 @@
+//go:build bench
+
 package routedbench
 
 // podnet-routed at 100, 1,000 and 5,000 Nodes (issue 5 "Must show" 7,
