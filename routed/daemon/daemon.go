@@ -176,51 +176,38 @@ func (d *Daemon) trigger(why string) {
 // watchRoutes kicks a reconcile whenever a podnet route disappears (someone
 // deleted it, or its device went away).
 func (d *Daemon) watchRoutes(ctx context.Context) {
-	for ctx.Err() == nil {
-		updates := make(chan netlink.RouteUpdate, 256)
-		done := make(chan struct{})
-		err := netlink.RouteSubscribeWithOptions(updates, done, netlink.RouteSubscribeOptions{
-			ErrorCallback: func(err error) { d.log.Warn("route subscription error", "err", err) },
-		})
-		if err != nil {
-			d.log.Error("cannot subscribe to route changes; relying on periodic resync", "err", err)
-			select {
-			case <-ctx.Done():
-			case <-time.After(5 * time.Second):
-			}
-			continue
+	watch(ctx, d.log, "route", func(ch chan netlink.RouteUpdate, done chan struct{}, onErr func(error)) error {
+		return netlink.RouteSubscribeWithOptions(ch, done, netlink.RouteSubscribeOptions{ErrorCallback: onErr})
+	}, func(u netlink.RouteUpdate) {
+		if u.Type == unix.RTM_DELROUTE && u.Protocol == rtproto.Podnet {
+			d.trigger("repair")
 		}
-	loop:
-		for {
-			select {
-			case <-ctx.Done():
-				close(done)
-				return
-			case u, ok := <-updates:
-				if !ok {
-					break loop
-				}
-				if u.Type == unix.RTM_DELROUTE && u.Protocol == rtproto.Podnet {
-					d.trigger("repair")
-				}
-			}
-		}
-		close(done)
-	}
+	})
 }
 
 // watchLinks kicks a reconcile when a link other than a pod's host veth
 // changes: the tunnel device deleted, the underlay down and up again (its
 // routes are gone then, without a route deletion event).
 func (d *Daemon) watchLinks(ctx context.Context) {
+	watch(ctx, d.log, "link", func(ch chan netlink.LinkUpdate, done chan struct{}, onErr func(error)) error {
+		return netlink.LinkSubscribeWithOptions(ch, done, netlink.LinkSubscribeOptions{ErrorCallback: onErr})
+	}, func(u netlink.LinkUpdate) {
+		if u.Link != nil && !strings.HasPrefix(u.Link.Attrs().Name, "pn") {
+			d.trigger("link change")
+		}
+	})
+}
+
+// watch keeps a netlink subscription open until ctx ends, resubscribing
+// after errors, and hands every update to handle.
+func watch[U any](ctx context.Context, log *slog.Logger, what string,
+	subscribe func(chan U, chan struct{}, func(error)) error, handle func(U)) {
 	for ctx.Err() == nil {
-		updates := make(chan netlink.LinkUpdate, 256)
+		updates := make(chan U, 256)
 		done := make(chan struct{})
-		err := netlink.LinkSubscribeWithOptions(updates, done, netlink.LinkSubscribeOptions{
-			ErrorCallback: func(err error) { d.log.Warn("link subscription error", "err", err) },
-		})
+		err := subscribe(updates, done, func(err error) { log.Warn(what+" subscription error", "err", err) })
 		if err != nil {
-			d.log.Error("cannot subscribe to link changes; relying on periodic resync", "err", err)
+			log.Error("cannot subscribe to "+what+" changes; relying on periodic resync", "err", err)
 			select {
 			case <-ctx.Done():
 			case <-time.After(5 * time.Second):
@@ -237,9 +224,7 @@ func (d *Daemon) watchLinks(ctx context.Context) {
 				if !ok {
 					break loop
 				}
-				if u.Link != nil && !strings.HasPrefix(u.Link.Attrs().Name, "pn") {
-					d.trigger("link change")
-				}
+				handle(u)
 			}
 		}
 		close(done)

@@ -25,7 +25,7 @@ import (
 func needRoot(t *testing.T) {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		t.Skip("needs root for network namespaces (run with `make test`)")
+		t.Fatal("needs root for network namespaces (run with `make test` as root)")
 	}
 }
 

@@ -45,7 +45,7 @@ func benchOut(t *testing.T) string {
 	t.Helper()
 	dir := os.Getenv("PODNET_BENCH_OUT")
 	if dir == "" {
-		t.Skip("a benchmark, run by `make bench` (scripts/bench.sh): set PODNET_BENCH_OUT to a directory to run it")
+		t.Fatal("a benchmark, run by `make bench` (scripts/bench.sh): set PODNET_BENCH_OUT to a directory to run it")
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
