@@ -114,3 +114,28 @@ demo: build
 
 demo-down:
 	@GO="$(GO)" scripts/demo.sh down
+
+# ---- a real Kubernetes cluster (issue 12): scripts/k8s/.
+# `make cluster` brings up kube-apiserver + etcd + controller-manager
+# (--allocate-node-cidrs) + scheduler and NODES nodes (containerd, kubelet,
+# kube-proxy nftables) in network namespaces, installs podnet with
+# `kubectl apply -f conf/k8s/podnet.yaml` (image from `make image`),
+# CoreDNS, then prints nodes, pods and a check matrix. It stays up until
+# `make cluster-down`, which also checks the machine is as before.
+# MODE=vxlan|none, NODES=2|3. Kubernetes v1.34.10 is built once and cached
+# under ~/.cache/podnet (about 10 min the first time).
+# `make conformance` runs upstream's sig-network [Conformance] specs against
+# such a cluster and writes test/conformance/REPORT.md.
+.PHONY: cluster cluster-down cluster-check conformance
+cluster: build
+	@MODE="$(MODE)" NODES="$(NODES)" scripts/k8s/cluster.sh up
+	@scripts/k8s/cluster.sh check
+
+cluster-check:
+	@scripts/k8s/cluster.sh check
+
+cluster-down:
+	@scripts/k8s/cluster.sh down
+
+conformance: build
+	@MODE="$(MODE)" NODES="$(NODES)" scripts/k8s/conformance.sh

@@ -8,7 +8,7 @@ PLUGINS_VERSION=v1.9.1
 CNITOOL_VERSION=v1.3.1
 dir=${PODNET_CNI_TOOLS:-$HOME/.cache/podnet/cni-tools-$PLUGINS_VERSION-$CNITOOL_VERSION}
 
-want=(host-local ptp bridge loopback cnitool)
+want=(host-local ptp bridge loopback portmap cnitool)
 missing=0
 for b in "${want[@]}"; do [ -x "$dir/$b" ] || missing=1; done
 if [ "$missing" = 1 ]; then
@@ -19,6 +19,7 @@ if [ "$missing" = 1 ]; then
 		"github.com/containernetworking/plugins/plugins/main/ptp@$PLUGINS_VERSION" \
 		"github.com/containernetworking/plugins/plugins/main/bridge@$PLUGINS_VERSION" \
 		"github.com/containernetworking/plugins/plugins/main/loopback@$PLUGINS_VERSION" \
+		"github.com/containernetworking/plugins/plugins/meta/portmap@$PLUGINS_VERSION" \
 		"github.com/containernetworking/plugins/plugins/ipam/host-local@$PLUGINS_VERSION"
 	go install "github.com/containernetworking/cni/cnitool@$CNITOOL_VERSION"
 fi

@@ -1,0 +1,437 @@
+#!/usr/bin/env bash
+# A real Kubernetes cluster in network namespaces on this machine, with
+# podnet installed the way an operator installs it: `kubectl apply -f
+# conf/k8s/podnet.yaml`, the DaemonSet's init containers putting the
+# plugins and the conflist on each node, podnet-routed as its container.
+#
+#   scripts/k8s/cluster.sh up        MODE=vxlan|none NODES=2|3
+#   scripts/k8s/cluster.sh check     pods on every node, ping + HTTP matrix,
+#                                    ClusterIP and DNS from pods and nodes
+#   scripts/k8s/cluster.sh down      stop everything, remove it, and check
+#                                    the machine is as before `up`
+#   scripts/k8s/cluster.sh kubectl ARGS...   kubectl as the cluster admin
+#   scripts/k8s/cluster.sh node N CMD...     run CMD on node N
+#
+# Control plane (netns $NSP-cp, which also holds the underlay bridge br0 at
+# 172.31.77.1/24): etcd, kube-apiserver, kube-controller-manager with
+# --allocate-node-cidrs (PodCIDRs the kubeadm way), kube-scheduler, and a
+# route per node PodCIDR via that node, as a control-plane node running
+# the pod network would have (the API server proxies to pods). Each node
+# (netns $NSP-nN, eth0 172.31.77.1N): its own mount namespace (private
+# /run, /etc, /opt, /var/lib; see node-init.sh), containerd 1.6 + runc,
+# kubelet, kube-proxy in nftables mode. CoreDNS as a Deployment. All
+# Kubernetes components v1.34.10, built from the Go module proxy and cached
+# (scripts/ensure-kapi.sh, scripts/k8s/ensure-k8s.sh); images built here
+# (scripts/k8s/images.sh).
+set -euo pipefail
+source "$(dirname "$0")/lib.sh"
+
+MODE=${MODE:-vxlan}
+NODES=${NODES:-2}
+
+usage() {
+	sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//' >&2
+	exit 2
+}
+
+# ---- host state, to prove `down` leaves the machine as it found it
+
+host_state() {
+	echo "## netns"
+	ip netns list | awk '{print $1}' | sort
+	echo "## links (root netns)"
+	ip -o link show | awk -F': ' '{print $2}' | sed 's/@.*//' | sort
+	echo "## nft ruleset (root netns)"
+	nft list ruleset 2>/dev/null || true
+	echo "## mounts"
+	findmnt -rn -o TARGET | sort
+	echo "## cgroups"
+	ls -d /sys/fs/cgroup/*/"$NSP"-* 2>/dev/null || true
+	echo "## processes of the cluster"
+	pgrep -a -f "$CLUSTER_DIR|containerd-shim" | awk '{print $2}' | sort | uniq -c || true
+}
+
+# ---- certificates and kubeconfigs
+
+pki() {
+	mkdir -p "$PKI"
+	(
+		cd "$PKI"
+		openssl ecparam -name prime256v1 -genkey -noout -out ca.key
+		openssl req -x509 -new -key ca.key -subj /CN=podnet-k8s-ca -days 7 -out ca.crt 2>/dev/null
+		openssl genrsa -out sa.key 2048 2>/dev/null
+		openssl rsa -in sa.key -pubout -out sa.pub 2>/dev/null
+		# cert NAME SUBJECT USAGE [SAN]
+		cert() {
+			openssl ecparam -name prime256v1 -genkey -noout -out "$1.key"
+			openssl req -new -key "$1.key" -subj "$2" -out "$1.csr" 2>/dev/null
+			printf 'basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=%s\n' "$3" >"$1.ext"
+			[ -n "${4:-}" ] && echo "subjectAltName=$4" >>"$1.ext"
+			openssl x509 -req -in "$1.csr" -CA ca.crt -CAkey ca.key -CAcreateserial -days 7 -extfile "$1.ext" -out "$1.crt" 2>/dev/null
+			rm -f "$1.csr" "$1.ext"
+		}
+		cert apiserver /CN=kube-apiserver serverAuth \
+			"IP:$UNDERLAY_GW,IP:127.0.0.1,IP:10.96.0.1,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local,DNS:localhost"
+		cert apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client" clientAuth
+		cert admin "/O=system:masters/CN=kubernetes-admin" clientAuth
+		cert controller-manager /CN=system:kube-controller-manager clientAuth
+		cert scheduler /CN=system:kube-scheduler clientAuth
+		cert kube-proxy /CN=system:kube-proxy clientAuth
+		for i in $(seq 1 "$NODES"); do
+			cert "node$i" "/O=system:nodes/CN=system:node:node$i" clientAuth
+			# kubelet's serving certificate (kubectl exec/logs, the API server's proxy)
+			cert "node$i-serving" "/O=system:nodes/CN=system:node:node$i" serverAuth "IP:$(node_ip "$i"),DNS:node$i"
+		done
+	)
+	kubeconfig admin "$API"
+	kubeconfig controller-manager https://127.0.0.1:6443
+	kubeconfig scheduler https://127.0.0.1:6443
+	kubeconfig kube-proxy "$API"
+	for i in $(seq 1 "$NODES"); do kubeconfig "node$i" "$API"; done
+}
+
+# kubeconfig NAME SERVER: $PKI/NAME.kubeconfig with NAME's client certificate.
+kubeconfig() {
+	cat >"$PKI/$1.kubeconfig" <<K
+apiVersion: v1
+kind: Config
+clusters:
+- name: podnet
+  cluster: {server: "$2", certificate-authority: "$PKI/ca.crt"}
+users:
+- name: $1
+  user: {client-certificate: "$PKI/$1.crt", client-key: "$PKI/$1.key"}
+contexts:
+- name: podnet
+  context: {cluster: podnet, user: $1}
+current-context: podnet
+K
+}
+
+# ---- control plane
+
+control_plane_up() {
+	ip netns add "$CP_NS"
+	echo "$CP_NS" >>"$RUN/netns"
+	ip -n "$CP_NS" link set lo up
+	ip -n "$CP_NS" link add br0 type bridge
+	ip -n "$CP_NS" addr add "$UNDERLAY_GW/24" dev br0
+	ip -n "$CP_NS" link set br0 up
+	# the control plane routes to pods through the nodes (see the header)
+	ip netns exec "$CP_NS" sysctl -qw net.ipv4.ip_forward=1
+	local in="nsenter --net=/run/netns/$CP_NS" p=$PKI
+	mkdir -p "$CLUSTER_DIR/etcd"
+	start_bg etcd $in "$KAPI/etcd" --name=podnet --data-dir="$CLUSTER_DIR/etcd" \
+		--listen-client-urls=http://127.0.0.1:2379 --advertise-client-urls=http://127.0.0.1:2379 \
+		--listen-peer-urls=http://127.0.0.1:2380 --initial-advertise-peer-urls=http://127.0.0.1:2380 \
+		--initial-cluster=podnet=http://127.0.0.1:2380 --unsafe-no-fsync --log-level=warn
+	wait_for 30 etcd $in curl -sf http://127.0.0.1:2379/health
+	start_bg kube-apiserver $in "$KAPI/kube-apiserver" --etcd-servers=http://127.0.0.1:2379 \
+		--bind-address=0.0.0.0 --secure-port=6443 --advertise-address="$UNDERLAY_GW" \
+		--tls-cert-file="$p/apiserver.crt" --tls-private-key-file="$p/apiserver.key" --client-ca-file="$p/ca.crt" \
+		--service-account-issuer=https://kubernetes.default.svc.cluster.local \
+		--service-account-key-file="$p/sa.pub" --service-account-signing-key-file="$p/sa.key" \
+		--service-cluster-ip-range="$SVC_CIDR" --service-node-port-range=30000-32767 \
+		--authorization-mode=Node,RBAC --enable-admission-plugins=NodeRestriction \
+		--kubelet-client-certificate="$p/apiserver-kubelet-client.crt" --kubelet-client-key="$p/apiserver-kubelet-client.key" \
+		--kubelet-certificate-authority="$p/ca.crt" \
+		--kubelet-preferred-address-types=InternalIP --allow-privileged=true --profiling=false --v=1
+	wait_for 90 kube-apiserver $in curl -sf --cacert "$p/ca.crt" --cert "$p/admin.crt" --key "$p/admin.key" https://127.0.0.1:6443/readyz
+	start_bg kube-controller-manager $in "$K8S/kube-controller-manager" --kubeconfig="$p/controller-manager.kubeconfig" \
+		--authentication-kubeconfig="$p/controller-manager.kubeconfig" --authorization-kubeconfig="$p/controller-manager.kubeconfig" \
+		--bind-address=127.0.0.1 --leader-elect=false --allocate-node-cidrs=true --cluster-cidr="$CLUSTER_CIDR" \
+		--node-cidr-mask-size=24 --service-cluster-ip-range="$SVC_CIDR" --root-ca-file="$p/ca.crt" \
+		--service-account-private-key-file="$p/sa.key" --use-service-account-credentials=true \
+		--cluster-signing-cert-file="$p/ca.crt" --cluster-signing-key-file="$p/ca.key" \
+		--profiling=false --v=1
+	start_bg kube-scheduler $in "$K8S/kube-scheduler" --kubeconfig="$p/scheduler.kubeconfig" \
+		--authentication-kubeconfig="$p/scheduler.kubeconfig" --authorization-kubeconfig="$p/scheduler.kubeconfig" \
+		--bind-address=127.0.0.1 --leader-elect=false --profiling=false --v=1
+	wait_for 60 kube-controller-manager $in curl -sfk https://127.0.0.1:10257/healthz
+	wait_for 60 kube-scheduler $in curl -sfk https://127.0.0.1:10259/healthz
+	wait_for 60 "the default ServiceAccount" kc get serviceaccount default
+}
+
+# ---- nodes
+
+node_up() {
+	local n=$1 d ns ip h
+	d=$(node_dir "$n")
+	ns=$(node_ns "$n")
+	ip=$(node_ip "$n")
+	mkdir -p "$d"
+	ip netns add "$ns"
+	echo "$ns" >>"$RUN/netns"
+	ip -n "$ns" link set lo up
+	ip -n "$CP_NS" link add "vn$n" type veth peer name eth0 netns "$ns"
+	ip -n "$CP_NS" link set "vn$n" master br0 up
+	ip -n "$ns" addr add "$ip/24" dev eth0
+	ip -n "$ns" link set eth0 up
+	ip -n "$ns" route add default via "$UNDERLAY_GW"
+	# cgroupfs driver: one cgroup root per kubelet (kubelet wants it to exist)
+	for h in /sys/fs/cgroup/*/; do
+		[ "$(stat -f -c %T "$h")" = cgroupfs ] || continue
+		mkdir -p "$h$ns"
+		if [ -f "$h/cpuset.cpus" ]; then
+			cat "$h/cpuset.cpus" >"$h$ns/cpuset.cpus"
+			cat "$h/cpuset.mems" >"$h$ns/cpuset.mems"
+		fi
+	done
+	echo "$ns" >>"$RUN/cgroups"
+	sed -e "s|@DIR@|$d/containerd|g" -e "s|@BIN_DIR@|/opt/cni/bin|g" -e "s|@CONF_DIR@|/etc/cni/net.d|g" \
+		-e "s|@SANDBOX_IMAGE@|localhost/podnet/pause:test|g" "$REPO/scripts/runtime/containerd.toml.in" >"$d/containerd.toml"
+	cat >"$d/kubelet.yaml" <<K
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+containerRuntimeEndpoint: unix://$d/containerd/containerd.sock
+cgroupDriver: cgroupfs
+cgroupRoot: /$ns
+failSwapOn: false
+address: $ip
+healthzBindAddress: 127.0.0.1
+readOnlyPort: 0
+tlsCertFile: $PKI/node$n-serving.crt
+tlsPrivateKeyFile: $PKI/node$n-serving.key
+authentication:
+  anonymous: {enabled: false}
+  webhook: {enabled: true}
+  x509: {clientCAFile: $PKI/ca.crt}
+authorization: {mode: Webhook}
+clusterDomain: cluster.local
+clusterDNS: [$DNS_IP]
+resolvConf: /etc/resolv.conf
+serializeImagePulls: false
+rotateCertificates: false
+evictionHard: {memory.available: 100Mi, nodefs.available: 1%, imagefs.available: 1%}
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+K
+	cat >"$d/kube-proxy.yaml" <<K
+apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+mode: nftables
+clientConnection: {kubeconfig: $PKI/kube-proxy.kubeconfig}
+hostnameOverride: node$n
+clusterCIDR: $CLUSTER_CIDR
+healthzBindAddress: 127.0.0.1:10256
+metricsBindAddress: 127.0.0.1:10249
+conntrack: {maxPerCore: 0, min: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}
+K
+	start_bg "node$n" \
+		nsenter --net="/run/netns/$ns" unshare --mount --propagation slave bash "$K8S_SCRIPTS/node-init.sh" "$n"
+}
+
+node_ready() {
+	[ "$(kc get node "node$1" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}')" = True ]
+}
+
+# control-plane routes to each node's PodCIDR (once the controller-manager
+# has allocated them)
+cp_pod_routes() {
+	local n cidr
+	for n in $(seq 1 "$NODES"); do
+		cidr=$(kc get node "node$n" -o jsonpath='{.spec.podCIDR}')
+		[ -n "$cidr" ] || die "node$n has no PodCIDR"
+		ip -n "$CP_NS" route replace "$cidr" via "$(node_ip "$n")"
+	done
+}
+
+up() {
+	[ "$(id -u)" = 0 ] || die "the cluster creates network namespaces: run it as root"
+	case $MODE in vxlan | none) ;; ipip) die "MODE=ipip needs the ipip module, which this kernel lacks: IPIP is tested in a VM (make ipipvm)" ;; *) die "MODE=$MODE: want vxlan or none" ;; esac
+	case $NODES in 2 | 3) ;; *) die "NODES=$NODES: want 2 or 3" ;; esac
+	[ ! -e "/run/netns/$CP_NS" ] || die "a cluster is already up (netns $CP_NS): make cluster-down first"
+	local t0=$SECONDS t=$SECONDS
+	phase() { log "$1: $((SECONDS - t))s"; t=$SECONDS; }
+	bins
+	rm -rf "$CLUSTER_DIR/run" "$CLUSTER_DIR/nodes" "$CLUSTER_DIR/etcd" "$PKI"
+	mkdir -p "$RUN"
+	"$K8S_SCRIPTS/images.sh" 2>/dev/null
+	host_state >"$CLUSTER_DIR/host-before.txt"
+	echo "$MODE $NODES" >"$RUN/config"
+	phase "binaries and images (built once, then cached)"
+	pki
+	control_plane_up
+	phase "control plane (etcd, kube-apiserver, controller-manager, scheduler)"
+	# podnet, exactly as an operator installs it; the knobs are set in its
+	# ConfigMap before the nodes join.
+	kc apply -f "$REPO/conf/k8s/podnet.yaml" >/dev/null
+	kc -n kube-system patch configmap podnet-config --type merge \
+		-p "{\"data\":{\"encap\":\"$MODE\",\"portmap\":\"true\"}}" >/dev/null
+	kc apply -f "$K8S_SCRIPTS/manifests/coredns.yaml" >/dev/null
+	for n in $(seq 1 "$NODES"); do node_up "$n"; done
+	for n in $(seq 1 "$NODES"); do wait_for 180 "node$n Ready" node_ready "$n"; done
+	phase "$NODES nodes Ready (podnet-node DaemonSet installed the CNI config)"
+	kc -n kube-system rollout status daemonset/podnet-node --timeout=180s >/dev/null
+	cp_pod_routes
+	kc -n kube-system rollout status deployment/coredns --timeout=180s >/dev/null
+	phase "podnet-node DaemonSet and CoreDNS ready"
+	log "cluster up in $((SECONDS - t0))s (MODE=$MODE, $NODES nodes)"
+	status
+}
+
+status() {
+	bins >/dev/null
+	kc get nodes -o wide
+	echo
+	kc get pods -A -o wide
+}
+
+# ---- check: what `make cluster` promises
+
+check() {
+	bins
+	local nodes n a b fail=0 t=$SECONDS
+	nodes=$(kc get nodes -o jsonpath='{.items[*].metadata.name}')
+	kc apply -f - >/dev/null <<Y
+apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec:
+  selector: {app: web}
+  ports: [{port: 80, targetPort: 8080}]
+Y
+	for n in $nodes; do
+		kc apply -f - >/dev/null <<Y
+apiVersion: v1
+kind: Pod
+metadata: {name: web-$n, labels: {app: web}}
+spec:
+  nodeName: $n
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: web
+    image: localhost/podnet/busybox:1
+    imagePullPolicy: Never
+    command: ["sh", "-c", "hostname > /www/index.html; exec httpd -f -p 8080 -h /www"]
+    ports: [{containerPort: 8080}]
+    readinessProbe: {tcpSocket: {port: 8080}, periodSeconds: 1}
+Y
+	done
+	kc wait --for=condition=Ready pod -l app=web --timeout=120s >/dev/null || {
+		kc get pods -o wide
+		return 1
+	}
+	log "one web pod per node Ready in $((SECONDS - t))s"
+	declare -A ip
+	for n in $nodes; do ip[$n]=$(kc get pod "web-$n" -o jsonpath='{.status.podIP}'); done
+	local svc
+	svc=$(kc get service web -o jsonpath='{.spec.clusterIP}')
+	kc get pods -l app=web -o wide
+	echo
+	local nnodes
+	nnodes=$(echo "$nodes" | wc -w)
+	# cell WIDTH TEXT: TEXT padded to WIDTH characters
+	cell() { printf '%s%*s' "$2" $(($1 - ${#2})) ''; }
+	# mark WIDTH OK|FAIL [TEXT]: ✓ or ✗ and TEXT (and remember the failure)
+	mark() {
+		if [ "$2" = OK ]; then cell "$1" "✓ ${3:-}"; else
+			cell "$1" "✗ ${3:-}"
+			fail=1
+		fi
+	}
+	cell 14 "from \\ to"
+	for b in $nodes; do cell 12 "web-$b"; done
+	cell 34 "ClusterIP $svc"
+	echo "web.default (DNS)"
+	for a in $nodes; do
+		cell 14 "web-$a"
+		for b in $nodes; do
+			if kc exec "web-$a" -- sh -c "ping -c1 -W2 ${ip[$b]} >/dev/null && [ \"\$(timeout 3 wget -qO- http://${ip[$b]}:8080/)\" = web-$b ]" >/dev/null 2>&1; then mark 12 OK; else mark 12 FAIL; fi
+		done
+		# the Service 8 times: answers must come from every node's pod (the pod's own too: hairpin)
+		local got
+		got=$(kc exec "web-$a" -- sh -c "for i in 1 2 3 4 5 6 7 8; do timeout 3 wget -qO- http://$svc/; done" 2>/dev/null | sort -u | tr '\n' ' ')
+		if [ "$(echo "$got" | wc -w)" = "$nnodes" ]; then mark 34 OK "$got"; else mark 34 FAIL "${got:-nothing}"; fi
+		got=$(kc exec "web-$a" -- sh -c "timeout 3 wget -qO- http://web.default.svc.cluster.local/" 2>/dev/null || true)
+		if [ -n "$got" ]; then mark 1 OK "$got"; else mark 1 FAIL; fi
+		echo
+	done
+	local i=0
+	for a in $nodes; do
+		i=$((i + 1))
+		cell 14 "$a (host)"
+		for b in $nodes; do
+			if on_node "$i" curl -sf -m 3 "http://${ip[$b]}:8080/" >/dev/null 2>&1; then mark 12 OK; else mark 12 FAIL; fi
+		done
+		if on_node "$i" curl -sf -m 3 "http://$svc/" >/dev/null 2>&1; then mark 34 OK; else mark 34 FAIL; fi
+		echo
+	done
+	kc delete pod -l app=web --wait=false >/dev/null
+	kc delete service web --wait=false >/dev/null
+	echo
+	if [ "$fail" = 0 ]; then log "check: all ✓"; else log "check: FAILED (✗ above)"; fi
+	return "$fail"
+}
+
+# ---- down
+
+down() {
+	[ -d "$RUN" ] || { log "no cluster under $CLUSTER_DIR"; return 0; }
+	local pidf n d ns h cg p
+	for pidf in "$RUN"/node*.pid; do
+		[ -f "$pidf" ] || continue
+		n=$(basename "$pidf" .pid)
+		n=${n#node}
+		d=$(node_dir "$n")
+		ns=$(node_ns "$n")
+		for p in kubelet kube-proxy; do [ -f "$d/pids/$p" ] && killpid "$(cat "$d/pids/$p")"; done
+		# the containers: every process in the node's cgroups
+		for h in /sys/fs/cgroup/*/; do
+			[ -d "$h$ns" ] || continue
+			find "$h$ns" -name cgroup.procs -exec cat {} + 2>/dev/null | sort -u | while read -r p; do kill -KILL "$p" 2>/dev/null; done
+		done
+		for p in $(pgrep -f "containerd-shim-runc-v2 .*-address $d/containerd/containerd.sock( |$)"); do kill -KILL "$p" 2>/dev/null; done
+		[ -f "$d/pids/containerd" ] && killpid "$(cat "$d/pids/containerd")"
+		killpid "$(cat "$pidf")"
+		rm -f "$pidf"
+	done
+	for p in kube-scheduler kube-controller-manager kube-apiserver etcd; do
+		[ -f "$RUN/$p.pid" ] && killpid "$(cat "$RUN/$p.pid")"
+		rm -f "$RUN/$p.pid"
+	done
+	sleep 0.5
+	if [ -f "$RUN/cgroups" ]; then
+		for cg in $(sort -u "$RUN/cgroups"); do
+			for h in /sys/fs/cgroup/*/; do
+				[ -d "$h$cg" ] && find "$h$cg" -depth -type d -exec rmdir {} \; 2>/dev/null
+			done
+		done
+	fi
+	if [ -f "$RUN/netns" ]; then
+		for ns in $(tac "$RUN/netns"); do ip netns del "$ns" 2>/dev/null || true; done
+	fi
+	# runc state and overlay upper dirs hold root-owned files: remove them
+	# only now that nothing uses them.
+	rm -rf "$CLUSTER_DIR/nodes" "$CLUSTER_DIR/etcd"
+	local before=$CLUSTER_DIR/host-before.txt
+	if [ -f "$before" ]; then
+		host_state >"$CLUSTER_DIR/host-after.txt"
+		if ! diff -u "$before" "$CLUSTER_DIR/host-after.txt" >"$CLUSTER_DIR/host-diff.txt"; then
+			log "down: the machine differs from before the cluster:"
+			cat "$CLUSTER_DIR/host-diff.txt" >&2
+			return 1
+		fi
+		log "down: netns, links, nft ruleset, mounts, cgroups and processes as before"
+	fi
+	rm -rf "$RUN"
+}
+
+case ${1:-} in
+up) up ;;
+down) down ;;
+check) check ;;
+status) status ;;
+kubectl)
+	shift
+	bins >/dev/null
+	kc "$@"
+	;;
+node)
+	shift
+	n=${1:?node number}
+	shift
+	on_node "$n" "$@"
+	;;
+*) usage ;;
+esac

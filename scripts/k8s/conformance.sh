@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Runs upstream's Kubernetes e2e conformance specs of the pod network
+# (every "[sig-network] ... [Conformance]" spec of e2e.test v1.34.10,
+# minus the skips in test/conformance/skips.txt, each with its reason)
+# against the cluster of scripts/k8s/cluster.sh, and writes the report.
+#
+#   scripts/k8s/conformance.sh        MODE=vxlan|none NODES=2|3
+#       brings a cluster up (unless one is up), runs the specs, brings the
+#       cluster down (unless it was already up, or KEEP=1), and writes
+#       test/conformance/REPORT.md (REPORT=path to write elsewhere).
+#   FOCUS=regexp  runs only the selected specs whose name matches too.
+#
+# The e2e images are built here (images.sh) and mapped through the e2e
+# framework's image repository config (KUBE_TEST_REPO_LIST): the specs ask
+# for $E2E_REGISTRY/agnhost:2.56 and so on, which every node has imported.
+# Exit status: non-zero when a spec failed or the cluster did not come up.
+set -euo pipefail
+source "$(dirname "$0")/lib.sh"
+export MODE=${MODE:-vxlan} NODES=${NODES:-2}
+REPORT=${REPORT:-$REPO/test/conformance/REPORT.md}
+SELECT='\[sig-network\].*\[Conformance\]'
+SKIPS=$REPO/test/conformance/skips.txt
+
+t0=$SECONDS
+started=0
+if [ ! -e "/run/netns/$CP_NS" ]; then
+	"$K8S_SCRIPTS/cluster.sh" up >/dev/null
+	started=1
+fi
+teardown() {
+	if [ "$started" = 1 ] && [ "${KEEP:-0}" != 1 ]; then
+		"$K8S_SCRIPTS/cluster.sh" down
+	fi
+}
+trap teardown EXIT
+bins
+read -r MODE NODES <"$RUN/config"
+t_up=$((SECONDS - t0))
+
+out=$CLUSTER_DIR/e2e
+rm -rf "$out"
+mkdir -p "$out"
+cat >"$out/repo-list.yaml" <<Y
+promoterE2eRegistry: $E2E_REGISTRY
+gcRegistry: $E2E_REGISTRY
+dockerLibraryRegistry: $E2E_REGISTRY
+Y
+# skip regexp: the first field of every rule
+skip=$(sed -e '/^#/d' -e '/^[[:space:]]*$/d' "$SKIPS" | cut -f1 | paste -sd'|')
+skip_args=()
+[ -n "$skip" ] && skip_args=(--ginkgo.skip="$skip")
+
+e2e() {
+	KUBE_TEST_REPO_LIST=$out/repo-list.yaml nsenter --net="/run/netns/$CP_NS" "$K8S/e2e.test" \
+		--kubeconfig="$PKI/admin.kubeconfig" --kubectl-path="$K8S/kubectl" --provider=skeleton --report-dir="$out" \
+		--dump-logs-on-failure=false --ginkgo.no-color --ginkgo.timeout=60m "$@"
+}
+# every selected spec, then the run
+e2e --ginkgo.focus="$SELECT" --ginkgo.dry-run --ginkgo.json-report="$out/all.json" >"$out/dry-run.log" 2>&1
+focus=$SELECT
+[ -n "${FOCUS:-}" ] && focus="\\[sig-network\\].*($FOCUS).*\\[Conformance\\]"
+log "running the specs (log: $out/e2e.log)"
+t1=$SECONDS
+rc=0
+e2e --ginkgo.focus="$focus" "${skip_args[@]}" --ginkgo.json-report="$out/run.json" --ginkgo.v >"$out/e2e.log" 2>&1 || rc=$?
+t_run=$((SECONDS - t1))
+grep -E '^\s*(\[(PASSED|FAILED|SKIPPED)\]|Ran [0-9]+ of)' "$out/e2e.log" | tail -3 >&2 || true
+
+go build -C "$REPO" -o "$out/report" ./test/conformance/report
+mkdir -p "$(dirname "$REPORT")"
+"$out/report" -dry-run "$out/all.json" -run "$out/run.json" -skips "$SKIPS" \
+	-title "Kubernetes sig-network conformance on podnet" \
+	-meta "Kubernetes=v1.34.10 (kube-apiserver, controller-manager --allocate-node-cidrs, scheduler, kubelet, kube-proxy in nftables mode, e2e.test), etcd v3.6.8, containerd $(containerd --version | awk '{print $3}'), runc $(runc --version | awk 'NR==1{print $3}'), CoreDNS v1.12.1" \
+	-meta "podnet=$(git -C "$REPO" describe --always --dirty 2>/dev/null || echo unknown), installed by conf/k8s/podnet.yaml (encap $MODE, portmap chained), $NODES nodes" \
+	-meta "Machine=$(nproc) cores, kernel $(uname -r)" \
+	-meta "Wall time=cluster up ${t_up}s, specs ${t_run}s, total $((SECONDS - t0))s before teardown" \
+	-meta "Command=make conformance MODE=$MODE NODES=$NODES" >"$REPORT"
+log "report: $REPORT"
+exit "$rc"

@@ -1,0 +1,84 @@
+# Shared settings and helpers of scripts/k8s/*.sh (sourced, not run).
+#
+# The cluster lives in network namespaces named $NSP-* and in the scratch
+# directory $CLUSTER_DIR; nothing else on the machine changes.
+
+K8S_SCRIPTS=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(cd "$K8S_SCRIPTS/../.." && pwd)
+CLUSTER_DIR=${PODNET_CLUSTER_DIR:-/tmp/podnet-k8s}
+NSP=${PODNET_CLUSTER_NETNS:-pnk8s}     # netns prefix: $NSP-cp, $NSP-n1, ...
+CP_NS=$NSP-cp
+PKI=$CLUSTER_DIR/pki
+RUN=$CLUSTER_DIR/run                   # pid files, logs, what to undo
+IMG=$CLUSTER_DIR/images
+UNDERLAY_GW=172.31.77.1                # br0 in $CP_NS; the API server listens here
+API=https://$UNDERLAY_GW:6443
+CLUSTER_CIDR=10.244.0.0/16             # kubeadm --pod-network-cidr
+SVC_CIDR=10.96.0.0/16
+DNS_IP=10.96.0.10
+E2E_REGISTRY=localhost/podnet-e2e      # where the e2e images are mapped (KUBE_TEST_REPO_LIST)
+export PATH=$PATH:/usr/local/go/bin:/usr/sbin:/sbin
+export LC_ALL=C.UTF-8
+
+node_ip() { echo "172.31.77.$((10 + $1))"; }
+node_dir() { echo "$CLUSTER_DIR/nodes/node$1"; }
+node_ns() { echo "$NSP-n$1"; }
+log() { echo "[$(date +%T)] $*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+# bins: the cached component directories (built on first use).
+bins() {
+	KAPI=$("$REPO/scripts/ensure-kapi.sh")
+	K8S=$("$REPO/scripts/k8s/ensure-k8s.sh")
+	CNI_TOOLS=$("$REPO/scripts/install-cni-tools.sh")
+	export KAPI K8S CNI_TOOLS
+}
+
+# start_bg NAME CMD...: CMD in the background in its own session, output to
+# $RUN/NAME.log, pid to $RUN/NAME.pid.
+start_bg() {
+	local name=$1
+	shift
+	mkdir -p "$RUN"
+	setsid "$@" >>"$RUN/$name.log" 2>&1 </dev/null &
+	echo $! >"$RUN/$name.pid"
+}
+
+# wait_for SECONDS WHAT CMD...: polls CMD every 0.5 s until it succeeds.
+wait_for() {
+	local limit=$1 what=$2
+	shift 2
+	local end=$((SECONDS + limit))
+	until "$@" >/dev/null 2>&1; do
+		if [ $SECONDS -ge $end ]; then
+			log "timeout after ${limit}s waiting for $what"
+			return 1
+		fi
+		sleep 0.5
+	done
+}
+
+# kc ARGS...: kubectl as cluster admin, from the control-plane netns.
+kc() {
+	nsenter --net="/run/netns/$CP_NS" "$K8S/kubectl" --kubeconfig "$PKI/admin.kubeconfig" "$@"
+}
+
+# on_node N CMD...: CMD in node N's network and mount namespaces.
+on_node() {
+	local n=$1
+	shift
+	nsenter -t "$(cat "$RUN/node$n.pid")" -n -m -- "$@"
+}
+
+# killpid PID: TERM, then KILL after 5 s.
+killpid() {
+	local p=$1 i
+	[ -n "$p" ] && kill -0 "$p" 2>/dev/null || return 0
+	kill -TERM "$p" 2>/dev/null
+	for i in $(seq 50); do
+		kill -0 "$p" 2>/dev/null || return 0
+		sleep 0.1
+	done
+	kill -KILL "$p" 2>/dev/null
+	sleep 0.2
+}
