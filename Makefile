@@ -14,7 +14,7 @@ PKG_podnet-routed := ./routed/cmd/podnet-routed
 
 BINS := podnet podnet-bridge podnet-ipam podnet-routed
 
-.PHONY: all build test unit integration lint deps cni-tools kapi clean FORCE bench image
+.PHONY: all build test unit integration lint deps cni-tools kapi k8s clean FORCE bench image
 
 all: build
 
@@ -37,16 +37,27 @@ cni-tools:
 kapi:
 	@scripts/ensure-kapi.sh >/dev/null
 
+# kubelet, kube-controller-manager, kube-scheduler, kube-proxy, kubectl,
+# upstream's e2e.test + agnhost and CoreDNS for `make cluster` and `make
+# conformance`, built once per version (about 6-10 min the first time).
+k8s:
+	@scripts/k8s/ensure-k8s.sh >/dev/null
+
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	  if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 
-# The whole suite: lint, unit tests, then the integration tests that exec the
-# built binaries through libcni inside throwaway network namespaces (root).
-test: build cni-tools kapi lint
+# The whole suite: lint, unit tests, the integration tests that exec the
+# built binaries through libcni inside throwaway network namespaces (root),
+# then the real-cluster run: a Kubernetes cluster with podnet installed by
+# its DaemonSet, the check matrix and upstream's sig-network conformance
+# specs (report in bin/conformance-REPORT.md; `make conformance` writes the
+# committed test/conformance/REPORT.md).
+test: build cni-tools kapi k8s lint
 	PODNET_CNI_TOOLS=$$(scripts/install-cni-tools.sh) PODNET_KAPI_DIR=$$(scripts/ensure-kapi.sh) \
 	  $(GO) test -count=1 -timeout 30m ./...
+	REPORT=$(CURDIR)/bin/conformance-REPORT.md scripts/k8s/conformance.sh
 
 clean:
 	rm -rf bin

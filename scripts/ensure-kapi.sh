@@ -17,29 +17,17 @@ mkdir -p "$out"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 export CGO_ENABLED=0 GOFLAGS=-buildvcs=false
-staging=v0.${K8S_VERSION#v1.}
-minor=$(echo "$K8S_VERSION" | cut -d. -f2)
+source "$(dirname "$0")/k8s-module.sh"
 
 if [ ! -x "$out/kube-apiserver" ]; then
 	echo "building kube-apiserver $K8S_VERSION (first time only: 6-16 min)..." >&2
 	mkdir -p "$work/kas"
-	gomod=$(cd "$work" && go mod download -json "k8s.io/kubernetes@$K8S_VERSION" | sed -n 's/.*"GoMod": "\(.*\)",/\1/p')
-	{
-		printf 'module podnet.local/kube-apiserver\n\ngo 1.24.0\n\ngodebug default=go1.24\n\nrequire k8s.io/kubernetes %s\n\nreplace (\n' "$K8S_VERSION"
-		# every ./staging replace of kubernetes' go.mod -> the published module
-		sed -n '/^replace (/,/^)/p' "$gomod" | awk -v v="$staging" '/=> \.\/staging/ {print "\t" $1 " => " $1 " " v}'
-		printf ')\n'
-	} >"$work/kas/go.mod"
+	k8s_gomod podnet.local/kube-apiserver "$K8S_VERSION" >"$work/kas/go.mod"
 	printf '//go:build tools\n\npackage tools\n\nimport _ "k8s.io/kubernetes/cmd/kube-apiserver"\n' >"$work/kas/tools.go"
 	(
 		cd "$work/kas"
 		go mod tidy >&2
-		go build -trimpath -o "$out/kube-apiserver.tmp" -ldflags "-s -w \
-			-X k8s.io/component-base/version.gitVersion=$K8S_VERSION \
-			-X k8s.io/component-base/version.gitMajor=1 \
-			-X k8s.io/component-base/version.gitMinor=$minor \
-			-X k8s.io/component-base/version.gitTreeState=clean \
-			-X k8s.io/component-base/version.buildDate=1970-01-01T00:00:00Z" \
+		go build -trimpath -o "$out/kube-apiserver.tmp" -ldflags "$(k8s_ldflags "$K8S_VERSION")" \
 			k8s.io/kubernetes/cmd/kube-apiserver
 	)
 	mv "$out/kube-apiserver.tmp" "$out/kube-apiserver"

@@ -7,7 +7,8 @@
 #   scripts/k8s/cluster.sh up        MODE=vxlan|none NODES=2|3
 #   scripts/k8s/cluster.sh check     pods on every node, ping + HTTP matrix,
 #                                    ClusterIP and DNS from pods and nodes
-#   scripts/k8s/cluster.sh down      stop everything, remove it, and check
+#   scripts/k8s/cluster.sh down      stop everything, remove it (the scratch
+#                                    dir too, but for e2e/ logs), and check
 #                                    the machine is as before `up`
 #   scripts/k8s/cluster.sh kubectl ARGS...   kubectl as the cluster admin
 #   scripts/k8s/cluster.sh node N CMD...     run CMD on node N
@@ -44,7 +45,9 @@ host_state() {
 	echo "## nft ruleset (root netns)"
 	nft list ruleset 2>/dev/null || true
 	echo "## mounts"
-	findmnt -rn -o TARGET | sort
+	# (/run/netns itself is iproute2's, mounted by the first `ip netns add`
+	# on the machine and left in place by design)
+	findmnt -rn -o TARGET | grep -v '^/run/netns$' | sort
 	echo "## cgroups"
 	ls -d /sys/fs/cgroup/*/"$NSP"-* 2>/dev/null || true
 	echo "## processes of the cluster"
@@ -339,9 +342,12 @@ Y
 		for b in $nodes; do
 			if kc exec "web-$a" -- sh -c "ping -c1 -W2 ${ip[$b]} >/dev/null && [ \"\$(timeout 3 wget -qO- http://${ip[$b]}:8080/)\" = web-$b ]" >/dev/null 2>&1; then mark 12 OK; else mark 12 FAIL; fi
 		done
-		# the Service 8 times: answers must come from every node's pod (the pod's own too: hairpin)
+		# the Service until every node's pod has answered (the pod's own
+		# too: hairpin), at most 30 requests; kube-proxy may take a second
+		# to program a just-Ready endpoint
 		local got
-		got=$(kc exec "web-$a" -- sh -c "for i in 1 2 3 4 5 6 7 8; do timeout 3 wget -qO- http://$svc/; done" 2>/dev/null | sort -u | tr '\n' ' ')
+		got=$(kc exec "web-$a" -- sh -c "seen=''; for i in \$(seq 30); do r=\$(timeout 2 wget -qO- http://$svc/) && case \" \$seen \" in *\" \$r \"*) ;; *) seen=\"\$seen \$r\" ;; esac; [ \$(echo \$seen | wc -w) = $nnodes ] && break; done; echo \$seen" 2>/dev/null | tr ' ' '\n' | sort | tr '\n' ' ')
+		got=${got# }
 		if [ "$(echo "$got" | wc -w)" = "$nnodes" ]; then mark 34 OK "$got"; else mark 34 FAIL "${got:-nothing}"; fi
 		got=$(kc exec "web-$a" -- sh -c "timeout 3 wget -qO- http://web.default.svc.cluster.local/" 2>/dev/null || true)
 		if [ -n "$got" ]; then mark 1 OK "$got"; else mark 1 FAIL; fi
@@ -368,6 +374,9 @@ Y
 
 down() {
 	[ -d "$RUN" ] || { log "no cluster under $CLUSTER_DIR"; return 0; }
+	# best effort: a process already gone or a netns already removed must
+	# not stop the rest of the teardown; the host-state diff below judges.
+	set +e
 	local pidf n d ns h cg p
 	for pidf in "$RUN"/node*.pid; do
 		[ -f "$pidf" ] || continue
@@ -414,7 +423,9 @@ down() {
 		fi
 		log "down: netns, links, nft ruleset, mounts, cgroups and processes as before"
 	fi
-	rm -rf "$RUN"
+	# the scratch directory goes too, but for the last conformance run's
+	# logs and reports (e2e/)
+	find "$CLUSTER_DIR" -mindepth 1 -maxdepth 1 ! -name e2e -exec rm -rf {} +
 }
 
 case ${1:-} in

@@ -27,8 +27,12 @@ if [ ! -e "/run/netns/$CP_NS" ]; then
 	"$K8S_SCRIPTS/cluster.sh" up >/dev/null
 	started=1
 fi
+# teardown: brings down the cluster this run started (not one that was
+# already up, nor with KEEP=1); fails when the machine is not as before.
 teardown() {
+	trap - EXIT
 	if [ "$started" = 1 ] && [ "${KEEP:-0}" != 1 ]; then
+		started=0
 		"$K8S_SCRIPTS/cluster.sh" down
 	fi
 }
@@ -40,6 +44,11 @@ t_up=$((SECONDS - t0))
 out=$CLUSTER_DIR/e2e
 rm -rf "$out"
 mkdir -p "$out"
+# first what `make cluster` promises: pods on every node reach each other,
+# a ClusterIP Service and DNS, from pods and from nodes
+rc=0
+"$K8S_SCRIPTS/cluster.sh" check >"$out/check.txt" 2>&1 || rc=$?
+cat "$out/check.txt" >&2
 cat >"$out/repo-list.yaml" <<Y
 promoterE2eRegistry: $E2E_REGISTRY
 gcRegistry: $E2E_REGISTRY
@@ -61,19 +70,21 @@ focus=$SELECT
 [ -n "${FOCUS:-}" ] && focus="\\[sig-network\\].*($FOCUS).*\\[Conformance\\]"
 log "running the specs (log: $out/e2e.log)"
 t1=$SECONDS
-rc=0
-e2e --ginkgo.focus="$focus" "${skip_args[@]}" --ginkgo.json-report="$out/run.json" --ginkgo.v >"$out/e2e.log" 2>&1 || rc=$?
+e2e --ginkgo.focus="$focus" "${skip_args[@]}" --ginkgo.json-report="$out/run.json" --ginkgo.v >"$out/e2e.log" 2>&1 || rc=1
 t_run=$((SECONDS - t1))
 grep -E '^\s*(\[(PASSED|FAILED|SKIPPED)\]|Ran [0-9]+ of)' "$out/e2e.log" | tail -3 >&2 || true
 
 go build -C "$REPO" -o "$out/report" ./test/conformance/report
 mkdir -p "$(dirname "$REPORT")"
-"$out/report" -dry-run "$out/all.json" -run "$out/run.json" -skips "$SKIPS" \
+"$out/report" -dry-run "$out/all.json" -run "$out/run.json" -skips "$SKIPS" -check "$out/check.txt" \
 	-title "Kubernetes sig-network conformance on podnet" \
 	-meta "Kubernetes=v1.34.10 (kube-apiserver, controller-manager --allocate-node-cidrs, scheduler, kubelet, kube-proxy in nftables mode, e2e.test), etcd v3.6.8, containerd $(containerd --version | awk '{print $3}'), runc $(runc --version | awk 'NR==1{print $3}'), CoreDNS v1.12.1" \
 	-meta "podnet=$(git -C "$REPO" describe --always --dirty 2>/dev/null || echo unknown), installed by conf/k8s/podnet.yaml (encap $MODE, portmap chained), $NODES nodes" \
 	-meta "Machine=$(nproc) cores, kernel $(uname -r)" \
 	-meta "Wall time=cluster up ${t_up}s, specs ${t_run}s, total $((SECONDS - t0))s before teardown" \
-	-meta "Command=make conformance MODE=$MODE NODES=$NODES" >"$REPORT"
+	-meta "Command=scripts/k8s/conformance.sh (make conformance, make test) with MODE=$MODE NODES=$NODES" >"$REPORT"
 log "report: $REPORT"
+t_total=$((SECONDS - t0))
+teardown || rc=1
+log "conformance run: $((SECONDS - t0))s in all (cluster down $((SECONDS - t0 - t_total))s)"
 exit "$rc"

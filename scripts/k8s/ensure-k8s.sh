@@ -36,17 +36,8 @@ mkdir -p "$out"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 export CGO_ENABLED=0 GOFLAGS=-buildvcs=false
-staging=v0.${K8S_VERSION#v1.}
-minor=$(echo "$K8S_VERSION" | cut -d. -f2)
-ldflags="-s -w \
-	-X k8s.io/component-base/version.gitVersion=$K8S_VERSION \
-	-X k8s.io/component-base/version.gitMajor=1 \
-	-X k8s.io/component-base/version.gitMinor=$minor \
-	-X k8s.io/component-base/version.gitTreeState=clean \
-	-X k8s.io/component-base/version.buildDate=1970-01-01T00:00:00Z \
-	-X k8s.io/client-go/pkg/version.gitVersion=$K8S_VERSION \
-	-X k8s.io/client-go/pkg/version.gitMajor=1 \
-	-X k8s.io/client-go/pkg/version.gitMinor=$minor"
+source "$(dirname "$0")/../k8s-module.sh"
+ldflags=$(k8s_ldflags "$K8S_VERSION")
 
 need_k8s=0
 for b in "${k8s_bins[@]}" e2e.test agnhost; do [ -x "$out/$b" ] || need_k8s=1; done
@@ -54,14 +45,8 @@ if [ "$need_k8s" = 1 ]; then
 	echo "building Kubernetes $K8S_VERSION components and e2e.test (first time only: minutes)..." >&2
 	mod=$work/k8s
 	mkdir -p "$mod"
-	dl=$(cd "$work" && go mod download -json "k8s.io/kubernetes@$K8S_VERSION")
-	gomod=$(echo "$dl" | sed -n 's/.*"GoMod": "\(.*\)",/\1/p')
-	srcdir=$(echo "$dl" | sed -n 's/.*"Dir": "\(.*\)",/\1/p')
-	{
-		printf 'module podnet.local/k8s\n\ngo 1.24.0\n\ngodebug default=go1.24\n\nrequire k8s.io/kubernetes %s\n\nreplace (\n' "$K8S_VERSION"
-		sed -n '/^replace (/,/^)/p' "$gomod" | awk -v v="$staging" '/=> \.\/staging/ {print "\t" $1 " => " $1 " " v}'
-		printf ')\n'
-	} >"$mod/go.mod"
+	srcdir=$(cd "$work" && go mod download -json "k8s.io/kubernetes@$K8S_VERSION" | sed -n 's/.*"Dir": "\(.*\)",/\1/p')
+	k8s_gomod podnet.local/k8s "$K8S_VERSION" >"$mod/go.mod"
 	# tools.go: the commands, plus agnhost's imports (agnhost is a main
 	# package: tidy must see what it needs).
 	{

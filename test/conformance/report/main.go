@@ -62,10 +62,11 @@ func main() {
 	dry := flag.String("dry-run", "", "Ginkgo JSON report of the dry run (every selected spec)")
 	run := flag.String("run", "", "Ginkgo JSON report of the run")
 	skips := flag.String("skips", "", "file of \"regexp<TAB>reason\" lines")
+	check := flag.String("check", "", "output of `cluster.sh check`, shown as is")
 	title := flag.String("title", "Conformance report", "report title")
 	flag.Var(&meta, "meta", "\"key=value\" line for the header (repeatable)")
 	flag.Parse()
-	if err := write(os.Stdout, *title, meta, *dry, *run, *skips); err != nil {
+	if err := write(os.Stdout, *title, meta, *dry, *run, *skips, *check); err != nil {
 		fmt.Fprintln(os.Stderr, "report:", err)
 		os.Exit(1)
 	}
@@ -76,7 +77,7 @@ type multiFlag []string
 func (m *multiFlag) String() string     { return strings.Join(*m, ",") }
 func (m *multiFlag) Set(v string) error { *m = append(*m, v); return nil }
 
-func write(w io.Writer, title string, meta []string, dryPath, runPath, skipsPath string) error {
+func write(w io.Writer, title string, meta []string, dryPath, runPath, skipsPath, checkPath string) error {
 	all, err := specsOf(dryPath)
 	if err != nil {
 		return fmt.Errorf("dry run: %w", err)
@@ -138,6 +139,13 @@ func write(w io.Writer, title string, meta []string, dryPath, runPath, skipsPath
 	fmt.Fprintf(w, "- **Selected** (every `[sig-network]` `[Conformance]` spec of the suite): %d\n", len(all))
 	fmt.Fprintf(w, "- **Ran:** %d, **passed:** %d, **failed:** %d; **skipped:** %d; time in specs %s\n\n",
 		len(passed)+len(failed), len(passed), len(failed), len(notRun), total.Round(time.Second))
+	if checkPath != "" {
+		b, err := os.ReadFile(checkPath)
+		if err != nil {
+			return fmt.Errorf("check: %w", err)
+		}
+		fmt.Fprintf(w, "## Cluster check (`scripts/k8s/cluster.sh check`)\n\n```\n%s\n```\n\n", strings.TrimSpace(string(b)))
+	}
 	if len(failed) > 0 {
 		fmt.Fprintf(w, "## Failed\n\n| spec | time | failure |\n|---|---|---|\n")
 		for _, s := range failed {

@@ -1,0 +1,78 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func writeFile(t *testing.T, dir, name, content string) string {
+	t.Helper()
+	p := filepath.Join(dir, name)
+	if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// spec is one Ginkgo spec report in JSON.
+func spec(container, leaf, state string, runTime string) string {
+	return `{"ContainerHierarchyTexts":["` + container + `"],"LeafNodeText":"` + leaf + `","LeafNodeType":"It","State":"` + state + `","RunTime":` + runTime +
+		`,"Failure":{"Message":"service is not reachable | within 2m0s"}}`
+}
+
+func TestReport(t *testing.T) {
+	dir := t.TempDir()
+	// the dry run: three selected specs (passed) and one not selected (skipped)
+	dry := writeFile(t, dir, "all.json", `[{"SuiteDescription":"Kubernetes e2e suite","SpecReports":[`+
+		spec("[sig-network] Services", "should serve a basic endpoint from pods [Conformance]", "passed", "0")+","+
+		spec("[sig-network] DNS", "should provide DNS for services [Conformance]", "passed", "0")+","+
+		spec("[sig-network] HostPort", "validates no conflict [LinuxOnly] [Conformance]", "passed", "0")+","+
+		spec("[sig-apps] Deployment", "should run [Conformance]", "skipped", "0")+","+
+		`{"LeafNodeType":"BeforeSuite","State":"passed"}]}]`)
+	run := writeFile(t, dir, "run.json", `[{"SuiteDescription":"Kubernetes e2e suite","SpecReports":[`+
+		spec("[sig-network] Services", "should serve a basic endpoint from pods [Conformance]", "failed", "124000000000")+","+
+		spec("[sig-network] DNS", "should provide DNS for services [Conformance]", "passed", "9000000000")+","+
+		spec("[sig-network] HostPort", "validates no conflict [LinuxOnly] [Conformance]", "skipped", "0")+"]}]")
+	skips := writeFile(t, dir, "skips.txt", "# comment\n\nHostPort\tneeds a reason\n")
+	check := writeFile(t, dir, "check.txt", "check: all ✓\n")
+
+	var b strings.Builder
+	if err := write(&b, "T", []string{"Kubernetes=v1.34.10"}, dry, run, skips, check); err != nil {
+		t.Fatal(err)
+	}
+	got := b.String()
+	for _, want := range []string{
+		"- **Kubernetes:** v1.34.10",
+		"**Selected** (every `[sig-network]` `[Conformance]` spec of the suite): 3\n",
+		"- **Ran:** 2, **passed:** 1, **failed:** 1; **skipped:** 1; time in specs 2m13s",
+		"| [sig-network] Services should serve a basic endpoint from pods [Conformance] | 2m4s | service is not reachable \\| within 2m0s |",
+		"| [sig-network] DNS should provide DNS for services [Conformance] | 9s |",
+		"| [sig-network] HostPort validates no conflict [LinuxOnly] [Conformance] | needs a reason |",
+		"check: all ✓",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("report lacks %q:\n%s", want, got)
+		}
+	}
+	if strings.Contains(got, "sig-apps") {
+		t.Errorf("a spec the dry run did not select is in the report:\n%s", got)
+	}
+}
+
+func TestReportBadSkips(t *testing.T) {
+	dir := t.TempDir()
+	empty := writeFile(t, dir, "empty.json", "[]")
+	for _, line := range []string{"no tab here\n", "([\tbad regexp\n"} {
+		skips := writeFile(t, dir, "skips.txt", line)
+		var b strings.Builder
+		if err := write(&b, "T", nil, empty, empty, skips, ""); err == nil {
+			t.Errorf("skips %q: no error", line)
+		}
+	}
+	var b strings.Builder
+	if err := write(&b, "T", nil, filepath.Join(dir, "missing.json"), empty, "", ""); err == nil {
+		t.Error("a missing dry-run report: no error")
+	}
+}
