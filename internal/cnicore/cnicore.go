@@ -17,6 +17,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/podnet/podnet/internal/nodestate"
 )
@@ -104,6 +105,28 @@ func ParseArgs(cniArgs string) (PodArgs, error) {
 		}
 	}
 	return a, nil
+}
+
+// RefuseOwnNetns fails with code 8 (invalid netns) when path is the
+// plugin's own network namespace, the node's: every verb would then act on
+// the node itself (ADD would leave pod routes on it; DEL's fallback could
+// delete the uplink named by CNI_IFNAME). An empty or missing path is not
+// the plugin's netns (DEL must still succeed for a pod that is gone).
+func RefuseOwnNetns(path string) error {
+	if path == "" {
+		return nil
+	}
+	var target, self unix.Stat_t
+	if err := unix.Stat(path, &target); err != nil {
+		return nil // missing or unreadable: OpenNetns reports it where it matters
+	}
+	if err := unix.Stat("/proc/self/ns/net", &self); err != nil {
+		return Errorf(types.ErrInternal, "cannot read the plugin's own network namespace: %v", err)
+	}
+	if target.Dev == self.Dev && target.Ino == self.Ino {
+		return Errorf(types.ErrInvalidNetNS, "CNI_NETNS %s is the network namespace the plugin runs in (the node's), not a pod's: refusing to touch it", path)
+	}
+	return nil
 }
 
 // OpenNetns opens the pod netns. A path that does not exist or is not a

@@ -75,6 +75,11 @@ func MoveToPod(spec VethSpec, podNS ns.NetNS) error {
 			}
 			return fmt.Errorf("rename %s to %s in netns %s: %w", tmp, spec.PodName, podNS.Path(), err)
 		}
+		// the pod end carries the owner too: DEL's fallback deletes only
+		// a pod link podnet made for this attachment
+		if err := netlink.LinkSetAlias(link, spec.Owner.Alias()); err != nil {
+			return fmt.Errorf("set alias on %s in netns %s: %w", spec.PodName, podNS.Path(), err)
+		}
 		return nil
 	})
 }
@@ -122,9 +127,12 @@ func DeleteStaleHostVeth(hostName string, owner Owner) error {
 	return nil
 }
 
-// DeletePodLink deletes ifName inside podNS if it is still there (the host
-// end was already gone). A missing netns or link is not an error.
-func DeletePodLink(netnsPath, ifName string) error {
+// DeletePodLink deletes ifName inside the pod netns if it is still there
+// (the host end was not found) and podnet made it for owner: a veth whose
+// alias names owner. Any other link by that name is left alone. A missing
+// netns or link is not an error. The caller has made sure netnsPath is not
+// the node's own netns (cnicore.RefuseOwnNetns).
+func DeletePodLink(netnsPath, ifName string, owner Owner) error {
 	if netnsPath == "" {
 		return nil
 	}
@@ -147,6 +155,9 @@ func DeletePodLink(netnsPath, ifName string) error {
 			return fmt.Errorf("look up %s in netns %s: %w", ifName, netnsPath, err)
 		}
 		if _, isVeth := link.(*netlink.Veth); !isVeth {
+			return nil
+		}
+		if got, ok := ParseAlias(link.Attrs().Alias); !ok || got != owner {
 			return nil
 		}
 		if err := netlink.LinkDel(link); err != nil && !isNotFound(err) {

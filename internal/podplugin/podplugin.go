@@ -84,6 +84,10 @@ type invocation struct {
 }
 
 func (p *Plugin) begin(args *skel.CmdArgs) (*invocation, error) {
+	// before anything else: never act on the node's own netns as a pod's
+	if err := cnicore.RefuseOwnNetns(args.Netns); err != nil {
+		return nil, err
+	}
 	var conf cnicore.NetConf
 	if err := cnicore.LoadConf(args.StdinData, &conf, &conf); err != nil {
 		return nil, err
@@ -235,7 +239,7 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 		return cnicore.Errorf(types.ErrTryAgainLater, "%v", err)
 	}
 	if !deleted {
-		if err := podlink.DeletePodLink(args.Netns, args.IfName); err != nil {
+		if err := podlink.DeletePodLink(args.Netns, args.IfName, inv.owner); err != nil {
 			return cnicore.Errorf(types.ErrTryAgainLater, "%v", err)
 		}
 	}
