@@ -191,8 +191,18 @@ func Logger(conf *NetConf, plugin string) (*slog.Logger, func()) {
 	if conf.LogFile == "" {
 		return slog.New(slog.NewTextHandler(io.Discard, nil)), func() {}
 	}
-	f, err := os.OpenFile(conf.LogFile, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o600)
+	// O_NOFOLLOW, O_NONBLOCK (a FIFO must not hang ADD) and a regular-file
+	// check: a symlink, FIFO or device planted at the log path must not make
+	// a root process append to another file.
+	f, err := os.OpenFile(conf.LogFile, os.O_APPEND|os.O_CREATE|os.O_WRONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0o600)
+	if err == nil {
+		if st, serr := f.Stat(); serr != nil || !st.Mode().IsRegular() {
+			_ = f.Close()
+			err = fmt.Errorf("not a regular file")
+		}
+	}
 	if err != nil {
+		fmt.Fprintf(os.Stderr, "%s: not logging to logFile %s: %v\n", plugin, conf.LogFile, err)
 		return slog.New(slog.NewTextHandler(io.Discard, nil)), func() {}
 	}
 	l := slog.New(slog.NewJSONHandler(f, nil)).With("plugin", plugin, "network", conf.Name)
