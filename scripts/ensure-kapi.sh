@@ -13,11 +13,8 @@ if [ -x "$out/kube-apiserver" ] && [ -x "$out/etcd" ]; then
 	echo "$out"
 	exit 0
 fi
-mkdir -p "$out"
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-export CGO_ENABLED=0 GOFLAGS=-buildvcs=false
 source "$(dirname "$0")/k8s-module.sh"
+k8s_build_start "$out"
 
 if [ ! -x "$out/kube-apiserver" ]; then
 	echo "building kube-apiserver $K8S_VERSION (first time only: 6-16 min)..." >&2

@@ -29,3 +29,13 @@ k8s_ldflags() {
 -X k8s.io/client-go/pkg/version.gitMajor=1 \
 -X k8s.io/client-go/pkg/version.gitMinor=$minor"
 }
+
+# k8s_build_start OUT: creates the cache directory OUT and a scratch
+# directory $work (removed when the script exits), and sets the build
+# environment (static binaries, no VCS stamping).
+k8s_build_start() {
+	mkdir -p "$1"
+	work=$(mktemp -d)
+	trap 'rm -rf "$work"' EXIT
+	export CGO_ENABLED=0 GOFLAGS=-buildvcs=false
+}

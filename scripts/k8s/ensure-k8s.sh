@@ -32,11 +32,8 @@ if have_all; then
 	echo "$out"
 	exit 0
 fi
-mkdir -p "$out"
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-export CGO_ENABLED=0 GOFLAGS=-buildvcs=false
 source "$(dirname "$0")/../k8s-module.sh"
+k8s_build_start "$out"
 ldflags=$(k8s_ldflags "$K8S_VERSION")
 
 need_k8s=0
