@@ -8,6 +8,8 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/containernetworking/cni/pkg/types"
@@ -72,6 +74,8 @@ type Plan struct {
 	Exclude   []netip.Prefix
 	Requested []netip.Addr
 	DataDir   string
+	// NodePodCIDRs are the node's PodCIDRs the ranges use (usePodCidr).
+	NodePodCIDRs []netip.Prefix
 }
 
 // ErrPodCIDRUnknown means a range uses usePodCidr and the node state file
@@ -82,6 +86,9 @@ var ErrPodCIDRUnknown = errors.New("node PodCIDR not known yet")
 type PodCIDRSource func() ([]netip.Prefix, error)
 
 // NodeStatePodCIDRs reads the PodCIDRs from the node state file in dir.
+// Every PodCIDR of the file must pass nodestate.CheckPodCIDR: a file with
+// an absurd one is not trusted for any of them. Those errors wrap
+// nodestate.ErrBadPodCIDR and name the file and the value.
 func NodeStatePodCIDRs(dir string) PodCIDRSource {
 	return func() ([]netip.Prefix, error) {
 		st, err := nodestate.Read(dir)
@@ -91,16 +98,40 @@ func NodeStatePodCIDRs(dir string) PodCIDRSource {
 			}
 			return nil, err
 		}
-		var out []netip.Prefix
-		for _, s := range st.PodCIDRs {
-			p, err := netip.ParsePrefix(s)
-			if err != nil {
-				return nil, fmt.Errorf("node state %s: bad podCIDR %q: %w", nodestate.Path(dir), s, err)
-			}
-			out = append(out, p)
+		out, err := st.PodCIDRPrefixes()
+		if err != nil {
+			return nil, fmt.Errorf("node state %s: %w", nodestate.Path(dir), err)
 		}
 		return out, nil
 	}
+}
+
+// NodeAddrSource lists the node's own addresses.
+type NodeAddrSource func() ([]netip.Addr, error)
+
+// CheckNodeAddrs refuses a plan that could hand out one of addrs, the
+// node's own addresses, to a pod: an address among a range's candidates
+// that is neither the range's gateway nor excluded. The network address
+// (podnet-routed puts it on its VXLAN device) and the gateway
+// (podnet-bridge puts it on the bridge) are never handed out, so those
+// addresses of podnet itself do not count. A range from the node's
+// PodCIDR fails with an error wrapping nodestate.ErrBadPodCIDR that names
+// stateFile; a configured range with code 7.
+func (p *Plan) CheckNodeAddrs(addrs []netip.Addr, stateFile string) error {
+	for i, set := range p.Sets {
+		for _, r := range set {
+			for _, a := range addrs {
+				if !r.Contains(a) || a == r.Gateway || slices.ContainsFunc(p.Exclude, func(e netip.Prefix) bool { return e.Contains(a) }) {
+					continue
+				}
+				if slices.Contains(p.NodePodCIDRs, r.Subnet) {
+					return fmt.Errorf("node state %s: podCIDR %s: %w: it holds %s, an address of this node, which would be handed out to a pod", stateFile, r.Subnet, nodestate.ErrBadPodCIDR, a)
+				}
+				return configError("podnet-ipam: range set %d: subnet %s holds %s, an address of this node, which would be handed out to a pod: use a pod range apart from the node's addresses, or keep the address out with \"exclude\" or \"rangeStart\"/\"rangeEnd\"", i, r.Subnet, a)
+			}
+		}
+	}
+	return nil
 }
 
 // configError is a CNI "invalid network config" error.
@@ -121,6 +152,12 @@ func ParseConfig(stdin []byte, cniArgs string, podCIDRs PodCIDRSource) (*Plan, e
 	if plan.DataDir == "" {
 		plan.DataDir = DefaultDataDir
 	}
+	if !filepath.IsAbs(plan.DataDir) {
+		// Relative to the runtime's working directory, which differs
+		// between callers: two stores, duplicate addresses.
+		return nil, configError("podnet-ipam: dataDir %q: want an absolute path", plan.DataDir)
+	}
+	plan.DataDir = filepath.Clean(plan.DataDir)
 	rangeSets := conf.IPAM.Ranges
 	if conf.IPAM.Subnet != "" {
 		rangeSets = append([][]RangeConfig{{conf.IPAM.RangeConfig}}, rangeSets...)
@@ -145,6 +182,15 @@ func ParseConfig(stdin []byte, cniArgs string, podCIDRs PodCIDRSource) (*Plan, e
 				p, ok := pickCIDR(cidrs, subnetText == UsePodCIDRIPv6)
 				if !ok {
 					return nil, fmt.Errorf("%w: the node has no %s PodCIDR (podCIDRs %v)", ErrPodCIDRUnknown, family(subnetText == UsePodCIDRIPv6), cidrs)
+				}
+				// NodeStatePodCIDRs checked it already; other sources too
+				// must not make the node's PodCIDR a config error.
+				if err := nodestate.CheckPodCIDR(p); err != nil {
+					return nil, fmt.Errorf("node PodCIDR %s: %w", p, err)
+				}
+				p = p.Masked()
+				if !slices.Contains(plan.NodePodCIDRs, p) {
+					plan.NodePodCIDRs = append(plan.NodePodCIDRs, p)
 				}
 				subnetText = p.String()
 			}
@@ -194,6 +240,9 @@ func parseRange(rc RangeConfig, subnetText string) (allocator.Range, error) {
 	subnet, err := netip.ParsePrefix(subnetText)
 	if err != nil {
 		return allocator.Range{}, fmt.Errorf("subnet %q: want a CIDR, %q or %q", subnetText, UsePodCIDR, UsePodCIDRIPv6)
+	}
+	if err := nodestate.CheckPodCIDR(subnet); err != nil {
+		return allocator.Range{}, fmt.Errorf("subnet %q: %w", subnetText, err)
 	}
 	var addrs [3]netip.Addr
 	for i, s := range []string{rc.RangeStart, rc.RangeEnd, rc.Gateway} {

@@ -12,8 +12,27 @@ import (
 
 	"github.com/containernetworking/cni/pkg/types"
 
+	"github.com/podnet/podnet/internal/nodestate"
 	"github.com/podnet/podnet/ipam/allocator"
 )
+
+// The verbs' unit tests run in the netns of "go test", whose addresses may
+// fall in their ranges (a machine with fd00::2 would refuse fd00::/120):
+// they see a node without addresses unless a test sets some with
+// cfgtNodeAddrs. The integration tests use the real nodestate.LocalAddrs.
+func init() { nodeAddrs = func() ([]netip.Addr, error) { return nil, nil } }
+
+// cfgtNodeAddrs makes addrs the node's addresses until the test ends.
+func cfgtNodeAddrs(t *testing.T, addrs ...string) {
+	t.Helper()
+	old := nodeAddrs
+	t.Cleanup(func() { nodeAddrs = old })
+	var list []netip.Addr
+	for _, a := range addrs {
+		list = append(list, netip.MustParseAddr(a))
+	}
+	nodeAddrs = func() ([]netip.Addr, error) { return list, nil }
+}
 
 // cfgtSource is a fake PodCIDRSource; calls counts its invocations.
 func cfgtSource(calls *int, cidrs ...string) PodCIDRSource {
@@ -308,6 +327,19 @@ func TestParseConfigErrors(t *testing.T) {
 		{"subnet without length", string(cfgtIPAM(`"subnet":"10.0.0.0"`)), "", `subnet "10.0.0.0"`},
 		{"subnet length out of range", string(cfgtIPAM(`"ranges":[[{"subnet":"10.0.0.0/24"}],[{"subnet":"10.1.0.0/33"}]]`)), "", `range set 1: subnet "10.1.0.0/33"`},
 		{"subnet too small", string(cfgtIPAM(`"subnet":"10.0.0.0/31"`)), "", "too small"},
+		{"subnet 0.0.0.0/0", string(cfgtIPAM(`"ranges":[[{"subnet":"0.0.0.0/0"}]]`)), "", `range set 0: subnet "0.0.0.0/0": not usable as a node's pod range: 0.0.0.0/0 is far too large`},
+		{"subnet 0.0.0.0/4", string(cfgtIPAM(`"ranges":[[{"subnet":"0.0.0.0/4"}]]`)), "", `subnet "0.0.0.0/4"`},
+		{"subnet /7", string(cfgtIPAM(`"subnet":"10.0.0.0/7"`)), "", "/8 or longer"},
+		{"subnet ::/0", string(cfgtIPAM(`"ranges":[[{"subnet":"10.0.0.0/24"}],[{"subnet":"::/0","rangeEnd":"ffff::"}]]`)), "", `range set 1: subnet "::/0"`},
+		{"IPv6 subnet shorter than /48", string(cfgtIPAM(`"subnet":"fd00::/47"`)), "", "/48 or longer"},
+		{"loopback subnet", string(cfgtIPAM(`"ranges":[[{"subnet":"127.0.0.0/24"}]]`)), "", `subnet "127.0.0.0/24": not usable as a node's pod range: 127.0.0.0/24 overlaps the loopback range 127.0.0.0/8`},
+		{"link-local subnet", string(cfgtIPAM(`"ranges":[[{"subnet":"169.254.0.0/24"}]]`)), "", "169.254.0.0/24 overlaps the link-local range"},
+		{"multicast subnet", string(cfgtIPAM(`"ranges":[[{"subnet":"224.0.0.0/24"}]]`)), "", "224.0.0.0/24 overlaps the multicast range"},
+		{"reserved subnet", string(cfgtIPAM(`"subnet":"255.255.255.0/24"`)), "", "reserved range"},
+		{"IPv6 link-local subnet", string(cfgtIPAM(`"subnet":"fe80::/64"`)), "", "link-local"},
+		{"IPv6 multicast subnet", string(cfgtIPAM(`"subnet":"ff02::/64"`)), "", "multicast"},
+		{"IPv6 unspecified subnet", string(cfgtIPAM(`"subnet":"::/64"`)), "", "unspecified address"},
+		{"IPv4-mapped subnet", string(cfgtIPAM(`"subnet":"::ffff:10.0.0.0/120"`)), "", "IPv4-mapped"},
 		{"overlapping ranges", string(cfgtIPAM(`"ranges":[[{"subnet":"10.0.0.0/24"},{"subnet":"10.0.0.0/25"}]]`)), "", "overlap"},
 		{"overlapping ranges across sets", string(cfgtIPAM(`"subnet":"10.0.0.0/16","ranges":[[{"subnet":"10.0.5.0/24"}]]`)), "", "overlap"},
 		{"mixed families in a set", string(cfgtIPAM(`"ranges":[[{"subnet":"10.0.0.0/24"},{"subnet":"fd00::/64"}]]`)), "", "mixes IPv4 and IPv6"},
@@ -355,6 +387,9 @@ func FuzzParseConfig(f *testing.F) {
 		cfgtIPAM(`"subnet":"::ffff:10.0.0.0/120","gateway":"::ffff:10.0.0.1"`),
 		cfgtIPAM(`"subnet":"fe80::/64","rangeStart":"fe80::1%eth0"`),
 		cfgtIPAM(`"subnet":"10.0.0.0/30","rangeStart":"10.0.0.3"`),
+		cfgtIPAM(`"ranges":[[{"subnet":"127.0.0.0/24"}],[{"subnet":"fd00::/47"}]]`),
+		cfgtIPAM(`"ranges":[[{"subnet":"224.0.0.0/24"}],[{"subnet":"ff02::/64"}]]`),
+		cfgtIPAM(`"ranges":[[{"subnet":"169.254.0.0/24"},{"subnet":"0.0.0.0/4"}]]`),
 		[]byte(`{"name":`),
 		[]byte(`null`),
 	} {
@@ -383,6 +418,9 @@ func FuzzParseConfig(f *testing.F) {
 				bits := r.Subnet.Addr().BitLen()
 				if !r.Subnet.IsValid() || r.Subnet != r.Subnet.Masked() {
 					t.Fatalf("ParseConfig(%q): range %v: bad subnet", stdin, r)
+				}
+				if err := nodestate.CheckPodCIDR(r.Subnet); err != nil {
+					t.Fatalf("ParseConfig(%q): range %v: %v", stdin, r, err)
 				}
 				if r.Start.BitLen() != bits || r.End.BitLen() != bits || r.Start.Compare(r.End) > 0 {
 					t.Fatalf("ParseConfig(%q): range %v: start after end or wrong family", stdin, r)
@@ -633,15 +671,160 @@ func TestVerbsPodCIDR(t *testing.T) {
 
 func TestVerbsBadConfig(t *testing.T) {
 	e := newCfgtEnv(t)
-	for _, stdin := range [][]byte{
-		[]byte(`{"name":`),
-		e.conf(`"subnet":"10.0.0.0/33"`),
-		cfgtIPAM(`"subnet":"10.0.0.0/24"`, `"name":"../../etc"`),
+	for _, tc := range []struct {
+		stdin []byte
+		cause string
+	}{
+		{[]byte(`{"name":`), "invalid config"},
+		{e.conf(`"subnet":"10.0.0.0/33"`), `subnet "10.0.0.0/33"`},
+		{e.conf(`"subnet":"0.0.0.0/0"`), `subnet "0.0.0.0/0": not usable as a node's pod range`},
+		{cfgtIPAM(`"subnet":"10.0.0.0/24"`, `"name":"../../etc"`), "invalid characters"},
 	} {
-		req := Request{Stdin: stdin, ContainerID: "c1", IfName: "eth0"}
+		req := Request{Stdin: tc.stdin, ContainerID: "c1", IfName: "eth0"}
 		_, err := Add(req)
-		cfgtCode(t, fmt.Sprintf("ADD %s", stdin), err, types.ErrInvalidNetworkConfig, "")
-		cfgtCode(t, fmt.Sprintf("STATUS %s", stdin), Status(req), types.ErrInvalidNetworkConfig, "")
-		cfgtCode(t, fmt.Sprintf("DEL %s", stdin), Del(req), types.ErrInvalidNetworkConfig, "")
+		cfgtCode(t, fmt.Sprintf("ADD %s", tc.stdin), err, types.ErrInvalidNetworkConfig, tc.cause)
+		// STATUS answers 50 (cannot serve ADD), the code the CNI spec
+		// defines for STATUS, with the cause.
+		cfgtCode(t, fmt.Sprintf("STATUS %s", tc.stdin), Status(req), types.ErrPluginNotAvailable, tc.cause)
+		cfgtCode(t, fmt.Sprintf("DEL %s", tc.stdin), Del(req), types.ErrInvalidNetworkConfig, tc.cause)
 	}
+	if _, err := os.Stat(e.dataDir); err == nil {
+		t.Error("a rejected config created the data directory")
+	}
+}
+
+// TestParseConfigNodePodCIDRChecked: a PodCIDR from the node is checked
+// like a configured subnet, but refused as a node state problem (the
+// caller's code for those), not as a config error.
+func TestParseConfigNodePodCIDRChecked(t *testing.T) {
+	for _, tc := range []struct{ subnet, cidr string }{
+		{"usePodCidr", "0.0.0.0/0"},
+		{"usePodCidr", "127.0.0.0/24"},
+		{"usePodCidrIPv6", "fd00::/32"},
+	} {
+		plan, err := ParseConfig(cfgtIPAM(fmt.Sprintf(`"subnet":%q`, tc.subnet)), "", cfgtSource(nil, tc.cidr))
+		var te *types.Error
+		if plan != nil || !errors.Is(err, nodestate.ErrBadPodCIDR) || errors.As(err, &te) || errors.Is(err, ErrPodCIDRUnknown) || !strings.Contains(err.Error(), tc.cidr) {
+			t.Errorf("%s with PodCIDR %s: %v, %v; want a plain error wrapping ErrBadPodCIDR naming it", tc.subnet, tc.cidr, plan, err)
+		}
+	}
+	plan, err := ParseConfig(cfgtIPAM(`"ranges":[[{"subnet":"usePodCidr"}],[{"subnet":"10.9.0.0/24"}]]`), "", cfgtSource(nil, "10.244.1.77/24"))
+	if err != nil || !slices.Equal(cfgtStrings(plan.NodePodCIDRs), []string{"10.244.1.0/24"}) {
+		t.Errorf("NodePodCIDRs = %v, %v; want the masked PodCIDR only", plan, err)
+	}
+}
+
+// TestVerbsNodeStateBadPodCIDR: a node.json whose PodCIDR is absurd is
+// refused with the node state's code (11 for ADD, 50 for STATUS), naming the
+// file and the value; nothing is reserved, not even the data directory.
+func TestVerbsNodeStateBadPodCIDR(t *testing.T) {
+	for _, cidr := range []string{"0.0.0.0/0", "0.0.0.0/4", "127.0.0.0/24", "169.254.0.0/24", "224.0.0.0/24", "10.0.0.0/31", "not a cidr"} {
+		t.Run(cidr, func(t *testing.T) {
+			e := newCfgtEnv(t)
+			e.writeNode(fmt.Sprintf(`{"podCIDRs":[%q],"mtu":1400}`, cidr))
+			stdin := e.conf(`"ranges":[[{"subnet":"usePodCidr"}]]`)
+			req := Request{Stdin: stdin, ContainerID: "c1", IfName: "eth0"}
+			file := filepath.Join(e.stateDir, "node.json")
+			res, err := Add(req)
+			if res != nil {
+				t.Errorf("ADD handed out %v", res.IPs)
+			}
+			cfgtCode(t, "ADD", err, types.ErrTryAgainLater, fmt.Sprintf("node state %s: podCIDR %q", file, cidr))
+			cfgtCode(t, "STATUS", Status(Request{Stdin: stdin}), types.ErrPluginNotAvailable, fmt.Sprintf("node state %s: podCIDR %q", file, cidr))
+			cfgtCode(t, "CHECK", Check(req), types.ErrTryAgainLater, file)
+			if _, err := os.Stat(e.dataDir); err == nil {
+				t.Error("ADD created the data directory")
+			}
+		})
+	}
+}
+
+// TestVerbsNodeAddrs: a range that could hand out an address of the node
+// itself is refused: code 7 for a configured subnet, the node state's code
+// for the node's PodCIDR. The network address and the gateway, which
+// podnet-routed (VXLAN VTEP) and podnet-bridge (bridge) put on the node,
+// are never handed out and do not count; neither do excluded addresses.
+func TestVerbsNodeAddrs(t *testing.T) {
+	cfgtNodeAddrs(t, "192.168.77.1", "fd77::1", "10.9.0.0", "10.9.0.1", "fd09::", "fd09::1")
+	e := newCfgtEnv(t)
+	file := filepath.Join(e.stateDir, "node.json")
+
+	// The node's PodCIDR covers its address.
+	e.writeNode(`{"podCIDRs":["192.168.0.0/16","fd77::/64"]}`)
+	podCIDR := e.conf(`"ranges":[[{"subnet":"usePodCidr"}]]`)
+	_, err := Add(Request{Stdin: podCIDR, ContainerID: "c1", IfName: "eth0"})
+	cfgtCode(t, "ADD usePodCidr 192.168.0.0/16", err, types.ErrTryAgainLater, fmt.Sprintf("node state %s: podCIDR 192.168.0.0/16", file))
+	cfgtCode(t, "ADD usePodCidr 192.168.0.0/16", err, types.ErrTryAgainLater, "holds 192.168.77.1, an address of this node")
+	cfgtCode(t, "STATUS usePodCidr 192.168.0.0/16", Status(Request{Stdin: podCIDR}), types.ErrPluginNotAvailable, "holds 192.168.77.1")
+	// fd77::1 is the gateway of fd77::/64: not handed out.
+	v6 := e.conf(`"ranges":[[{"subnet":"usePodCidrIPv6"}]]`)
+	if res, err := Add(Request{Stdin: v6, ContainerID: "c1", IfName: "eth0"}); err != nil || res.IPs[0].Address.String() != "fd77::2/64" {
+		t.Errorf("ADD usePodCidrIPv6 fd77::/64 (node address = gateway): %v, %v", res, err)
+	}
+	// DEL, CHECK and GC hand nothing out: they work on such a range.
+	if err := Del(Request{Stdin: podCIDR, ContainerID: "c1", IfName: "eth0"}); err != nil {
+		t.Errorf("DEL: %v", err)
+	}
+
+	// The same subnet configured: code 7.
+	conf := e.conf(`"ranges":[[{"subnet":"10.1.0.0/24"}],[{"subnet":"192.168.0.0/16"}]]`)
+	_, err = Add(Request{Stdin: conf, ContainerID: "c2", IfName: "eth0"})
+	cfgtCode(t, "ADD ranges 192.168.0.0/16", err, types.ErrInvalidNetworkConfig, "range set 1: subnet 192.168.0.0/16 holds 192.168.77.1, an address of this node")
+	cfgtCode(t, "STATUS ranges 192.168.0.0/16", Status(Request{Stdin: conf}), types.ErrPluginNotAvailable, "holds 192.168.77.1")
+
+	// Kept out by exclude or by the range bounds: fine.
+	for _, ok := range []string{
+		`"subnet":"192.168.0.0/16","exclude":["192.168.77.0/24"]`,
+		`"subnet":"192.168.0.0/16","rangeStart":"192.168.78.1"`,
+		`"subnet":"192.168.0.0/16","gateway":"192.168.77.1"`,
+	} {
+		if err := Status(Request{Stdin: e.conf(ok)}); err != nil {
+			t.Errorf("STATUS %s: %v", ok, err)
+		}
+	}
+
+	// podnet's own addresses in the PodCIDR: network address and gateway.
+	e.writeNode(`{"podCIDRs":["10.9.0.0/24","fd09::/64"]}`)
+	dual := e.conf(`"ranges":[[{"subnet":"usePodCidr"}],[{"subnet":"usePodCidrIPv6"}]]`)
+	res, err := Add(Request{Stdin: dual, ContainerID: "c3", IfName: "eth0"})
+	if err != nil || res.IPs[0].Address.String() != "10.9.0.2/24" || res.IPs[1].Address.String() != "fd09::2/64" {
+		t.Errorf("ADD with the VTEP and gateway addresses on the node: %v, %v", res, err)
+	}
+
+	// An address listing failure is not a pass.
+	nodeAddrs = func() ([]netip.Addr, error) { return nil, errors.New("netlink: boom") }
+	_, err = Add(Request{Stdin: dual, ContainerID: "c4", IfName: "eth0"})
+	cfgtCode(t, "ADD when the node's addresses cannot be listed", err, types.ErrTryAgainLater, "netlink: boom")
+}
+
+// TestVerbsStatusUnusable: STATUS answers 50 with the cause whatever keeps
+// ADD from working, also where ADD would answer 5 or 11.
+func TestVerbsStatusUnusable(t *testing.T) {
+	// A data directory below a regular file.
+	e := newCfgtEnv(t)
+	file := filepath.Join(t.TempDir(), "file")
+	if err := os.WriteFile(file, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	stdin := cfgtIPAM(fmt.Sprintf(`"dataDir":%q,"subnet":"10.0.0.0/24"`, filepath.Join(file, "ipam")))
+	_, err := Add(Request{Stdin: stdin, ContainerID: "c1", IfName: "eth0"})
+	cfgtCode(t, "ADD with a file in the dataDir path", err, types.ErrIOFailure, file)
+	cfgtCode(t, "STATUS with a file in the dataDir path", Status(Request{Stdin: stdin}), types.ErrPluginNotAvailable, file)
+
+	// A corrupt node.json.
+	e.writeNode(`{"podCIDRs":["10.9.0.0/24"`)
+	stdin = e.conf(`"subnet":"usePodCidr"`)
+	_, err = Add(Request{Stdin: stdin, ContainerID: "c1", IfName: "eth0"})
+	nodeFile := filepath.Join(e.stateDir, "node.json")
+	cfgtCode(t, "ADD with a corrupt node.json", err, types.ErrTryAgainLater, "parse node state "+nodeFile)
+	cfgtCode(t, "STATUS with a corrupt node.json", Status(Request{Stdin: stdin}), types.ErrPluginNotAvailable, "parse node state "+nodeFile)
+
+	// node.json is a directory.
+	if err := os.Remove(nodeFile); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(nodeFile, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cfgtCode(t, "STATUS with node.json a directory", Status(Request{Stdin: stdin}), types.ErrPluginNotAvailable, "read node state "+nodeFile)
 }

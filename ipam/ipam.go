@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"syscall"
 
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
@@ -31,36 +32,74 @@ type session struct {
 	alloc *allocator.Allocator
 }
 
+// nodeAddrs lists the node's own addresses: those of the netns podnet-ipam
+// runs in (the node's, for a CNI plugin). Unit tests replace it.
+var nodeAddrs NodeAddrSource = nodestate.LocalAddrs
+
 // open parses the config and opens the locked store. An unknown PodCIDR
-// comes back as an error wrapping ErrPodCIDRUnknown (see openError).
-func open(req Request) (*session, error) {
-	plan, err := ParseConfig(req.Stdin, req.Args, NodeStatePodCIDRs(stateDir(req.Stdin)))
+// comes back as an error wrapping ErrPodCIDRUnknown (see openError). For
+// the verbs that hand out addresses (ADD, and STATUS which tells whether
+// ADD can) handsOut also refuses ranges that hold an address of the node
+// (Plan.CheckNodeAddrs); DEL, CHECK and GC only look up reservations.
+func open(req Request, handsOut bool) (*session, error) {
+	dir := stateDir(req.Stdin)
+	plan, err := ParseConfig(req.Stdin, req.Args, NodeStatePodCIDRs(dir))
 	if err != nil {
 		return nil, err
+	}
+	if handsOut {
+		addrs, err := nodeAddrs()
+		if err != nil {
+			return nil, err
+		}
+		if err := plan.CheckNodeAddrs(addrs, nodestate.Path(dir)); err != nil {
+			return nil, err
+		}
 	}
 	if err := utils.ValidateNetworkName(plan.Conf.Name); err != nil {
 		return nil, err
 	}
 	disk, err := store.OpenDisk(plan.DataDir, plan.Conf.Name)
 	if err != nil {
-		return nil, types.NewError(types.ErrIOFailure, fmt.Sprintf("podnet-ipam: %v", err), "")
+		return nil, storeError("", err)
 	}
 	return &session{plan: plan, disk: disk, alloc: &allocator.Allocator{Sets: plan.Sets, Exclude: plan.Exclude, Store: disk}}, nil
 }
 
 func (s *session) close() { _ = s.disk.Close() }
 
-// openError turns an open failure into a CNI error; an unknown PodCIDR gets
-// podCIDRCode (11 for ADD, 50 for STATUS).
-func openError(err error, podCIDRCode uint) error {
+// openError turns an open failure into a CNI error. Config problems are
+// code 7 already. A node state problem (PodCIDR unknown yet, a node.json
+// that cannot be read or parsed, an unusable PodCIDR in it) gets
+// nodeStateCode: 11 for ADD, DEL, CHECK and GC, since podnet-routed
+// rewrites the file when the Node changes; 50 for STATUS, which maps
+// every failure to 50 anyway (statusError). Any other failure that is not
+// a CNI error yet gets nodeStateCode too.
+func openError(err error, nodeStateCode uint) error {
 	if errors.Is(err, ErrPodCIDRUnknown) {
-		return types.NewError(podCIDRCode, fmt.Sprintf("podnet-ipam: %v", err), "podnet-routed writes the node's PodCIDR to node.json once the Node has spec.podCIDRs")
+		return types.NewError(nodeStateCode, fmt.Sprintf("podnet-ipam: %v", err), "podnet-routed writes the node's PodCIDR to node.json once the Node has spec.podCIDRs")
 	}
 	var te *types.Error
 	if errors.As(err, &te) {
 		return te
 	}
-	return types.NewError(types.ErrTryAgainLater, fmt.Sprintf("podnet-ipam: %v", err), "")
+	if errors.Is(err, nodestate.ErrBadPodCIDR) {
+		return types.NewError(nodeStateCode, fmt.Sprintf("podnet-ipam: %v", err), "podnet-routed copies the Node's spec.podCIDRs into node.json: fix the Node's PodCIDR (the cluster's pod CIDR allocation)")
+	}
+	return types.NewError(nodeStateCode, fmt.Sprintf("podnet-ipam: %v", err), "")
+}
+
+// statusError maps a STATUS failure to code 50, "the plugin is not
+// available (cannot service ADD requests)", keeping the cause's message and
+// details. The CNI spec defines 50 and 51 for STATUS; 51 adds that existing
+// containers may have lost connectivity, which no IPAM failure causes (not
+// even a full range), so podnet-ipam never answers it.
+func statusError(err error) *types.Error {
+	var te *types.Error
+	if errors.As(err, &te) {
+		return types.NewError(types.ErrPluginNotAvailable, te.Msg, te.Details)
+	}
+	return types.NewError(types.ErrPluginNotAvailable, fmt.Sprintf("podnet-ipam: %v", err), "")
 }
 
 // stateDir is ipam.stateDir, else the plugin's top-level stateDir, else the
@@ -93,7 +132,7 @@ func Add(req Request) (*current.Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	s, err := open(req)
+	s, err := open(req, true)
 	if err != nil {
 		return nil, openError(err, types.ErrTryAgainLater)
 	}
@@ -119,7 +158,7 @@ func Del(req Request) error {
 	if err != nil {
 		return err
 	}
-	s, err := open(req)
+	s, err := open(req, false)
 	if errors.Is(err, ErrPodCIDRUnknown) {
 		return nil // PodCIDR never known: nothing can have been allocated
 	}
@@ -128,7 +167,7 @@ func Del(req Request) error {
 	}
 	defer s.close()
 	if err := s.alloc.Release(o); err != nil {
-		return types.NewError(types.ErrIOFailure, fmt.Sprintf("podnet-ipam: release %s/%s: %v", o.ContainerID, o.IfName, err), "")
+		return storeError(fmt.Sprintf("release %s/%s: ", o.ContainerID, o.IfName), err)
 	}
 	return nil
 }
@@ -139,14 +178,14 @@ func Check(req Request) error {
 	if err != nil {
 		return err
 	}
-	s, err := open(req)
+	s, err := open(req, false)
 	if err != nil {
 		return openError(err, types.ErrTryAgainLater)
 	}
 	defer s.close()
 	ips, err := s.disk.IPsOf(o)
 	if err != nil {
-		return types.NewError(types.ErrIOFailure, fmt.Sprintf("podnet-ipam: %v", err), "")
+		return storeError("", err)
 	}
 	if len(ips) == 0 {
 		return types.NewError(types.ErrInternal, fmt.Sprintf("podnet-ipam: no reservation for container %s interface %s in network %s", o.ContainerID, o.IfName, s.plan.Conf.Name), "")
@@ -154,7 +193,7 @@ func Check(req Request) error {
 	for _, ip := range ips {
 		holder, ok, err := s.disk.OwnerOf(ip)
 		if err != nil {
-			return types.NewError(types.ErrIOFailure, fmt.Sprintf("podnet-ipam: %v", err), "")
+			return storeError("", err)
 		}
 		if !ok || holder != o {
 			return types.NewError(types.ErrInternal, fmt.Sprintf("podnet-ipam: address %s of container %s is not reserved for it", ip, o.ContainerID), "")
@@ -166,7 +205,7 @@ func Check(req Request) error {
 // GC releases every reservation of the network whose attachment is not in
 // cni.dev/valid-attachments, and repairs the store after crashes.
 func GC(req Request) error {
-	s, err := open(req)
+	s, err := open(req, false)
 	if err != nil {
 		return openError(err, types.ErrTryAgainLater)
 	}
@@ -176,24 +215,26 @@ func GC(req Request) error {
 		valid = append(valid, allocator.Owner{ContainerID: a.ContainerID, IfName: a.IfName})
 	}
 	if err := s.disk.RemoveTemp(); err != nil {
-		return types.NewError(types.ErrIOFailure, fmt.Sprintf("podnet-ipam: GC: %v", err), "")
+		return storeError("GC: ", err)
 	}
 	if _, err := s.alloc.GC(valid); err != nil {
-		return types.NewError(types.ErrIOFailure, fmt.Sprintf("podnet-ipam: GC: %v", err), "")
+		return storeError("GC: ", err)
 	}
 	return nil
 }
 
-// Status reports code 50 when ADD cannot succeed: PodCIDR unknown, or a
-// range set with no free address.
+// Status reports code 50 when ADD cannot succeed, whatever the cause: a
+// bad config, a PodCIDR unknown or unusable, a node.json or data directory
+// that cannot be read, a range set with no free address. The message says
+// which.
 func Status(req Request) error {
-	s, err := open(req)
+	s, err := open(req, true)
 	if err != nil {
-		return openError(err, types.ErrPluginNotAvailable)
+		return statusError(openError(err, types.ErrPluginNotAvailable))
 	}
 	defer s.close()
 	if err := s.alloc.Usable(); err != nil {
-		return types.NewError(types.ErrPluginNotAvailable, fmt.Sprintf("podnet-ipam: %v", err), "")
+		return statusError(err)
 	}
 	return nil
 }
@@ -206,5 +247,19 @@ func allocError(err error) error {
 	case errors.Is(err, allocator.ErrUnavailable):
 		return types.NewError(types.ErrInvalidNetworkConfig, fmt.Sprintf("podnet-ipam: %v", err), "")
 	}
-	return types.NewError(types.ErrIOFailure, fmt.Sprintf("podnet-ipam: %v", err), "")
+	return storeError("", err)
+}
+
+// storeError is the CNI error of a failed store operation: code 5 (I/O
+// failure), saying what to do about it when that is known. prefix (e.g.
+// "GC: ") goes before err in the message.
+func storeError(prefix string, err error) *types.Error {
+	details := ""
+	switch {
+	case errors.Is(err, store.ErrUnsafeEntry):
+		details = "podnet-ipam does not follow symlinks or use special files in its data directory (ipam.dataDir) and never creates any there; remove the entry named above"
+	case errors.Is(err, syscall.ENOSPC):
+		details = "the file system of the IPAM data directory (ipam.dataDir) is full: free space on it and retry (a failed ADD leaves nothing reserved)"
+	}
+	return types.NewError(types.ErrIOFailure, fmt.Sprintf("podnet-ipam: %s%v", prefix, err), details)
 }

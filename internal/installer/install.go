@@ -103,7 +103,7 @@ func Install(o Options) (Result, error) {
 	}
 	dst := filepath.Join(o.ConfDir, o.ConfName)
 	changed := false
-	if !sameContent(dst, conf) {
+	if !isRegular(dst) || !sameContent(dst, conf) {
 		if err := writeAtomic(dst, bytes.NewReader(conf), 0o644, nil); err != nil {
 			return res, fmt.Errorf("write %s: %w", dst, err)
 		}
@@ -200,8 +200,11 @@ func installBinary(src, dst string, open func(string) (io.ReadCloser, error)) (b
 
 var errSkip = errors.New("destination already identical")
 
+// sameBinary reports whether path is a regular file (not a symlink to
+// one: the installed binary must not depend on a file elsewhere) with mode
+// 0755 and SHA-256 sum.
 func sameBinary(path string, sum []byte) (bool, error) {
-	fi, err := os.Stat(path)
+	fi, err := os.Lstat(path)
 	if err != nil || !fi.Mode().IsRegular() || fi.Mode().Perm() != 0o755 {
 		return false, err
 	}
@@ -228,10 +231,18 @@ func hashFile(path string, open func(string) (io.ReadCloser, error)) ([]byte, er
 	return h.Sum(nil), nil
 }
 
+// isRegular reports whether path is a regular file itself, not a symlink.
+func isRegular(path string) bool {
+	fi, err := os.Lstat(path)
+	return err == nil && fi.Mode().IsRegular()
+}
+
 // writeAtomic writes r to a temp file next to dst, fsyncs it, sets mode,
 // lets check veto it by the content's SHA-256, renames it to dst and
 // fsyncs the directory. On any failure the temp file is removed and dst is
-// untouched.
+// untouched. Nothing is written through a symlink: the temp file is
+// created exclusively (O_EXCL, a new random name each time) and rename
+// replaces a symlink at dst instead of following it.
 func writeAtomic(dst string, r io.Reader, mode os.FileMode, check func(sum []byte) error) (err error) {
 	dir := filepath.Dir(dst)
 	tmp, err := os.CreateTemp(dir, tempPrefix+filepath.Base(dst)+"-*"+tempSuffix)

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
 )
@@ -37,7 +38,7 @@ func Path(dir string) string {
 }
 
 // Read loads the state file from dir. A missing file yields an error wrapping
-// ErrNotReady.
+// ErrNotReady; every other error names the file.
 func Read(dir string) (*State, error) {
 	p := Path(dir)
 	data, err := os.ReadFile(p)
@@ -47,11 +48,40 @@ func Read(dir string) (*State, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read node state %s: %w", p, err)
 	}
-	var s State
-	if err := json.Unmarshal(data, &s); err != nil {
+	s, err := Parse(data)
+	if err != nil {
 		return nil, fmt.Errorf("parse node state %s: %w", p, err)
 	}
+	return s, nil
+}
+
+// Parse decodes the content of a state file. It checks the JSON only: the
+// PodCIDRs are checked by PodCIDRPrefixes, so that a reader that needs only
+// the MTU is not refused for them.
+func Parse(data []byte) (*State, error) {
+	var s State
+	if err := json.Unmarshal(data, &s); err != nil {
+		return nil, err
+	}
 	return &s, nil
+}
+
+// PodCIDRPrefixes parses the PodCIDRs and checks each one with
+// CheckPodCIDR; the error quotes the value refused. The prefixes are
+// returned masked.
+func (s *State) PodCIDRPrefixes() ([]netip.Prefix, error) {
+	out := make([]netip.Prefix, 0, len(s.PodCIDRs))
+	for _, c := range s.PodCIDRs {
+		p, err := netip.ParsePrefix(c)
+		if err != nil {
+			return nil, fmt.Errorf("podCIDR %q: %w: %v", c, ErrBadPodCIDR, err)
+		}
+		if err := CheckPodCIDR(p); err != nil {
+			return nil, fmt.Errorf("podCIDR %q: %w", c, err)
+		}
+		out = append(out, p.Masked())
+	}
+	return out, nil
 }
 
 // Write stores s atomically (temp file, fsync, rename) in dir.

@@ -301,14 +301,37 @@ func (p *Plugin) GC(args *skel.CmdArgs) error {
 	return nil
 }
 
-// Status reports whether ADD can be served: it can when IPAM can.
+// Status reports whether ADD can be served: it can when the config is
+// valid, the pod MTU can be resolved (ADD reads it from node.json unless the
+// config sets it) and IPAM can serve ADD. Every failure is answered with a
+// STATUS code (statusError), the cause in the message.
 func (p *Plugin) Status(args *skel.CmdArgs) error {
 	inv, err := p.begin(args)
 	if err != nil {
-		return err
+		return statusError(err)
+	}
+	if _, err := cnicore.ResolveMTU(inv.conf); err != nil {
+		return statusError(err)
 	}
 	if err := p.ipamFor(inv.conf).Status(context.Background(), inv.conf.IPAM.Type, args); err != nil {
-		return cnicore.IPAMError("STATUS", inv.conf.IPAM.Type, err, types.ErrPluginNotAvailable)
+		return statusError(cnicore.IPAMError("STATUS", inv.conf.IPAM.Type, err, types.ErrPluginNotAvailable))
 	}
 	return nil
+}
+
+// statusError maps a STATUS failure to the codes the CNI spec defines for
+// STATUS: 51 ("not available, and existing containers may have limited
+// connectivity") when the cause, e.g. a delegated IPAM plugin, says so
+// already; 50 ("not available") for anything else, such as the 5 or 11 an
+// IPAM plugin answers for an unusable data directory or node state. The
+// cause's message and details are kept.
+func statusError(err error) error {
+	var te *types.Error
+	if !errors.As(err, &te) {
+		return types.NewError(types.ErrPluginNotAvailable, err.Error(), "")
+	}
+	if te.Code == types.ErrPluginNotAvailable || te.Code == types.ErrLimitedConnectivity {
+		return te
+	}
+	return types.NewError(types.ErrPluginNotAvailable, te.Msg, te.Details)
 }

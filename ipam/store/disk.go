@@ -1,17 +1,18 @@
 package store
 
 import (
-	"bytes"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"io/fs"
+	"math/rand/v2"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 
 	"github.com/containernetworking/cni/pkg/utils"
@@ -26,6 +27,7 @@ import (
 //	<dataDir>/<network>/ips/<ip>          "containerID\nifname\n": the reservation
 //	<dataDir>/<network>/owners/<cid>:<if> one address per line: the owner index
 //	<dataDir>/<network>/hints/<hash>      free-space bitmap + cursor of a range
+//	<dataDir>/<network>/.tmp-*            temp files (made exclusively, O_EXCL)
 //
 // A reservation is made by writing a temp file, fsyncing it and hard-linking
 // it to its ips/ name: link fails if the address is taken, and the file
@@ -34,49 +36,195 @@ import (
 // between the two leaves a reservation without index entry; GC (which scans)
 // repairs that. Hints are only hints: a stale one costs a retry, never a
 // duplicate.
+//
+// Every entry is opened relative to a descriptor of its directory, taken
+// once by OpenDisk, and never through a symbolic link: the network
+// directory, lock, ips/, owners/ and hints/ are opened with O_NOFOLLOW, as
+// is every file in them. podnet-ipam creates no symlinks, so one in the
+// store (or a device, FIFO, ...) is refused with an error wrapping
+// ErrUnsafeEntry that names it, and nothing is written. Only the dataDir
+// path itself, which the admin configures, may go through symlinks.
+//
+// A failed operation undoes what it wrote: a reservation whose directory
+// entry could not be made durable is unlinked again, an owner index entry
+// likewise, temp files are removed. A range's cursor (which address the
+// next ADD tries first) is persisted only when an owner index entry is
+// written, the commit point of an ADD, so an ADD that fails after
+// reserving leaves the cursor where it was and its address goes to the
+// next ADD.
 type Disk struct {
-	dir   string
-	lock  *os.File
-	hints map[string]allocator.Hint
+	dir    string // path of the network directory, for messages
+	dirFd  int    // the network directory: temp files, lock
+	ipsFd  int
+	ownFd  int
+	hintFd int
+	lockFd int
+	hints  map[string]allocator.Hint
+	files  []*hintFile // opened by Hint, closed by Close
 }
 
 var networkName = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$`)
 
 const tempPrefix = ".tmp-"
 
+// ErrUnsafeEntry is wrapped by the error about a store entry that is a
+// symbolic link, or otherwise not the kind of file podnet-ipam keeps there
+// (a regular file, or a directory for the network, ips/, owners/, hints/).
+var ErrUnsafeEntry = errors.New("unsafe IPAM store entry")
+
+// Flags of every open of a store file: never through a symlink, never
+// becoming the controlling terminal, never blocking on a FIFO planted in
+// the store (the file type is checked right after).
+const (
+	openFlags = unix.O_NOFOLLOW | unix.O_CLOEXEC | unix.O_NOCTTY | unix.O_NONBLOCK
+	dirFlags  = unix.O_RDONLY | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC
+)
+
 // OpenDisk opens (creating, mode 0700) the store of network under dataDir
 // and takes its lock. Close releases it.
-func OpenDisk(dataDir, network string) (*Disk, error) {
+func OpenDisk(dataDir, network string) (_ *Disk, err error) {
 	if !networkName.MatchString(network) {
 		return nil, fmt.Errorf("invalid network name %q", network)
 	}
-	dir := filepath.Join(dataDir, network)
-	for _, d := range []string{dataDir, dir, filepath.Join(dir, "ips"), filepath.Join(dir, "owners"), filepath.Join(dir, "hints")} {
-		if err := os.Mkdir(d, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
-			if err := os.MkdirAll(d, 0o700); err != nil {
-				return nil, fmt.Errorf("create IPAM data directory %s: %w", d, err)
-			}
+	if err := os.MkdirAll(dataDir, 0o700); err != nil {
+		return nil, fmt.Errorf("create IPAM data directory %s: %w", dataDir, err)
+	}
+	dataFd, err := unix.Open(dataDir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open IPAM data directory %s: %w", dataDir, err)
+	}
+	defer unix.Close(dataFd)
+	d := &Disk{dir: filepath.Join(dataDir, network), dirFd: -1, ipsFd: -1, ownFd: -1, hintFd: -1, lockFd: -1, hints: make(map[string]allocator.Hint)}
+	defer func() {
+		if err != nil {
+			d.Close()
+		}
+	}()
+	if d.dirFd, err = openDir(dataFd, network, d.dir); err != nil {
+		return nil, err
+	}
+	for _, sub := range []struct {
+		name string
+		fd   *int
+	}{{"ips", &d.ipsFd}, {"owners", &d.ownFd}, {"hints", &d.hintFd}} {
+		if *sub.fd, err = openDir(d.dirFd, sub.name, filepath.Join(d.dir, sub.name)); err != nil {
+			return nil, err
 		}
 	}
-	lock, err := os.OpenFile(filepath.Join(dir, "lock"), os.O_RDWR|os.O_CREATE, 0o600)
-	if err != nil {
+	lockPath := filepath.Join(d.dir, "lock")
+	if d.lockFd, err = openFile(d.dirFd, "lock", lockPath, unix.O_RDWR|unix.O_CREAT); err != nil {
 		return nil, fmt.Errorf("open IPAM lock: %w", err)
 	}
 	for {
-		err = unix.Flock(int(lock.Fd()), unix.LOCK_EX)
+		err = unix.Flock(d.lockFd, unix.LOCK_EX)
 		if !errors.Is(err, unix.EINTR) {
 			break
 		}
 	}
 	if err != nil {
-		lock.Close()
-		return nil, fmt.Errorf("lock IPAM store %s: %w", dir, err)
+		return nil, fmt.Errorf("lock IPAM store %s: %w", d.dir, err)
 	}
-	return &Disk{dir: dir, lock: lock, hints: make(map[string]allocator.Hint)}, nil
+	return d, nil
 }
 
-// Close releases the lock.
-func (d *Disk) Close() error { return d.lock.Close() }
+// openDir creates (mode 0700) and opens directory name under the directory
+// parent, refusing a symlink or anything but a directory there.
+func openDir(parent int, name, path string) (int, error) {
+	if err := unix.Mkdirat(parent, name, 0o700); err != nil && !errors.Is(err, unix.EEXIST) {
+		return -1, fmt.Errorf("create IPAM data directory %s: %w", path, err)
+	}
+	fd, err := unix.Openat(parent, name, dirFlags, 0)
+	if err != nil {
+		return -1, entryError(parent, name, path, true, err)
+	}
+	return fd, nil
+}
+
+// openFile opens the regular file name under the directory parent with
+// flags (plus openFlags); it is created with mode 0600 when flags has
+// O_CREAT. A symlink or a non-regular file is refused.
+func openFile(parent int, name, path string, flags int) (int, error) {
+	fd, err := unix.Openat(parent, name, flags|openFlags, 0o600)
+	if err != nil {
+		return -1, entryError(parent, name, path, false, err)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return -1, fmt.Errorf("stat %s: %w", path, err)
+	}
+	if err := checkKind(path, st.Mode, false); err != nil {
+		unix.Close(fd)
+		return -1, err
+	}
+	return fd, nil
+}
+
+// entryError explains a failed open of name under parent: an ErrUnsafeEntry
+// error when it is a symlink or the wrong kind of file, else err with the
+// path (a missing file stays errors.Is fs.ErrNotExist).
+func entryError(parent int, name, path string, wantDir bool, err error) error {
+	if errors.Is(err, unix.ELOOP) || errors.Is(err, unix.ENOTDIR) || errors.Is(err, unix.EISDIR) || errors.Is(err, unix.ENXIO) {
+		var st unix.Stat_t
+		if unix.Fstatat(parent, name, &st, unix.AT_SYMLINK_NOFOLLOW) == nil {
+			if kerr := checkKind(path, st.Mode, wantDir); kerr != nil {
+				return kerr
+			}
+		}
+	}
+	return fmt.Errorf("open %s: %w", path, err)
+}
+
+// checkKind returns an ErrUnsafeEntry error unless mode is a regular file
+// (a directory when wantDir).
+func checkKind(path string, mode uint32, wantDir bool) error {
+	want, ok := "a regular file", mode&unix.S_IFMT == unix.S_IFREG
+	if wantDir {
+		want, ok = "a directory", mode&unix.S_IFMT == unix.S_IFDIR
+	}
+	if ok {
+		return nil
+	}
+	var kind string
+	switch mode & unix.S_IFMT {
+	case unix.S_IFLNK:
+		kind = "a symbolic link"
+	case unix.S_IFDIR:
+		kind = "a directory"
+	case unix.S_IFREG:
+		kind = "a regular file"
+	case unix.S_IFIFO:
+		kind = "a named pipe"
+	case unix.S_IFSOCK:
+		kind = "a socket"
+	default:
+		kind = "a device file"
+	}
+	return fmt.Errorf("%w: %s is %s, not %s; podnet-ipam never creates one in its data directory and does not follow or use it: remove it", ErrUnsafeEntry, path, kind, want)
+}
+
+// Close releases the lock. It may be called more than once.
+func (d *Disk) Close() error {
+	for _, f := range d.files {
+		f.close()
+	}
+	d.files = nil
+	for _, fd := range []*int{&d.ipsFd, &d.ownFd, &d.hintFd, &d.dirFd} {
+		if *fd >= 0 {
+			unix.Close(*fd)
+			*fd = -1
+		}
+	}
+	if d.lockFd < 0 {
+		return nil
+	}
+	err := unix.Close(d.lockFd) // last: everything above is written by now
+	d.lockFd = -1
+	if err != nil {
+		return fmt.Errorf("close IPAM lock of %s: %w", d.dir, err)
+	}
+	return nil
+}
 
 // Dir is the network's directory.
 func (d *Disk) Dir() string { return d.dir }
@@ -86,32 +234,48 @@ func (d *Disk) Reserve(ip netip.Addr, o allocator.Owner) (bool, error) {
 	if err := ValidateOwner(o); err != nil {
 		return false, err
 	}
-	tmp, err := d.writeTemp(FormatOwner(o))
-	if err != nil {
-		return false, err
-	}
-	defer os.Remove(tmp)
-	err = os.Link(tmp, d.ipPath(ip))
-	if errors.Is(err, fs.ErrExist) {
-		return false, nil
-	}
+	tmp, err := d.writeTemp(FormatOwner(o), true)
 	if err != nil {
 		return false, fmt.Errorf("reserve %s: %w", ip, err)
 	}
-	return true, d.syncDir("ips")
+	defer d.removeTemp(tmp)
+	name := ip.String()
+	// linkat with no flags: neither the temp file nor ips/<ip> is followed
+	// if it is a symlink; an existing name (of any kind) is EEXIST.
+	err = unix.Linkat(d.dirFd, tmp, d.ipsFd, name, 0)
+	if errors.Is(err, unix.EEXIST) {
+		var st unix.Stat_t
+		if unix.Fstatat(d.ipsFd, name, &st, unix.AT_SYMLINK_NOFOLLOW) == nil {
+			if err := checkKind(d.ipPath(ip), st.Mode, false); err != nil {
+				return false, err
+			}
+		}
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("reserve %s: link %s: %w", ip, d.ipPath(ip), err)
+	}
+	if err := fsyncDir(d.ipsFd, filepath.Join(d.dir, "ips")); err != nil {
+		// Not known to be durable: take it back, so the failed ADD
+		// leaves no reservation behind.
+		_ = unix.Unlinkat(d.ipsFd, name, 0)
+		return false, fmt.Errorf("reserve %s: %w", ip, err)
+	}
+	return true, nil
 }
 
-// Release implements allocator.Store.
+// Release implements allocator.Store. unlinkat removes a symlink itself,
+// never what it points to.
 func (d *Disk) Release(ip netip.Addr) error {
-	if err := os.Remove(d.ipPath(ip)); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("release %s: %w", ip, err)
+	if err := unix.Unlinkat(d.ipsFd, ip.String(), 0); err != nil && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("release %s: remove %s: %w", ip, d.ipPath(ip), err)
 	}
 	return nil
 }
 
 // OwnerOf implements allocator.Store.
 func (d *Disk) OwnerOf(ip netip.Addr) (allocator.Owner, bool, error) {
-	data, err := os.ReadFile(d.ipPath(ip))
+	data, err := readFile(d.ipsFd, ip.String(), d.ipPath(ip))
 	if errors.Is(err, fs.ErrNotExist) {
 		return allocator.Owner{}, false, nil
 	}
@@ -131,7 +295,7 @@ func (d *Disk) IPsOf(o allocator.Owner) ([]netip.Addr, error) {
 	if err := ValidateOwner(o); err != nil {
 		return nil, err
 	}
-	data, err := os.ReadFile(d.ownerPath(o))
+	data, err := readFile(d.ownFd, ownerName(o), d.ownerPath(o))
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
 	}
@@ -141,43 +305,61 @@ func (d *Disk) IPsOf(o allocator.Owner) ([]netip.Addr, error) {
 	return ParseIPList(data)
 }
 
-// SetIPsOf implements allocator.Store.
+// SetIPsOf implements allocator.Store. A successful write also persists
+// the cursors moved since the store was opened (see Disk).
 func (d *Disk) SetIPsOf(o allocator.Owner, ips []netip.Addr) error {
 	if err := ValidateOwner(o); err != nil {
 		return err
 	}
-	p := d.ownerPath(o)
+	name, p := ownerName(o), d.ownerPath(o)
 	if len(ips) == 0 {
-		if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			return fmt.Errorf("remove owner index of %s: %w", o.ContainerID, err)
+		if err := unix.Unlinkat(d.ownFd, name, 0); err != nil && !errors.Is(err, unix.ENOENT) {
+			return fmt.Errorf("remove owner index of %s: %s: %w", o.ContainerID, p, err)
 		}
 		return nil
 	}
-	var b bytes.Buffer
+	// rename would replace a symlink rather than follow it, but one there
+	// is not podnet's: refuse it as every other access does.
+	var st unix.Stat_t
+	if err := unix.Fstatat(d.ownFd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err == nil {
+		if err := checkKind(p, st.Mode, false); err != nil {
+			return err
+		}
+	} else if !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("write owner index of %s: stat %s: %w", o.ContainerID, p, err)
+	}
+	var b strings.Builder
 	for _, ip := range ips {
 		b.WriteString(ip.String() + "\n")
 	}
-	tmp, err := d.writeTemp(b.Bytes())
+	tmp, err := d.writeTemp([]byte(b.String()), true)
 	if err != nil {
-		return err
-	}
-	if err := os.Rename(tmp, p); err != nil {
-		os.Remove(tmp)
 		return fmt.Errorf("write owner index of %s: %w", o.ContainerID, err)
 	}
-	return d.syncDir("owners")
+	if err := unix.Renameat(d.dirFd, tmp, d.ownFd, name); err != nil {
+		d.removeTemp(tmp)
+		return fmt.Errorf("write owner index of %s: rename to %s: %w", o.ContainerID, p, err)
+	}
+	if err := fsyncDir(d.ownFd, filepath.Join(d.dir, "owners")); err != nil {
+		// Not known to be durable: take it back (GC rebuilds index
+		// entries from the reservations).
+		_ = unix.Unlinkat(d.ownFd, name, 0)
+		return fmt.Errorf("write owner index of %s: %w", o.ContainerID, err)
+	}
+	d.commitCursors()
+	return nil
 }
 
 // All implements allocator.Store. Reservations whose file cannot be parsed
 // get the zero Owner, which no valid attachment has.
 func (d *Disk) All() (map[netip.Addr]allocator.Owner, error) {
-	entries, err := os.ReadDir(filepath.Join(d.dir, "ips"))
+	names, err := readDirNames(d.ipsFd, filepath.Join(d.dir, "ips"))
 	if err != nil {
 		return nil, fmt.Errorf("list reservations: %w", err)
 	}
-	out := make(map[netip.Addr]allocator.Owner, len(entries))
-	for _, e := range entries {
-		ip, err := netip.ParseAddr(e.Name())
+	out := make(map[netip.Addr]allocator.Owner, len(names))
+	for _, n := range names {
+		ip, err := netip.ParseAddr(n)
 		if err != nil {
 			continue
 		}
@@ -192,18 +374,21 @@ func (d *Disk) All() (map[netip.Addr]allocator.Owner, error) {
 
 // Owners implements allocator.Store.
 func (d *Disk) Owners() (map[allocator.Owner][]netip.Addr, error) {
-	entries, err := os.ReadDir(filepath.Join(d.dir, "owners"))
+	names, err := readDirNames(d.ownFd, filepath.Join(d.dir, "owners"))
 	if err != nil {
 		return nil, fmt.Errorf("list owner index: %w", err)
 	}
-	out := make(map[allocator.Owner][]netip.Addr, len(entries))
-	for _, e := range entries {
-		cid, ifName, ok := strings.Cut(e.Name(), ":")
+	out := make(map[allocator.Owner][]netip.Addr, len(names))
+	for _, n := range names {
+		cid, ifName, ok := strings.Cut(n, ":")
 		o := allocator.Owner{ContainerID: cid, IfName: ifName}
 		if !ok || ValidateOwner(o) != nil {
 			continue
 		}
 		ips, err := d.IPsOf(o)
+		if errors.Is(err, ErrUnsafeEntry) {
+			return nil, err
+		}
 		if err != nil {
 			ips = nil // corrupt entry: GC rewrites it from the reservations
 		}
@@ -212,17 +397,28 @@ func (d *Disk) Owners() (map[allocator.Owner][]netip.Addr, error) {
 	return out, nil
 }
 
-// RemoveTemp deletes temp files left by killed invocations. Only call it
-// under the lock (no live writer then exists).
+// RemoveTemp deletes temp files left by killed invocations (and the
+// hints/*.new files of older versions). Only call it under the lock (no
+// live writer then exists). Unlinking never follows a symlink.
 func (d *Disk) RemoveTemp() error {
-	entries, err := os.ReadDir(d.dir)
-	if err != nil {
-		return fmt.Errorf("list %s: %w", d.dir, err)
-	}
-	for _, e := range entries {
-		if strings.HasPrefix(e.Name(), tempPrefix) {
-			if err := os.Remove(filepath.Join(d.dir, e.Name())); err != nil && !errors.Is(err, fs.ErrNotExist) {
-				return err
+	for _, dir := range []struct {
+		fd     int
+		path   string
+		isTemp func(string) bool
+	}{
+		{d.dirFd, d.dir, func(n string) bool { return strings.HasPrefix(n, tempPrefix) }},
+		{d.hintFd, filepath.Join(d.dir, "hints"), func(n string) bool { return strings.HasSuffix(n, ".new") }},
+	} {
+		names, err := readDirNames(dir.fd, dir.path)
+		if err != nil {
+			return err
+		}
+		for _, n := range names {
+			if !dir.isTemp(n) {
+				continue
+			}
+			if err := unix.Unlinkat(dir.fd, n, 0); err != nil && !errors.Is(err, unix.ENOENT) {
+				return fmt.Errorf("remove temp file %s: %w", filepath.Join(dir.path, n), err)
 			}
 		}
 	}
@@ -231,40 +427,115 @@ func (d *Disk) RemoveTemp() error {
 
 func (d *Disk) ipPath(ip netip.Addr) string { return filepath.Join(d.dir, "ips", ip.String()) }
 
+func ownerName(o allocator.Owner) string { return o.ContainerID + ":" + o.IfName }
+
 func (d *Disk) ownerPath(o allocator.Owner) string {
-	return filepath.Join(d.dir, "owners", o.ContainerID+":"+o.IfName)
+	return filepath.Join(d.dir, "owners", ownerName(o))
 }
 
-// writeTemp writes data to a new fsynced 0600 temp file in the network
-// directory and returns its path.
-func (d *Disk) writeTemp(data []byte) (string, error) {
-	f, err := os.CreateTemp(d.dir, tempPrefix+"*")
-	if err != nil {
-		return "", fmt.Errorf("create temp file: %w", err)
+// writeTemp writes data to a new 0600 temp file in the network directory,
+// created exclusively (so nothing that already exists under its name, a
+// symlink included, is ever written through), fsynced when sync, and
+// returns its name. On failure nothing is left.
+func (d *Disk) writeTemp(data []byte, sync bool) (string, error) {
+	var name string
+	var fd int
+	for try := 0; ; try++ {
+		name = tempPrefix + strconv.FormatUint(rand.Uint64(), 36)
+		var err error
+		fd, err = unix.Openat(d.dirFd, name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|openFlags, 0o600)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, unix.EEXIST) || try == 100 {
+			return "", fmt.Errorf("create temp file in %s: %w", d.dir, err)
+		}
 	}
-	if _, err := f.Write(data); err == nil {
-		err = f.Sync()
+	err := writeAll(fd, data)
+	if err == nil && sync {
+		err = unix.Fsync(fd)
 	}
-	if cerr := f.Close(); err == nil {
+	if cerr := unix.Close(fd); err == nil {
 		err = cerr
 	}
 	if err != nil {
-		os.Remove(f.Name())
-		return "", fmt.Errorf("write temp file: %w", err)
+		d.removeTemp(name)
+		return "", fmt.Errorf("write temp file %s: %w", filepath.Join(d.dir, name), err)
 	}
-	return f.Name(), nil
+	return name, nil
 }
 
-func (d *Disk) syncDir(sub string) error {
-	f, err := os.Open(filepath.Join(d.dir, sub))
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	if err := f.Sync(); err != nil {
-		return fmt.Errorf("sync %s: %w", sub, err)
+func (d *Disk) removeTemp(name string) { _ = unix.Unlinkat(d.dirFd, name, 0) }
+
+func writeAll(fd int, data []byte) error {
+	for len(data) > 0 {
+		n, err := unix.Write(fd, data)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		data = data[n:]
 	}
 	return nil
+}
+
+func fsyncDir(fd int, path string) error {
+	if err := unix.Fsync(fd); err != nil {
+		return fmt.Errorf("sync %s: %w", path, err)
+	}
+	return nil
+}
+
+// readFile reads the regular file name under the directory parent.
+func readFile(parent int, name, path string) ([]byte, error) {
+	fd, err := openFile(parent, name, path, unix.O_RDONLY)
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(fd)
+	return readAll(fd, path)
+}
+
+// readAll reads fd from offset 0 to its end.
+func readAll(fd int, path string) ([]byte, error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, fmt.Errorf("stat %s: %w", path, err)
+	}
+	buf := make([]byte, 0, st.Size+1)
+	for {
+		if len(buf) == cap(buf) {
+			buf = append(buf, 0)[:len(buf)]
+		}
+		n, err := unix.Pread(fd, buf[len(buf):cap(buf)], int64(len(buf)))
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("read %s: %w", path, err)
+		}
+		if n == 0 {
+			return buf, nil
+		}
+		buf = buf[:len(buf)+n]
+	}
+}
+
+// readDirNames lists the directory fd (at path).
+func readDirNames(fd int, path string) ([]string, error) {
+	dfd, err := unix.Openat(fd, ".", dirFlags, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", path, err)
+	}
+	f := os.NewFile(uintptr(dfd), path)
+	defer f.Close()
+	names, err := f.Readdirnames(-1)
+	if err != nil {
+		return nil, fmt.Errorf("list %s: %w", path, err)
+	}
+	return names, nil
 }
 
 // ValidateOwner rejects container IDs and interface names that could
@@ -314,18 +585,21 @@ func ParseIPList(data []byte) ([]netip.Addr, error) {
 }
 
 // Hint implements allocator.Store: a bitmap file per range (or, for huge
-// ranges, just a cursor), read once per invocation and written through.
+// ranges, just a cursor), read once per invocation and written through
+// (the cursor at commit, see Disk).
 func (d *Disk) Hint(r allocator.Range) (allocator.Hint, error) {
 	key := r.String()
 	if h, ok := d.hints[key]; ok {
 		return h, nil
 	}
 	sum := sha256.Sum256([]byte(key))
-	f := &hintFile{path: filepath.Join(d.dir, "hints", hex.EncodeToString(sum[:8]))}
-	data, err := os.ReadFile(f.path)
-	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+	f := &hintFile{d: d, name: hex.EncodeToString(sum[:8]), fd: -1}
+	data, err := f.read()
+	if err != nil {
+		f.close()
 		return nil, fmt.Errorf("read hint of %s: %w", key, err)
 	}
+	d.files = append(d.files, f)
 	var h allocator.Hint
 	if r.Size() <= allocator.MaxBitmapSize {
 		b, ok := decodeBitmap(data, r.Size())
@@ -353,10 +627,41 @@ func (d *Disk) Hint(r allocator.Range) (allocator.Hint, error) {
 
 // hintFile is a Bitmap persisted as: size (8 bytes LE), cursor (8 bytes
 // LE), then the words (8 bytes LE each). Single-word updates are written
-// in place: a torn write there only makes the hint stale.
-type hintFile struct{ path string }
+// in place through a descriptor kept open for the verb: a torn write there
+// only makes the hint stale. So does a failed one, which is therefore not
+// an error: it must not fail an ADD that already holds its reservation.
+type hintFile struct {
+	d      *Disk
+	name   string // under hints/
+	fd     int    // -1: not open (yet, or since WriteAll replaced the file)
+	cursor uint64 // cursor to persist at commit, when dirty
+	dirty  bool
+}
 
 const hintHeader = 16
+
+func (f *hintFile) path() string { return filepath.Join(f.d.dir, "hints", f.name) }
+
+// read opens the hint file and returns its content; a missing file is
+// empty.
+func (f *hintFile) read() ([]byte, error) {
+	fd, err := openFile(f.d.hintFd, f.name, f.path(), unix.O_RDWR)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	f.fd = fd
+	return readAll(fd, f.path())
+}
+
+func (f *hintFile) close() {
+	if f.fd >= 0 {
+		unix.Close(f.fd)
+		f.fd = -1
+	}
+}
 
 func decodeBitmap(data []byte, size uint64) (*allocator.Bitmap, bool) {
 	words := int((size + 63) / 64)
@@ -372,25 +677,51 @@ func decodeBitmap(data []byte, size uint64) (*allocator.Bitmap, bool) {
 }
 
 func (f *hintFile) writeAt(off int64, data []byte) error {
-	fh, err := os.OpenFile(f.path, os.O_WRONLY|os.O_CREATE, 0o600)
-	if err != nil {
-		return fmt.Errorf("open hint: %w", err)
+	if f.fd < 0 {
+		fd, err := openFile(f.d.hintFd, f.name, f.path(), unix.O_RDWR|unix.O_CREAT)
+		if err != nil {
+			return fmt.Errorf("open hint: %w", err)
+		}
+		f.fd = fd
 	}
-	defer fh.Close()
-	if _, err := fh.WriteAt(data, off); err != nil {
-		return fmt.Errorf("write hint: %w", err)
+	for len(data) > 0 {
+		n, err := unix.Pwrite(f.fd, data, off)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("write hint %s: %w", f.path(), err)
+		}
+		data, off = data[n:], off+int64(n)
 	}
 	return nil
 }
 
+// WriteWord writes one word in place, best effort (see hintFile).
 func (f *hintFile) WriteWord(i int, w uint64) error {
-	return f.writeAt(hintHeader+8*int64(i), binary.LittleEndian.AppendUint64(nil, w))
+	_ = f.writeAt(hintHeader+8*int64(i), binary.LittleEndian.AppendUint64(nil, w))
+	return nil
 }
 
+// WriteCursor records the cursor; commitCursors writes it when the ADD
+// that moved it commits.
 func (f *hintFile) WriteCursor(c uint64) error {
-	return f.writeAt(8, binary.LittleEndian.AppendUint64(nil, c))
+	f.cursor, f.dirty = c, true
+	return nil
 }
 
+// commitCursors writes the cursors moved since the store was opened, best
+// effort (see hintFile).
+func (d *Disk) commitCursors() {
+	for _, f := range d.files {
+		if f.dirty {
+			_ = f.writeAt(8, binary.LittleEndian.AppendUint64(nil, f.cursor))
+			f.dirty = false
+		}
+	}
+}
+
+// WriteAll replaces the hint file by rename of a new temp file.
 func (f *hintFile) WriteAll(b *allocator.Bitmap) error {
 	buf := make([]byte, 0, hintHeader+8*len(b.Words))
 	buf = binary.LittleEndian.AppendUint64(buf, b.Size)
@@ -398,12 +729,15 @@ func (f *hintFile) WriteAll(b *allocator.Bitmap) error {
 	for _, w := range b.Words {
 		buf = binary.LittleEndian.AppendUint64(buf, w)
 	}
-	tmp := f.path + ".new"
-	if err := os.WriteFile(tmp, buf, 0o600); err != nil {
+	tmp, err := f.d.writeTemp(buf, false)
+	if err != nil {
 		return fmt.Errorf("write hint: %w", err)
 	}
-	if err := os.Rename(tmp, f.path); err != nil {
-		return fmt.Errorf("install hint: %w", err)
+	if err := unix.Renameat(f.d.dirFd, tmp, f.d.hintFd, f.name); err != nil {
+		f.d.removeTemp(tmp)
+		return fmt.Errorf("install hint %s: %w", f.path(), err)
 	}
+	f.close() // the old file's; the next write opens the new one
+	f.dirty = false
 	return nil
 }

@@ -29,19 +29,26 @@ func nodeWithUplink(t *testing.T) *nettest.Node {
 		if err != nil {
 			return err
 		}
-		addr, _ := netlink.ParseAddr("192.0.2.10/24")
-		if err := netlink.AddrAdd(up, addr); err != nil {
-			return err
-		}
-		if err := netlink.LinkSetUp(up); err != nil {
-			return err
-		}
 		peer, err := netlink.LinkByName("uplink0peer")
 		if err != nil {
 			return err
 		}
-		if err := netlink.LinkSetUp(peer); err != nil {
+		// no IPv6 on them: its link-local addresses and multicast routes
+		// would appear while the test runs and show up in the before/after
+		// comparison (/proc/sys/net is the netns of the thread, the node's)
+		for _, name := range []string{"uplink0", "uplink0peer"} {
+			if err := os.WriteFile("/proc/sys/net/ipv6/conf/"+name+"/disable_ipv6", []byte("1"), 0o644); err != nil {
+				return err
+			}
+		}
+		addr, _ := netlink.ParseAddr("192.0.2.10/24")
+		if err := netlink.AddrAdd(up, addr); err != nil {
 			return err
+		}
+		for _, l := range []netlink.Link{up, peer} {
+			if err := netlink.LinkSetUp(l); err != nil {
+				return err
+			}
 		}
 		return netlink.RouteAdd(&netlink.Route{LinkIndex: up.Attrs().Index, Gw: nettest.MustParseCIDR("192.0.2.1/32").IP})
 	})

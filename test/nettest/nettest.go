@@ -96,21 +96,31 @@ func NewNode(t testing.TB) *Node {
 		if err != nil {
 			return err
 		}
-		if err := netlink.LinkSetUp(lo); err != nil {
+		return netlink.LinkSetUp(lo)
+	})
+	n.AddAddrs("lo", NodeAddr+"/32", NodeAddr6+"/128")
+	return n
+}
+
+// AddAddrs adds the addresses (CIDR notation) to the node's link dev.
+func (n *Node) AddAddrs(dev string, cidrs ...string) {
+	n.t.Helper()
+	n.Do(func() error {
+		link, err := netlink.LinkByName(dev)
+		if err != nil {
 			return err
 		}
-		for _, a := range []string{NodeAddr + "/32", NodeAddr6 + "/128"} {
+		for _, a := range cidrs {
 			addr, err := netlink.ParseAddr(a)
 			if err != nil {
 				return err
 			}
-			if err := netlink.AddrAdd(lo, addr); err != nil {
-				return fmt.Errorf("add %s to lo: %w", a, err)
+			if err := netlink.AddrAdd(link, addr); err != nil {
+				return fmt.Errorf("add %s to %s: %w", a, dev, err)
 			}
 		}
 		return nil
 	})
-	return n
 }
 
 // NewNetNS creates a netns removed at the end of the test.
