@@ -45,12 +45,6 @@ func HostVethName(podNamespace, podName, containerID, ifName string) string {
 	return hostVethPrefix + hex.EncodeToString(sum[:])[:11]
 }
 
-// tempPeerName is the name the pod side has in the node netns between its
-// creation and its move into the pod netns.
-func tempPeerName(hostName string) string {
-	return "pt" + strings.TrimPrefix(hostName, hostVethPrefix)
-}
-
 // Owner identifies the attachment a host veth belongs to.
 type Owner struct {
 	Network     string

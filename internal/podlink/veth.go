@@ -23,17 +23,32 @@ type VethSpec struct {
 	Owner    Owner            // recorded as the host veth's alias
 }
 
-// CreateVeth creates the pair in the current (node) netns. The pod end gets a
-// temporary name until MoveToPod renames it. The host end stays down.
-func CreateVeth(spec VethSpec) (netlink.Link, error) {
+// CreateVeth creates the pair with the host end in the current (node)
+// netns and the pod end born inside podNS under its final name (one
+// netlink request: no create-then-move, which costs a netns round trip and
+// an extra rename). Both ends carry the owner as their alias: DEL's
+// fallback deletes only a pod link podnet made for this attachment. The
+// host end stays down. It fails with ErrIfNameTaken, naming the interface,
+// when the pod already has one by that name.
+func CreateVeth(spec VethSpec, podNS ns.NetNS) (netlink.Link, error) {
 	attrs := netlink.NewLinkAttrs()
 	attrs.Name = spec.HostName
 	attrs.MTU = spec.MTU
 	attrs.HardwareAddr = spec.HostMAC
-	veth := &netlink.Veth{LinkAttrs: attrs, PeerName: tempPeerName(spec.HostName), PeerMTU: uint32(spec.MTU)}
+	veth := &netlink.Veth{
+		LinkAttrs:     attrs,
+		PeerName:      spec.PodName,
+		PeerMTU:       uint32(spec.MTU),
+		PeerNamespace: netlink.NsFd(int(podNS.Fd())),
+	}
 	if err := netlink.LinkAdd(veth); err != nil {
 		if errors.Is(err, unix.EEXIST) {
-			return nil, fmt.Errorf("create veth %s: an interface with that name already exists: %w", spec.HostName, err)
+			// either name may be the taken one; the host name was cleared
+			// of stale veths just before, so look
+			if _, lerr := netlinksafe.LinkByName(spec.HostName); lerr == nil {
+				return nil, fmt.Errorf("create veth %s: an interface with that name already exists: %w", spec.HostName, err)
+			}
+			return nil, fmt.Errorf("netns %s already has an interface named %q: %w", podNS.Path(), spec.PodName, ErrIfNameTaken)
 		}
 		return nil, fmt.Errorf("create veth %s: %w", spec.HostName, err)
 	}
@@ -46,43 +61,25 @@ func CreateVeth(spec VethSpec) (netlink.Link, error) {
 		_ = netlink.LinkDel(host)
 		return nil, fmt.Errorf("set alias on veth %s: %w", spec.HostName, err)
 	}
+	err = podNS.Do(func(ns.NetNS) error {
+		pod, err := netlinksafe.LinkByName(spec.PodName)
+		if err != nil {
+			return fmt.Errorf("look up %s in netns %s: %w", spec.PodName, podNS.Path(), err)
+		}
+		if err := netlink.LinkSetAlias(pod, spec.Owner.Alias()); err != nil {
+			return fmt.Errorf("set alias on %s in netns %s: %w", spec.PodName, podNS.Path(), err)
+		}
+		return nil
+	})
+	if err != nil {
+		_ = netlink.LinkDel(host)
+		return nil, err
+	}
 	return host, nil
 }
 
 // ErrIfNameTaken means CNI_IFNAME already exists in the pod.
 var ErrIfNameTaken = errors.New("CNI_IFNAME is taken in the pod")
-
-// MoveToPod moves the pod end of the pair into podNS and gives it its final
-// name. It fails, naming the interface, when the pod already has one by that
-// name.
-func MoveToPod(spec VethSpec, podNS ns.NetNS) error {
-	tmp := tempPeerName(spec.HostName)
-	peer, err := netlinksafe.LinkByName(tmp)
-	if err != nil {
-		return fmt.Errorf("look up pod end %s of veth %s: %w", tmp, spec.HostName, err)
-	}
-	if err := netlink.LinkSetNsFd(peer, int(podNS.Fd())); err != nil {
-		return fmt.Errorf("move %s into netns %s: %w", tmp, podNS.Path(), err)
-	}
-	return podNS.Do(func(ns.NetNS) error {
-		link, err := netlinksafe.LinkByName(tmp)
-		if err != nil {
-			return fmt.Errorf("look up %s in netns %s: %w", tmp, podNS.Path(), err)
-		}
-		if err := netlink.LinkSetName(link, spec.PodName); err != nil {
-			if errors.Is(err, unix.EEXIST) {
-				return fmt.Errorf("netns %s already has an interface named %q: %w", podNS.Path(), spec.PodName, ErrIfNameTaken)
-			}
-			return fmt.Errorf("rename %s to %s in netns %s: %w", tmp, spec.PodName, podNS.Path(), err)
-		}
-		// the pod end carries the owner too: DEL's fallback deletes only
-		// a pod link podnet made for this attachment
-		if err := netlink.LinkSetAlias(link, spec.Owner.Alias()); err != nil {
-			return fmt.Errorf("set alias on %s in netns %s: %w", spec.PodName, podNS.Path(), err)
-		}
-		return nil
-	})
-}
 
 // DeleteHostVeth deletes the host veth hostName (and with it the pod end and
 // every route through it) when it belongs to owner. It returns false when

@@ -48,7 +48,8 @@ type Plugin struct {
 	// IPAM runs the IPAM plugin (unless the config sets execIPAM).
 	IPAM cnicore.IPAM
 	// FailAfter, set only by tests, is called after each ADD step
-	// ("ipam", "veth", "move", "host", "address", "route", "host-route")
+	// ("ipam", "veth", "host", "address", "route", "host-route"; the pod
+	// end of the veth is born in the pod netns, so "veth" includes the move)
 	// and makes ADD fail there.
 	FailAfter func(step string) error
 }
@@ -112,19 +113,24 @@ func (p *Plugin) begin(args *skel.CmdArgs) (*invocation, error) {
 // Add attaches the pod. Every step that succeeded is undone, newest first,
 // when a later one fails.
 func (p *Plugin) Add(args *skel.CmdArgs) (err error) {
+	tr := newTrace("ADD")
+	defer tr.write(&err)
 	inv, err := p.begin(args)
 	if err != nil {
 		return err
 	}
+	tr.mark("config")
 	podNS, err := cnicore.OpenNetns(args.Netns)
 	if err != nil {
 		return err
 	}
 	defer podNS.Close()
+	tr.mark("netns")
 	mtu, err := cnicore.ResolveMTU(inv.conf)
 	if err != nil {
 		return err
 	}
+	tr.mark("mtu")
 	log, closeLog := cnicore.Logger(inv.conf, p.Name)
 	defer closeLog()
 	rollback := &cnicore.Rollback{Log: log}
@@ -142,6 +148,7 @@ func (p *Plugin) Add(args *skel.CmdArgs) (err error) {
 		return cnicore.IPAMError("ADD", inv.conf.IPAM.Type, err, types.ErrTryAgainLater)
 	}
 	rollback.Push(func() error { return ipam.Del(ctx, inv.conf.IPAM.Type, args) })
+	tr.mark("ipam")
 	if err = p.step("ipam"); err != nil {
 		return err
 	}
@@ -159,31 +166,29 @@ func (p *Plugin) Add(args *skel.CmdArgs) (err error) {
 	if err = inv.mode.PrepareNode(side, mtu); err != nil {
 		return err
 	}
+	tr.mark("prepare")
 
 	spec := podlink.VethSpec{HostName: inv.host, PodName: args.IfName, MTU: mtu, HostMAC: inv.mode.HostMAC(), Owner: inv.owner}
 	if err = podlink.DeleteStaleHostVeth(spec.HostName, inv.owner); err != nil {
 		return cnicore.Errorf(types.ErrTryAgainLater, "%v", err)
 	}
-	host, err := podlink.CreateVeth(spec)
+	tr.mark("stale-veth")
+	host, err := podlink.CreateVeth(spec, podNS)
 	if err != nil {
-		return err
-	}
-	rollback.Push(func() error { _, err := podlink.DeleteHostVeth(spec.HostName, inv.owner); return err })
-	if err = p.step("veth"); err != nil {
-		return err
-	}
-	if err = podlink.MoveToPod(spec, podNS); err != nil {
 		if errors.Is(err, podlink.ErrIfNameTaken) {
 			return cnicore.Errorf(types.ErrInvalidEnvironmentVariables, "%v", err)
 		}
 		return err
 	}
-	if err = p.step("move"); err != nil {
+	rollback.Push(func() error { _, err := podlink.DeleteHostVeth(spec.HostName, inv.owner); return err })
+	tr.mark("veth")
+	if err = p.step("veth"); err != nil {
 		return err
 	}
 	if err = inv.mode.SetupHost(host, side); err != nil {
 		return err
 	}
+	tr.mark("host")
 	if err = p.step("host"); err != nil {
 		return err
 	}
@@ -191,18 +196,21 @@ func (p *Plugin) Add(args *skel.CmdArgs) (err error) {
 	if err != nil {
 		return err
 	}
+	tr.mark("address")
 	if err = p.step("address"); err != nil {
 		return err
 	}
 	if err = podlink.ConfigurePodRoutes(podNS, side); err != nil {
 		return err
 	}
+	tr.mark("route")
 	if err = p.step("route"); err != nil {
 		return err
 	}
 	if err = inv.mode.FinishHost(host, side); err != nil {
 		return cnicore.Errorf(types.ErrTryAgainLater, "%v", err)
 	}
+	tr.mark("host-route")
 	if err = p.step("host-route"); err != nil {
 		return err
 	}
@@ -221,23 +229,30 @@ func (p *Plugin) Add(args *skel.CmdArgs) (err error) {
 		result.DNS = alloc.DNS
 	}
 	log.Info("pod attached", "container", args.ContainerID, "ifname", args.IfName, "hostVeth", spec.HostName, "addrs", side.Addrs, "mtu", mtu)
-	return types.PrintResult(result, inv.conf.CNIVersion)
+	err = types.PrintResult(result, inv.conf.CNIVersion)
+	tr.mark("result")
+	return err
 }
 
 // Del releases the addresses first, then deletes the veth pair (routes
 // through it go with it). Everything already gone counts as done.
-func (p *Plugin) Del(args *skel.CmdArgs) error {
+func (p *Plugin) Del(args *skel.CmdArgs) (err error) {
+	tr := newTrace("DEL")
+	defer tr.write(&err)
 	inv, err := p.begin(args)
 	if err != nil {
 		return err
 	}
+	tr.mark("config")
 	if err := p.ipamFor(inv.conf).Del(context.Background(), inv.conf.IPAM.Type, args); err != nil {
 		return cnicore.IPAMError("DEL", inv.conf.IPAM.Type, err, types.ErrTryAgainLater)
 	}
+	tr.mark("ipam")
 	deleted, err := podlink.DeleteHostVeth(inv.host, inv.owner)
 	if err != nil {
 		return cnicore.Errorf(types.ErrTryAgainLater, "%v", err)
 	}
+	tr.mark("veth-delete")
 	if !deleted {
 		if err := podlink.DeletePodLink(args.Netns, args.IfName, inv.owner); err != nil {
 			return cnicore.Errorf(types.ErrTryAgainLater, "%v", err)

@@ -22,7 +22,7 @@ import (
 )
 
 // addSteps are the names Add passes to p.step, in order.
-var addSteps = []string{"ipam", "veth", "move", "host", "address", "route", "host-route"}
+var addSteps = []string{"ipam", "veth", "host", "address", "route", "host-route"}
 
 const (
 	testSubnet     = "10.244.30.0/24"
@@ -360,7 +360,7 @@ func TestAddRollsBackAfterEachStep(t *testing.T) {
 							t.Errorf("at step %q: shared link %s missing from node links %v", step, l, before.nodeLinks)
 						}
 					}
-					if i >= slices.Index(addSteps, "move") && !slices.Equal(before.podLinks, []string{testIfName}) {
+					if i >= slices.Index(addSteps, "veth") && !slices.Equal(before.podLinks, []string{testIfName}) {
 						t.Errorf("at step %q: pod links %v, want [%s]", step, before.podLinks, testIfName)
 					}
 					if m.hostRoutes && i >= slices.Index(addSteps, "host-route") && len(before.podnetRoutes) != 1 {

@@ -6,14 +6,33 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
+	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 )
 
 // NATTable is the nftables table podnet-routed owns (family inet).
 const NATTable = "podnet"
+
+// nftTimeout bounds one nftables transaction. The nftables library waits
+// for one acknowledgement per message of a batch; when the kernel aborts
+// a batch and answers once (seen while several netns load nf_tables'
+// modules at the same moment, in a VM), that wait never ends and the
+// daemon would stop (no node state written, no resync). With a deadline
+// the transaction fails, the error is reported, and the next resync
+// retries.
+const nftTimeout = 10 * time.Second
+
+// newNFT opens an nftables connection whose reads and writes give up
+// after nftTimeout.
+func newNFT() (*nftables.Conn, error) {
+	return nftables.New(nftables.WithSockOptions(func(c *netlink.Conn) error {
+		return c.SetDeadline(time.Now().Add(nftTimeout))
+	}))
+}
 
 // NAT keeps the masquerade rules: traffic from this node's PodCIDRs to any
 // destination outside every cluster CIDR leaves with the node's address;
@@ -36,7 +55,7 @@ func (n *NAT) Apply(local, cluster []netip.Prefix) error {
 	if key == n.applied {
 		return nil
 	}
-	c, err := nftables.New()
+	c, err := newNFT()
 	if err != nil {
 		return fmt.Errorf("nftables: %w", err)
 	}
@@ -94,7 +113,7 @@ func matchPrefix(p netip.Prefix, source bool, action expr.Any) []expr.Any {
 
 // DeleteNAT removes podnet's table; a missing table is fine.
 func DeleteNAT() error {
-	c, err := nftables.New()
+	c, err := newNFT()
 	if err != nil {
 		return fmt.Errorf("nftables: %w", err)
 	}
