@@ -28,21 +28,22 @@ type cniData struct {
 }
 
 type cniRun struct {
-	Stack     string    `json:"stack"`
-	Mode      string    `json:"mode"`
-	Workers   int       `json:"workers"`
-	Rep       int       `json:"rep"`
-	Pods      int       `json:"pods"`
-	AddMs     []float64 `json:"add_ms"`
-	DelMs     []float64 `json:"del_ms"`
-	AddWallS  float64   `json:"add_wall_s"`
-	DelWallS  float64   `json:"del_wall_s"`
-	AddUserMs float64   `json:"add_user_ms"`
-	AddSysMs  float64   `json:"add_sys_ms"`
-	DelUserMs float64   `json:"del_user_ms"`
-	DelSysMs  float64   `json:"del_sys_ms"`
-	Errors    []string  `json:"errors"`
-	Leak      string    `json:"leak"`
+	Stack     string                `json:"stack"`
+	Mode      string                `json:"mode"`
+	Workers   int                   `json:"workers"`
+	Rep       int                   `json:"rep"`
+	Pods      int                   `json:"pods"`
+	AddMs     []float64             `json:"add_ms"`
+	DelMs     []float64             `json:"del_ms"`
+	AddWallS  float64               `json:"add_wall_s"`
+	DelWallS  float64               `json:"del_wall_s"`
+	AddUserMs float64               `json:"add_user_ms"`
+	AddSysMs  float64               `json:"add_sys_ms"`
+	DelUserMs float64               `json:"del_user_ms"`
+	DelSysMs  float64               `json:"del_sys_ms"`
+	Errors    []string              `json:"errors"`
+	Leak      string                `json:"leak"`
+	Steps     map[string]*verbTrace `json:"steps"`
 }
 
 func (r cniRun) addCPU() float64 { return (r.AddUserMs + r.AddSysMs) / float64(r.Pods) }

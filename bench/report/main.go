@@ -83,6 +83,9 @@ func main() {
 	body.outDir, body.plots = r.outDir, r.plots
 	if cniErr == nil {
 		body.cniSection(&cni)
+		var before stepsBefore
+		beforeErr := load(*in, "steps-before.json", &before)
+		body.stepSection(&cni, &before, beforeErr)
 		body.occupancySection(&cni)
 	} else {
 		body.f("## 1. Plugins: ADD/DEL\n\nNo results (%v).\n\n", cniErr)

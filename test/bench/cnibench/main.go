@@ -88,6 +88,9 @@ type runResult struct {
 	DelSysMs  float64   `json:"del_sys_ms"`
 	Errors    []string  `json:"errors,omitempty"`
 	Leak      string    `json:"leak"` // "" when the leak check passed
+	// Steps is podnet's own step trace (PODNET_TRACE) of the run, by verb;
+	// empty for the reference plugins.
+	Steps map[string]*verbTrace `json:"steps,omitempty"`
 }
 
 // occResult is the one-node occupancy run of one stack.
@@ -436,12 +439,28 @@ func (s *stack) run(pods []ns.NetNS, mode string, workers, rep int) runResult {
 	}
 	var wall, user, sys time.Duration
 	var errs []string
+	// podnet's step trace (the reference plugins ignore the variable; the
+	// exec'd plugins inherit this process's environment through libcni)
+	trace, err := os.CreateTemp("", "cnibench-trace-*.jsonl")
+	if err != nil {
+		fatalf("%v", err)
+	}
+	_ = trace.Close()
+	defer os.Remove(trace.Name())
+	os.Setenv("PODNET_TRACE", trace.Name())
+	defer os.Unsetenv("PODNET_TRACE")
 	r.AddMs, wall, user, sys, errs = s.phase("ADD", rts, workers)
 	r.AddWallS, r.AddUserMs, r.AddSysMs = wall.Seconds(), ms(user), ms(sys)
 	r.Errors = append(r.Errors, errs...)
 	r.DelMs, wall, user, sys, errs = s.phase("DEL", rts, workers)
 	r.DelWallS, r.DelUserMs, r.DelSysMs = wall.Seconds(), ms(user), ms(sys)
 	r.Errors = append(r.Errors, errs...)
+	os.Unsetenv("PODNET_TRACE")
+	if steps, err := readTrace(trace.Name()); err != nil {
+		r.Errors = append(r.Errors, "step trace: "+err.Error())
+	} else if len(steps) > 0 {
+		r.Steps = steps
+	}
 	if err := checkLeaks(s.base, s.node, s.dataDirs, pods); err != nil {
 		r.Leak = err.Error()
 		s.recover(pods)
@@ -461,6 +480,89 @@ func (s *stack) recover(pods []ns.NetNS) {
 }
 
 func ms(d time.Duration) float64 { return float64(d) / 1e6 }
+
+// verbTrace summarizes the trace lines of one verb in a run: the plugin's
+// whole time inside main (Total) and each step's, in trace order.
+type verbTrace struct {
+	N     int         `json:"n"`
+	Total stepStat    `json:"total"`
+	Steps []*stepStat `json:"steps"`
+}
+
+type stepStat struct {
+	Step       string  `json:"step"`
+	WallP50Ms  float64 `json:"wall_p50_ms"`
+	WallMeanMs float64 `json:"wall_mean_ms"`
+	CPUMeanMs  float64 `json:"cpu_mean_ms"`
+	wall, cpu  []float64
+}
+
+func (st *stepStat) add(wallUs, cpuUs int64) {
+	st.wall = append(st.wall, float64(wallUs)/1000)
+	st.cpu = append(st.cpu, float64(cpuUs)/1000)
+}
+
+func (st *stepStat) finish() {
+	st.WallP50Ms, st.WallMeanMs, st.CPUMeanMs = median(st.wall), mean(st.wall), mean(st.cpu)
+}
+
+func mean(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	var s float64
+	for _, x := range xs {
+		s += x
+	}
+	return s / float64(len(xs))
+}
+
+// readTrace summarizes a PODNET_TRACE file (see internal/podplugin/trace.go).
+func readTrace(path string) (map[string]*verbTrace, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]*verbTrace{}
+	for _, line := range bytes.Split(data, []byte("\n")) {
+		if len(bytes.TrimSpace(line)) == 0 {
+			continue
+		}
+		var l struct {
+			Verb  string
+			Steps []struct {
+				Step          string
+				WallUs, CPUUs int64
+			}
+			WallUs, CPUUs int64
+		}
+		if err := json.Unmarshal(line, &l); err != nil {
+			return nil, fmt.Errorf("trace line %q: %w", line, err)
+		}
+		vt := out[l.Verb]
+		if vt == nil {
+			vt = &verbTrace{Total: stepStat{Step: "total"}}
+			out[l.Verb] = vt
+		}
+		vt.N++
+		vt.Total.add(l.WallUs, l.CPUUs)
+		for _, st := range l.Steps {
+			i := slices.IndexFunc(vt.Steps, func(x *stepStat) bool { return x.Step == st.Step })
+			if i < 0 {
+				vt.Steps = append(vt.Steps, &stepStat{Step: st.Step})
+				i = len(vt.Steps) - 1
+			}
+			vt.Steps[i].add(st.WallUs, st.CPUUs)
+		}
+	}
+	for _, vt := range out {
+		vt.Total.finish()
+		for _, st := range vt.Steps {
+			st.finish()
+		}
+	}
+	return out, nil
+}
 
 // occupancyRun fills one node per stack (podnet+podnet-ipam and
 // ptp+host-local) with n pods, chunk by chunk, the stacks taking turns,
