@@ -55,6 +55,26 @@ func nodeWithUplink(t *testing.T) *nettest.Node {
 	return node
 }
 
+// podnetIPAMConf is badInputConf with podnet-ipam (in-process) on
+// 10.244.20.0/24 in dataDir, as a JSON network config.
+func podnetIPAMConf(t *testing.T, plugin, dataDir string, edit func(map[string]any)) []byte {
+	t.Helper()
+	conf := badInputConf(dataDir, t.TempDir())
+	conf["type"] = plugin
+	conf["ipam"] = map[string]any{
+		"type": "podnet-ipam", "dataDir": dataDir,
+		"ranges": []any{[]any{map[string]any{"subnet": "10.244.20.0/24"}}},
+	}
+	if edit != nil {
+		edit(conf)
+	}
+	stdin, err := json.Marshal(conf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return stdin
+}
+
 func snapshotNode(t *testing.T, node *nettest.Node) cluster.Snapshot {
 	t.Helper()
 	s, err := cluster.TakeSnapshot(&cluster.NetNS{Name: "node", NetNS: node.NS})
@@ -83,23 +103,15 @@ func TestOwnNetnsRefused(t *testing.T) {
 			t.Run(plugin+"/"+c.cmd+"/"+c.ifName, func(t *testing.T) {
 				node := nodeWithUplink(t)
 				dataDir := t.TempDir()
-				conf := badInputConf(dataDir, t.TempDir())
-				conf["type"] = plugin
-				conf["ipam"] = map[string]any{
-					"type": "podnet-ipam", "dataDir": dataDir,
-					"ranges": []any{[]any{map[string]any{"subnet": "10.244.20.0/24"}}},
-				}
-				if c.cmd == "CHECK" {
-					conf["prevResult"] = map[string]any{
-						"cniVersion": "1.0.0",
-						"interfaces": []any{map[string]any{"name": c.ifName, "sandbox": node.NS.Path()}},
-						"ips":        []any{map[string]any{"address": "10.244.20.2/32", "interface": 0}},
+				stdin := podnetIPAMConf(t, plugin, dataDir, func(conf map[string]any) {
+					if c.cmd == "CHECK" {
+						conf["prevResult"] = map[string]any{
+							"cniVersion": "1.0.0",
+							"interfaces": []any{map[string]any{"name": c.ifName, "sandbox": node.NS.Path()}},
+							"ips":        []any{map[string]any{"address": "10.244.20.2/32", "interface": 0}},
+						}
 					}
-				}
-				stdin, err := json.Marshal(conf)
-				if err != nil {
-					t.Fatal(err)
-				}
+				})
 				before := snapshotNode(t, node)
 				res := execPluginInNode(t, node, filepath.Join(bin, plugin), map[string]string{
 					"CNI_COMMAND":     c.cmd,
@@ -134,16 +146,7 @@ func TestDelFallbackOnlyDeletesOwnPodLink(t *testing.T) {
 	bin := nettest.BinDir(t, "podnet", "podnet-ipam")
 	cniPath := strings.Join([]string{bin, nettest.RefToolsDir(t)}, ":")
 	node := nettest.NewNode(t)
-	dataDir := t.TempDir()
-	conf := badInputConf(dataDir, t.TempDir())
-	conf["ipam"] = map[string]any{
-		"type": "podnet-ipam", "dataDir": dataDir,
-		"ranges": []any{[]any{map[string]any{"subnet": "10.244.20.0/24"}}},
-	}
-	stdin, err := json.Marshal(conf)
-	if err != nil {
-		t.Fatal(err)
-	}
+	stdin := podnetIPAMConf(t, "podnet", t.TempDir(), nil)
 	run := func(cmd, id string, podNS ns.NetNS) execResult {
 		return execPluginInNode(t, node, filepath.Join(bin, "podnet"), map[string]string{
 			"CNI_COMMAND": cmd, "CNI_CONTAINERID": id, "CNI_NETNS": podNS.Path(), "CNI_IFNAME": "eth0", "CNI_PATH": cniPath,

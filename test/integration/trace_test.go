@@ -18,16 +18,7 @@ func TestStepTrace(t *testing.T) {
 	bin := nettest.BinDir(t, "podnet", "podnet-ipam")
 	node := nettest.NewNode(t)
 	podNS := nettest.NewNetNS(t)
-	dataDir := t.TempDir()
-	conf := badInputConf(dataDir, t.TempDir())
-	conf["ipam"] = map[string]any{
-		"type": "podnet-ipam", "dataDir": dataDir,
-		"ranges": []any{[]any{map[string]any{"subnet": "10.244.20.0/24"}}},
-	}
-	stdin, err := json.Marshal(conf)
-	if err != nil {
-		t.Fatal(err)
-	}
+	stdin := podnetIPAMConf(t, "podnet", t.TempDir(), nil)
 	traceFile := filepath.Join(t.TempDir(), "trace.jsonl")
 	for _, cmd := range []string{"ADD", "DEL"} {
 		res := execPluginInNode(t, node, filepath.Join(bin, "podnet"), map[string]string{
