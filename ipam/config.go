@@ -106,8 +106,22 @@ func NodeStatePodCIDRs(dir string) PodCIDRSource {
 	}
 }
 
-// NodeAddrSource lists the node's own addresses.
-type NodeAddrSource func() ([]netip.Addr, error)
+// NodeAddrSource lists the node's own addresses of the families asked for.
+type NodeAddrSource func(v4, v6 bool) ([]netip.Addr, error)
+
+// Families says which address families the plan's ranges hand out.
+func (p *Plan) Families() (v4, v6 bool) {
+	for _, set := range p.Sets {
+		for _, r := range set {
+			if r.Subnet.Addr().Is4() {
+				v4 = true
+			} else {
+				v6 = true
+			}
+		}
+	}
+	return v4, v6
+}
 
 // CheckNodeAddrs refuses a plan that could hand out one of addrs, the
 // node's own addresses, to a pod: an address among a range's candidates

@@ -20,7 +20,7 @@ import (
 // fall in their ranges (a machine with fd00::2 would refuse fd00::/120):
 // they see a node without addresses unless a test sets some with
 // cfgtNodeAddrs. The integration tests use the real nodestate.LocalAddrs.
-func init() { nodeAddrs = func() ([]netip.Addr, error) { return nil, nil } }
+func init() { nodeAddrs = func(bool, bool) ([]netip.Addr, error) { return nil, nil } }
 
 // cfgtNodeAddrs makes addrs the node's addresses until the test ends.
 func cfgtNodeAddrs(t *testing.T, addrs ...string) {
@@ -31,7 +31,7 @@ func cfgtNodeAddrs(t *testing.T, addrs ...string) {
 	for _, a := range addrs {
 		list = append(list, netip.MustParseAddr(a))
 	}
-	nodeAddrs = func() ([]netip.Addr, error) { return list, nil }
+	nodeAddrs = func(bool, bool) ([]netip.Addr, error) { return list, nil }
 }
 
 // cfgtSource is a fake PodCIDRSource; calls counts its invocations.
@@ -792,7 +792,7 @@ func TestVerbsNodeAddrs(t *testing.T) {
 	}
 
 	// An address listing failure is not a pass.
-	nodeAddrs = func() ([]netip.Addr, error) { return nil, errors.New("netlink: boom") }
+	nodeAddrs = func(bool, bool) ([]netip.Addr, error) { return nil, errors.New("netlink: boom") }
 	_, err = Add(Request{Stdin: dual, ContainerID: "c4", IfName: "eth0"})
 	cfgtCode(t, "ADD when the node's addresses cannot be listed", err, types.ErrTryAgainLater, "netlink: boom")
 }
@@ -827,4 +827,38 @@ func TestVerbsStatusUnusable(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfgtCode(t, "STATUS with node.json a directory", Status(Request{Stdin: stdin}), types.ErrPluginNotAvailable, "read node state "+nodeFile)
+}
+
+// TestVerbsNodeAddrFamilies: ADD lists only the node addresses of the
+// families its ranges hand out. A node with many pods has an IPv6
+// link-local address per host veth; listing them on every IPv4 ADD made
+// ADD grow with the pod count (2.0× from pod 1 to pod 1,000 in make bench).
+func TestVerbsNodeAddrFamilies(t *testing.T) {
+	old := nodeAddrs
+	t.Cleanup(func() { nodeAddrs = old })
+	var asked [][2]bool
+	nodeAddrs = func(v4, v6 bool) ([]netip.Addr, error) {
+		asked = append(asked, [2]bool{v4, v6})
+		return nil, nil
+	}
+	e := newCfgtEnv(t)
+	for _, c := range []struct {
+		ranges string
+		want   [2]bool
+	}{
+		{`"ranges":[[{"subnet":"10.1.0.0/24"}]]`, [2]bool{true, false}},
+		{`"ranges":[[{"subnet":"fd01::/120"}]]`, [2]bool{false, true}},
+		{`"ranges":[[{"subnet":"10.1.0.0/24"}],[{"subnet":"fd01::/120"}]]`, [2]bool{true, true}},
+	} {
+		asked = nil
+		if _, err := Add(Request{Stdin: e.conf(c.ranges), ContainerID: "fam", IfName: "eth0"}); err != nil {
+			t.Fatalf("ADD %s: %v", c.ranges, err)
+		}
+		if len(asked) != 1 || asked[0] != c.want {
+			t.Errorf("ADD %s asked for node addresses (v4, v6) %v, want one call %v", c.ranges, asked, c.want)
+		}
+		if err := Del(Request{Stdin: e.conf(c.ranges), ContainerID: "fam", IfName: "eth0"}); err != nil {
+			t.Fatal(err)
+		}
+	}
 }

@@ -48,7 +48,7 @@ func open(req Request, handsOut bool) (*session, error) {
 		return nil, err
 	}
 	if handsOut {
-		addrs, err := nodeAddrs()
+		addrs, err := nodeAddrs(plan.Families())
 		if err != nil {
 			return nil, err
 		}

@@ -86,8 +86,22 @@ func CheckPodCIDR(p netip.Prefix) error {
 // LocalAddrs lists the global unicast addresses (private ones included) of
 // the network namespace the calling thread is in: for the plugins, which run
 // in the node's netns, the node's own addresses.
-func LocalAddrs() ([]netip.Addr, error) {
-	addrs, err := netlinksafe.AddrList(nil, netlink.FAMILY_ALL)
+//
+// Only the families asked for are listed: the dump of one family costs a
+// message per address of that family, and a node with many pods has an
+// IPv6 link-local address per host veth (ADD of an IPv4 pod must not pay
+// for those).
+func LocalAddrs(v4, v6 bool) ([]netip.Addr, error) {
+	family := netlink.FAMILY_ALL
+	switch {
+	case v4 && !v6:
+		family = netlink.FAMILY_V4
+	case v6 && !v4:
+		family = netlink.FAMILY_V6
+	case !v4 && !v6:
+		return nil, nil
+	}
+	addrs, err := netlinksafe.AddrList(nil, family)
 	if err != nil {
 		return nil, fmt.Errorf("list the node's addresses: %w", err)
 	}
