@@ -16,7 +16,9 @@ import (
 	"crypto/x509/pkix"
 	"encoding/hex"
 	"encoding/pem"
+	"errors"
 	"fmt"
+	"io"
 	"math/big"
 	"net"
 	"net/http"
@@ -24,6 +26,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -129,24 +132,42 @@ func New(o Options) (*Server, error) {
 	if err := s.makePKI(o.ExtraIPs); err != nil {
 		return nil, err
 	}
+	// A port picked free here can be taken by another test process before
+	// etcd or kube-apiserver binds it (kube-apiserver binds seconds after
+	// its start): when a server exits because its port is in use, start
+	// again on fresh ports.
+	var err error
+	for attempt := 1; ; attempt++ {
+		if err = s.startOnFreePorts(o.Port == 0); err == nil {
+			return s, nil
+		}
+		s.Stop()
+		if !errors.Is(err, errPortInUse) || attempt == maxStartAttempts {
+			return s, err
+		}
+	}
+}
+
+// maxStartAttempts bounds New's retries after a port race.
+const maxStartAttempts = 4
+
+// errPortInUse marks a server that exited because its port was taken.
+var errPortInUse = errors.New("port already in use")
+
+func (s *Server) startOnFreePorts(pickAPIPort bool) error {
 	var err error
 	if s.etcdPort, err = freePort(); err != nil {
-		return nil, err
+		return err
 	}
-	if s.Port == 0 {
+	if pickAPIPort {
 		if s.Port, err = freePort(); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	if err := s.startEtcd(); err != nil {
-		s.Stop()
-		return nil, err
+		return err
 	}
-	if err := s.StartAPIServer(); err != nil {
-		s.Stop()
-		return s, err
-	}
-	return s, nil
+	return s.StartAPIServer()
 }
 
 // Pids are the process IDs of etcd and kube-apiserver (those running).
@@ -191,7 +212,7 @@ func (s *Server) startEtcd() error {
 	}
 	s.etcd = pr
 	client := s.httpClient()
-	return waitFor(30*time.Second, func() error {
+	return waitFor(30*time.Second, pr, func() error {
 		resp, err := client.Get(fmt.Sprintf("http://127.0.0.1:%d/health", s.etcdPort))
 		if err != nil {
 			return err
@@ -201,7 +222,7 @@ func (s *Server) startEtcd() error {
 			return fmt.Errorf("etcd health %d", resp.StatusCode)
 		}
 		return nil
-	}, "etcd")
+	}, "etcd (log: "+pr.logPath+")")
 }
 
 // StartAPIServer starts (or restarts) kube-apiserver and waits for /readyz.
@@ -222,7 +243,7 @@ func (s *Server) StartAPIServer() error {
 	}
 	s.kas = pr
 	client := s.httpClient()
-	return waitFor(90*time.Second, func() error {
+	return waitFor(90*time.Second, pr, func() error {
 		req, _ := http.NewRequest(http.MethodGet, s.URL()+"/readyz", nil)
 		req.Header.Set("Authorization", "Bearer "+s.Tokens[AdminUser])
 		resp, err := client.Do(req)
@@ -234,7 +255,7 @@ func (s *Server) StartAPIServer() error {
 			return fmt.Errorf("readyz %d", resp.StatusCode)
 		}
 		return nil
-	}, "kube-apiserver (log: "+filepath.Join(s.Dir, "kube-apiserver.log")+")")
+	}, "kube-apiserver (log: "+pr.logPath+")")
 }
 
 // StopAPIServer stops kube-apiserver only (etcd keeps the data).
@@ -412,8 +433,9 @@ func cleanEnv() []string {
 
 // proc is a started process and the channel closed when it exits.
 type proc struct {
-	cmd  *exec.Cmd
-	done chan struct{}
+	cmd     *exec.Cmd
+	done    chan struct{}
+	logPath string
 }
 
 func (s *Server) startLogged(cmd *exec.Cmd, logPath string) (*proc, error) {
@@ -426,7 +448,7 @@ func (s *Server) startLogged(cmd *exec.Cmd, logPath string) (*proc, error) {
 		f.Close()
 		return nil, fmt.Errorf("start %s: %w", cmd.Path, err)
 	}
-	p := &proc{cmd: cmd, done: make(chan struct{})}
+	p := &proc{cmd: cmd, done: make(chan struct{}), logPath: logPath}
 	go func() { _ = cmd.Wait(); f.Close(); close(p.done) }()
 	return p, nil
 }
@@ -445,17 +467,43 @@ func stopCmd(p *proc) {
 	}
 }
 
-func waitFor(limit time.Duration, check func() error, what string) error {
-	ctx, cancel := context.WithTimeout(context.Background(), limit)
-	defer cancel()
+// waitFor polls check until it succeeds, the limit passes or p exits; an
+// exit is reported with the end of p's log, and wraps errPortInUse when
+// the log says its port was taken.
+func waitFor(limit time.Duration, p *proc, check func() error, what string) error {
+	deadline := time.Now().Add(limit)
 	var err error
-	for ctx.Err() == nil {
+	for time.Now().Before(deadline) {
+		select {
+		case <-p.done:
+			tail := logTail(p.logPath, 2048)
+			exitErr := fmt.Errorf("%s exited before it was ready (%v): %s", what, p.cmd.ProcessState, tail)
+			if strings.Contains(tail, "address already in use") {
+				return fmt.Errorf("%w: %w", errPortInUse, exitErr)
+			}
+			return exitErr
+		default:
+		}
 		if err = check(); err == nil {
 			return nil
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	return fmt.Errorf("%s not ready after %s: %v", what, limit, err)
+	return fmt.Errorf("%s not ready after %s: %v; log ends: %s", what, limit, err, logTail(p.logPath, 2048))
+}
+
+// logTail returns the last n bytes of the file at path.
+func logTail(path string, n int64) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return fmt.Sprintf("(no log: %v)", err)
+	}
+	defer f.Close()
+	if st, err := f.Stat(); err == nil && st.Size() > n {
+		_, _ = f.Seek(st.Size()-n, io.SeekStart)
+	}
+	b, _ := io.ReadAll(f)
+	return strings.TrimSpace(string(b))
 }
 
 func freePort() (int, error) {

@@ -16,6 +16,7 @@ import (
 	"runtime"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/cni/pkg/types"
@@ -23,6 +24,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/containernetworking/plugins/pkg/testutils"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 )
 
 // NodeAddr is the address every test node has on its loopback: what pods
@@ -119,8 +121,43 @@ func (n *Node) AddAddrs(dev string, cidrs ...string) {
 				return fmt.Errorf("add %s to %s: %w", a, dev, err)
 			}
 		}
+		for _, a := range cidrs {
+			addr, _ := netlink.ParseAddr(a)
+			if link.Attrs().Flags&net.FlagUp == 0 {
+				break // no local route until the link is up
+			}
+			if err := waitLocalRoute(addr.IP); err != nil {
+				return fmt.Errorf("add %s to %s: %w", a, dev, err)
+			}
+		}
 		return nil
 	})
+}
+
+// waitLocalRoute waits until the kernel has installed the local-table
+// route of an address just added. IPv6 installs it from a workqueue (after
+// DAD, even on lo), so without the wait it can appear in the middle of a
+// test and show up in a before/after snapshot of the node.
+func waitLocalRoute(ip net.IP) error {
+	family, bits := netlink.FAMILY_V4, 32
+	if ip.To4() == nil {
+		family, bits = netlink.FAMILY_V6, 128
+	}
+	filter := &netlink.Route{Table: unix.RT_TABLE_LOCAL, Dst: &net.IPNet{IP: ip, Mask: net.CIDRMask(bits, bits)}}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		routes, err := netlink.RouteListFiltered(family, filter, netlink.RT_FILTER_TABLE|netlink.RT_FILTER_DST)
+		if err != nil {
+			return fmt.Errorf("list local routes: %w", err)
+		}
+		if len(routes) > 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the kernel installed no local route for %s within 10s", ip)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
 
 // NewNetNS creates a netns removed at the end of the test.
