@@ -44,6 +44,8 @@ type cniRun struct {
 	Errors    []string              `json:"errors"`
 	Leak      string                `json:"leak"`
 	Steps     map[string]*verbTrace `json:"steps"`
+	NetnsDelS float64               `json:"netns_del_s"`
+	SettleS   float64               `json:"settle_s"`
 }
 
 func (r cniRun) addCPU() float64 { return (r.AddUserMs + r.AddSysMs) / float64(r.Pods) }

@@ -65,6 +65,7 @@ func (r *report) cniSection(c *cniData) {
 		}
 	}
 	r.f("\n")
+	r.teardownTable(c.Runs)
 	if path, err := plotCNI(r.plots, cells, workers); err == nil {
 		r.f("![ADD and DEL latency distribution per stack](%s)\n\n", r.rel(path))
 	} else {
@@ -395,4 +396,44 @@ func (r *report) datapathSection(d *datapathData) {
 	}
 	r.f("\n")
 	r.f("*Fragmentation on the path* lists the IPv4 `Frag*`/`Reasm*` counters (/proc/net/snmp of each node, pod and underlay netns) that moved during the transfers and pings; \"none\" means MTU-sized segments crossed without any fragmentation.\n\n")
+}
+
+// teardownTable shows the whole teardown of a run as the node pays it: the
+// DEL phase, then removing the pod netns as the runtime does, then the
+// kernel tearing down what they held until the node is back to its state
+// before the run. podnet's DEL detaches the veth and leaves its delete to
+// the netns teardown, so its DEL must be read together with the rest.
+func (r *report) teardownTable(runs []cniRun) {
+	type acc struct{ del, netns, settle []float64 }
+	per := map[[2]string]*acc{}
+	for _, run := range runs {
+		if run.NetnsDelS == 0 && run.SettleS == 0 {
+			continue // results from before the bench removed pod netns
+		}
+		k := [2]string{run.Stack, run.Mode}
+		if per[k] == nil {
+			per[k] = &acc{}
+		}
+		n := float64(run.Pods)
+		per[k].del = append(per[k].del, run.DelWallS*1000/n)
+		per[k].netns = append(per[k].netns, run.NetnsDelS*1000/n)
+		per[k].settle = append(per[k].settle, run.SettleS*1000/n)
+	}
+	if len(per) == 0 {
+		return
+	}
+	r.f("Whole teardown per pod (ms; median over the repetitions of phase wall time ÷ pods): the DEL phase, removing the pod netns after it as a runtime does, and the kernel's background teardown of the netns until the node is back to its state before the run. ")
+	r.f("podnet's DEL detaches the veth pair (both ends down, routes gone, CNI_IFNAME freed) and leaves its delete to the netns teardown, where the kernel removes many devices behind one RCU grace period; the reference plugins delete the pair in DEL.\n\n")
+	r.f("| stack | mode | DEL phase | netns removal | kernel teardown | total |\n|---|---|---:|---:|---:|---:|\n")
+	for _, mode := range []string{seqMode, concMode} {
+		for _, s := range stackOrder {
+			a := per[[2]string{s, mode}]
+			if a == nil {
+				continue
+			}
+			d, n, st := median(a.del), median(a.netns), median(a.settle)
+			r.f("| %s | %s | %s | %s | %s | %s |\n", s, mode, fmtMs(d), fmtMs(n), fmtMs(st), fmtMs(d+n+st))
+		}
+	}
+	r.f("\n")
 }

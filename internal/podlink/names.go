@@ -27,6 +27,10 @@ const GatewayV6 = "fe80::ecee:eeff:feee:eeee"
 // hostVethPrefix starts every host-side veth name.
 const hostVethPrefix = "pn"
 
+// nameHashLen is how many hex characters of a hash follow the prefix in
+// the names podnet gives links.
+const nameHashLen = 11
+
 // aliasPrefix starts the IFLA_IFALIAS of every host veth podnet creates. The
 // alias records which attachment a veth belongs to, so that DEL never deletes
 // another sandbox's veth and GC can find leftovers.
@@ -42,7 +46,7 @@ func HostVethName(podNamespace, podName, containerID, ifName string) string {
 		key = podNamespace + "/" + podName
 	}
 	sum := sha256.Sum256([]byte(key + "\x00" + ifName))
-	return hostVethPrefix + hex.EncodeToString(sum[:])[:11]
+	return hostVethPrefix + hex.EncodeToString(sum[:])[:nameHashLen]
 }
 
 // Owner identifies the attachment a host veth belongs to.
@@ -57,9 +61,33 @@ func (o Owner) Alias() string {
 	return aliasPrefix + o.Network + ":" + o.ContainerID + ":" + o.IfName
 }
 
-// ParseAlias reverses Alias. ok is false for links podnet did not create.
+// detachedAliasPrefix replaces aliasPrefix on a host veth that DEL
+// detached (detach.go): still podnet's, no longer in service.
+const detachedAliasPrefix = "podnet-detached:"
+
+// DetachedAlias is the alias of a host veth DEL detached.
+func (o Owner) DetachedAlias() string {
+	return detachedAliasPrefix + strings.TrimPrefix(o.Alias(), aliasPrefix)
+}
+
+// ParseAlias reverses Alias. ok is false for links podnet did not create
+// and for detached ones (ParseAnyAlias).
 func ParseAlias(alias string) (o Owner, ok bool) {
-	rest, found := strings.CutPrefix(alias, aliasPrefix)
+	return parseAlias(alias, aliasPrefix)
+}
+
+// ParseAnyAlias reverses Alias and DetachedAlias: ok is true for every
+// veth podnet created; detached says whether DEL has detached it.
+func ParseAnyAlias(alias string) (o Owner, detached, ok bool) {
+	if o, ok := parseAlias(alias, detachedAliasPrefix); ok {
+		return o, true, true
+	}
+	o, ok = parseAlias(alias, aliasPrefix)
+	return o, false, ok
+}
+
+func parseAlias(alias, prefix string) (o Owner, ok bool) {
+	rest, found := strings.CutPrefix(alias, prefix)
 	if !found {
 		return Owner{}, false
 	}

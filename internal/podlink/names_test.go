@@ -119,3 +119,25 @@ func TestParseAliasRejectsForeignAliases(t *testing.T) {
 		}
 	}
 }
+
+func TestDetachedAlias(t *testing.T) {
+	o := Owner{Network: "podnet", ContainerID: "c1", IfName: "eth0"}
+	if got, ok := ParseAlias(o.DetachedAlias()); ok {
+		t.Errorf("ParseAlias(detached) = %+v: a detached veth must not count as a live one", got)
+	}
+	for _, tc := range []struct {
+		alias    string
+		detached bool
+	}{{o.Alias(), false}, {o.DetachedAlias(), true}} {
+		got, detached, ok := ParseAnyAlias(tc.alias)
+		if !ok || got != o || detached != tc.detached {
+			t.Errorf("ParseAnyAlias(%q) = %+v %v %v, want %+v %v true", tc.alias, got, detached, ok, o, tc.detached)
+		}
+	}
+	if _, _, ok := ParseAnyAlias("podnet-detached:"); ok {
+		t.Error("an empty detached alias parsed")
+	}
+	if a, b := DetachedName("eth0"), DetachedName("net1"); a == b || len(a) > 15 || a == HostVethName("", "", "x", "eth0") {
+		t.Errorf("DetachedName: %q %q", a, b)
+	}
+}

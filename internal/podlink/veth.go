@@ -115,7 +115,7 @@ func DeleteStaleHostVeth(hostName string, owner Owner) error {
 		}
 		return fmt.Errorf("look up host veth %s: %w", hostName, err)
 	}
-	if _, ok := ParseAlias(link.Attrs().Alias); !ok {
+	if _, _, ok := ParseAnyAlias(link.Attrs().Alias); !ok {
 		return fmt.Errorf("interface %s exists and was not created by podnet; remove or rename it", hostName)
 	}
 	if err := netlink.LinkDel(link); err != nil && !isNotFound(err) {
@@ -175,7 +175,7 @@ func OwnedHostVeths(network string) (map[Owner]netlink.Link, error) {
 		if _, isVeth := l.(*netlink.Veth); !isVeth {
 			continue
 		}
-		if o, ok := ParseAlias(l.Attrs().Alias); ok && o.Network == network {
+		if o, _, ok := ParseAnyAlias(l.Attrs().Alias); ok && o.Network == network {
 			owned[o] = l
 		}
 	}

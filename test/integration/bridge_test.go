@@ -101,6 +101,13 @@ func readBrNode(t *testing.T, node *nettest.Node, bridgeName string) brNode {
 		if err != nil {
 			return err
 		}
+		var live []netlink.Link
+		for _, l := range links {
+			if !podlink.IsDetached(l) { // see nettest.LinkNames
+				live = append(live, l)
+			}
+		}
+		links = live
 		for _, l := range links {
 			switch l.(type) {
 			case *netlink.Bridge:

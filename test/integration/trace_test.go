@@ -55,7 +55,7 @@ func TestStepTrace(t *testing.T) {
 	}
 	want := map[string][]string{
 		"ADD": {"config", "netns", "mtu", "ipam", "prepare", "stale-veth", "veth", "host", "address", "route", "host-route", "result"},
-		"DEL": {"config", "ipam", "veth-delete"},
+		"DEL": {"config", "veth-detach", "ipam"},
 	}
 	if len(lines) != 2 || lines[0].Verb != "ADD" || lines[1].Verb != "DEL" {
 		t.Fatalf("trace lines: %+v, want one ADD then one DEL", lines)

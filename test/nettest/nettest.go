@@ -25,6 +25,8 @@ import (
 	"github.com/containernetworking/plugins/pkg/testutils"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/podnet/podnet/internal/podlink"
 )
 
 // NodeAddr is the address every test node has on its loopback: what pods
@@ -191,8 +193,20 @@ func (n *Node) Links() []string {
 	return names
 }
 
-// LinkNames lists the links of netns other than lo.
+// LinkNames lists the links of netns other than lo and other than the
+// ends of veth pairs that DEL detached (podlink.IsDetached: down, no route,
+// no address in use; the kernel removes them with the pod netns, which
+// TestDelDetachesUntilNetnsGone checks with AllLinkNames).
 func LinkNames(netns ns.NetNS) ([]string, error) {
+	return linkNames(netns, func(l netlink.Link) bool { return !podlink.IsDetached(l) })
+}
+
+// AllLinkNames lists every link of netns other than lo.
+func AllLinkNames(netns ns.NetNS) ([]string, error) {
+	return linkNames(netns, func(netlink.Link) bool { return true })
+}
+
+func linkNames(netns ns.NetNS, keep func(netlink.Link) bool) ([]string, error) {
 	var names []string
 	err := netns.Do(func(ns.NetNS) error {
 		links, err := netlink.LinkList()
@@ -200,7 +214,7 @@ func LinkNames(netns ns.NetNS) ([]string, error) {
 			return err
 		}
 		for _, l := range links {
-			if l.Attrs().Name != "lo" {
+			if l.Attrs().Name != "lo" && keep(l) {
 				names = append(names, l.Attrs().Name)
 			}
 		}

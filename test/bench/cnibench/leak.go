@@ -19,6 +19,8 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/podnet/podnet/internal/podlink"
 )
 
 // nodeState is what of a node netns and its IPAM data dirs can leak.
@@ -152,14 +154,8 @@ func checkLeaks(base nodeState, node ns.NetNS, dataDirs []string, pods []ns.NetN
 	added("route", base.Routes, now.Routes, nil)
 	added("neighbor", base.Neighs, now.Neighs, nil)
 	added("file", base.Files, now.Files, bookkeeping)
-	for _, p := range pods {
-		names, err := podLinks(p)
-		if err != nil {
-			return err
-		}
-		for _, n := range names {
-			leaks = append(leaks, fmt.Sprintf("pod link %s in %s", n, filepath.Base(p.Path())))
-		}
+	if err := checkPodLinks(pods); err != nil {
+		leaks = append(leaks, err.Error())
 	}
 	if len(leaks) == 0 {
 		return nil
@@ -173,7 +169,28 @@ func checkLeaks(base nodeState, node ns.NetNS, dataDirs []string, pods []ns.NetN
 	return fmt.Errorf("%d leaked: %s%s", len(leaks), strings.Join(leaks, "; "), more)
 }
 
-// podLinks lists the links of a pod netns other than lo.
+// checkPodLinks fails when a pod netns after DEL holds a link other than lo
+// and the pod end of a veth pair podnet's DEL detached (down, renamed; it
+// goes with the netns, and settle plus the node check see that it did).
+func checkPodLinks(pods []ns.NetNS) error {
+	var leaks []string
+	for _, p := range pods {
+		names, err := podLinks(p)
+		if err != nil {
+			return err
+		}
+		for _, n := range names {
+			leaks = append(leaks, fmt.Sprintf("pod link %s in %s", n, filepath.Base(p.Path())))
+		}
+	}
+	if len(leaks) == 0 {
+		return nil
+	}
+	return errors.New(strings.Join(leaks, "; "))
+}
+
+// podLinks lists the links of a pod netns other than lo and a detached
+// podnet pod end.
 func podLinks(p ns.NetNS) ([]string, error) {
 	var out []string
 	err := p.Do(func(ns.NetNS) error {
@@ -182,7 +199,7 @@ func podLinks(p ns.NetNS) ([]string, error) {
 			return err
 		}
 		for _, l := range links {
-			if l.Attrs().Name != "lo" {
+			if l.Attrs().Name != "lo" && !podlink.IsDetached(l) {
 				out = append(out, l.Attrs().Name)
 			}
 		}

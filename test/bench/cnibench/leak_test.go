@@ -200,10 +200,10 @@ func TestLeakCheckCatchesPodnetPodNeverDeleted(t *testing.T) {
 	needRoot(t)
 	bin := nettest.BinDir(t, "podnet", "podnet-ipam")
 	s := newStack(t.TempDir(), "podnet+podnet-ipam", "podnet", "podnet-ipam", "10.201.0.0/16", []string{bin})
-	pod := nettest.NewNetNS(t)
-	if err := s.prepare(nettest.NewNode(t).NS, []ns.NetNS{pod}, 1); err != nil {
+	if err := s.prepare(nettest.NewNode(t).NS, 1); err != nil {
 		t.Fatal(err)
 	}
+	pod := nettest.NewNetNS(t)
 	pods := []ns.NetNS{pod}
 	rt := s.rtConf("leaky", pod)
 	if _, err := s.add(rt); err != nil {
@@ -221,7 +221,19 @@ func TestLeakCheckCatchesPodnetPodNeverDeleted(t *testing.T) {
 	if _, err := s.del(rt); err != nil {
 		t.Fatal(err)
 	}
-	if err := checkLeaks(s.base, s.node, s.dataDirs, pods); err != nil {
+	// podnet's DEL detaches the veth: the pod end is no pod leak, the host
+	// end is a node link until the runtime removes the pod netns
+	if err := checkPodLinks(pods); err != nil {
 		t.Fatalf("after DEL: %v", err)
+	}
+	if err := checkLeaks(s.base, s.node, s.dataDirs, nil); err == nil || !strings.Contains(err.Error(), " veth") {
+		t.Fatalf("after DEL, pod netns still there: leak check %v, want the detached host veth reported", err)
+	}
+	removePods(pods)
+	if _, err := settle(s.node, s.base); err != nil {
+		t.Fatal(err)
+	}
+	if err := checkLeaks(s.base, s.node, s.dataDirs, nil); err != nil {
+		t.Fatalf("after DEL and the pod netns removed: %v", err)
 	}
 }

@@ -88,6 +88,13 @@ type runResult struct {
 	DelSysMs  float64   `json:"del_sys_ms"`
 	Errors    []string  `json:"errors,omitempty"`
 	Leak      string    `json:"leak"` // "" when the leak check passed
+	// NetnsDelS is the wall time of removing the run's pod netns after DEL,
+	// as a runtime does (unmount + unlink); SettleS is how long after that
+	// the kernel took to tear down what the netns held, until the node was
+	// back to its state before the run (a plugin that leaves the veth to
+	// the netns teardown pays here, not in DEL).
+	NetnsDelS float64 `json:"netns_del_s"`
+	SettleS   float64 `json:"settle_s"`
 	// Steps is podnet's own step trace (PODNET_TRACE) of the run, by verb;
 	// empty for the reference plugins.
 	Steps map[string]*verbTrace `json:"steps,omitempty"`
@@ -214,22 +221,15 @@ func main() {
 	}
 	res.Stacks = stacks
 
-	need := *pods
-	if *occupancy > 0 && 2**occupancy > need {
-		need = 2 * *occupancy
-	}
-	t0 := time.Now()
-	pool := newPods(need)
-	res.PodNetNS = time.Since(t0).Seconds()
-	logf("%d pod netns created in %.1fs", need, res.PodNetNS)
-
+	// Every run gets fresh pod netns and removes them after DEL, as a
+	// runtime does per sandbox (neither is measured as ADD or DEL).
 	for _, s := range stacks {
-		if err := s.prepare(newNode(), pool[:*warmup], *warmup); err != nil {
+		if err := s.prepare(newNode(), *warmup); err != nil {
 			fatalf("%s: %v", s.Name, err)
 		}
 	}
 
-	floors := newFloors(*noop, stacks[0].node, pool[0])
+	floors := newFloors(*noop, stacks[0].node, newNetNS())
 	for rep := 1; rep <= *reps; rep++ {
 		for _, mode := range []struct {
 			name    string
@@ -237,7 +237,10 @@ func main() {
 		}{{"sequential", 1}, {"concurrent", *workers}} {
 			for i := range stacks {
 				s := stacks[(i+rep-1)%len(stacks)]
-				r := s.run(pool[:*pods], mode.name, mode.workers, rep)
+				t0 := time.Now()
+				pool := newPods(*pods)
+				res.PodNetNS += time.Since(t0).Seconds()
+				r := s.run(pool, mode.name, mode.workers, rep)
 				logf("rep %d %-10s %-26s ADD p50 %6.2f ms  DEL p50 %6.2f ms  cpu/ADD %5.2f ms  leak: %s",
 					rep, mode.name, s.Name, median(r.AddMs), median(r.DelMs), (r.AddUserMs+r.AddSysMs)/float64(r.Pods), orNone(r.Leak))
 				res.Runs = append(res.Runs, r)
@@ -248,7 +251,7 @@ func main() {
 	res.Floors = floors.results()
 
 	if *occupancy > 0 {
-		res.Occupancy = occupancyRun(root, paths, pool, *occupancy, *chunk, *warmup)
+		res.Occupancy = occupancyRun(root, paths, newPods(2**occupancy), *occupancy, *chunk, *warmup)
 	}
 	res.Seconds = time.Since(res.Started).Seconds()
 	data, err := json.MarshalIndent(res, "", " ")
@@ -326,11 +329,13 @@ func newStack(root, name, plugin, ipamType, subnet string, paths []string) *stac
 }
 
 // prepare puts the stack on node, runs the unmeasured warm-up (which also
-// creates a bridge stack's bridge) and records the leak check's baseline.
-func (s *stack) prepare(node ns.NetNS, pods []ns.NetNS, warmup int) error {
+// creates a bridge stack's bridge) in pod netns of its own, removes them
+// and records the leak check's baseline once the kernel has torn them down.
+func (s *stack) prepare(node ns.NetNS, warmup int) error {
 	s.node = node
+	pods := newPods(max(warmup, 1))
 	for i := 0; i < warmup; i++ {
-		rt := s.rtConf(fmt.Sprintf("warm-%d", i), pods[i%len(pods)])
+		rt := s.rtConf(fmt.Sprintf("warm-%d", i), pods[i])
 		if _, err := s.add(rt); err != nil {
 			return fmt.Errorf("warm-up ADD: %w", err)
 		}
@@ -338,8 +343,13 @@ func (s *stack) prepare(node ns.NetNS, pods []ns.NetNS, warmup int) error {
 			return fmt.Errorf("warm-up DEL: %w", err)
 		}
 	}
+	removePods(pods)
 	var err error
 	s.base, err = snapshotNode(s.node, s.dataDirs)
+	if err != nil {
+		return err
+	}
+	_, err = settle(s.node, s.base)
 	return err
 }
 
@@ -461,19 +471,26 @@ func (s *stack) run(pods []ns.NetNS, mode string, workers, rep int) runResult {
 	} else if len(steps) > 0 {
 		r.Steps = steps
 	}
-	if err := checkLeaks(s.base, s.node, s.dataDirs, pods); err != nil {
+	podLeaks := checkPodLinks(pods)
+	r.NetnsDelS = removePods(pods).Seconds()
+	settled, err := settle(s.node, s.base)
+	r.SettleS = settled.Seconds()
+	if err == nil {
+		err = podLeaks
+	}
+	if err == nil {
+		err = checkLeaks(s.base, s.node, s.dataDirs, nil)
+	}
+	if err != nil {
 		r.Leak = err.Error()
-		s.recover(pods)
+		s.recover()
 	}
 	return r
 }
 
-// recover scrubs the pods after a leak and takes a new baseline, so that
-// one leak is reported once, not by every later run.
-func (s *stack) recover(pods []ns.NetNS) {
-	for _, p := range pods {
-		_ = scrubPod(p)
-	}
+// recover takes a new baseline after a leak, so that one leak is reported
+// once, not by every later run.
+func (s *stack) recover() {
 	if b, err := snapshotNode(s.node, s.dataDirs); err == nil {
 		s.base = b
 	}
@@ -576,7 +593,7 @@ func occupancyRun(root string, paths []string, pool []ns.NetNS, n, chunk, warmup
 	out := make([]occResult, len(stacks))
 	rts := make([][]*libcni.RuntimeConf, len(stacks))
 	for k, s := range stacks {
-		if err := s.prepare(newNode(), pool[k*n:k*n+warmup], warmup); err != nil {
+		if err := s.prepare(newNode(), warmup); err != nil {
 			fatalf("%s: %v", s.Name, err)
 		}
 		out[k] = occResult{Stack: names[k], Pods: n, Chunk: chunk, AddMs: make([]float64, n), DelMs: make([]float64, n)}
@@ -612,7 +629,16 @@ func occupancyRun(root string, paths []string, pool []ns.NetNS, n, chunk, warmup
 		}
 	}
 	for k, s := range stacks {
-		if err := checkLeaks(s.base, s.node, s.dataDirs, pool[k*n:(k+1)*n]); err != nil {
+		podLeaks := checkPodLinks(pool[k*n : (k+1)*n])
+		removePods(pool[k*n : (k+1)*n])
+		_, err := settle(s.node, s.base)
+		if err == nil {
+			err = podLeaks
+		}
+		if err == nil {
+			err = checkLeaks(s.base, s.node, s.dataDirs, nil)
+		}
+		if err != nil {
 			out[k].Leak = err.Error()
 		}
 		logf("occupancy %s: first 100 ADD p50 %.2f ms, last 100 %.2f ms, leak: %s", out[k].Stack,
@@ -647,6 +673,44 @@ func newNetNS() ns.NetNS {
 	}
 	atExit(func() { _ = n.Close(); _ = testutils.UnmountNS(n) })
 	return n
+}
+
+// removePods removes pod netns as a runtime does after DEL (close, unmount,
+// unlink) and returns the wall time it took. The kernel tears down what
+// they held in the background (see settle).
+func removePods(pods []ns.NetNS) time.Duration {
+	start := time.Now()
+	for _, p := range pods {
+		_ = p.Close()
+		if err := testutils.UnmountNS(p); err != nil {
+			logf("remove pod netns %s: %v", p.Path(), err)
+		}
+	}
+	return time.Since(start)
+}
+
+// settle waits until every link of node that base does not have is gone
+// (the kernel removes a dying netns's links, and their veth peers, in the
+// background) and returns how long that took; after 30 s it gives up and
+// the leak check reports what is left.
+func settle(node ns.NetNS, base nodeState) (time.Duration, error) {
+	start := time.Now()
+	for {
+		now, err := snapshotNode(node, nil)
+		if err != nil {
+			return time.Since(start), err
+		}
+		extra := 0
+		for _, l := range now.Links {
+			if !slices.Contains(base.Links, l) {
+				extra++
+			}
+		}
+		if extra == 0 || time.Since(start) > 30*time.Second {
+			return time.Since(start), nil
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
 
 func newPods(n int) []ns.NetNS {

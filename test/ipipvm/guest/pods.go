@@ -19,6 +19,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/google/nftables"
 
+	"github.com/podnet/podnet/internal/podlink"
 	"github.com/podnet/podnet/routed/dataplane"
 	"github.com/podnet/podnet/test/ipipvm/vmconf"
 )
@@ -249,7 +250,9 @@ func (g *guest) tcpTransfer(src, dst *node) error {
 	return nil
 }
 
-// deletePods runs CNI DEL for every pod and checks the host side is gone.
+// deletePods runs CNI DEL for every pod and checks the host side is out of
+// service: no host veth left but the pair DEL detached (down, marked; the
+// kernel removes it with the pod netns).
 func (g *guest) deletePods() error {
 	for _, n := range g.nodes {
 		if _, err := g.cni(n, "DEL"); err != nil {
@@ -260,7 +263,7 @@ func (g *guest) deletePods() error {
 		err := n.netns.Do(func(ns.NetNS) error {
 			links, err := netlinksafe.LinkList()
 			for _, l := range links {
-				if strings.HasPrefix(l.Attrs().Name, "pn") {
+				if strings.HasPrefix(l.Attrs().Name, "pn") && !podlink.IsDetached(l) {
 					left = append(left, l.Attrs().Name)
 				}
 			}
@@ -273,7 +276,7 @@ func (g *guest) deletePods() error {
 			return fmt.Errorf("%s: host veths %v left after DEL", n.Name, left)
 		}
 	}
-	g.logf("CNI DEL done for every pod, no host veth left")
+	g.logf("CNI DEL done for every pod, no host veth left in service")
 	return nil
 }
 
