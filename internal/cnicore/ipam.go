@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/containernetworking/cni/pkg/invoke"
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 )
@@ -27,19 +26,23 @@ type IPAM interface {
 type ExecIPAM struct{}
 
 func (ExecIPAM) Add(ctx context.Context, t string, a *skel.CmdArgs) (types.Result, error) {
-	return invoke.DelegateAdd(ctx, t, a.StdinData, nil)
+	return delegateAdd(ctx, t, a.StdinData)
 }
 func (ExecIPAM) Del(ctx context.Context, t string, a *skel.CmdArgs) error {
-	return invoke.DelegateDel(ctx, t, a.StdinData, nil)
+	_, err := delegate(ctx, t, "DEL", a.StdinData)
+	return err
 }
 func (ExecIPAM) Check(ctx context.Context, t string, a *skel.CmdArgs) error {
-	return invoke.DelegateCheck(ctx, t, a.StdinData, nil)
+	_, err := delegate(ctx, t, "CHECK", a.StdinData)
+	return err
 }
 func (ExecIPAM) GC(ctx context.Context, t string, a *skel.CmdArgs) error {
-	return invoke.DelegateGC(ctx, t, a.StdinData, nil)
+	_, err := delegate(ctx, t, "GC", a.StdinData)
+	return err
 }
 func (ExecIPAM) Status(ctx context.Context, t string, a *skel.CmdArgs) error {
-	return invoke.DelegateStatus(ctx, t, a.StdinData, nil)
+	_, err := delegate(ctx, t, "STATUS", a.StdinData)
+	return err
 }
 
 // IPAMError turns an IPAM plugin failure into a CNI error that names the
