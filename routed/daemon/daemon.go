@@ -21,6 +21,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
@@ -132,6 +133,12 @@ func (d *Daemon) Run(ctx context.Context) error {
 	}
 	factory := informers.NewSharedInformerFactory(d.client, 0)
 	nodes := factory.Core().V1().Nodes()
+	// keep only what FromNode reads: the informer's store then holds a few
+	// hundred bytes per Node instead of the whole object (managedFields,
+	// images, conditions, labels)
+	if err := nodes.Informer().SetTransform(SlimNode); err != nil {
+		return fmt.Errorf("node informer transform: %w", err)
+	}
 	kick := func(any) { d.trigger("node") }
 	if _, err := nodes.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    kick,
@@ -279,10 +286,11 @@ func (d *Daemon) apply(lister listersv1.NodeLister, why string) error {
 	// node from working: the other steps still run and the errors are
 	// reported together.
 	var errs []error
-	changed, err := dataplane.ApplyRoutes(st.Routes)
+	changed, programmed, err := dataplane.ApplyRoutes(st.Routes)
 	if err != nil {
 		errs = append(errs, err)
 	}
+	d.metrics.RoutesProgramed.Set(float64(programmed))
 	if d.cfg.Encap == desired.VXLAN {
 		if err := dataplane.ApplyVXLANPeers(st.Neighbors, st.FDBs); err != nil {
 			errs = append(errs, err)
@@ -295,9 +303,6 @@ func (d *Daemon) apply(lister listersv1.NodeLister, why string) error {
 	}
 	if err := d.writeState(st.Self, d.dp.OverlayMTU(underlay)); err != nil {
 		errs = append(errs, err)
-	}
-	if owned, err := dataplane.OwnedRoutes(); err == nil {
-		d.metrics.RoutesProgramed.Set(float64(len(owned)))
 	}
 	if changed > 0 {
 		if why == "repair" {
@@ -351,6 +356,26 @@ func FromNode(n *corev1.Node) desired.Node {
 		}
 	}
 	return out
+}
+
+// SlimNode is the node informer's transform: a Node reduced to what
+// FromNode reads (name, PodCIDRs, addresses, the node-ip annotation) plus
+// the identity the informer keeps. Anything else (a tombstone) passes.
+func SlimNode(obj any) (any, error) {
+	n, ok := obj.(*corev1.Node)
+	if !ok {
+		return obj, nil
+	}
+	slim := &corev1.Node{
+		TypeMeta:   n.TypeMeta,
+		ObjectMeta: metav1.ObjectMeta{Name: n.Name, UID: n.UID, ResourceVersion: n.ResourceVersion},
+		Spec:       corev1.NodeSpec{PodCIDR: n.Spec.PodCIDR, PodCIDRs: n.Spec.PodCIDRs},
+		Status:     corev1.NodeStatus{Addresses: n.Status.Addresses},
+	}
+	if a, ok := n.Annotations[NodeIPAnnotation]; ok {
+		slim.Annotations = map[string]string{NodeIPAnnotation: a}
+	}
+	return slim, nil
 }
 
 func findNode(nodes []desired.Node, name string) *desired.Node {

@@ -7,6 +7,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/cache"
 
 	"github.com/podnet/podnet/routed/desired"
 )
@@ -158,5 +159,42 @@ func TestFromNode(t *testing.T) {
 				t.Errorf("FromNode modified the Node")
 			}
 		})
+	}
+}
+
+// TestSlimNode: the informer keeps only what FromNode reads, and FromNode
+// sees the same Node through it.
+func TestSlimNode(t *testing.T) {
+	full := &corev1.Node{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: "n1", UID: "u1", ResourceVersion: "42",
+			Labels:        map[string]string{"kubernetes.io/hostname": "n1"},
+			Annotations:   map[string]string{NodeIPAnnotation: "192.0.2.7", "node.alpha.kubernetes.io/ttl": "0"},
+			ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "kubelet"}},
+		},
+		Spec: corev1.NodeSpec{PodCIDR: "10.244.1.0/24", PodCIDRs: []string{"10.244.1.0/24", "fd00:1::/64"}},
+		Status: corev1.NodeStatus{
+			Addresses:  []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "192.0.2.1"}},
+			Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}},
+			Images:     []corev1.ContainerImage{{Names: []string{"registry.k8s.io/pause:3.10"}, SizeBytes: 1 << 20}},
+		},
+	}
+	obj, err := SlimNode(full)
+	if err != nil {
+		t.Fatal(err)
+	}
+	slim := obj.(*corev1.Node)
+	if !reflect.DeepEqual(FromNode(slim), FromNode(full)) {
+		t.Errorf("FromNode(slim) = %+v, FromNode(full) = %+v", FromNode(slim), FromNode(full))
+	}
+	if slim.Name != "n1" || slim.UID != "u1" || slim.ResourceVersion != "42" {
+		t.Errorf("identity lost: %+v", slim.ObjectMeta)
+	}
+	if len(slim.ManagedFields) > 0 || len(slim.Labels) > 0 || len(slim.Status.Images) > 0 || len(slim.Status.Conditions) > 0 || len(slim.Annotations) != 1 {
+		t.Errorf("slim node keeps more than routed reads: %+v", slim)
+	}
+	tomb := cache.DeletedFinalStateUnknown{Key: "n1", Obj: full}
+	if got, err := SlimNode(tomb); err != nil || !reflect.DeepEqual(got, tomb) {
+		t.Errorf("tombstone: %v %v", got, err)
 	}
 }

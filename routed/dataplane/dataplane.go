@@ -234,17 +234,69 @@ func (d *Netlink) ensureVXLAN(selfIP netip.Addr, underlay netlink.Link, mtu int,
 	return nil
 }
 
-// OwnedRoutes lists the routes podnet-routed manages: podnet's protocol in
-// the main table, blackholes and routes via a gateway. The plugin's pod host
-// routes carry the same protocol but have neither, and are left out.
-func OwnedRoutes() ([]desired.Route, error) {
-	filter := &netlink.Route{Protocol: rtproto.Podnet, Table: unix.RT_TABLE_MAIN}
-	routes, err := netlinksafe.RouteListFiltered(netlink.FAMILY_ALL, filter, netlink.RT_FILTER_PROTOCOL|netlink.RT_FILTER_TABLE)
+// routeKernel is what route apply needs from the kernel: the seam that
+// lets the delta logic be unit-tested (and its writes counted) without
+// root. netlinkRoutes is the real one.
+type routeKernel interface {
+	// ListMain dumps the main routing table, every protocol, both families.
+	ListMain() ([]netlink.Route, error)
+	Replace(r *netlink.Route) error
+	Delete(r *netlink.Route) error
+	LinkIndex(name string) (int, error)
+	LinkName(index int) string
+}
+
+// netlinkRoutes is routeKernel on the current netns.
+type netlinkRoutes struct{ names map[int]string }
+
+func (netlinkRoutes) ListMain() ([]netlink.Route, error) {
+	routes, err := netlinksafe.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
 	if err != nil {
-		return nil, fmt.Errorf("list podnet routes: %w", err)
+		return nil, fmt.Errorf("list the main routing table: %w", err)
 	}
-	names := map[int]string{}
-	out := make([]desired.Route, 0, len(routes))
+	return routes, nil
+}
+func (netlinkRoutes) Replace(r *netlink.Route) error { return netlink.RouteReplace(r) }
+func (netlinkRoutes) Delete(r *netlink.Route) error  { return netlink.RouteDel(r) }
+func (netlinkRoutes) LinkIndex(name string) (int, error) {
+	l, err := netlinksafe.LinkByName(name)
+	if err != nil {
+		return 0, err
+	}
+	return l.Attrs().Index, nil
+}
+func (k netlinkRoutes) LinkName(index int) string {
+	if name, ok := k.names[index]; ok {
+		return name
+	}
+	name := ""
+	if l, err := netlink.LinkByIndex(index); err == nil {
+		name = l.Attrs().Name
+	}
+	k.names[index] = name
+	return name
+}
+
+func newNetlinkRoutes() netlinkRoutes { return netlinkRoutes{names: map[int]string{}} }
+
+// routeTable is one dump of the main table, indexed by destination: the
+// routes podnet-routed owns, and which destinations another protocol
+// holds.
+type routeTable struct {
+	owned   []desired.Route
+	ownDst  map[netip.Prefix]bool
+	foreign map[netip.Prefix]netlink.RouteProtocol
+}
+
+func (t routeTable) ownsDst(dst netip.Prefix) bool { return t.ownDst[dst] }
+
+// readRoutes dumps the main table once.
+func readRoutes(k routeKernel) (routeTable, error) {
+	routes, err := k.ListMain()
+	if err != nil {
+		return routeTable{}, err
+	}
+	t := routeTable{ownDst: map[netip.Prefix]bool{}, foreign: map[netip.Prefix]netlink.RouteProtocol{}}
 	for _, r := range routes {
 		if r.Dst == nil {
 			continue
@@ -253,85 +305,99 @@ func OwnedRoutes() ([]desired.Route, error) {
 		if !ok {
 			continue
 		}
-		dr := desired.Route{Dst: dst}
-		if r.Type == unix.RTN_BLACKHOLE {
-			dr.Kind = desired.Blackhole
-		} else {
-			if r.Gw == nil {
-				// A pod's host route (podIP dev <host veth> scope link),
-				// installed by the CNI plugin with the same protocol. Every
-				// route podnet-routed installs has a gateway or is a
-				// blackhole: pruning this one would cut the pod off.
-				continue
-			}
-			dr.Gw, _ = netip.AddrFromSlice(r.Gw)
-			dr.Gw = dr.Gw.Unmap()
-			dr.OnLink = r.Flags&int(netlink.FLAG_ONLINK) != 0
-			if _, seen := names[r.LinkIndex]; !seen {
-				if l, err := netlink.LinkByIndex(r.LinkIndex); err == nil {
-					names[r.LinkIndex] = l.Attrs().Name
-				}
-			}
-			dr.Dev = names[r.LinkIndex]
+		if r.Protocol != rtproto.Podnet {
+			t.foreign[dst] = r.Protocol
+			continue
 		}
-		out = append(out, dr)
+		if dr, ok := ownedRoute(k, r, dst); ok {
+			t.owned = append(t.owned, dr)
+			t.ownDst[dst] = true
+		}
 	}
-	return out, nil
+	return t, nil
 }
 
-// ApplyRoutes makes the podnet routes equal to want. It returns how many
-// routes it changed.
-func ApplyRoutes(want []desired.Route) (changed int, err error) {
-	actual, err := OwnedRoutes()
-	if err != nil {
-		return 0, err
+// ownedRoute converts a podnet-protocol route to a desired.Route when it
+// is podnet-routed's: a blackhole or a route via a gateway. The plugin's
+// pod host routes (podIP dev <host veth> scope link) carry the same
+// protocol but have neither: they are the pods', and pruning one would cut
+// its pod off.
+func ownedRoute(k routeKernel, r netlink.Route, dst netip.Prefix) (desired.Route, bool) {
+	dr := desired.Route{Dst: dst}
+	if r.Type == unix.RTN_BLACKHOLE {
+		dr.Kind = desired.Blackhole
+		return dr, true
 	}
-	upsert, remove := desired.Diff(want, actual)
+	if r.Gw == nil {
+		return desired.Route{}, false
+	}
+	dr.Gw, _ = netip.AddrFromSlice(r.Gw)
+	dr.Gw = dr.Gw.Unmap()
+	dr.OnLink = r.Flags&int(netlink.FLAG_ONLINK) != 0
+	dr.Dev = k.LinkName(r.LinkIndex)
+	return dr, true
+}
+
+// OwnedRoutes lists the routes podnet-routed manages: podnet's protocol in
+// the main table, blackholes and routes via a gateway.
+func OwnedRoutes() ([]desired.Route, error) {
+	t, err := readRoutes(newNetlinkRoutes())
+	return t.owned, err
+}
+
+// ApplyRoutes makes the podnet routes equal to want from one dump of the
+// main table: it writes only what differs (nothing when nothing changed),
+// and never replaces a route of another protocol (that destination is
+// reported). It returns how many routes it changed and how many podnet
+// routes are programmed afterwards.
+func ApplyRoutes(want []desired.Route) (changed, programmed int, err error) {
+	return applyRoutes(newNetlinkRoutes(), want)
+}
+
+func applyRoutes(k routeKernel, want []desired.Route) (changed, programmed int, err error) {
+	t, err := readRoutes(k)
+	if err != nil {
+		return 0, 0, err
+	}
+	programmed = len(t.owned)
+	upsert, remove := desired.Diff(want, t.owned)
 	var errs []error
 	for _, r := range remove {
-		if err := netlink.RouteDel(kernelRoute(r, 0)); err != nil && !errors.Is(err, unix.ESRCH) {
+		if err := k.Delete(kernelRoute(r, 0)); err != nil && !errors.Is(err, unix.ESRCH) {
 			errs = append(errs, fmt.Errorf("delete route %s: %w", r, err))
 			continue
 		}
 		changed++
+		programmed--
 	}
 	links := map[string]int{}
 	for _, r := range upsert {
+		if proto, held := t.foreign[r.Dst]; held {
+			errs = append(errs, fmt.Errorf("install route %s: a route to %s with protocol %d (not podnet's) exists; leaving it alone", r, r.Dst, proto))
+			continue
+		}
 		idx := 0
 		if r.Kind != desired.Blackhole {
 			if _, ok := links[r.Dev]; !ok {
-				l, err := netlinksafe.LinkByName(r.Dev)
+				i, err := k.LinkIndex(r.Dev)
 				if err != nil {
 					errs = append(errs, fmt.Errorf("route %s: device: %w", r, err))
 					continue
 				}
-				links[r.Dev] = l.Attrs().Index
+				links[r.Dev] = i
 			}
 			idx = links[r.Dev]
 		}
-		if err := replaceOwned(kernelRoute(r, idx)); err != nil {
+		if err := k.Replace(kernelRoute(r, idx)); err != nil {
 			errs = append(errs, fmt.Errorf("install route %s: %w", r, err))
 			continue
 		}
 		changed++
-	}
-	return changed, errors.Join(errs...)
-}
-
-// replaceOwned installs r unless a route of another protocol holds its
-// destination: foreign routes are never replaced.
-func replaceOwned(r *netlink.Route) error {
-	filter := &netlink.Route{Dst: r.Dst, Table: unix.RT_TABLE_MAIN}
-	existing, err := netlinksafe.RouteListFiltered(familyOf(r.Dst.IP), filter, netlink.RT_FILTER_DST|netlink.RT_FILTER_TABLE)
-	if err != nil {
-		return err
-	}
-	for _, e := range existing {
-		if e.Protocol != rtproto.Podnet {
-			return fmt.Errorf("a route to %s with protocol %d (not podnet's) exists; leaving it alone", r.Dst, e.Protocol)
+		if !t.ownsDst(r.Dst) {
+			programmed++
 		}
 	}
-	return netlink.RouteReplace(r)
+	return changed, programmed, errors.Join(errs...)
 }
 
 func kernelRoute(r desired.Route, linkIndex int) *netlink.Route {
@@ -349,7 +415,9 @@ func kernelRoute(r desired.Route, linkIndex int) *netlink.Route {
 }
 
 // ApplyVXLANPeers makes the neighbor and FDB entries of podnet.vxlan equal
-// to the desired ones.
+// to the desired ones. It lists what the device has first and writes only
+// the entries that are missing or differ, and deletes the stale ones: a
+// resync with nothing changed writes nothing.
 func ApplyVXLANPeers(neighs []desired.Neighbor, fdbs []desired.FDB) error {
 	link, err := netlinksafe.LinkByName(desired.VXLANDevice)
 	if err != nil {
@@ -357,51 +425,63 @@ func ApplyVXLANPeers(neighs []desired.Neighbor, fdbs []desired.FDB) error {
 	}
 	idx := link.Attrs().Index
 	var errs []error
-	wantNeigh := map[string]bool{}
+	have := map[string]netlink.Neigh{}
+	for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
+		cur, err := netlink.NeighList(idx, fam)
+		if err != nil {
+			return fmt.Errorf("list neighbors of %s: %w", desired.VXLANDevice, err)
+		}
+		for _, c := range cur {
+			if c.State == netlink.NUD_PERMANENT {
+				have[c.IP.String()+" "+c.HardwareAddr.String()] = c
+			}
+		}
+	}
 	for _, n := range neighs {
 		mac, _ := net.ParseMAC(n.MAC)
-		wantNeigh[n.IP.String()+" "+n.MAC] = true
+		key := n.IP.String() + " " + mac.String()
+		if _, ok := have[key]; ok {
+			delete(have, key)
+			continue
+		}
 		e := &netlink.Neigh{LinkIndex: idx, Family: familyOf(n.IP.AsSlice()), State: netlink.NUD_PERMANENT, IP: n.IP.AsSlice(), HardwareAddr: mac}
 		if err := netlink.NeighSet(e); err != nil {
 			errs = append(errs, fmt.Errorf("neighbor %s: %w", n.IP, err))
 		}
 	}
-	for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
-		cur, err := netlink.NeighList(idx, fam)
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		for _, c := range cur {
-			if c.State == netlink.NUD_PERMANENT && !wantNeigh[c.IP.String()+" "+c.HardwareAddr.String()] {
-				if err := netlink.NeighDel(&c); err != nil {
-					errs = append(errs, fmt.Errorf("delete neighbor %s: %w", c.IP, err))
-				}
-			}
+	for _, c := range have { // permanent entries no Node asks for
+		if err := netlink.NeighDel(&c); err != nil {
+			errs = append(errs, fmt.Errorf("delete neighbor %s: %w", c.IP, err))
 		}
 	}
-	wantFDB := map[string]bool{}
+
+	curFDB, err := netlink.NeighList(idx, unix.AF_BRIDGE)
+	if err != nil {
+		return errors.Join(append(errs, fmt.Errorf("list FDB of %s: %w", desired.VXLANDevice, err))...)
+	}
+	haveFDB := map[string]netlink.Neigh{}
+	for _, c := range curFDB {
+		if c.IP == nil || c.HardwareAddr == nil {
+			continue
+		}
+		ip, _ := netip.AddrFromSlice(c.IP)
+		haveFDB[c.HardwareAddr.String()+" "+ip.Unmap().String()] = c
+	}
 	for _, f := range fdbs {
 		mac, _ := net.ParseMAC(f.MAC)
-		wantFDB[f.MAC+" "+f.Dst.String()] = true
+		key := mac.String() + " " + f.Dst.String()
+		if _, ok := haveFDB[key]; ok {
+			delete(haveFDB, key)
+			continue
+		}
 		e := &netlink.Neigh{LinkIndex: idx, Family: unix.AF_BRIDGE, Flags: netlink.NTF_SELF, State: netlink.NUD_PERMANENT, IP: f.Dst.AsSlice(), HardwareAddr: mac}
 		if err := netlink.NeighSet(e); err != nil {
 			errs = append(errs, fmt.Errorf("fdb %s -> %s: %w", f.MAC, f.Dst, err))
 		}
 	}
-	cur, err := netlink.NeighList(idx, unix.AF_BRIDGE)
-	if err != nil {
-		errs = append(errs, err)
-	}
-	for _, c := range cur {
-		if c.IP == nil || c.HardwareAddr == nil {
-			continue
-		}
-		ip, _ := netip.AddrFromSlice(c.IP)
-		if !wantFDB[c.HardwareAddr.String()+" "+ip.Unmap().String()] {
-			if err := netlink.NeighDel(&c); err != nil {
-				errs = append(errs, fmt.Errorf("delete fdb %s: %w", c.HardwareAddr, err))
-			}
+	for _, c := range haveFDB {
+		if err := netlink.NeighDel(&c); err != nil {
+			errs = append(errs, fmt.Errorf("delete fdb %s: %w", c.HardwareAddr, err))
 		}
 	}
 	return errors.Join(errs...)
@@ -411,7 +491,7 @@ func ApplyVXLANPeers(neighs []desired.Neighbor, fdbs []desired.FDB) error {
 // (it is the kernel's shared fallback device).
 func Cleanup() error {
 	var errs []error
-	if _, err := ApplyRoutes(nil); err != nil {
+	if _, _, err := ApplyRoutes(nil); err != nil {
 		errs = append(errs, err)
 	}
 	if l, err := netlinksafe.LinkByName(desired.VXLANDevice); err == nil {

@@ -308,13 +308,23 @@ func testPodsDeleted(t *testing.T, c *cluster.Cluster) {
 		}
 	}
 	for _, n := range c.Nodes {
-		links, err := n.Links()
-		if err != nil {
-			t.Fatal(err)
+		// DEL detaches the veth pairs and the kernel removes them with the
+		// pod netns, in the background: give it a moment
+		var links []string
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			var err error
+			if links, err = n.Links(); err != nil {
+				t.Fatal(err)
+			}
+			if !slices.ContainsFunc(links, isHostVeth) || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
 		}
 		for _, l := range links {
-			if strings.HasPrefix(l, "pn") {
-				t.Errorf("%s: veth %s left", n.Name, l)
+			if isHostVeth(l) {
+				t.Errorf("%s: veth %s left 10 s after its pod netns was removed", n.Name, l)
 			}
 		}
 		routes, err := n.Routes()
@@ -504,3 +514,5 @@ func checkNodeObjects(t *testing.T, c *cluster.Cluster) {
 		}
 	}
 }
+
+func isHostVeth(name string) bool { return strings.HasPrefix(name, "pn") }

@@ -48,9 +48,28 @@ func (h *harness) reservations() (map[string]string, []string) {
 	return ips, owners
 }
 
-// hostVeths lists the node's veths: name -> owner ("containerID:ifname"
-// from the alias podnet sets, or the raw alias).
+// hostVeths lists the node's veths in service: name -> owner
+// ("containerID:ifname" from the alias podnet sets, or the raw alias).
+// Pairs that DEL detached are not listed: the kernel removes them with
+// their pod netns (waitDetachedGone).
 func (h *harness) hostVeths() map[string]string {
+	return h.veths(func(l netlink.Link) bool { return !podlink.IsDetached(l) })
+}
+
+// waitDetachedGone waits until the node has no detached veth left, and
+// returns those still there after limit.
+func (h *harness) waitDetachedGone(limit time.Duration) []string {
+	deadline := time.Now().Add(limit)
+	for {
+		left := keys(h.veths(podlink.IsDetached))
+		if len(left) == 0 || time.Now().After(deadline) {
+			return left
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func (h *harness) veths(keep func(netlink.Link) bool) map[string]string {
 	out := map[string]string{}
 	// Not node.Do: this also runs on worker goroutines, where a t.Fatal
 	// must not happen; an error shows up as a leftover instead.
@@ -60,7 +79,7 @@ func (h *harness) hostVeths() map[string]string {
 			return err
 		}
 		for _, l := range links {
-			if _, ok := l.(*netlink.Veth); !ok {
+			if _, ok := l.(*netlink.Veth); !ok || !keep(l) {
 				continue
 			}
 			if o, ok := podlink.ParseAlias(l.Attrs().Alias); ok {
@@ -134,6 +153,7 @@ func (h *harness) cniLeftovers() []string {
 		out = appendItems(out, "containerd sandboxes", ids)
 	}
 	out = appendItems(out, "veths", keys(h.hostVeths()))
+	out = appendItems(out, "detached veths 10 s after their pod netns was removed", h.waitDetachedGone(10*time.Second))
 	out = appendItems(out, "proto-77 routes", h.podRoutes())
 	ips, owners := h.reservations()
 	out = appendItems(out, "reservation files", keys(ips))

@@ -1,0 +1,156 @@
+package dataplane
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	"strings"
+	"testing"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/podnet/podnet/internal/rtproto"
+	"github.com/podnet/podnet/routed/desired"
+)
+
+// fakeKernel is a main routing table in memory that counts the calls route
+// apply makes.
+type fakeKernel struct {
+	routes          map[string]netlink.Route // by destination
+	links           map[string]int
+	dumps, writes   int
+	replaced, dels  []string
+	failReplaceDsts map[string]bool
+}
+
+func newFakeKernel() *fakeKernel {
+	return &fakeKernel{routes: map[string]netlink.Route{}, links: map[string]int{"tunl0": 7, "eth0": 2}}
+}
+
+func (k *fakeKernel) ListMain() ([]netlink.Route, error) {
+	k.dumps++
+	var out []netlink.Route
+	for _, r := range k.routes {
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+func (k *fakeKernel) Replace(r *netlink.Route) error {
+	k.writes++
+	if k.failReplaceDsts[r.Dst.String()] {
+		return fmt.Errorf("injected failure")
+	}
+	k.replaced = append(k.replaced, r.Dst.String())
+	k.routes[r.Dst.String()] = *r
+	return nil
+}
+
+func (k *fakeKernel) Delete(r *netlink.Route) error {
+	k.writes++
+	k.dels = append(k.dels, r.Dst.String())
+	delete(k.routes, r.Dst.String())
+	return nil
+}
+
+func (k *fakeKernel) LinkIndex(name string) (int, error) {
+	if i, ok := k.links[name]; ok {
+		return i, nil
+	}
+	return 0, netlink.LinkNotFoundError{}
+}
+
+func (k *fakeKernel) LinkName(index int) string {
+	for n, i := range k.links {
+		if i == index {
+			return n
+		}
+	}
+	return ""
+}
+
+// add puts a route in the table as the kernel would hold it.
+func (k *fakeKernel) add(dst string, proto netlink.RouteProtocol, gw string, dev string) {
+	_, n, _ := net.ParseCIDR(dst)
+	r := netlink.Route{Dst: n, Protocol: proto, Table: unix.RT_TABLE_MAIN, LinkIndex: k.links[dev]}
+	if gw != "" {
+		r.Gw = net.ParseIP(gw)
+		r.Flags = int(netlink.FLAG_ONLINK)
+	}
+	k.routes[dst] = r
+}
+
+func ipipRoute(dst, gw string) desired.Route {
+	return desired.Route{Dst: netip.MustParsePrefix(dst), Gw: netip.MustParseAddr(gw), Dev: "tunl0", OnLink: true}
+}
+
+func cluster(n int) []desired.Route {
+	var want []desired.Route
+	for i := 1; i <= n; i++ {
+		want = append(want, ipipRoute(fmt.Sprintf("10.%d.%d.0/24", 100+i/250, i%250), fmt.Sprintf("192.168.%d.%d", i/250, i%250+1)))
+	}
+	return append(want, desired.Route{Dst: netip.MustParsePrefix("10.99.0.0/24"), Kind: desired.Blackhole})
+}
+
+func TestApplyRoutesWritesOnlyTheDelta(t *testing.T) {
+	k := newFakeKernel()
+	k.add("10.99.0.7/32", rtproto.Podnet, "", "eth0") // a pod's host route: not routed's
+	want := cluster(500)
+	changed, programmed, err := applyRoutes(k, want)
+	if err != nil || changed != len(want) || programmed != len(want) || k.dumps != 1 || k.writes != len(want) {
+		t.Fatalf("first apply: changed %d programmed %d err %v, %d dumps %d writes; want %d routes from one dump", changed, programmed, err, k.dumps, k.writes, len(want))
+	}
+
+	// a resync with nothing changed: one dump, no write
+	k.dumps, k.writes = 0, 0
+	changed, programmed, err = applyRoutes(k, want)
+	if err != nil || changed != 0 || programmed != len(want) || k.dumps != 1 || k.writes != 0 {
+		t.Fatalf("resync, nothing changed: changed %d programmed %d err %v, %d dumps %d writes; want 0 writes", changed, programmed, err, k.dumps, k.writes)
+	}
+
+	// one Node changes, one goes, and someone deletes a route: only those
+	// three are written
+	k.writes, k.replaced, k.dels = 0, nil, nil
+	delete(k.routes, want[10].Dst.String())
+	next := append([]desired.Route{}, want[:len(want)-2]...) // drop node 500
+	next[3].Gw = netip.MustParseAddr("192.168.9.9")
+	next = append(next, want[len(want)-1])
+	changed, _, err = applyRoutes(k, next)
+	if err != nil || changed != 3 || k.writes != 3 {
+		t.Fatalf("delta apply: changed %d err %v, %d writes (replaced %v deleted %v); want 3", changed, err, k.writes, k.replaced, k.dels)
+	}
+	if _, ok := k.routes["10.99.0.7/32"]; !ok {
+		t.Error("the pod's host route was removed")
+	}
+}
+
+func TestApplyRoutesLeavesForeignRoutes(t *testing.T) {
+	k := newFakeKernel()
+	k.add("10.100.2.0/24", unix.RTPROT_STATIC, "192.168.0.200", "eth0") // someone else's
+	want := cluster(3)
+	changed, _, err := applyRoutes(k, want)
+	if err == nil || !strings.Contains(err.Error(), "10.100.2.0/24") || !strings.Contains(err.Error(), "not podnet's") {
+		t.Fatalf("err %v: want the foreign route on 10.100.2.0/24 reported", err)
+	}
+	if r := k.routes["10.100.2.0/24"]; r.Protocol != unix.RTPROT_STATIC || !r.Gw.Equal(net.ParseIP("192.168.0.200")) {
+		t.Errorf("the foreign route was changed: %+v", r)
+	}
+	if changed != len(want)-1 {
+		t.Errorf("changed %d, want every other route (%d) installed", changed, len(want)-1)
+	}
+}
+
+func TestApplyRoutesReportsFailuresAndGoesOn(t *testing.T) {
+	k := newFakeKernel()
+	want := cluster(3)
+	k.failReplaceDsts = map[string]bool{want[0].Dst.String(): true}
+	changed, programmed, err := applyRoutes(k, want)
+	if err == nil || !strings.Contains(err.Error(), want[0].Dst.String()) || changed != len(want)-1 || programmed != len(want)-1 {
+		t.Fatalf("changed %d programmed %d err %v", changed, programmed, err)
+	}
+	want = append(want, desired.Route{Dst: netip.MustParsePrefix("10.200.0.0/24"), Gw: netip.MustParseAddr("192.168.0.9"), Dev: "nosuchdev"})
+	if _, _, err := applyRoutes(k, want); err == nil || !strings.Contains(err.Error(), "device") {
+		t.Fatalf("missing device: err %v", err)
+	}
+}
