@@ -11,6 +11,7 @@ import (
 	"net/netip"
 	"slices"
 	"sort"
+	"strings"
 )
 
 // Encap is how traffic reaches a remote node's pods.
@@ -194,9 +195,27 @@ func Compute(cfg Config, nodes []Node, onLink OnLink) State {
 			}
 		}
 	}
-	sort.Slice(st.Routes, func(i, j int) bool { return st.Routes[i].Dst.String() < st.Routes[j].Dst.String() })
+	sortByDst(st.Routes)
 	st.FDBs = dedupFDB(st.FDBs)
 	return st
+}
+
+// sortByDst sorts routes by the text of their destination. Each key is
+// formatted once (formatting inside the comparator cost O(N log N)
+// allocations: most of an apply's time at 5,000 Nodes).
+func sortByDst(routes []Route) {
+	type keyed struct {
+		key string
+		r   Route
+	}
+	ks := make([]keyed, len(routes))
+	for i, r := range routes {
+		ks[i] = keyed{r.Dst.String(), r}
+	}
+	slices.SortFunc(ks, func(a, b keyed) int { return strings.Compare(a.key, b.key) })
+	for i := range ks {
+		routes[i] = ks[i].r
+	}
 }
 
 // VTEPMAC is the MAC of a node's VXLAN device, derived from its underlay
