@@ -58,6 +58,7 @@ type Daemon struct {
 	log     *slog.Logger
 	dp      *dataplane.Netlink
 	nat     dataplane.NAT
+	routes  dataplane.RouteCache
 	metrics *Metrics
 	kick    chan string
 
@@ -186,6 +187,11 @@ func (d *Daemon) watchRoutes(ctx context.Context) {
 	watch(ctx, d.log, "route", func(ch chan netlink.RouteUpdate, done chan struct{}, onErr func(error)) error {
 		return netlink.RouteSubscribeWithOptions(ch, done, netlink.RouteSubscribeOptions{ErrorCallback: onErr})
 	}, func(u netlink.RouteUpdate) {
+		if u.Protocol != rtproto.Podnet || u.Type == unix.RTM_DELROUTE {
+			// someone else's route, or one of ours gone: the next apply
+			// must read the table again rather than trust its cache
+			d.routes.Invalidate()
+		}
 		if u.Type == unix.RTM_DELROUTE && u.Protocol == rtproto.Podnet {
 			d.trigger("repair")
 		}
@@ -286,7 +292,10 @@ func (d *Daemon) apply(lister listersv1.NodeLister, why string) error {
 	// node from working: the other steps still run and the errors are
 	// reported together.
 	var errs []error
-	changed, programmed, err := dataplane.ApplyRoutes(st.Routes)
+	// A Node event trusts the routes cache (no dump: its cost must not grow
+	// with the cluster); the initial sync, the periodic resync, repairs
+	// and link changes read the table again.
+	changed, programmed, err := dataplane.ApplyRoutes(st.Routes, &d.routes, why != "node")
 	if err != nil {
 		errs = append(errs, err)
 	}

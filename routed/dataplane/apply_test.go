@@ -47,6 +47,14 @@ func (k *fakeKernel) Replace(r *netlink.Route) error {
 	return nil
 }
 
+func (k *fakeKernel) Add(r *netlink.Route) error {
+	if _, ok := k.routes[r.Dst.String()]; ok {
+		k.writes++
+		return unix.EEXIST
+	}
+	return k.Replace(r)
+}
+
 func (k *fakeKernel) Delete(r *netlink.Route) error {
 	k.writes++
 	k.dels = append(k.dels, r.Dst.String())
@@ -97,14 +105,14 @@ func TestApplyRoutesWritesOnlyTheDelta(t *testing.T) {
 	k := newFakeKernel()
 	k.add("10.99.0.7/32", rtproto.Podnet, "", "eth0") // a pod's host route: not routed's
 	want := cluster(500)
-	changed, programmed, err := applyRoutes(k, want)
+	changed, programmed, err := applyRoutes(k, want, nil, true)
 	if err != nil || changed != len(want) || programmed != len(want) || k.dumps != 1 || k.writes != len(want) {
 		t.Fatalf("first apply: changed %d programmed %d err %v, %d dumps %d writes; want %d routes from one dump", changed, programmed, err, k.dumps, k.writes, len(want))
 	}
 
 	// a resync with nothing changed: one dump, no write
 	k.dumps, k.writes = 0, 0
-	changed, programmed, err = applyRoutes(k, want)
+	changed, programmed, err = applyRoutes(k, want, nil, true)
 	if err != nil || changed != 0 || programmed != len(want) || k.dumps != 1 || k.writes != 0 {
 		t.Fatalf("resync, nothing changed: changed %d programmed %d err %v, %d dumps %d writes; want 0 writes", changed, programmed, err, k.dumps, k.writes)
 	}
@@ -116,7 +124,7 @@ func TestApplyRoutesWritesOnlyTheDelta(t *testing.T) {
 	next := append([]desired.Route{}, want[:len(want)-2]...) // drop node 500
 	next[3].Gw = netip.MustParseAddr("192.168.9.9")
 	next = append(next, want[len(want)-1])
-	changed, _, err = applyRoutes(k, next)
+	changed, _, err = applyRoutes(k, next, nil, true)
 	if err != nil || changed != 3 || k.writes != 3 {
 		t.Fatalf("delta apply: changed %d err %v, %d writes (replaced %v deleted %v); want 3", changed, err, k.writes, k.replaced, k.dels)
 	}
@@ -129,7 +137,7 @@ func TestApplyRoutesLeavesForeignRoutes(t *testing.T) {
 	k := newFakeKernel()
 	k.add("10.100.2.0/24", unix.RTPROT_STATIC, "192.168.0.200", "eth0") // someone else's
 	want := cluster(3)
-	changed, _, err := applyRoutes(k, want)
+	changed, _, err := applyRoutes(k, want, nil, true)
 	if err == nil || !strings.Contains(err.Error(), "10.100.2.0/24") || !strings.Contains(err.Error(), "not podnet's") {
 		t.Fatalf("err %v: want the foreign route on 10.100.2.0/24 reported", err)
 	}
@@ -145,12 +153,67 @@ func TestApplyRoutesReportsFailuresAndGoesOn(t *testing.T) {
 	k := newFakeKernel()
 	want := cluster(3)
 	k.failReplaceDsts = map[string]bool{want[0].Dst.String(): true}
-	changed, programmed, err := applyRoutes(k, want)
+	changed, programmed, err := applyRoutes(k, want, nil, true)
 	if err == nil || !strings.Contains(err.Error(), want[0].Dst.String()) || changed != len(want)-1 || programmed != len(want)-1 {
 		t.Fatalf("changed %d programmed %d err %v", changed, programmed, err)
 	}
 	want = append(want, desired.Route{Dst: netip.MustParsePrefix("10.200.0.0/24"), Gw: netip.MustParseAddr("192.168.0.9"), Dev: "nosuchdev"})
-	if _, _, err := applyRoutes(k, want); err == nil || !strings.Contains(err.Error(), "device") {
+	if _, _, err := applyRoutes(k, want, nil, true); err == nil || !strings.Contains(err.Error(), "device") {
 		t.Fatalf("missing device: err %v", err)
+	}
+}
+
+// TestApplyRoutesCache: with a cache, a Node event's apply reads nothing
+// and writes only that Node's routes; a route that appeared since the last
+// dump is never overwritten (the exclusive create fails, the conflict is
+// reported and the cache dropped); after Invalidate the next apply dumps.
+func TestApplyRoutesCache(t *testing.T) {
+	k := newFakeKernel()
+	cache := &RouteCache{}
+	want := cluster(200)
+	if _, _, err := applyRoutes(k, want, cache, false); err != nil || k.dumps != 1 {
+		t.Fatalf("first apply with an empty cache: err %v, %d dumps (want 1)", err, k.dumps)
+	}
+	// one Node's gateway changes: no dump, one write
+	k.dumps, k.writes = 0, 0
+	want[5].Gw = netip.MustParseAddr("192.168.7.7")
+	changed, programmed, err := applyRoutes(k, want, cache, false)
+	if err != nil || changed != 1 || programmed != len(want) || k.dumps != 0 || k.writes != 1 {
+		t.Fatalf("node event: changed %d programmed %d err %v, %d dumps %d writes; want 1 write, no dump", changed, programmed, err, k.dumps, k.writes)
+	}
+	if got := k.routes[want[5].Dst.String()]; !got.Gw.Equal(net.ParseIP("192.168.7.7")) {
+		t.Errorf("route not changed in place: %+v", got)
+	}
+	// a Node comes whose PodCIDR someone else routed after the last dump
+	k.add("10.200.0.0/24", unix.RTPROT_STATIC, "192.168.0.250", "eth0")
+	newNode := desired.Route{Dst: netip.MustParsePrefix("10.200.0.0/24"), Gw: netip.MustParseAddr("192.168.0.9"), Dev: "tunl0", OnLink: true}
+	want = append(want, newNode)
+	k.dumps, k.writes = 0, 0
+	if _, _, err := applyRoutes(k, want, cache, false); err == nil || !strings.Contains(err.Error(), "10.200.0.0/24") || k.dumps != 0 {
+		t.Fatalf("err %v (%d dumps): want the conflict on 10.200.0.0/24 reported from the exclusive create", err, k.dumps)
+	}
+	if r := k.routes["10.200.0.0/24"]; r.Protocol != unix.RTPROT_STATIC {
+		t.Fatalf("the foreign route was overwritten: %+v", r)
+	}
+	// the failed apply dropped the cache: the next one dumps and knows
+	k.dumps, k.writes = 0, 0
+	if _, _, err := applyRoutes(k, want, cache, false); err == nil || !strings.Contains(err.Error(), "not podnet's") || k.dumps != 1 || k.writes != 0 {
+		t.Fatalf("after a failed apply: err %v, %d dumps %d writes; want one dump, the foreign route named, no write", err, k.dumps, k.writes)
+	}
+	// someone deletes a route of ours: Invalidate (the subscription does)
+	// makes the next apply dump and repair it
+	want = want[:len(want)-1]
+	delete(k.routes, "10.200.0.0/24")
+	if _, _, err := applyRoutes(k, want, cache, true); err != nil {
+		t.Fatal(err)
+	}
+	delete(k.routes, want[9].Dst.String())
+	cache.Invalidate()
+	k.dumps, k.writes = 0, 0
+	if changed, _, err := applyRoutes(k, want, cache, false); err != nil || changed != 1 || k.dumps != 1 {
+		t.Fatalf("repair after Invalidate: changed %d err %v, %d dumps", changed, err, k.dumps)
+	}
+	if _, ok := k.routes[want[9].Dst.String()]; !ok {
+		t.Error("the deleted route was not put back")
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
@@ -241,6 +242,9 @@ type routeKernel interface {
 	// ListMain dumps the main routing table, every protocol, both families.
 	ListMain() ([]netlink.Route, error)
 	Replace(r *netlink.Route) error
+	// Add creates r and fails with EEXIST when any route holds its
+	// destination (NLM_F_EXCL).
+	Add(r *netlink.Route) error
 	Delete(r *netlink.Route) error
 	LinkIndex(name string) (int, error)
 	LinkName(index int) string
@@ -257,6 +261,7 @@ func (netlinkRoutes) ListMain() ([]netlink.Route, error) {
 	return routes, nil
 }
 func (netlinkRoutes) Replace(r *netlink.Route) error { return netlink.RouteReplace(r) }
+func (netlinkRoutes) Add(r *netlink.Route) error     { return netlink.RouteAdd(r) }
 func (netlinkRoutes) Delete(r *netlink.Route) error  { return netlink.RouteDel(r) }
 func (netlinkRoutes) LinkIndex(name string) (int, error) {
 	l, err := netlinksafe.LinkByName(name)
@@ -290,6 +295,11 @@ type routeTable struct {
 
 func (t routeTable) ownsDst(dst netip.Prefix) bool { return t.ownDst[dst] }
 
+func (t *routeTable) add(r desired.Route) {
+	t.owned = append(t.owned, r)
+	t.ownDst[r.Dst] = true
+}
+
 // readRoutes dumps the main table once.
 func readRoutes(k routeKernel) (routeTable, error) {
 	routes, err := k.ListMain()
@@ -310,8 +320,7 @@ func readRoutes(k routeKernel) (routeTable, error) {
 			continue
 		}
 		if dr, ok := ownedRoute(k, r, dst); ok {
-			t.owned = append(t.owned, dr)
-			t.ownDst[dst] = true
+			t.add(dr)
 		}
 	}
 	return t, nil
@@ -345,35 +354,68 @@ func OwnedRoutes() ([]desired.Route, error) {
 	return t.owned, err
 }
 
-// ApplyRoutes makes the podnet routes equal to want from one dump of the
-// main table: it writes only what differs (nothing when nothing changed),
-// and never replaces a route of another protocol (that destination is
-// reported). It returns how many routes it changed and how many podnet
-// routes are programmed afterwards.
-func ApplyRoutes(want []desired.Route) (changed, programmed int, err error) {
-	return applyRoutes(newNetlinkRoutes(), want)
+// RouteCache is route apply's view of the main table between dumps:
+// what the last apply read and wrote. Whoever else may change the table
+// (the daemon's route subscription) invalidates it; the next apply then
+// dumps again. The zero value is empty: the first apply dumps.
+type RouteCache struct {
+	mu    sync.Mutex
+	table *routeTable
 }
 
-func applyRoutes(k routeKernel, want []desired.Route) (changed, programmed int, err error) {
-	t, err := readRoutes(k)
-	if err != nil {
-		return 0, 0, err
+// Invalidate makes the next apply read the kernel again.
+func (c *RouteCache) Invalidate() {
+	c.mu.Lock()
+	c.table = nil
+	c.mu.Unlock()
+}
+
+// ApplyRoutes makes the podnet routes equal to want and writes only what
+// differs (nothing when nothing changed). With dump, or when cache holds
+// nothing valid, it reads the main table first (one dump, indexed by
+// destination); otherwise it trusts cache, so that a Node event costs no
+// dump. Either way a route of another protocol is never replaced: a
+// destination known to be foreign is reported, and a destination podnet
+// does not own is only ever created exclusively (NLM_F_EXCL), so a route
+// that appeared since the last dump makes the create fail (and is
+// reported) instead of being overwritten. It returns how many routes it
+// changed and how many podnet routes are programmed afterwards.
+func ApplyRoutes(want []desired.Route, cache *RouteCache, dump bool) (changed, programmed int, err error) {
+	return applyRoutes(newNetlinkRoutes(), want, cache, dump)
+}
+
+func applyRoutes(k routeKernel, want []desired.Route, cache *RouteCache, dump bool) (changed, programmed int, err error) {
+	if cache == nil {
+		cache = &RouteCache{}
 	}
-	programmed = len(t.owned)
+	cache.mu.Lock()
+	defer cache.mu.Unlock()
+	t := cache.table
+	if dump || t == nil {
+		read, err := readRoutes(k)
+		if err != nil {
+			cache.table = nil
+			return 0, 0, err
+		}
+		t = &read
+	}
+	cache.table = nil // valid again only if every write below succeeds
 	upsert, remove := desired.Diff(want, t.owned)
 	var errs []error
+	gone := map[netip.Prefix]bool{}
 	for _, r := range remove {
 		if err := k.Delete(kernelRoute(r, 0)); err != nil && !errors.Is(err, unix.ESRCH) {
 			errs = append(errs, fmt.Errorf("delete route %s: %w", r, err))
 			continue
 		}
 		changed++
-		programmed--
+		gone[r.Dst] = true
 	}
 	links := map[string]int{}
+	written := map[netip.Prefix]desired.Route{}
 	for _, r := range upsert {
 		if proto, held := t.foreign[r.Dst]; held {
-			errs = append(errs, fmt.Errorf("install route %s: a route to %s with protocol %d (not podnet's) exists; leaving it alone", r, r.Dst, proto))
+			errs = append(errs, foreignError(r, proto))
 			continue
 		}
 		idx := 0
@@ -388,16 +430,41 @@ func applyRoutes(k routeKernel, want []desired.Route) (changed, programmed int, 
 			}
 			idx = links[r.Dev]
 		}
-		if err := k.Replace(kernelRoute(r, idx)); err != nil {
+		kr := kernelRoute(r, idx)
+		write := k.Add
+		if t.ownsDst(r.Dst) {
+			write = k.Replace // ours: change it in place
+		}
+		if err := write(kr); err != nil {
+			if errors.Is(err, unix.EEXIST) {
+				err = fmt.Errorf("a route to %s that is not podnet-routed's exists (it appeared after the last read of the routing table); leaving it alone", r.Dst)
+			}
 			errs = append(errs, fmt.Errorf("install route %s: %w", r, err))
 			continue
 		}
 		changed++
-		if !t.ownsDst(r.Dst) {
-			programmed++
+		written[r.Dst] = r
+	}
+	next := routeTable{ownDst: map[netip.Prefix]bool{}, foreign: t.foreign}
+	for _, o := range t.owned {
+		if w, ok := written[o.Dst]; ok {
+			next.add(w)
+			delete(written, o.Dst)
+		} else if !gone[o.Dst] {
+			next.add(o)
 		}
 	}
-	return changed, programmed, errors.Join(errs...)
+	for _, w := range written {
+		next.add(w)
+	}
+	if len(errs) == 0 {
+		cache.table = &next
+	}
+	return changed, len(next.owned), errors.Join(errs...)
+}
+
+func foreignError(r desired.Route, proto netlink.RouteProtocol) error {
+	return fmt.Errorf("install route %s: a route to %s with protocol %d (not podnet's) exists; leaving it alone", r, r.Dst, proto)
 }
 
 func kernelRoute(r desired.Route, linkIndex int) *netlink.Route {
@@ -491,7 +558,7 @@ func ApplyVXLANPeers(neighs []desired.Neighbor, fdbs []desired.FDB) error {
 // (it is the kernel's shared fallback device).
 func Cleanup() error {
 	var errs []error
-	if _, _, err := ApplyRoutes(nil); err != nil {
+	if _, _, err := ApplyRoutes(nil, nil, true); err != nil {
 		errs = append(errs, err)
 	}
 	if l, err := netlinksafe.LinkByName(desired.VXLANDevice); err == nil {

@@ -45,7 +45,7 @@ func TestRoutedLeavesPodRoutes(t *testing.T) {
 	}
 	node.Do(func() error {
 		for i, wantChanged := range []int{len(want), 0, 0} {
-			changed, _, err := dataplane.ApplyRoutes(want)
+			changed, _, err := dataplane.ApplyRoutes(want, nil, true)
 			if err != nil {
 				return fmt.Errorf("apply %d: %w", i+1, err)
 			}
