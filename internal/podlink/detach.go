@@ -23,9 +23,8 @@ import (
 // the host end with them and stops any packet in either direction) and the
 // pod end gives up CNI_IFNAME, so the pod netns can be attached again at
 // once; the host end's alias says it is detached. The pair goes away with
-// the netns. A veth whose pod end is not
-// where CNI_NETNS says, or DEL without a usable netns, is deleted as
-// before.
+// the netns. A veth whose pod end is not where CNI_NETNS says, or DEL
+// without a usable netns, is deleted as before.
 
 // VethGone says what DEL did to an attachment's veth pair.
 type VethGone int
