@@ -13,14 +13,15 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/vishvananda/netlink"
-	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/informers"
@@ -29,7 +30,6 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/podnet/podnet/internal/nodestate"
-	"github.com/podnet/podnet/internal/rtproto"
 	"github.com/podnet/podnet/routed/dataplane"
 	"github.com/podnet/podnet/routed/desired"
 )
@@ -61,6 +61,15 @@ type Daemon struct {
 	routes  dataplane.RouteCache
 	metrics *Metrics
 	kick    chan string
+
+	// plan is the desired state of the last full apply, kept per Node: a
+	// Node event patches it and applies the difference. nil: the next
+	// event computes everything (nothing applied yet, this node not
+	// ready, the last apply failed).
+	plan *desired.Plan
+	// dirty holds the names of the Nodes changed since the last apply.
+	dirtyMu sync.Mutex
+	dirty   map[string]struct{}
 
 	synced      atomic.Bool
 	lastApplyOK atomic.Bool
@@ -140,11 +149,17 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if err := nodes.Informer().SetTransform(SlimNode); err != nil {
 		return fmt.Errorf("node informer transform: %w", err)
 	}
-	kick := func(any) { d.trigger("node") }
 	if _, err := nodes.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    kick,
-		UpdateFunc: func(_, n any) { kick(n) },
-		DeleteFunc: kick,
+		AddFunc: d.nodeChanged,
+		UpdateFunc: func(old, cur any) {
+			o, ok1 := old.(*corev1.Node)
+			c, ok2 := cur.(*corev1.Node)
+			if ok1 && ok2 && FromNode(o).Equal(FromNode(c)) {
+				return // nothing routing reads changed (a status heartbeat)
+			}
+			d.nodeChanged(cur)
+		},
+		DeleteFunc: d.nodeChanged,
 	}); err != nil {
 		return fmt.Errorf("node event handler: %w", err)
 	}
@@ -174,6 +189,33 @@ func (d *Daemon) Run(ctx context.Context) error {
 	}
 }
 
+// nodeChanged records that a Node was added, changed or deleted, and kicks
+// a reconcile.
+func (d *Daemon) nodeChanged(obj any) {
+	name := ""
+	switch o := obj.(type) {
+	case *corev1.Node:
+		name = o.Name
+	case cache.DeletedFinalStateUnknown:
+		name = o.Key // Nodes are cluster-scoped: the key is the name
+	}
+	d.dirtyMu.Lock()
+	if d.dirty == nil {
+		d.dirty = map[string]struct{}{}
+	}
+	d.dirty[name] = struct{}{}
+	d.dirtyMu.Unlock()
+	d.trigger("node")
+}
+
+func (d *Daemon) takeDirty() map[string]struct{} {
+	d.dirtyMu.Lock()
+	defer d.dirtyMu.Unlock()
+	names := d.dirty
+	d.dirty = nil
+	return names
+}
+
 func (d *Daemon) trigger(why string) {
 	select {
 	case d.kick <- why:
@@ -181,18 +223,16 @@ func (d *Daemon) trigger(why string) {
 	}
 }
 
-// watchRoutes kicks a reconcile whenever a podnet route disappears (someone
-// deleted it, or its device went away).
+// watchRoutes keeps the routes cache current with the kernel's route
+// notifications and kicks a reconcile whenever a route podnet-routed wants
+// disappears (someone deleted it, or its device went away). A lost
+// notification (a new subscription, an overflow) drops the cache: the
+// next apply reads the table.
 func (d *Daemon) watchRoutes(ctx context.Context) {
-	watch(ctx, d.log, "route", func(ch chan netlink.RouteUpdate, done chan struct{}, onErr func(error)) error {
+	watch(ctx, d.log, "route", d.routes.Invalidate, func(ch chan netlink.RouteUpdate, done chan struct{}, onErr func(error)) error {
 		return netlink.RouteSubscribeWithOptions(ch, done, netlink.RouteSubscribeOptions{ErrorCallback: onErr})
 	}, func(u netlink.RouteUpdate) {
-		if u.Protocol != rtproto.Podnet || u.Type == unix.RTM_DELROUTE {
-			// someone else's route, or one of ours gone: the next apply
-			// must read the table again rather than trust its cache
-			d.routes.Invalidate()
-		}
-		if u.Type == unix.RTM_DELROUTE && u.Protocol == rtproto.Podnet {
+		if d.routes.Observe(u) {
 			d.trigger("repair")
 		}
 	})
@@ -202,7 +242,7 @@ func (d *Daemon) watchRoutes(ctx context.Context) {
 // changes: the tunnel device deleted, the underlay down and up again (its
 // routes are gone then, without a route deletion event).
 func (d *Daemon) watchLinks(ctx context.Context) {
-	watch(ctx, d.log, "link", func(ch chan netlink.LinkUpdate, done chan struct{}, onErr func(error)) error {
+	watch(ctx, d.log, "link", func() {}, func(ch chan netlink.LinkUpdate, done chan struct{}, onErr func(error)) error {
 		return netlink.LinkSubscribeWithOptions(ch, done, netlink.LinkSubscribeOptions{ErrorCallback: onErr})
 	}, func(u netlink.LinkUpdate) {
 		if u.Link != nil && !strings.HasPrefix(u.Link.Attrs().Name, "pn") {
@@ -212,13 +252,18 @@ func (d *Daemon) watchLinks(ctx context.Context) {
 }
 
 // watch keeps a netlink subscription open until ctx ends, resubscribing
-// after errors, and hands every update to handle.
-func watch[U any](ctx context.Context, log *slog.Logger, what string,
+// after errors, and hands every update to handle. lost is called whenever
+// updates may have been missed: on every (re)subscription and error.
+func watch[U any](ctx context.Context, log *slog.Logger, what string, lost func(),
 	subscribe func(chan U, chan struct{}, func(error)) error, handle func(U)) {
 	for ctx.Err() == nil {
 		updates := make(chan U, 256)
 		done := make(chan struct{})
-		err := subscribe(updates, done, func(err error) { log.Warn(what+" subscription error", "err", err) })
+		lost()
+		err := subscribe(updates, done, func(err error) {
+			lost()
+			log.Warn(what+" subscription error", "err", err)
+		})
 		if err != nil {
 			log.Error("cannot subscribe to "+what+" changes; relying on periodic resync", "err", err)
 			select {
@@ -247,7 +292,12 @@ func watch[U any](ctx context.Context, log *slog.Logger, what string,
 // reconcile computes the desired state from the lister and applies it.
 func (d *Daemon) reconcile(lister listersv1.NodeLister, why string) {
 	start := time.Now()
-	err := d.apply(lister, why)
+	var err error
+	if why == "node" {
+		err = d.applyNodes(lister)
+	} else {
+		err = d.apply(lister, why)
+	}
 	d.metrics.ApplySeconds.Observe(time.Since(start).Seconds())
 	if err != nil {
 		d.metrics.Errors.Inc()
@@ -258,7 +308,66 @@ func (d *Daemon) reconcile(lister listersv1.NodeLister, why string) {
 	d.lastApplyOK.Store(true)
 }
 
+// applyNodes applies the Nodes changed since the last apply: each one
+// patches the plan, and only the routes (and VXLAN entries) that change
+// are written, from the routes cache. Whatever the plan cannot patch one
+// Node at a time (this node, a PodCIDR claimed twice, no plan yet) and
+// any failure fall back to the full apply.
+func (d *Daemon) applyNodes(lister listersv1.NodeLister) error {
+	names := d.takeDirty()
+	if d.plan == nil {
+		return d.apply(lister, "node")
+	}
+	var delta desired.Delta
+	for name := range names {
+		var n *desired.Node
+		obj, err := lister.Get(name)
+		switch {
+		case err == nil:
+			dn := FromNode(obj)
+			n = &dn
+		case apierrors.IsNotFound(err): // deleted
+		default:
+			return fmt.Errorf("get node %s from the informer: %w", name, err)
+		}
+		dd, ok := d.plan.Update(name, n)
+		if !ok {
+			return d.apply(lister, "node")
+		}
+		delta.Upsert = append(delta.Upsert, dd.Upsert...)
+		delta.Remove = append(delta.Remove, dd.Remove...)
+		delta.SetNeighbors = append(delta.SetNeighbors, dd.SetNeighbors...)
+		delta.DelNeighbors = append(delta.DelNeighbors, dd.DelNeighbors...)
+		delta.AddFDBs = append(delta.AddFDBs, dd.AddFDBs...)
+		delta.DelFDBs = append(delta.DelFDBs, dd.DelFDBs...)
+	}
+	d.metrics.RoutesDesired.Set(float64(d.plan.Routes()))
+	d.metrics.NodesSkipped.Set(float64(d.plan.Skipped()))
+	if delta.Empty() {
+		return nil
+	}
+	var errs []error
+	changed, programmed, err := dataplane.ApplyRouteDelta(delta.Upsert, delta.Remove, &d.routes)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	d.metrics.RoutesProgramed.Set(float64(programmed))
+	if d.cfg.Encap == desired.VXLAN {
+		if err := dataplane.ApplyVXLANDelta(delta.SetNeighbors, delta.DelNeighbors, delta.AddFDBs, delta.DelFDBs); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	d.log.Debug("routes applied", "trigger", "node", "nodes", len(names), "changed", changed, "routes", d.plan.Routes())
+	if len(errs) > 0 {
+		d.plan = nil // the next event applies everything again
+	}
+	return errors.Join(errs...)
+}
+
 func (d *Daemon) apply(lister listersv1.NodeLister, why string) error {
+	d.plan = nil
+	// every Node is read below: what changed until now is covered
+	d.takeDirty()
 	objs, err := lister.List(labels.Everything())
 	if err != nil {
 		return fmt.Errorf("list nodes: %w", err)
@@ -275,7 +384,7 @@ func (d *Daemon) apply(lister listersv1.NodeLister, why string) error {
 		}
 		cfg.Underlay = underlay.Attrs().Name
 	}
-	st := desired.Compute(cfg, nodes, dataplane.OnLink)
+	plan, st := desired.NewPlan(cfg, nodes, dataplane.OnLink)
 	d.metrics.NodesSkipped.Set(float64(len(st.Skipped)))
 	for _, s := range st.Skipped {
 		d.log.Debug("node skipped", "node", s.Node, "reason", s.Reason)
@@ -292,10 +401,10 @@ func (d *Daemon) apply(lister listersv1.NodeLister, why string) error {
 	// node from working: the other steps still run and the errors are
 	// reported together.
 	var errs []error
-	// A Node event trusts the routes cache (no dump: its cost must not grow
-	// with the cluster); the initial sync, the periodic resync, repairs
-	// and link changes read the table again.
-	changed, programmed, err := dataplane.ApplyRoutes(st.Routes, &d.routes, why != "node")
+	// A Node event and a repair trust the routes cache (no dump: their
+	// cost must not grow with the cluster); the initial sync, the
+	// periodic resync and link changes read the table again.
+	changed, programmed, err := dataplane.ApplyRoutes(st.Routes, &d.routes, why != "node" && why != "repair")
 	if err != nil {
 		errs = append(errs, err)
 	}
@@ -318,6 +427,9 @@ func (d *Daemon) apply(lister listersv1.NodeLister, why string) error {
 			d.metrics.Repairs.Inc()
 		}
 		d.log.Info("routes applied", "trigger", why, "changed", changed, "routes", len(st.Routes), "skipped", len(st.Skipped))
+	}
+	if len(errs) == 0 {
+		d.plan = plan
 	}
 	return errors.Join(errs...)
 }

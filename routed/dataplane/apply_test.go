@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 
@@ -215,5 +216,105 @@ func TestApplyRoutesCache(t *testing.T) {
 	}
 	if _, ok := k.routes[want[9].Dst.String()]; !ok {
 		t.Error("the deleted route was not put back")
+	}
+}
+
+// notify is the route notification the kernel sends for a change of r.
+func notify(k *fakeKernel, dst string, del bool) netlink.RouteUpdate {
+	u := netlink.RouteUpdate{Type: unix.RTM_NEWROUTE, Route: k.routes[dst]}
+	if del {
+		u.Type = unix.RTM_DELROUTE
+	}
+	return u
+}
+
+// TestApplyRouteDelta: a Node event writes its routes from the cache (no
+// dump, no write for what is already right), the route subscription
+// keeps the cache current (a foreign route that appears is refused
+// without a write attempt; a route of ours someone deletes is reported
+// lost and put back without a dump), and notifications of its own writes
+// and of pods' host routes change nothing.
+func TestApplyRouteDelta(t *testing.T) {
+	k := newFakeKernel()
+	cache := &RouteCache{}
+	want := cluster(300)
+	if _, _, err := applyRoutes(k, want, cache, true); err != nil || k.dumps != 1 {
+		t.Fatalf("full apply: err %v, %d dumps", err, k.dumps)
+	}
+	for _, r := range want { // the notifications of those writes
+		if cache.Observe(notify(k, r.Dst.String(), false)) {
+			t.Fatalf("our own new route %s reported lost", r.Dst)
+		}
+	}
+
+	// one Node moves, one goes, one is unchanged: 2 writes, no dump
+	k.dumps, k.writes, k.replaced, k.dels = 0, 0, nil, nil
+	moved := want[7]
+	moved.Gw = netip.MustParseAddr("192.168.8.8")
+	changed, programmed, err := applyRouteDelta(k, []desired.Route{moved, want[8]}, []desired.Route{want[9]}, cache)
+	if err != nil || changed != 2 || programmed != len(want)-1 || k.dumps != 0 || k.writes != 2 {
+		t.Fatalf("delta: changed %d programmed %d err %v, %d dumps %d writes; want 2 writes, no dump", changed, programmed, err, k.dumps, k.writes)
+	}
+	if !k.routes[moved.Dst.String()].Gw.Equal(net.ParseIP("192.168.8.8")) || k.routes[want[9].Dst.String()].Dst != nil {
+		t.Fatalf("kernel after the delta: %v / %v", k.routes[moved.Dst.String()], k.routes[want[9].Dst.String()])
+	}
+	// the kernel's notification of our own deletion is not a loss
+	if cache.Observe(netlink.RouteUpdate{Type: unix.RTM_DELROUTE, Route: *kernelRoute(want[9], 7)}) {
+		t.Error("our own deletion was reported lost")
+	}
+
+	// someone routes a new Node's PodCIDR first: known from the
+	// notification, refused without a write
+	k.add("10.200.0.0/24", unix.RTPROT_STATIC, "192.168.0.250", "eth0")
+	cache.Observe(notify(k, "10.200.0.0/24", false))
+	k.writes = 0
+	newNode := desired.Route{Dst: netip.MustParsePrefix("10.200.0.0/24"), Gw: netip.MustParseAddr("192.168.0.9"), Dev: "tunl0", OnLink: true}
+	if _, _, err := applyRouteDelta(k, []desired.Route{newNode}, nil, cache); err == nil || !strings.Contains(err.Error(), "not podnet's") || k.writes != 0 || k.dumps != 0 {
+		t.Fatalf("foreign route seen by the subscription: err %v, %d writes, %d dumps; want it named, nothing written", err, k.writes, k.dumps)
+	}
+	// the refused apply dropped the cache; the next apply dumps once and
+	// the cache is whole again
+	if _, _, err := applyRouteDelta(k, nil, nil, cache); err != nil || k.dumps != 1 {
+		t.Fatalf("after a failed apply: err %v, %d dumps (want 1)", err, k.dumps)
+	}
+	// the foreign route goes: the destination is free without a dump
+	u := notify(k, "10.200.0.0/24", true)
+	delete(k.routes, "10.200.0.0/24")
+	cache.Observe(u)
+	k.dumps, k.writes = 0, 0
+	if changed, _, err := applyRouteDelta(k, []desired.Route{newNode}, nil, cache); err != nil || changed != 1 || k.dumps != 0 {
+		t.Fatalf("after the foreign route went: changed %d err %v, %d dumps", changed, err, k.dumps)
+	}
+
+	// someone deletes a route of ours: lost, and a full apply from the
+	// cache (the daemon's repair) puts it back with one write, no dump
+	victim := want[42].Dst.String()
+	u = notify(k, victim, true)
+	delete(k.routes, victim)
+	if !cache.Observe(u) {
+		t.Fatal("a deleted podnet route was not reported lost")
+	}
+	next := append(slices.Clone(want[:9]), want[10:]...)
+	next[7] = moved
+	next = append(next, newNode)
+	k.dumps, k.writes = 0, 0
+	if changed, _, err := applyRoutes(k, next, cache, false); err != nil || changed != 1 || k.writes != 1 || k.dumps != 0 {
+		t.Fatalf("repair: changed %d err %v, %d writes %d dumps; want the one route back, no dump", changed, err, k.writes, k.dumps)
+	}
+	if _, ok := k.routes[victim]; !ok {
+		t.Error("the deleted route was not put back")
+	}
+
+	// a pod's host route (podnet's protocol, no gateway) coming and going
+	// is not routed's business
+	k.add("10.99.0.9/32", rtproto.Podnet, "", "eth0")
+	if cache.Observe(notify(k, "10.99.0.9/32", false)) || cache.Observe(notify(k, "10.99.0.9/32", true)) {
+		t.Error("a pod host route's notification was reported as a lost route")
+	}
+	// a notification from another table is ignored
+	other := notify(k, victim, true)
+	other.Table = 200
+	if cache.Observe(other) {
+		t.Error("a deletion in another table was reported lost")
 	}
 }

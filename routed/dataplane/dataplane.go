@@ -14,6 +14,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -284,29 +285,21 @@ func (k netlinkRoutes) LinkName(index int) string {
 
 func newNetlinkRoutes() netlinkRoutes { return netlinkRoutes{names: map[int]string{}} }
 
-// routeTable is one dump of the main table, indexed by destination: the
-// routes podnet-routed owns, and which destinations another protocol
-// holds.
+// routeTable is the main table as route apply knows it, indexed by
+// destination: the routes podnet-routed owns, and which destinations
+// another protocol holds.
 type routeTable struct {
-	owned   []desired.Route
-	ownDst  map[netip.Prefix]bool
+	owned   map[netip.Prefix]desired.Route
 	foreign map[netip.Prefix]netlink.RouteProtocol
 }
 
-func (t routeTable) ownsDst(dst netip.Prefix) bool { return t.ownDst[dst] }
-
-func (t *routeTable) add(r desired.Route) {
-	t.owned = append(t.owned, r)
-	t.ownDst[r.Dst] = true
-}
-
 // readRoutes dumps the main table once.
-func readRoutes(k routeKernel) (routeTable, error) {
+func readRoutes(k routeKernel) (*routeTable, error) {
 	routes, err := k.ListMain()
 	if err != nil {
-		return routeTable{}, err
+		return nil, err
 	}
-	t := routeTable{ownDst: map[netip.Prefix]bool{}, foreign: map[netip.Prefix]netlink.RouteProtocol{}}
+	t := &routeTable{owned: map[netip.Prefix]desired.Route{}, foreign: map[netip.Prefix]netlink.RouteProtocol{}}
 	for _, r := range routes {
 		if r.Dst == nil {
 			continue
@@ -320,7 +313,7 @@ func readRoutes(k routeKernel) (routeTable, error) {
 			continue
 		}
 		if dr, ok := ownedRoute(k, r, dst); ok {
-			t.add(dr)
+			t.owned[dst] = dr
 		}
 	}
 	return t, nil
@@ -348,15 +341,24 @@ func ownedRoute(k routeKernel, r netlink.Route, dst netip.Prefix) (desired.Route
 }
 
 // OwnedRoutes lists the routes podnet-routed manages: podnet's protocol in
-// the main table, blackholes and routes via a gateway.
+// the main table, blackholes and routes via a gateway, sorted.
 func OwnedRoutes() ([]desired.Route, error) {
 	t, err := readRoutes(newNetlinkRoutes())
-	return t.owned, err
+	if err != nil {
+		return nil, err
+	}
+	out := make([]desired.Route, 0, len(t.owned))
+	for _, r := range t.owned {
+		out = append(out, r)
+	}
+	slices.SortFunc(out, func(a, b desired.Route) int { return strings.Compare(a.Dst.String(), b.Dst.String()) })
+	return out, nil
 }
 
-// RouteCache is route apply's view of the main table between dumps:
-// what the last apply read and wrote. Whoever else may change the table
-// (the daemon's route subscription) invalidates it; the next apply then
+// RouteCache is route apply's view of the main table between dumps: what
+// the last dump read, what applies wrote since, and what the route
+// subscription reported since (Observe). Without a complete view (never
+// dumped, a failed write, a lost notification: Invalidate) the next apply
 // dumps again. The zero value is empty: the first apply dumps.
 type RouteCache struct {
 	mu    sync.Mutex
@@ -370,18 +372,64 @@ func (c *RouteCache) Invalidate() {
 	c.mu.Unlock()
 }
 
+// Observe keeps the cache current with one route notification of the
+// main table and tells whether it removed a route podnet-routed wants
+// (someone deleted it, or the kernel with its device): the caller then
+// applies again, from the cache, to put it back. Notifications of routes
+// podnet-routed wrote itself change nothing; a pod's host route is not
+// routed's. A new route of another protocol marks its destination as
+// foreign; when one goes, the destination is free again (a second foreign
+// route on it would still make the exclusive create fail, never be
+// overwritten).
+func (c *RouteCache) Observe(u netlink.RouteUpdate) (lost bool) {
+	if u.Table != unix.RT_TABLE_MAIN || u.Dst == nil {
+		return false
+	}
+	dst, ok := netipPrefix(u.Dst)
+	if !ok {
+		return false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	t := c.table
+	del := u.Type == unix.RTM_DELROUTE
+	if u.Protocol != rtproto.Podnet {
+		if t != nil {
+			if del {
+				delete(t.foreign, dst)
+			} else {
+				t.foreign[dst] = u.Protocol
+			}
+		}
+		return false
+	}
+	if !del || (u.Route.Type != unix.RTN_BLACKHOLE && u.Gw == nil) {
+		return false // ours, just written; or a pod's host route
+	}
+	if t == nil {
+		return true // nothing to compare with: let an apply dump and see
+	}
+	if _, ok := t.owned[dst]; !ok {
+		return false // we deleted it
+	}
+	delete(t.owned, dst)
+	return true
+}
+
 // ApplyRoutes makes the podnet routes equal to want and writes only what
 // differs (nothing when nothing changed). With dump, or when cache holds
 // nothing valid, it reads the main table first (one dump, indexed by
-// destination); otherwise it trusts cache, so that a Node event costs no
-// dump. Either way a route of another protocol is never replaced: a
-// destination known to be foreign is reported, and a destination podnet
-// does not own is only ever created exclusively (NLM_F_EXCL), so a route
-// that appeared since the last dump makes the create fail (and is
-// reported) instead of being overwritten. It returns how many routes it
+// destination); otherwise it trusts cache. It returns how many routes it
 // changed and how many podnet routes are programmed afterwards.
 func ApplyRoutes(want []desired.Route, cache *RouteCache, dump bool) (changed, programmed int, err error) {
 	return applyRoutes(newNetlinkRoutes(), want, cache, dump)
+}
+
+// ApplyRouteDelta writes upsert and deletes remove (routes of one Node's
+// change) against the cache, reading the table only when the cache holds
+// nothing valid: a Node event costs the routes of that Node.
+func ApplyRouteDelta(upsert, remove []desired.Route, cache *RouteCache) (changed, programmed int, err error) {
+	return applyRouteDelta(newNetlinkRoutes(), upsert, remove, cache)
 }
 
 func applyRoutes(k routeKernel, want []desired.Route, cache *RouteCache, dump bool) (changed, programmed int, err error) {
@@ -390,29 +438,81 @@ func applyRoutes(k routeKernel, want []desired.Route, cache *RouteCache, dump bo
 	}
 	cache.mu.Lock()
 	defer cache.mu.Unlock()
-	t := cache.table
-	if dump || t == nil {
-		read, err := readRoutes(k)
-		if err != nil {
-			cache.table = nil
-			return 0, 0, err
-		}
-		t = &read
+	t, err := cache.load(k, dump)
+	if err != nil {
+		return 0, 0, err
 	}
-	cache.table = nil // valid again only if every write below succeeds
-	upsert, remove := desired.Diff(want, t.owned)
+	wanted := make(map[netip.Prefix]bool, len(want))
+	var upsert, remove []desired.Route
+	for _, r := range want {
+		wanted[r.Dst] = true
+		if cur, ok := t.owned[r.Dst]; !ok || cur != r {
+			upsert = append(upsert, r)
+		}
+	}
+	for dst, r := range t.owned {
+		if !wanted[dst] {
+			remove = append(remove, r)
+		}
+	}
+	return cache.write(k, t, upsert, remove)
+}
+
+func applyRouteDelta(k routeKernel, upsert, remove []desired.Route, cache *RouteCache) (changed, programmed int, err error) {
+	cache.mu.Lock()
+	defer cache.mu.Unlock()
+	t, err := cache.load(k, false)
+	if err != nil {
+		return 0, 0, err
+	}
+	up := upsert[:0:0]
+	for _, r := range upsert {
+		if cur, ok := t.owned[r.Dst]; !ok || cur != r {
+			up = append(up, r)
+		}
+	}
+	var rm []desired.Route
+	for _, r := range remove {
+		if _, ok := t.owned[r.Dst]; ok {
+			rm = append(rm, r)
+		}
+	}
+	return cache.write(k, t, up, rm)
+}
+
+// load returns the table to apply against: the cached one, or a new dump.
+// The caller holds c.mu.
+func (c *RouteCache) load(k routeKernel, dump bool) (*routeTable, error) {
+	if !dump && c.table != nil {
+		return c.table, nil
+	}
+	c.table = nil
+	t, err := readRoutes(k)
+	if err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+// write deletes remove and creates or replaces upsert, keeping t equal to
+// what the kernel then holds. A route of another protocol is never
+// replaced: a destination known to be foreign is reported, and one podnet
+// does not own is only ever created exclusively (NLM_F_EXCL), so a route
+// that appeared unseen makes the create fail (and is reported) instead of
+// being overwritten. After any failure the cache is dropped: the next
+// apply reads the kernel. The caller holds c.mu.
+func (c *RouteCache) write(k routeKernel, t *routeTable, upsert, remove []desired.Route) (changed, programmed int, err error) {
+	c.table = nil // valid again only if every write below succeeds
 	var errs []error
-	gone := map[netip.Prefix]bool{}
 	for _, r := range remove {
 		if err := k.Delete(kernelRoute(r, 0)); err != nil && !errors.Is(err, unix.ESRCH) {
 			errs = append(errs, fmt.Errorf("delete route %s: %w", r, err))
 			continue
 		}
 		changed++
-		gone[r.Dst] = true
+		delete(t.owned, r.Dst)
 	}
 	links := map[string]int{}
-	written := map[netip.Prefix]desired.Route{}
 	for _, r := range upsert {
 		if proto, held := t.foreign[r.Dst]; held {
 			errs = append(errs, foreignError(r, proto))
@@ -432,7 +532,7 @@ func applyRoutes(k routeKernel, want []desired.Route, cache *RouteCache, dump bo
 		}
 		kr := kernelRoute(r, idx)
 		write := k.Add
-		if t.ownsDst(r.Dst) {
+		if _, ours := t.owned[r.Dst]; ours {
 			write = k.Replace // ours: change it in place
 		}
 		if err := write(kr); err != nil {
@@ -443,24 +543,12 @@ func applyRoutes(k routeKernel, want []desired.Route, cache *RouteCache, dump bo
 			continue
 		}
 		changed++
-		written[r.Dst] = r
-	}
-	next := routeTable{ownDst: map[netip.Prefix]bool{}, foreign: t.foreign}
-	for _, o := range t.owned {
-		if w, ok := written[o.Dst]; ok {
-			next.add(w)
-			delete(written, o.Dst)
-		} else if !gone[o.Dst] {
-			next.add(o)
-		}
-	}
-	for _, w := range written {
-		next.add(w)
+		t.owned[r.Dst] = r
 	}
 	if len(errs) == 0 {
-		cache.table = &next
+		c.table = t
 	}
-	return changed, len(next.owned), errors.Join(errs...)
+	return changed, len(t.owned), errors.Join(errs...)
 }
 
 func foreignError(r desired.Route, proto netlink.RouteProtocol) error {
@@ -549,6 +637,47 @@ func ApplyVXLANPeers(neighs []desired.Neighbor, fdbs []desired.FDB) error {
 	for _, c := range haveFDB {
 		if err := netlink.NeighDel(&c); err != nil {
 			errs = append(errs, fmt.Errorf("delete fdb %s: %w", c.HardwareAddr, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// ApplyVXLANDelta writes the neighbor and FDB entries of one Node's
+// change to podnet.vxlan and deletes the ones it no longer has, without
+// listing the others.
+func ApplyVXLANDelta(setNeigh, delNeigh []desired.Neighbor, addFDB, delFDB []desired.FDB) error {
+	link, err := netlinksafe.LinkByName(desired.VXLANDevice)
+	if err != nil {
+		return fmt.Errorf("look up %s: %w", desired.VXLANDevice, err)
+	}
+	idx := link.Attrs().Index
+	var errs []error
+	gone := func(err error) bool { return err == nil || errors.Is(err, unix.ENOENT) }
+	for _, n := range delNeigh {
+		e := &netlink.Neigh{LinkIndex: idx, Family: familyOf(n.IP.AsSlice()), IP: n.IP.AsSlice()}
+		if err := netlink.NeighDel(e); !gone(err) {
+			errs = append(errs, fmt.Errorf("delete neighbor %s: %w", n.IP, err))
+		}
+	}
+	for _, f := range delFDB {
+		mac, _ := net.ParseMAC(f.MAC)
+		e := &netlink.Neigh{LinkIndex: idx, Family: unix.AF_BRIDGE, Flags: netlink.NTF_SELF, IP: f.Dst.AsSlice(), HardwareAddr: mac}
+		if err := netlink.NeighDel(e); !gone(err) {
+			errs = append(errs, fmt.Errorf("delete fdb %s -> %s: %w", f.MAC, f.Dst, err))
+		}
+	}
+	for _, n := range setNeigh {
+		mac, _ := net.ParseMAC(n.MAC)
+		e := &netlink.Neigh{LinkIndex: idx, Family: familyOf(n.IP.AsSlice()), State: netlink.NUD_PERMANENT, IP: n.IP.AsSlice(), HardwareAddr: mac}
+		if err := netlink.NeighSet(e); err != nil {
+			errs = append(errs, fmt.Errorf("neighbor %s: %w", n.IP, err))
+		}
+	}
+	for _, f := range addFDB {
+		mac, _ := net.ParseMAC(f.MAC)
+		e := &netlink.Neigh{LinkIndex: idx, Family: unix.AF_BRIDGE, Flags: netlink.NTF_SELF, State: netlink.NUD_PERMANENT, IP: f.Dst.AsSlice(), HardwareAddr: mac}
+		if err := netlink.NeighSet(e); err != nil {
+			errs = append(errs, fmt.Errorf("fdb %s -> %s: %w", f.MAC, f.Dst, err))
 		}
 	}
 	return errors.Join(errs...)

@@ -139,65 +139,121 @@ type OnLink func(netip.Addr) bool
 
 // Compute derives the desired state from the nodes.
 func Compute(cfg Config, nodes []Node, onLink OnLink) State {
+	return compute(cfg, nodes, onLink, nil)
+}
+
+// compute is Compute, handing each remote node's contribution to each as
+// well (NewPlan keeps them). A destination is one node's: this node's
+// PodCIDRs first, then the nodes in name order; a later node claiming the
+// same PodCIDR (a misconfiguration, or a PodCIDR moving between Nodes) is
+// skipped for it, so that the route does not flip between them.
+func compute(cfg Config, nodes []Node, onLink OnLink, each func(string, Contribution)) State {
 	var st State
 	sorted := slices.Clone(nodes)
 	sort.Slice(sorted, func(i, j int) bool { return sorted[i].Name < sorted[j].Name })
+	claimed := map[netip.Prefix]string{}
 	for _, n := range sorted {
-		if len(n.PodCIDRs) == 0 {
-			st.Skipped = append(st.Skipped, Skip{n.Name, "no spec.podCIDRs yet"})
-			continue
-		}
-		if n.Name == cfg.Self {
+		if n.Name == cfg.Self && len(n.PodCIDRs) > 0 {
 			self := n
 			st.Self = &self
 			for _, p := range n.PodCIDRs {
 				st.Routes = append(st.Routes, Route{Dst: p.Masked(), Kind: Blackhole})
 				st.VTEPs = append(st.VTEPs, netip.PrefixFrom(p.Masked().Addr(), p.Addr().BitLen()))
+				claimed[p.Masked()] = n.Name
 			}
+		}
+	}
+	for _, n := range sorted {
+		if n.Name == cfg.Self && st.Self != nil {
 			continue
 		}
-		if !n.IP.IsValid() {
-			st.Skipped = append(st.Skipped, Skip{n.Name, "no InternalIP address (or podnet.io/node-ip annotation) yet"})
-			continue
+		c := ForNode(cfg, n, onLink)
+		if each != nil {
+			each(n.Name, c)
 		}
-		direct := cfg.Encap != None && cfg.CrossSubnet && onLink != nil && onLink(n.IP)
-		for _, p := range n.PodCIDRs {
-			p = p.Masked()
-			sameFamily := p.Addr().Is4() == n.IP.Is4()
-			encap := cfg.Encap
-			if direct && sameFamily {
-				// Cross-subnet: a node on our L2 subnet is reached
-				// directly, in the family of its address only.
-				encap = None
-			}
-			if !sameFamily && encap != VXLAN {
-				// IPIP and direct routes need a next hop of the same
-				// family; VXLAN carries either family.
-				st.Skipped = append(st.Skipped, Skip{n.Name, fmt.Sprintf("PodCIDR %s has no node address of its family", p)})
+		for _, r := range c.Routes {
+			if owner, taken := claimed[r.Dst]; taken {
+				st.Skipped = append(st.Skipped, Skip{n.Name, fmt.Sprintf("PodCIDR %s is node %s's too: not routed to %s", r.Dst, owner, n.Name)})
 				continue
 			}
-			if encap == IPIP && !p.Addr().Is4() {
-				// tunl0 is IPv4-in-IPv4: it drops anything else.
-				st.Skipped = append(st.Skipped, Skip{n.Name, fmt.Sprintf("PodCIDR %s: IPIP carries IPv4 only (use vxlan or none)", p)})
-				continue
-			}
-			switch encap {
-			case IPIP:
-				st.Routes = append(st.Routes, Route{Dst: p, Gw: n.IP, Dev: TunnelDevice, OnLink: true})
-			case None:
-				st.Routes = append(st.Routes, Route{Dst: p, Gw: n.IP, Dev: cfg.Underlay})
-			case VXLAN:
-				vtep := p.Addr() // the remote PodCIDR's network address
-				mac := VTEPMAC(n.IP)
-				st.Routes = append(st.Routes, Route{Dst: p, Gw: vtep, Dev: VXLANDevice, OnLink: true})
-				st.Neighbors = append(st.Neighbors, Neighbor{IP: vtep, MAC: mac})
-				st.FDBs = append(st.FDBs, FDB{MAC: mac, Dst: n.IP})
+			claimed[r.Dst] = n.Name
+			st.Routes = append(st.Routes, r)
+			if cfg.Encap == VXLAN && r.Dev == VXLANDevice {
+				i := slices.IndexFunc(c.Neighbors, func(nb Neighbor) bool { return nb.IP == r.Gw })
+				st.Neighbors = append(st.Neighbors, c.Neighbors[i])
+				st.FDBs = append(st.FDBs, FDB{MAC: c.Neighbors[i].MAC, Dst: n.IP})
 			}
 		}
+		st.Skipped = append(st.Skipped, c.Skipped...)
 	}
 	sortByDst(st.Routes)
 	st.FDBs = dedupFDB(st.FDBs)
 	return st
+}
+
+// Contribution is what one remote node adds to the desired state: its
+// routes (one per PodCIDR it can be reached for), the VXLAN entries that
+// go with them, and why any of its PodCIDRs is left out.
+type Contribution struct {
+	Routes    []Route
+	Neighbors []Neighbor
+	FDBs      []FDB
+	Skipped   []Skip
+}
+
+// ForNode is the contribution of node n, seen from cfg.Self. This node's
+// own blackholes are Compute's; ForNode treats every node as remote.
+func ForNode(cfg Config, n Node, onLink OnLink) Contribution {
+	var c Contribution
+	if len(n.PodCIDRs) == 0 {
+		c.Skipped = append(c.Skipped, Skip{n.Name, "no spec.podCIDRs yet"})
+		return c
+	}
+	if !n.IP.IsValid() {
+		c.Skipped = append(c.Skipped, Skip{n.Name, "no InternalIP address (or podnet.io/node-ip annotation) yet"})
+		return c
+	}
+	direct := cfg.Encap != None && cfg.CrossSubnet && onLink != nil && onLink(n.IP)
+	for _, p := range n.PodCIDRs {
+		p = p.Masked()
+		sameFamily := p.Addr().Is4() == n.IP.Is4()
+		encap := cfg.Encap
+		if direct && sameFamily {
+			// Cross-subnet: a node on our L2 subnet is reached
+			// directly, in the family of its address only.
+			encap = None
+		}
+		if !sameFamily && encap != VXLAN {
+			// IPIP and direct routes need a next hop of the same
+			// family; VXLAN carries either family.
+			c.Skipped = append(c.Skipped, Skip{n.Name, fmt.Sprintf("PodCIDR %s has no node address of its family", p)})
+			continue
+		}
+		if encap == IPIP && !p.Addr().Is4() {
+			// tunl0 is IPv4-in-IPv4: it drops anything else.
+			c.Skipped = append(c.Skipped, Skip{n.Name, fmt.Sprintf("PodCIDR %s: IPIP carries IPv4 only (use vxlan or none)", p)})
+			continue
+		}
+		switch encap {
+		case IPIP:
+			c.Routes = append(c.Routes, Route{Dst: p, Gw: n.IP, Dev: TunnelDevice, OnLink: true})
+		case None:
+			c.Routes = append(c.Routes, Route{Dst: p, Gw: n.IP, Dev: cfg.Underlay})
+		case VXLAN:
+			vtep := p.Addr() // the remote PodCIDR's network address
+			mac := VTEPMAC(n.IP)
+			c.Routes = append(c.Routes, Route{Dst: p, Gw: vtep, Dev: VXLANDevice, OnLink: true})
+			c.Neighbors = append(c.Neighbors, Neighbor{IP: vtep, MAC: mac})
+			c.FDBs = append(c.FDBs, FDB{MAC: mac, Dst: n.IP})
+		}
+	}
+	c.FDBs = dedupFDB(c.FDBs)
+	return c
+}
+
+// Equal tells whether a and b route the same way.
+func (a Node) Equal(b Node) bool {
+	return a.Name == b.Name && a.IP == b.IP && slices.Equal(a.PodCIDRs, b.PodCIDRs)
 }
 
 // sortByDst sorts routes by the text of their destination. Each key is

@@ -1,0 +1,179 @@
+package desired
+
+import (
+	"net/netip"
+	"slices"
+)
+
+// Plan is the desired state kept per node, so that a change to one remote
+// Node is turned into the few routes and VXLAN entries it changes, at a
+// cost that does not grow with the cluster. NewPlan is the full
+// computation (the same as Compute); Update is the per-Node step.
+type Plan struct {
+	cfg    Config
+	onLink OnLink
+	byNode map[string]Contribution
+	// how many Nodes want each destination and each FDB entry: one
+	// claimed by two Nodes (a PodCIDR handed from one Node to another,
+	// two Nodes with one address) cannot be patched one Node at a time
+	routeClaims map[netip.Prefix]int
+	fdbClaims   map[FDB]int
+	routes      int // remote routes
+	blackholes  int
+	skipped     int
+}
+
+// Delta is what one Update changes. Remove holds destinations no Node
+// wants any more; SetNeighbors and AddFDBs may rewrite an entry that is
+// already there (a neighbor whose MAC changed).
+type Delta struct {
+	Upsert       []Route
+	Remove       []Route
+	SetNeighbors []Neighbor
+	DelNeighbors []Neighbor
+	AddFDBs      []FDB
+	DelFDBs      []FDB
+}
+
+// Empty tells whether d changes nothing.
+func (d Delta) Empty() bool {
+	return len(d.Upsert)+len(d.Remove)+len(d.SetNeighbors)+len(d.DelNeighbors)+len(d.AddFDBs)+len(d.DelFDBs) == 0
+}
+
+// NewPlan computes the whole desired state (as Compute does) and keeps it
+// per node for Update.
+func NewPlan(cfg Config, nodes []Node, onLink OnLink) (*Plan, State) {
+	p := &Plan{
+		cfg:         cfg,
+		onLink:      onLink,
+		byNode:      make(map[string]Contribution, len(nodes)),
+		routeClaims: make(map[netip.Prefix]int, len(nodes)),
+		fdbClaims:   map[FDB]int{},
+	}
+	st := compute(cfg, nodes, onLink, p.put)
+	for _, r := range st.Routes {
+		if r.Kind == Blackhole {
+			p.routeClaims[r.Dst]++
+			p.blackholes++
+		}
+	}
+	// the counts are Compute's: a PodCIDR claimed twice is one route and
+	// one skip (put counted it as two routes)
+	p.routes = len(st.Routes) - p.blackholes
+	p.skipped = len(st.Skipped)
+	return p, st
+}
+
+// Routes is how many routes the plan wants (the local blackholes too).
+func (p *Plan) Routes() int { return p.routes + p.blackholes }
+
+// Skipped is how many PodCIDRs or Nodes the plan leaves out.
+func (p *Plan) Skipped() int { return p.skipped }
+
+func (p *Plan) put(name string, c Contribution) {
+	p.byNode[name] = c
+	p.routes += len(c.Routes)
+	p.skipped += len(c.Skipped)
+	for _, r := range c.Routes {
+		p.routeClaims[r.Dst]++
+	}
+	for _, f := range c.FDBs {
+		p.fdbClaims[f]++
+	}
+}
+
+func (p *Plan) drop(name string) {
+	c, ok := p.byNode[name]
+	if !ok {
+		return
+	}
+	delete(p.byNode, name)
+	p.routes -= len(c.Routes)
+	p.skipped -= len(c.Skipped)
+	for _, r := range c.Routes {
+		if p.routeClaims[r.Dst]--; p.routeClaims[r.Dst] == 0 {
+			delete(p.routeClaims, r.Dst)
+		}
+	}
+	for _, f := range c.FDBs {
+		if p.fdbClaims[f]--; p.fdbClaims[f] == 0 {
+			delete(p.fdbClaims, f)
+		}
+	}
+}
+
+// Update replaces what the plan knows of the remote Node name: n is its
+// new content, or nil when it was deleted. It returns what changes. ok is
+// false when the change cannot be patched in alone: the Node is this node
+// (its PodCIDRs and address shape everything), or a destination or FDB
+// entry it gives up or takes is claimed by another Node too. The plan is
+// then unchanged and the caller computes everything again (NewPlan).
+func (p *Plan) Update(name string, n *Node) (d Delta, ok bool) {
+	if name == p.cfg.Self {
+		return Delta{}, false
+	}
+	old := p.byNode[name]
+	var next Contribution
+	if n != nil {
+		next = ForNode(p.cfg, *n, p.onLink)
+	}
+	// every destination and FDB entry this Node had or wants must be
+	// this Node's alone
+	for _, c := range [2]Contribution{old, next} {
+		for _, r := range c.Routes {
+			mine := 0
+			if slices.ContainsFunc(old.Routes, func(o Route) bool { return o.Dst == r.Dst }) {
+				mine = 1
+			}
+			if p.routeClaims[r.Dst] > mine {
+				return Delta{}, false
+			}
+		}
+		for _, f := range c.FDBs {
+			mine := 0
+			if slices.Contains(old.FDBs, f) {
+				mine = 1
+			}
+			if p.fdbClaims[f] > mine {
+				return Delta{}, false
+			}
+		}
+	}
+
+	for _, r := range next.Routes {
+		if i := slices.IndexFunc(old.Routes, func(o Route) bool { return o.Dst == r.Dst }); i < 0 || old.Routes[i] != r {
+			d.Upsert = append(d.Upsert, r)
+		}
+	}
+	for _, o := range old.Routes {
+		if !slices.ContainsFunc(next.Routes, func(r Route) bool { return r.Dst == o.Dst }) {
+			d.Remove = append(d.Remove, o)
+		}
+	}
+	for _, nb := range next.Neighbors {
+		if !slices.Contains(old.Neighbors, nb) {
+			d.SetNeighbors = append(d.SetNeighbors, nb)
+		}
+	}
+	for _, o := range old.Neighbors {
+		if !slices.ContainsFunc(next.Neighbors, func(nb Neighbor) bool { return nb.IP == o.IP }) {
+			d.DelNeighbors = append(d.DelNeighbors, o)
+		}
+	}
+	for _, f := range next.FDBs {
+		if !slices.Contains(old.FDBs, f) {
+			d.AddFDBs = append(d.AddFDBs, f)
+		}
+	}
+	for _, o := range old.FDBs {
+		if !slices.Contains(next.FDBs, o) {
+			d.DelFDBs = append(d.DelFDBs, o)
+		}
+	}
+
+	p.drop(name)
+	if n != nil {
+		p.put(name, next)
+	}
+	return d, true
+}
