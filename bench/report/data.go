@@ -96,6 +96,30 @@ type routedScale struct {
 	RSSKiB          int       `json:"rss_kib"`
 	HWMKiB          int       `json:"hwm_kib"`
 	RSSAfterSyncKiB int       `json:"rss_after_sync_kib"`
+	// issue 14
+	Mode           string         `json:"mode"`
+	UpdateDaemonMs []float64      `json:"update_daemon_ms"`
+	RSSAnonKiB     int            `json:"rss_anon_kib"`
+	RSSFileKiB     int            `json:"rss_file_kib"`
+	FDBs           int            `json:"fdbs"`
+	CPUSyncS       float64        `json:"cpu_sync_s"`
+	CPUS           float64        `json:"cpu_s"`
+	ChurnPerS      float64        `json:"churn_per_s"`
+	Churned        int            `json:"churned"`
+	NoopApplies    int            `json:"noop_applies"`
+	NoopRouteMsgs  int            `json:"noop_route_msgs"`
+	NoopFDBMsgs    int            `json:"noop_fdb_msgs"`
+	APIRequests    map[string]int `json:"api_requests"`
+	APIWatchesOpen int            `json:"api_watches_open"`
+}
+
+// mode is the scale's encapsulation; results from before issue 14 were
+// all `none`.
+func (s routedScale) mode() string {
+	if s.Mode == "" {
+		return "none"
+	}
+	return s.Mode
 }
 
 type datapathData struct {

@@ -164,21 +164,39 @@ func plotOccupancy(dir string, occ []occRun) (string, error) {
 	return savePNG(dir, "add-vs-occupancy.png", [][]*plot.Plot{{p}}, vg.Points(900), vg.Points(480))
 }
 
-// plotRouted draws, against the number of Nodes: sync → routes, the update
-// latency p50/p99 and the RSS, each with its target.
-func plotRouted(dir string, scales []routedScale) (string, error) {
+// plotRouted draws, against the number of Nodes and for each mode: sync →
+// routes, the Node change p99 (whole and the daemon's share), the RSS
+// and the CPU seconds, each with its target.
+func plotRouted(dir string, all []routedScale) (string, error) {
+	modes := map[string][]routedScale{}
+	var order []string
+	for _, s := range all {
+		if _, ok := modes[s.mode()]; !ok {
+			order = append(order, s.mode())
+		}
+		modes[s.mode()] = append(modes[s.mode()], s)
+	}
+	var nodes []routedScale
+	seen := map[int]bool{}
+	for _, s := range all {
+		if !seen[s.Nodes] {
+			seen[s.Nodes] = true
+			nodes = append(nodes, s)
+		}
+	}
 	mk := func(title, ylabel string) *plot.Plot {
 		p := plot.New()
 		p.Title.Text = title
 		p.X.Label.Text = "Nodes (log scale)"
 		p.Y.Label.Text = ylabel
 		p.X.Scale = plot.LogScale{}
-		p.X.Tick.Marker = plot.ConstantTicks(nodeTicks(scales))
+		p.X.Tick.Marker = plot.ConstantTicks(nodeTicks(nodes))
 		p.Add(plotter.NewGrid())
 		p.Legend.Top, p.Legend.Left = true, true
 		return p
 	}
-	line := func(p *plot.Plot, name string, c color.Color, dashed bool, f func(routedScale) float64) error {
+	colors := []color.Color{stackColor[podnetStack], stackColor[ptpStack], stackColor[bridgeStack], stackColor[refBrStack]}
+	line := func(p *plot.Plot, name string, c color.Color, dashed bool, scales []routedScale, f func(routedScale) float64) error {
 		pts := make(plotter.XYs, len(scales))
 		for i, s := range scales {
 			pts[i] = plotter.XY{X: float64(s.Nodes), Y: f(s)}
@@ -197,46 +215,45 @@ func plotRouted(dir string, scales []routedScale) (string, error) {
 		return nil
 	}
 	limit := func(p *plot.Plot, name string, v float64) {
-		xs := plotter.XYs{{X: float64(scales[0].Nodes), Y: v}, {X: float64(scales[len(scales)-1].Nodes), Y: v}}
+		xs := plotter.XYs{{X: float64(nodes[0].Nodes), Y: v}, {X: float64(nodes[len(nodes)-1].Nodes), Y: v}}
 		l, _ := plotter.NewLine(xs)
 		l.Color = color.Gray{Y: 0x70}
 		l.Dashes = []vg.Length{vg.Points(2), vg.Points(2)}
 		p.Add(l)
 		p.Legend.Add(name, l)
 	}
-	blue, red, green := stackColor[podnetStack], stackColor[ptpStack], stackColor[bridgeStack]
-
 	conv := mk("informer sync → all routes in the kernel", "seconds")
-	if err := line(conv, "sync → routes", blue, false, func(s routedScale) float64 { return s.SyncToRoutesS }); err != nil {
-		return "", err
+	upd := mk("Node change → kernel p99, under churn", "ms")
+	mem := mk("podnet-routed RSS", "MiB")
+	cpu := mk("podnet-routed CPU to sync", "CPU seconds")
+	for i, m := range order {
+		c, sc := colors[i%len(colors)], modes[m]
+		if err := line(conv, m, c, false, sc, func(s routedScale) float64 { return s.SyncToRoutesS }); err != nil {
+			return "", err
+		}
+		if err := line(upd, m, c, false, sc, func(s routedScale) float64 { return pct(s.UpdateMs, 99) }); err != nil {
+			return "", err
+		}
+		if err := line(upd, m+": daemon's share", c, true, sc, func(s routedScale) float64 { return pct(s.UpdateDaemonMs, 99) }); err != nil {
+			return "", err
+		}
+		if err := line(mem, m, c, false, sc, func(s routedScale) float64 { return float64(s.RSSKiB) / 1024 }); err != nil {
+			return "", err
+		}
+		if err := line(mem, m+": peak", c, true, sc, func(s routedScale) float64 { return float64(s.HWMKiB) / 1024 }); err != nil {
+			return "", err
+		}
+		if err := line(cpu, m, c, false, sc, func(s routedScale) float64 { return s.CPUSyncS }); err != nil {
+			return "", err
+		}
 	}
-	if err := line(conv, "start → synced", green, true, func(s routedScale) float64 { return s.StartToSyncS }); err != nil {
-		return "", err
+	limit(conv, "targets: 1 s at 5,000, 2 s at 10,000", 1)
+	limit(upd, "target p99 at 5,000: 10 ms", 10)
+	limit(mem, "target at 5,000: 40 MiB", 40)
+	for _, p := range []*plot.Plot{conv, upd, mem, cpu} {
+		p.Y.Min = 0
 	}
-	limit(conv, "target at 5,000 Nodes: 2 s", 2)
-	conv.Y.Min = 0
-
-	upd := mk("one Node change → route changed", "ms")
-	if err := line(upd, "p50", blue, false, func(s routedScale) float64 { return median(s.UpdateMs) }); err != nil {
-		return "", err
-	}
-	if err := line(upd, "p99", red, true, func(s routedScale) float64 { return pct(s.UpdateMs, 99) }); err != nil {
-		return "", err
-	}
-	limit(upd, "target p99: 50 ms", 50)
-	upd.Y.Min = 0
-
-	mem := mk("podnet-routed memory", "MiB")
-	if err := line(mem, "RSS", blue, false, func(s routedScale) float64 { return float64(s.RSSKiB) / 1024 }); err != nil {
-		return "", err
-	}
-	if err := line(mem, "peak RSS", red, true, func(s routedScale) float64 { return float64(s.HWMKiB) / 1024 }); err != nil {
-		return "", err
-	}
-	limit(mem, "target at 5,000 Nodes: 64 MiB", 64)
-	mem.Y.Min = 0
-
-	return savePNG(dir, "routed.png", [][]*plot.Plot{{conv, upd, mem}}, vg.Points(1200), vg.Points(420))
+	return savePNG(dir, "routed.png", [][]*plot.Plot{{conv, upd}, {mem, cpu}}, vg.Points(1100), vg.Points(800))
 }
 
 // ticks125 marks a log axis at 1, 2 and 5 times every power of ten, with

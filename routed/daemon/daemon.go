@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/netip"
+	"runtime/debug"
 	"slices"
 	"strings"
 	"sync"
@@ -23,10 +24,12 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
 	listersv1 "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/podnet/podnet/internal/nodestate"
@@ -54,38 +57,68 @@ type Config struct {
 // Daemon reconciles the node's dataplane with the Nodes of the cluster.
 type Daemon struct {
 	cfg     Config
-	client  kubernetes.Interface
+	nodesLW cache.ListerWatcher
 	log     *slog.Logger
 	dp      *dataplane.Netlink
 	nat     dataplane.NAT
 	routes  dataplane.RouteCache
 	metrics *Metrics
-	kick    chan string
+	kick    chan struct{}
 
 	// plan is the desired state of the last full apply, kept per Node: a
 	// Node event patches it and applies the difference. nil: the next
 	// event computes everything (nothing applied yet, this node not
 	// ready, the last apply failed).
 	plan *desired.Plan
-	// dirty holds the names of the Nodes changed since the last apply.
+	// dirty holds the names of the Nodes changed since the last apply,
+	// pending the other reasons to apply ("repair", "link change")
+	// since then: one kick may stand for several.
 	dirtyMu sync.Mutex
 	dirty   map[string]struct{}
+	pending map[string]bool
 
 	synced      atomic.Bool
 	lastApplyOK atomic.Bool
 	lastState   nodestate.State
 }
 
-// New builds a daemon.
-func New(cfg Config, client kubernetes.Interface, log *slog.Logger) *Daemon {
+// New builds a daemon that lists and watches Nodes through nodes (see
+// NodesListWatch).
+func New(cfg Config, nodes cache.ListerWatcher, log *slog.Logger) *Daemon {
 	return &Daemon{
 		cfg:     cfg,
-		client:  client,
+		nodesLW: nodes,
 		log:     log,
 		dp:      &dataplane.Netlink{Encap: cfg.Encap, CrossSubnet: cfg.CrossSubnet, VNI: cfg.VXLANVNI, Port: cfg.VXLANPort, MTU: cfg.MTU, Log: log},
 		metrics: NewMetrics(),
-		kick:    make(chan string, 1),
+		kick:    make(chan struct{}, 1),
 	}
+}
+
+// NodesListWatch lists and watches the cluster's Nodes through a REST
+// client that knows core/v1 and nothing else, in protobuf: the typed
+// clientset and informer factory would link every API group into the
+// binary (its pages are most of the daemon's resident memory), and JSON
+// costs several times the CPU and garbage to decode a large Node list.
+func NodesListWatch(cfg *rest.Config) (cache.ListerWatcher, error) {
+	scheme := runtime.NewScheme()
+	if err := corev1.AddToScheme(scheme); err != nil {
+		return nil, fmt.Errorf("core/v1 scheme: %w", err)
+	}
+	c := rest.CopyConfig(cfg)
+	c.APIPath = "/api"
+	c.GroupVersion = &corev1.SchemeGroupVersion
+	c.ContentType = runtime.ContentTypeProtobuf
+	c.AcceptContentTypes = runtime.ContentTypeProtobuf + "," + runtime.ContentTypeJSON
+	c.NegotiatedSerializer = serializer.NewCodecFactory(scheme).WithoutConversion()
+	if c.UserAgent == "" {
+		c.UserAgent = "podnet-routed"
+	}
+	rc, err := rest.RESTClientFor(c)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes client: %w", err)
+	}
+	return cache.NewListWatchFromClient(rc, "nodes", metav1.NamespaceAll, fields.Everything()), nil
 }
 
 // Metrics are the daemon's Prometheus metrics, in their own registry.
@@ -141,15 +174,15 @@ func (d *Daemon) Run(ctx context.Context) error {
 			return err
 		}
 	}
-	factory := informers.NewSharedInformerFactory(d.client, 0)
-	nodes := factory.Core().V1().Nodes()
+	informer := cache.NewSharedIndexInformer(d.nodesLW, &corev1.Node{}, 0, cache.Indexers{})
+	lister := listersv1.NewNodeLister(informer.GetIndexer())
 	// keep only what FromNode reads: the informer's store then holds a few
 	// hundred bytes per Node instead of the whole object (managedFields,
 	// images, conditions, labels)
-	if err := nodes.Informer().SetTransform(SlimNode); err != nil {
+	if err := informer.SetTransform(SlimNode); err != nil {
 		return fmt.Errorf("node informer transform: %w", err)
 	}
-	if _, err := nodes.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+	if _, err := informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: d.nodeChanged,
 		UpdateFunc: func(old, cur any) {
 			o, ok1 := old.(*corev1.Node)
@@ -163,28 +196,35 @@ func (d *Daemon) Run(ctx context.Context) error {
 	}); err != nil {
 		return fmt.Errorf("node event handler: %w", err)
 	}
-	factory.Start(ctx.Done())
+	go informer.Run(ctx.Done())
 	d.log.Info("waiting for the node informer to sync")
-	if !cache.WaitForCacheSync(ctx.Done(), nodes.Informer().HasSynced) {
+	if !cache.WaitForCacheSync(ctx.Done(), informer.HasSynced) {
 		return ctx.Err()
 	}
 	d.synced.Store(true)
 	d.log.Info("node informer synced")
-	go d.watchRoutes(ctx)
-	go d.watchLinks(ctx)
+	// subscribed before the first apply: its own notifications must find
+	// the subscription there, or the cache would be dropped right after
+	routesWatched, linksWatched := make(chan struct{}), make(chan struct{})
+	go d.watchRoutes(ctx, routesWatched)
+	go d.watchLinks(ctx, linksWatched)
+	<-routesWatched
+	<-linksWatched
 
 	resync := time.NewTicker(d.cfg.ResyncInterval)
 	defer resync.Stop()
-	d.reconcile(nodes.Lister(), "initial sync")
+	d.reconcile(lister, "initial sync")
 	for {
 		select {
 		case <-ctx.Done():
 			d.log.Info("stopping; routes stay in place")
 			return nil
-		case why := <-d.kick:
-			d.reconcile(nodes.Lister(), why)
+		case <-d.kick:
+			if why := d.takePending(); why != "" {
+				d.reconcile(lister, why)
+			}
 		case <-resync.C:
-			d.reconcile(nodes.Lister(), "periodic resync")
+			d.reconcile(lister, "periodic resync")
 		}
 	}
 }
@@ -216,11 +256,35 @@ func (d *Daemon) takeDirty() map[string]struct{} {
 	return names
 }
 
+// trigger records a reason to apply and wakes the loop.
 func (d *Daemon) trigger(why string) {
-	select {
-	case d.kick <- why:
-	default: // a reconcile is already pending; it will see this change too
+	d.dirtyMu.Lock()
+	if d.pending == nil {
+		d.pending = map[string]bool{}
 	}
+	d.pending[why] = true
+	d.dirtyMu.Unlock()
+	select {
+	case d.kick <- struct{}{}:
+	default: // the loop is woken already; it will take this reason too
+	}
+}
+
+// takePending returns the strongest reason recorded since the last call:
+// a link change (dump the table and apply everything), a repair (apply
+// everything from the cache), Node changes (apply those Nodes), or ""
+// when a full apply since has covered them all.
+func (d *Daemon) takePending() string {
+	d.dirtyMu.Lock()
+	defer d.dirtyMu.Unlock()
+	p := d.pending
+	d.pending = nil
+	for _, why := range []string{"link change", "repair", "node"} {
+		if p[why] {
+			return why
+		}
+	}
+	return ""
 }
 
 // watchRoutes keeps the routes cache current with the kernel's route
@@ -228,9 +292,12 @@ func (d *Daemon) trigger(why string) {
 // disappears (someone deleted it, or its device went away). A lost
 // notification (a new subscription, an overflow) drops the cache: the
 // next apply reads the table.
-func (d *Daemon) watchRoutes(ctx context.Context) {
-	watch(ctx, d.log, "route", d.routes.Invalidate, func(ch chan netlink.RouteUpdate, done chan struct{}, onErr func(error)) error {
-		return netlink.RouteSubscribeWithOptions(ch, done, netlink.RouteSubscribeOptions{ErrorCallback: onErr})
+func (d *Daemon) watchRoutes(ctx context.Context, first chan struct{}) {
+	watch(ctx, d.log, "route", first, d.routes.Invalidate, func(ch chan netlink.RouteUpdate, done chan struct{}, onErr func(error)) error {
+		// a full apply writes thousands of routes in a burst: room for
+		// their notifications (kernel memory, not the daemon's)
+		return netlink.RouteSubscribeWithOptions(ch, done, netlink.RouteSubscribeOptions{
+			ErrorCallback: onErr, ReceiveBufferSize: 16 << 20, ReceiveBufferForceSize: true})
 	}, func(u netlink.RouteUpdate) {
 		if d.routes.Observe(u) {
 			d.trigger("repair")
@@ -241,8 +308,8 @@ func (d *Daemon) watchRoutes(ctx context.Context) {
 // watchLinks kicks a reconcile when a link other than a pod's host veth
 // changes: the tunnel device deleted, the underlay down and up again (its
 // routes are gone then, without a route deletion event).
-func (d *Daemon) watchLinks(ctx context.Context) {
-	watch(ctx, d.log, "link", func() {}, func(ch chan netlink.LinkUpdate, done chan struct{}, onErr func(error)) error {
+func (d *Daemon) watchLinks(ctx context.Context, first chan struct{}) {
+	watch(ctx, d.log, "link", first, func() {}, func(ch chan netlink.LinkUpdate, done chan struct{}, onErr func(error)) error {
 		return netlink.LinkSubscribeWithOptions(ch, done, netlink.LinkSubscribeOptions{ErrorCallback: onErr})
 	}, func(u netlink.LinkUpdate) {
 		if u.Link != nil && !strings.HasPrefix(u.Link.Attrs().Name, "pn") {
@@ -254,8 +321,16 @@ func (d *Daemon) watchLinks(ctx context.Context) {
 // watch keeps a netlink subscription open until ctx ends, resubscribing
 // after errors, and hands every update to handle. lost is called whenever
 // updates may have been missed: on every (re)subscription and error.
-func watch[U any](ctx context.Context, log *slog.Logger, what string, lost func(),
+// first is closed after the first attempt to subscribe.
+func watch[U any](ctx context.Context, log *slog.Logger, what string, first chan struct{}, lost func(),
 	subscribe func(chan U, chan struct{}, func(error)) error, handle func(U)) {
+	defer func() {
+		select {
+		case <-first:
+		default:
+			close(first)
+		}
+	}()
 	for ctx.Err() == nil {
 		updates := make(chan U, 256)
 		done := make(chan struct{})
@@ -264,6 +339,11 @@ func watch[U any](ctx context.Context, log *slog.Logger, what string, lost func(
 			lost()
 			log.Warn(what+" subscription error", "err", err)
 		})
+		select {
+		case <-first:
+		default:
+			close(first)
+		}
 		if err != nil {
 			log.Error("cannot subscribe to "+what+" changes; relying on periodic resync", "err", err)
 			select {
@@ -306,6 +386,14 @@ func (d *Daemon) reconcile(lister listersv1.NodeLister, why string) {
 		return
 	}
 	d.lastApplyOK.Store(true)
+	if why != "node" {
+		// A full apply (the initial sync above all: the whole Node list
+		// decoded) leaves garbage of the cluster's size behind, and the
+		// next one is minutes away: Node events allocate next to
+		// nothing. Give it back to the node now rather than keep it
+		// resident.
+		debug.FreeOSMemory()
+	}
 }
 
 // applyNodes applies the Nodes changed since the last apply: each one

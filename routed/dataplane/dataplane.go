@@ -251,21 +251,27 @@ type routeKernel interface {
 	LinkName(index int) string
 }
 
-// netlinkRoutes is routeKernel on the current netns.
-type netlinkRoutes struct{ names map[int]string }
+// netlinkRoutes is routeKernel on the current netns, through one netlink
+// socket kept for the whole apply (netlink's package functions open,
+// bind and close a socket for every request: most of the cost of writing
+// thousands of routes).
+type netlinkRoutes struct {
+	h     netlinksafe.Handle
+	names map[int]string
+}
 
-func (netlinkRoutes) ListMain() ([]netlink.Route, error) {
-	routes, err := netlinksafe.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
+func (k netlinkRoutes) ListMain() ([]netlink.Route, error) {
+	routes, err := k.h.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
 	if err != nil {
 		return nil, fmt.Errorf("list the main routing table: %w", err)
 	}
 	return routes, nil
 }
-func (netlinkRoutes) Replace(r *netlink.Route) error { return netlink.RouteReplace(r) }
-func (netlinkRoutes) Add(r *netlink.Route) error     { return netlink.RouteAdd(r) }
-func (netlinkRoutes) Delete(r *netlink.Route) error  { return netlink.RouteDel(r) }
-func (netlinkRoutes) LinkIndex(name string) (int, error) {
-	l, err := netlinksafe.LinkByName(name)
+func (k netlinkRoutes) Replace(r *netlink.Route) error { return k.h.RouteReplace(r) }
+func (k netlinkRoutes) Add(r *netlink.Route) error     { return k.h.RouteAdd(r) }
+func (k netlinkRoutes) Delete(r *netlink.Route) error  { return k.h.RouteDel(r) }
+func (k netlinkRoutes) LinkIndex(name string) (int, error) {
+	l, err := k.h.LinkByName(name)
 	if err != nil {
 		return 0, err
 	}
@@ -276,14 +282,22 @@ func (k netlinkRoutes) LinkName(index int) string {
 		return name
 	}
 	name := ""
-	if l, err := netlink.LinkByIndex(index); err == nil {
+	if l, err := k.h.LinkByIndex(index); err == nil {
 		name = l.Attrs().Name
 	}
 	k.names[index] = name
 	return name
 }
 
-func newNetlinkRoutes() netlinkRoutes { return netlinkRoutes{names: map[int]string{}} }
+// withRoutes runs f with a netlinkRoutes on the current netns.
+func withRoutes(f func(netlinkRoutes) error) error {
+	h, err := netlinksafe.NewHandle(unix.NETLINK_ROUTE)
+	if err != nil {
+		return fmt.Errorf("netlink socket: %w", err)
+	}
+	defer h.Close()
+	return f(netlinkRoutes{h: h, names: map[int]string{}})
+}
 
 // routeTable is the main table as route apply knows it, indexed by
 // destination: the routes podnet-routed owns, and which destinations
@@ -343,7 +357,11 @@ func ownedRoute(k routeKernel, r netlink.Route, dst netip.Prefix) (desired.Route
 // OwnedRoutes lists the routes podnet-routed manages: podnet's protocol in
 // the main table, blackholes and routes via a gateway, sorted.
 func OwnedRoutes() ([]desired.Route, error) {
-	t, err := readRoutes(newNetlinkRoutes())
+	var t *routeTable
+	err := withRoutes(func(k netlinkRoutes) (err error) {
+		t, err = readRoutes(k)
+		return err
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -382,7 +400,14 @@ func (c *RouteCache) Invalidate() {
 // route on it would still make the exclusive create fail, never be
 // overwritten).
 func (c *RouteCache) Observe(u netlink.RouteUpdate) (lost bool) {
+	del := u.Type == unix.RTM_DELROUTE
 	if u.Table != unix.RT_TABLE_MAIN || u.Dst == nil {
+		return false
+	}
+	if u.Protocol == rtproto.Podnet && (!del || (u.Route.Type != unix.RTN_BLACKHOLE && u.Gw == nil)) {
+		// ours, just written (a burst of thousands after a full apply,
+		// which must not wait for the lock that apply holds); or a
+		// pod's host route
 		return false
 	}
 	dst, ok := netipPrefix(u.Dst)
@@ -392,7 +417,6 @@ func (c *RouteCache) Observe(u netlink.RouteUpdate) (lost bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	t := c.table
-	del := u.Type == unix.RTM_DELROUTE
 	if u.Protocol != rtproto.Podnet {
 		if t != nil {
 			if del {
@@ -402,9 +426,6 @@ func (c *RouteCache) Observe(u netlink.RouteUpdate) (lost bool) {
 			}
 		}
 		return false
-	}
-	if !del || (u.Route.Type != unix.RTN_BLACKHOLE && u.Gw == nil) {
-		return false // ours, just written; or a pod's host route
 	}
 	if t == nil {
 		return true // nothing to compare with: let an apply dump and see
@@ -422,14 +443,22 @@ func (c *RouteCache) Observe(u netlink.RouteUpdate) (lost bool) {
 // destination); otherwise it trusts cache. It returns how many routes it
 // changed and how many podnet routes are programmed afterwards.
 func ApplyRoutes(want []desired.Route, cache *RouteCache, dump bool) (changed, programmed int, err error) {
-	return applyRoutes(newNetlinkRoutes(), want, cache, dump)
+	err = withRoutes(func(k netlinkRoutes) (err error) {
+		changed, programmed, err = applyRoutes(k, want, cache, dump)
+		return err
+	})
+	return changed, programmed, err
 }
 
 // ApplyRouteDelta writes upsert and deletes remove (routes of one Node's
 // change) against the cache, reading the table only when the cache holds
 // nothing valid: a Node event costs the routes of that Node.
 func ApplyRouteDelta(upsert, remove []desired.Route, cache *RouteCache) (changed, programmed int, err error) {
-	return applyRouteDelta(newNetlinkRoutes(), upsert, remove, cache)
+	err = withRoutes(func(k netlinkRoutes) (err error) {
+		changed, programmed, err = applyRouteDelta(k, upsert, remove, cache)
+		return err
+	})
+	return changed, programmed, err
 }
 
 func applyRoutes(k routeKernel, want []desired.Route, cache *RouteCache, dump bool) (changed, programmed int, err error) {
@@ -574,7 +603,12 @@ func kernelRoute(r desired.Route, linkIndex int) *netlink.Route {
 // the entries that are missing or differ, and deletes the stale ones: a
 // resync with nothing changed writes nothing.
 func ApplyVXLANPeers(neighs []desired.Neighbor, fdbs []desired.FDB) error {
-	link, err := netlinksafe.LinkByName(desired.VXLANDevice)
+	h, err := netlinksafe.NewHandle(unix.NETLINK_ROUTE)
+	if err != nil {
+		return fmt.Errorf("netlink socket: %w", err)
+	}
+	defer h.Close()
+	link, err := h.LinkByName(desired.VXLANDevice)
 	if err != nil {
 		return fmt.Errorf("look up %s: %w", desired.VXLANDevice, err)
 	}
@@ -582,7 +616,7 @@ func ApplyVXLANPeers(neighs []desired.Neighbor, fdbs []desired.FDB) error {
 	var errs []error
 	have := map[string]netlink.Neigh{}
 	for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
-		cur, err := netlink.NeighList(idx, fam)
+		cur, err := h.NeighList(idx, fam)
 		if err != nil {
 			return fmt.Errorf("list neighbors of %s: %w", desired.VXLANDevice, err)
 		}
@@ -600,17 +634,17 @@ func ApplyVXLANPeers(neighs []desired.Neighbor, fdbs []desired.FDB) error {
 			continue
 		}
 		e := &netlink.Neigh{LinkIndex: idx, Family: familyOf(n.IP.AsSlice()), State: netlink.NUD_PERMANENT, IP: n.IP.AsSlice(), HardwareAddr: mac}
-		if err := netlink.NeighSet(e); err != nil {
+		if err := h.NeighSet(e); err != nil {
 			errs = append(errs, fmt.Errorf("neighbor %s: %w", n.IP, err))
 		}
 	}
 	for _, c := range have { // permanent entries no Node asks for
-		if err := netlink.NeighDel(&c); err != nil {
+		if err := h.NeighDel(&c); err != nil {
 			errs = append(errs, fmt.Errorf("delete neighbor %s: %w", c.IP, err))
 		}
 	}
 
-	curFDB, err := netlink.NeighList(idx, unix.AF_BRIDGE)
+	curFDB, err := h.NeighList(idx, unix.AF_BRIDGE)
 	if err != nil {
 		return errors.Join(append(errs, fmt.Errorf("list FDB of %s: %w", desired.VXLANDevice, err))...)
 	}
@@ -630,12 +664,12 @@ func ApplyVXLANPeers(neighs []desired.Neighbor, fdbs []desired.FDB) error {
 			continue
 		}
 		e := &netlink.Neigh{LinkIndex: idx, Family: unix.AF_BRIDGE, Flags: netlink.NTF_SELF, State: netlink.NUD_PERMANENT, IP: f.Dst.AsSlice(), HardwareAddr: mac}
-		if err := netlink.NeighSet(e); err != nil {
+		if err := h.NeighSet(e); err != nil {
 			errs = append(errs, fmt.Errorf("fdb %s -> %s: %w", f.MAC, f.Dst, err))
 		}
 	}
 	for _, c := range haveFDB {
-		if err := netlink.NeighDel(&c); err != nil {
+		if err := h.NeighDel(&c); err != nil {
 			errs = append(errs, fmt.Errorf("delete fdb %s: %w", c.HardwareAddr, err))
 		}
 	}
@@ -646,7 +680,12 @@ func ApplyVXLANPeers(neighs []desired.Neighbor, fdbs []desired.FDB) error {
 // change to podnet.vxlan and deletes the ones it no longer has, without
 // listing the others.
 func ApplyVXLANDelta(setNeigh, delNeigh []desired.Neighbor, addFDB, delFDB []desired.FDB) error {
-	link, err := netlinksafe.LinkByName(desired.VXLANDevice)
+	h, err := netlinksafe.NewHandle(unix.NETLINK_ROUTE)
+	if err != nil {
+		return fmt.Errorf("netlink socket: %w", err)
+	}
+	defer h.Close()
+	link, err := h.LinkByName(desired.VXLANDevice)
 	if err != nil {
 		return fmt.Errorf("look up %s: %w", desired.VXLANDevice, err)
 	}
@@ -655,28 +694,28 @@ func ApplyVXLANDelta(setNeigh, delNeigh []desired.Neighbor, addFDB, delFDB []des
 	gone := func(err error) bool { return err == nil || errors.Is(err, unix.ENOENT) }
 	for _, n := range delNeigh {
 		e := &netlink.Neigh{LinkIndex: idx, Family: familyOf(n.IP.AsSlice()), IP: n.IP.AsSlice()}
-		if err := netlink.NeighDel(e); !gone(err) {
+		if err := h.NeighDel(e); !gone(err) {
 			errs = append(errs, fmt.Errorf("delete neighbor %s: %w", n.IP, err))
 		}
 	}
 	for _, f := range delFDB {
 		mac, _ := net.ParseMAC(f.MAC)
 		e := &netlink.Neigh{LinkIndex: idx, Family: unix.AF_BRIDGE, Flags: netlink.NTF_SELF, IP: f.Dst.AsSlice(), HardwareAddr: mac}
-		if err := netlink.NeighDel(e); !gone(err) {
+		if err := h.NeighDel(e); !gone(err) {
 			errs = append(errs, fmt.Errorf("delete fdb %s -> %s: %w", f.MAC, f.Dst, err))
 		}
 	}
 	for _, n := range setNeigh {
 		mac, _ := net.ParseMAC(n.MAC)
 		e := &netlink.Neigh{LinkIndex: idx, Family: familyOf(n.IP.AsSlice()), State: netlink.NUD_PERMANENT, IP: n.IP.AsSlice(), HardwareAddr: mac}
-		if err := netlink.NeighSet(e); err != nil {
+		if err := h.NeighSet(e); err != nil {
 			errs = append(errs, fmt.Errorf("neighbor %s: %w", n.IP, err))
 		}
 	}
 	for _, f := range addFDB {
 		mac, _ := net.ParseMAC(f.MAC)
 		e := &netlink.Neigh{LinkIndex: idx, Family: unix.AF_BRIDGE, Flags: netlink.NTF_SELF, State: netlink.NUD_PERMANENT, IP: f.Dst.AsSlice(), HardwareAddr: mac}
-		if err := netlink.NeighSet(e); err != nil {
+		if err := h.NeighSet(e); err != nil {
 			errs = append(errs, fmt.Errorf("fdb %s -> %s: %w", f.MAC, f.Dst, err))
 		}
 	}

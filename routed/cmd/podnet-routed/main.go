@@ -18,7 +18,6 @@ import (
 	"syscall"
 	"time"
 
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -89,14 +88,14 @@ func run(argv []string) error {
 	if err != nil {
 		return err
 	}
-	client, err := kubernetes.NewForConfig(restCfg)
+	nodes, err := daemon.NodesListWatch(restCfg)
 	if err != nil {
-		return fmt.Errorf("kubernetes client: %w", err)
+		return err
 	}
 	d := daemon.New(daemon.Config{
 		NodeName: *nodeName, Encap: e, CrossSubnet: *crossSubnet, ClusterCIDRs: cidrs, Masquerade: *masquerade,
 		MTU: *mtu, StateDir: *stateDir, ResyncInterval: *resync, VXLANVNI: *vni, VXLANPort: *port,
-	}, client, log)
+	}, nodes, log)
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()

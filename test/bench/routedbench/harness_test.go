@@ -32,6 +32,8 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -326,23 +328,26 @@ func (p *proc) logTime(msg string) (time.Time, bool) {
 
 // memKiB returns VmRSS and VmHWM of pid in KiB.
 func memKiB(pid int) (rss, hwm int) {
+	st := procStatus(pid)
+	return st["VmRSS:"], st["VmHWM:"]
+}
+
+// procStatus returns the kB fields of /proc/pid/status.
+func procStatus(pid int) map[string]int {
+	out := map[string]int{}
 	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
-		return 0, 0
+		return out
 	}
 	for _, line := range strings.Split(string(data), "\n") {
 		f := strings.Fields(line)
 		if len(f) >= 2 {
-			v, _ := strconv.Atoi(f[1])
-			switch f[0] {
-			case "VmRSS:":
-				rss = v
-			case "VmHWM:":
-				hwm = v
+			if v, err := strconv.Atoi(f[1]); err == nil {
+				out[f[0]] = v
 			}
 		}
 	}
-	return rss, hwm
+	return out
 }
 
 // httpGet fetches http://addr+path from inside netns.
@@ -458,4 +463,170 @@ func freePort(t *testing.T, netns ns.NetNS) int {
 		return l.Close()
 	})
 	return port
+}
+
+// ---- VXLAN FDB watching ----
+
+// fdbEvent is one new FDB entry on podnet.vxlan: the remote node address.
+type fdbEvent struct {
+	At  time.Time
+	Dst string
+}
+
+// watchFDB stamps every new bridge-family neighbor (FDB entry) of netns.
+func watchFDB(t *testing.T, netns ns.NetNS) chan fdbEvent {
+	t.Helper()
+	events := make(chan fdbEvent, 1<<16)
+	updates := make(chan netlink.NeighUpdate, 1<<12)
+	done := make(chan struct{})
+	do(t, netns, func() error {
+		return netlink.NeighSubscribeWithOptions(updates, done, netlink.NeighSubscribeOptions{
+			ReceiveBufferSize: 64 << 20, ReceiveBufferForceSize: true, ErrorCallback: func(error) {},
+		})
+	})
+	go func() {
+		for u := range updates {
+			at := time.Now()
+			if u.Type != unix.RTM_NEWNEIGH || u.Family != unix.AF_BRIDGE || u.IP == nil {
+				continue
+			}
+			select {
+			case events <- fdbEvent{At: at, Dst: u.IP.String()}:
+			default:
+			}
+		}
+	}()
+	t.Cleanup(func() { close(done) })
+	return events
+}
+
+// fdbCount counts the FDB entries with a remote address on podnet.vxlan.
+func fdbCount(netns ns.NetNS) (int, error) {
+	n := 0
+	err := netns.Do(func(ns.NetNS) error {
+		l, err := netlink.LinkByName("podnet.vxlan")
+		if err != nil {
+			return err
+		}
+		fdb, err := netlink.NeighList(l.Attrs().Index, unix.AF_BRIDGE)
+		for _, e := range fdb {
+			if e.IP != nil {
+				n++
+			}
+		}
+		return err
+	})
+	return n, err
+}
+
+// cpuSeconds is the user + system CPU time pid has used.
+func cpuSeconds(pid int) float64 {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	// fields after the command name (which may hold spaces): state is 3rd,
+	// utime the 14th and stime the 15th of the whole line
+	s := string(data)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
+	if len(f) < 13 {
+		return 0
+	}
+	ut, _ := strconv.ParseFloat(f[11], 64)
+	st, _ := strconv.ParseFloat(f[12], 64)
+	return (ut + st) / 100 // USER_HZ
+}
+
+// apiNodeRequests reads the API server's /metrics: requests on the nodes
+// resource (no subresource) by verb, and the watches on it open now.
+func apiNodeRequests(t *testing.T, client kubernetes.Interface) (byVerb map[string]int, watching int) {
+	t.Helper()
+	body, err := client.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(context.Background())
+	if err != nil {
+		t.Fatalf("API server /metrics: %v", err)
+	}
+	byVerb = map[string]int{}
+	for _, line := range strings.Split(string(body), "\n") {
+		name, rest, ok := strings.Cut(line, "{")
+		if !ok || (name != "apiserver_request_total" && name != "apiserver_longrunning_requests") {
+			continue
+		}
+		labels, value, ok := strings.Cut(rest, "} ")
+		if !ok || !strings.Contains(labels, `resource="nodes"`) || !strings.Contains(labels, `subresource=""`) {
+			continue
+		}
+		v, err := strconv.ParseFloat(strings.TrimSpace(value), 64)
+		if err != nil {
+			continue
+		}
+		verb := ""
+		if i := strings.Index(labels, `verb="`); i >= 0 {
+			verb, _, _ = strings.Cut(labels[i+len(`verb="`):], `"`)
+		}
+		if name == "apiserver_longrunning_requests" {
+			if verb == "WATCH" {
+				watching += int(v)
+			}
+			continue
+		}
+		byVerb[verb] += int(v)
+	}
+	return byVerb, watching
+}
+
+// nodeWatch is the bench's own watch on Nodes: when a Node's new
+// InternalIP reached a watcher of the API server, the moment the daemon's
+// informer gets it too. It splits "Node change -> route" into the API
+// server's part (write, watch fan-out) and the daemon's.
+type nodeWatch struct {
+	mu   sync.Mutex
+	seen map[string]time.Time // name + " " + InternalIP
+	stop func()
+}
+
+func watchNodes(t *testing.T, client kubernetes.Interface) *nodeWatch {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	list, err := client.CoreV1().Nodes().List(ctx, metav1.ListOptions{Limit: 1})
+	if err != nil {
+		t.Fatalf("list nodes: %v", err)
+	}
+	w, err := client.CoreV1().Nodes().Watch(ctx, metav1.ListOptions{ResourceVersion: list.ResourceVersion})
+	if err != nil {
+		t.Fatalf("watch nodes: %v", err)
+	}
+	nw := &nodeWatch{seen: map[string]time.Time{}, stop: func() { w.Stop(); cancel() }}
+	go func() {
+		for ev := range w.ResultChan() {
+			at := time.Now()
+			n, ok := ev.Object.(*corev1.Node)
+			if !ok {
+				continue
+			}
+			for _, a := range n.Status.Addresses {
+				if a.Type == corev1.NodeInternalIP {
+					nw.mu.Lock()
+					nw.seen[n.Name+" "+a.Address] = at
+					nw.mu.Unlock()
+				}
+			}
+		}
+	}()
+	t.Cleanup(nw.stop)
+	return nw
+}
+
+// when returns when the watch saw Node name with address ip, waiting up
+// to a second for it.
+func (w *nodeWatch) when(name, ip string) (time.Time, bool) {
+	for i := 0; i < 100; i++ {
+		w.mu.Lock()
+		at, ok := w.seen[name+" "+ip]
+		w.mu.Unlock()
+		if ok {
+			return at, true
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return time.Time{}, false
 }

@@ -2,23 +2,30 @@
 
 package routedbench
 
-// podnet-routed at 100, 1,000 and 5,000 Nodes (issue 5 "Must show" 7,
-// issue 8 §4). One API server; the Node objects are created in bulk
-// (concurrently, no client rate limit), each with a /24 PodCIDR out of
-// 10.0.0.0/8 and an InternalIP in the node's underlay /16, so every
-// `--encap=none` route (podCIDR via nodeIP dev ul0) is valid. For every
-// scale a fresh node netns runs a fresh podnet-routed:
+// podnet-routed at 100, 1,000, 5,000 and 10,000 Nodes, in `none` and
+// `vxlan` modes (issues 5, 8 and 14). One API server; the Node objects are
+// created in bulk (concurrently, no client rate limit), each with a /24
+// PodCIDR out of 10.0.0.0/8 and an InternalIP in the node's underlay /16,
+// so every `--encap=none` route (podCIDR via nodeIP dev ul0) is valid. For
+// every scale and mode a fresh node netns runs a fresh podnet-routed:
 //
 //   - convergence: the daemon's "node informer synced" log record to the
 //     moment the netns holds all N podnet routes (N-1 remote PodCIDRs and
 //     the local blackhole), seen by a netlink route subscription in the
-//     netns; plus the time to sync (start -> synced) and the daemon's own
-//     "routes applied" record.
-//   - update latency: -samples times, one remote Node's InternalIP is
-//     changed (a status merge patch, as the kubelet would) and the time from
-//     issuing the request to the kernel's RTM_NEWROUTE with the new gateway
-//     in the netns is recorded.
-//   - memory: VmRSS and VmHWM of podnet-routed after both.
+//     netns, and in vxlan mode all N-1 FDB entries (polled); plus the time
+//     to sync (start -> synced) and the daemon's own "routes applied"
+//     record.
+//   - update latency under churn: -samples times, one remote Node's
+//     InternalIP is changed (a status merge patch, as the kubelet would)
+//     and the time from issuing the request to the kernel's RTM_NEWROUTE
+//     with the new gateway (vxlan: the new FDB entry) in the netns is
+//     recorded, while 10 other Nodes a second move too.
+//   - a full apply with nothing to change (a link change makes the daemon
+//     dump and recompute everything): the podnet route messages it causes
+//     (want 0).
+//   - memory and CPU: VmRSS and VmHWM, user + system seconds.
+//   - the API server's requests on Nodes by verb while the daemon ran (its
+//     /metrics): one LIST and one WATCH, no per-Node GET.
 
 import (
 	"context"
@@ -41,28 +48,44 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/vishvananda/netlink"
+
 	"github.com/podnet/podnet/test/kapi"
 	"github.com/podnet/podnet/test/nettest"
 )
 
 // scaleResult is what one scale measured.
 type scaleResult struct {
-	Nodes           int       `json:"nodes"`
-	Routes          int       `json:"routes"` // podnet routes expected (and seen)
-	CreateS         float64   `json:"create_s"`
-	CreatedNodes    int       `json:"created_nodes"` // Node objects created for this scale
-	StartToSyncS    float64   `json:"start_to_sync_s"`
-	SyncToRoutesS   float64   `json:"sync_to_routes_s"`   // informer synced -> all routes in the kernel
-	SyncToAppliedS  float64   `json:"sync_to_applied_s"`  // informer synced -> the daemon's "routes applied" record
-	StartToRoutesS  float64   `json:"start_to_routes_s"`  // process start -> all routes
-	Polled          bool      `json:"polled"`             // the subscription overflowed: the end time was polled
-	MetricRoutes    float64   `json:"metric_programmed"`  // podnet_routes_programmed afterwards
-	UpdateMs        []float64 `json:"update_ms"`          // Node status patch issued -> route changed in the kernel
-	UpdateAPIMs     []float64 `json:"update_api_ms"`      // the patch request's own round trip
-	UpdateTimeouts  int       `json:"update_timeouts"`    // samples whose route never changed within 10 s
-	RSSKiB          int       `json:"rss_kib"`            // after convergence and the updates
-	HWMKiB          int       `json:"hwm_kib"`            // peak RSS
-	RSSAfterSyncKiB int       `json:"rss_after_sync_kib"` // right after convergence
+	Nodes           int            `json:"nodes"`
+	Mode            string         `json:"mode"`
+	Routes          int            `json:"routes"` // podnet routes expected (and seen)
+	CreateS         float64        `json:"create_s"`
+	CreatedNodes    int            `json:"created_nodes"` // Node objects created for this scale
+	StartToSyncS    float64        `json:"start_to_sync_s"`
+	SyncToRoutesS   float64        `json:"sync_to_routes_s"`   // informer synced -> all routes in the kernel
+	SyncToAppliedS  float64        `json:"sync_to_applied_s"`  // informer synced -> the daemon's "routes applied" record
+	StartToRoutesS  float64        `json:"start_to_routes_s"`  // process start -> all routes
+	Polled          bool           `json:"polled"`             // the subscription overflowed: the end time was polled
+	MetricRoutes    float64        `json:"metric_programmed"`  // podnet_routes_programmed afterwards
+	UpdateMs        []float64      `json:"update_ms"`          // Node status patch issued -> route changed in the kernel
+	UpdateAPIMs     []float64      `json:"update_api_ms"`      // the patch request's own round trip
+	UpdateDaemonMs  []float64      `json:"update_daemon_ms"`   // the bench's own Node watch saw the change -> route changed
+	UpdateTimeouts  int            `json:"update_timeouts"`    // samples whose route never changed within 10 s
+	RSSKiB          int            `json:"rss_kib"`            // after convergence and the updates
+	RSSAnonKiB      int            `json:"rss_anon_kib"`       // of RSSKiB: anonymous memory (heap, stacks)
+	RSSFileKiB      int            `json:"rss_file_kib"`       // and file pages (the binary)
+	HWMKiB          int            `json:"hwm_kib"`            // peak RSS
+	RSSAfterSyncKiB int            `json:"rss_after_sync_kib"` // right after convergence
+	FDBs            int            `json:"fdbs,omitempty"`     // vxlan: FDB entries expected (and seen)
+	CPUSyncS        float64        `json:"cpu_sync_s"`         // CPU seconds until convergence
+	CPUS            float64        `json:"cpu_s"`              // CPU seconds at the end
+	ChurnPerS       float64        `json:"churn_per_s"`        // other Node changes per second during the samples
+	Churned         int            `json:"churned"`
+	NoopApplies     int            `json:"noop_applies"`     // full applies with nothing to change
+	NoopRouteMsgs   int            `json:"noop_route_msgs"`  // podnet route messages they caused
+	NoopFDBMsgs     int            `json:"noop_fdb_msgs"`    // and new FDB entries (vxlan)
+	APIRequests     map[string]int `json:"api_requests"`     // Node requests by verb while the daemon ran (the bench's own excluded)
+	APIWatchesOpen  int            `json:"api_watches_open"` // watches on nodes opened (and still open) while the daemon ran
 }
 
 type routedResult struct {
@@ -160,7 +183,7 @@ func createNodes(t *testing.T, client kubernetes.Interface, from, to, workers in
 func TestRoutedScale(t *testing.T) {
 	out := benchOut(t)
 	var scales []int
-	for _, f := range strings.Split(envOr("PODNET_BENCH_ROUTED_SCALES", "100,1000,5000"), ",") {
+	for _, f := range strings.Split(envOr("PODNET_BENCH_ROUTED_SCALES", "100,1000,5000,10000"), ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(f))
 		if err != nil || n < 2 {
 			t.Fatalf("PODNET_BENCH_ROUTED_SCALES: bad scale %q", f)
@@ -168,6 +191,8 @@ func TestRoutedScale(t *testing.T) {
 		scales = append(scales, n)
 	}
 	samples := envInt("PODNET_BENCH_ROUTED_SAMPLES", 100)
+	churn := envInt("PODNET_BENCH_ROUTED_CHURN", 10)
+	modes := strings.Split(envOr("PODNET_BENCH_ROUTED_MODES", "none,vxlan"), ",")
 	bin := filepath.Join(nettest.BinDir(t, "podnet-routed"), "podnet-routed")
 	res := routedResult{Started: time.Now().UTC(), Samples: samples}
 
@@ -182,17 +207,22 @@ func TestRoutedScale(t *testing.T) {
 		if n <= created {
 			t.Fatalf("scales must increase: %v", scales)
 		}
-		sr := scaleResult{Nodes: n, Routes: n, CreatedNodes: n - created}
-		sr.CreateS = createNodes(t, client, created, n, 32).Seconds()
-		t.Logf("%d Nodes: created %d in %.1fs", n, n-created, sr.CreateS)
+		createS := createNodes(t, client, created, n, 32).Seconds()
+		t.Logf("%d Nodes: created %d in %.1fs", n, n-created, createS)
+		for _, mode := range modes {
+			sr := scaleResult{Nodes: n, Mode: mode, Routes: n, CreatedNodes: n - created, CreateS: createS, ChurnPerS: float64(churn)}
+			if mode == "vxlan" {
+				sr.FDBs = n - 1
+			}
+			t.Run(fmt.Sprintf("%d-%s", n, mode), func(t *testing.T) {
+				measureScale(t, api, bin, kubeconfig, client, &sr, samples)
+			})
+			res.Scales = append(res.Scales, sr)
+			writeJSON(t, filepath.Join(out, "routed.json"), res) // partial results survive a later failure
+		}
 		created = n
-		t.Run(strconv.Itoa(n), func(t *testing.T) {
-			measureScale(t, api, bin, kubeconfig, client, &sr, samples)
-		})
-		res.Scales = append(res.Scales, sr)
-		writeJSON(t, filepath.Join(out, "routed.json"), res) // partial results survive a later failure
 	}
-	res.Flags = "--encap=none --cluster-cidr=" + benchClusterCIDR + " --resync-interval=1h --log-level=info"
+	res.Flags = "--encap=<mode> --cluster-cidr=" + benchClusterCIDR + " --resync-interval=1h --log-level=info"
 	res.Seconds = time.Since(res.Started).Seconds()
 	writeJSON(t, filepath.Join(out, "routed.json"), res)
 }
@@ -214,13 +244,18 @@ func measureScale(t *testing.T, api *kapi.Server, bin, kubeconfig string, client
 	plug(t, underlay, "br0", node, "ul0", fmt.Sprintf("%s/%d", selfIP, underlayBits), 1)
 	apiForward(t, node, api.Port)
 	w := watchRoutes(t, node)
+	var fdbs chan fdbEvent
+	if sr.Mode == "vxlan" {
+		fdbs = watchFDB(t, node)
+	}
+	reqBefore, watchingBefore := apiNodeRequests(t, client)
 	stateDir := filepath.Join(t.TempDir(), "state")
 	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t, node))
 	logPath := filepath.Join(t.TempDir(), "podnet-routed.log")
 
 	started := time.Now()
 	d := startInNS(t, node, logPath, bin,
-		"--kubeconfig="+kubeconfig, "--node-name="+nodeName(0), "--encap=none",
+		"--kubeconfig="+kubeconfig, "--node-name="+nodeName(0), "--encap="+sr.Mode,
 		"--cluster-cidr="+benchClusterCIDR, "--state-dir="+stateDir, "--resync-interval=1h",
 		"--health-addr="+addr, "--metrics-addr="+addr, "--log-level=info")
 
@@ -263,6 +298,19 @@ func measureScale(t *testing.T, api *kapi.Server, bin, kubeconfig string, client
 	if c, err := podnetRouteCount(node); err != nil || c != sr.Routes {
 		t.Fatalf("route dump: %d podnet routes (err %v), want %d", c, err, sr.Routes)
 	}
+	// vxlan: the FDB entries are written after the routes
+	for sr.FDBs > 0 {
+		c, err := fdbCount(node)
+		if err == nil && c == sr.FDBs {
+			allAt = time.Now()
+			break
+		}
+		if time.Since(allAt) > 5*time.Minute {
+			t.Fatalf("%d FDB entries (err %v), want %d\n%s", c, err, sr.FDBs, tail(logPath, 20))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	sr.CPUSyncS = cpuSeconds(d.cmd.Process.Pid)
 	syncAt, ok := d.logTime("node informer synced")
 	if !ok {
 		t.Fatalf("no \"node informer synced\" record\n%s", tail(logPath, 20))
@@ -279,29 +327,60 @@ func measureScale(t *testing.T, api *kapi.Server, bin, kubeconfig string, client
 		time.Sleep(50 * time.Millisecond)
 	}
 	sr.RSSAfterSyncKiB, _ = memKiB(d.cmd.Process.Pid)
-	t.Logf("%d Nodes: start->synced %.3fs, synced->%d routes in the kernel %.3fs (daemon's \"routes applied\" %.3fs), RSS %d KiB",
-		sr.Nodes, sr.StartToSyncS, sr.Routes, sr.SyncToRoutesS, sr.SyncToAppliedS, sr.RSSAfterSyncKiB)
+	t.Logf("%d Nodes %s: start->synced %.3fs, synced->%d routes in the kernel %.3fs (daemon's \"routes applied\" %.3fs), RSS %d KiB, CPU %.2fs",
+		sr.Nodes, sr.Mode, sr.StartToSyncS, sr.Routes, sr.SyncToRoutesS, sr.SyncToAppliedS, sr.RSSAfterSyncKiB, sr.CPUSyncS)
 
-	// Update latency.
+	// Update latency, while other Nodes (even numbers; the samples take
+	// odd ones) change ChurnPerS times a second.
+	stopChurn := make(chan struct{})
+	churnDone := make(chan int)
+	go func() {
+		crng := rand.New(rand.NewPCG(uint64(sr.Nodes), 11))
+		n := 0
+		tick := time.NewTicker(time.Duration(float64(time.Second) / max(sr.ChurnPerS, 0.001)))
+		defer tick.Stop()
+		for {
+			select {
+			case <-stopChurn:
+				churnDone <- n
+				return
+			case <-tick.C:
+			}
+			if sr.ChurnPerS <= 0 || sr.Nodes < 4 {
+				continue
+			}
+			j := 2 + 2*crng.IntN((sr.Nodes-2)/2)
+			if j >= sr.Nodes {
+				continue
+			}
+			if err := patchNodeIP(client, j, movedIP(int(movedSeq.Add(1)))); err == nil {
+				n++
+			}
+		}
+	}()
+	nw := watchNodes(t, client)
 	rng := rand.New(rand.NewPCG(uint64(sr.Nodes), 7))
 	for k := 0; k < samples; k++ {
-		j := 1 + rng.IntN(sr.Nodes-1)
+		j := 1 + 2*rng.IntN(sr.Nodes/2)
+		if j >= sr.Nodes {
+			j = 1
+		}
 		ip := movedIP(int(movedSeq.Add(1)))
 		want := podCIDR(j)
-		patch, _ := json.Marshal(map[string]any{"status": map[string]any{"addresses": []map[string]string{
-			{"type": "InternalIP", "address": ip}, {"type": "Hostname", "address": nodeName(j)}}}})
-		// Stale events (none expected) must not be taken for this sample.
+		// Stale events (other Nodes' churn) must not be taken for this
+		// sample.
 	drain:
 		for {
 			select {
 			case <-w.Events:
+			case <-fdbs:
 			default:
 				break drain
 			}
 		}
 		t0 := time.Now()
-		if _, err := client.CoreV1().Nodes().Patch(context.Background(), nodeName(j), types.MergePatchType, patch, metav1.PatchOptions{}, "status"); err != nil {
-			t.Fatalf("patch %s: %v", nodeName(j), err)
+		if err := patchNodeIP(client, j, ip); err != nil {
+			t.Fatal(err)
 		}
 		sr.UpdateAPIMs = append(sr.UpdateAPIMs, float64(time.Since(t0))/1e6)
 		timeout := time.After(10 * time.Second)
@@ -309,8 +388,21 @@ func measureScale(t *testing.T, api *kapi.Server, bin, kubeconfig string, client
 		for {
 			select {
 			case ev := <-w.Events:
-				if !ev.Del && ev.Dst == want && ev.Gw == ip {
+				if sr.Mode != "vxlan" && !ev.Del && ev.Dst == want && ev.Gw == ip {
 					sr.UpdateMs = append(sr.UpdateMs, float64(ev.At.Sub(t0))/1e6)
+					if at, ok := nw.when(nodeName(j), ip); ok {
+						sr.UpdateDaemonMs = append(sr.UpdateDaemonMs, float64(ev.At.Sub(at))/1e6)
+					}
+					break wait
+				}
+			case ev := <-fdbs:
+				// vxlan: the route (via the remote VTEP) stays; the new
+				// address is the FDB entry
+				if ev.Dst == ip {
+					sr.UpdateMs = append(sr.UpdateMs, float64(ev.At.Sub(t0))/1e6)
+					if at, ok := nw.when(nodeName(j), ip); ok {
+						sr.UpdateDaemonMs = append(sr.UpdateDaemonMs, float64(ev.At.Sub(at))/1e6)
+					}
 					break wait
 				}
 			case <-timeout:
@@ -321,16 +413,93 @@ func measureScale(t *testing.T, api *kapi.Server, bin, kubeconfig string, client
 		}
 		time.Sleep(time.Duration(20+rng.IntN(30)) * time.Millisecond)
 	}
+	close(stopChurn)
+	sr.Churned = <-churnDone
+	nw.stop()
+
+	// A full apply with nothing to change: a new link (not a pod's) makes
+	// the daemon dump the table and recompute everything; it must write
+	// no route.
+	applies := func() int {
+		body, err := httpGet(node, addr, "/metrics")
+		if err != nil {
+			t.Fatalf("podnet-routed /metrics: %v", err)
+		}
+		v, _ := metric(body, "podnet_apply_duration_seconds_count")
+		return int(v)
+	}
+	time.Sleep(500 * time.Millisecond) // the last churn applied
+drainAll:
+	for {
+		select {
+		case <-w.Events:
+		case <-fdbs:
+		default:
+			break drainAll
+		}
+	}
+	before := applies()
+	do(t, node, func() error {
+		return netlink.LinkAdd(&netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: "bench-kick"}}) // this kernel has no dummy links
+	})
+	for i := 0; i < 100 && applies() == before; i++ {
+		time.Sleep(50 * time.Millisecond)
+	}
+	time.Sleep(time.Second)
+	sr.NoopApplies = applies() - before
+	for len(w.Events) > 0 {
+		<-w.Events
+		sr.NoopRouteMsgs++
+	}
+	for fdbs != nil && len(fdbs) > 0 {
+		<-fdbs
+		sr.NoopFDBMsgs++
+	}
+
 	sr.RSSKiB, sr.HWMKiB = memKiB(d.cmd.Process.Pid)
+	st := procStatus(d.cmd.Process.Pid)
+	sr.RSSAnonKiB, sr.RSSFileKiB = st["RssAnon:"], st["RssFile:"]
+	sr.CPUS = cpuSeconds(d.cmd.Process.Pid)
 	if body, err := httpGet(node, addr, "/metrics"); err == nil {
 		sr.MetricRoutes, _ = metric(body, "podnet_routes_programmed")
 	}
+	reqAfter, watching := apiNodeRequests(t, client)
+	sr.APIRequests = map[string]int{}
+	for verb, n := range reqAfter {
+		if d := n - reqBefore[verb]; d > 0 {
+			sr.APIRequests[verb] = d
+		}
+	}
+	// the bench's own Node watch (one LIST for its resourceVersion, one
+	// WATCH, closed) is not the daemon's
+	for _, verb := range []string{"LIST", "WATCH"} {
+		if sr.APIRequests[verb]--; sr.APIRequests[verb] <= 0 {
+			delete(sr.APIRequests, verb)
+		}
+	}
+	sr.APIWatchesOpen = watching - watchingBefore
 	if err := d.alive(); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("%d Nodes: %d updates, median %.1f ms, %d timeouts; RSS %d KiB (peak %d KiB); podnet_routes_programmed %v",
-		sr.Nodes, len(sr.UpdateMs), median(sr.UpdateMs), sr.UpdateTimeouts, sr.RSSKiB, sr.HWMKiB, sr.MetricRoutes)
+	t.Logf("%d Nodes %s: %d updates under %d other changes, median %.1f ms, %d timeouts; RSS %d KiB (peak %d KiB), CPU %.2fs; podnet_routes_programmed %v; no-op full apply: %d applies, %d route messages; API requests on nodes %v, %d watches open",
+		sr.Nodes, sr.Mode, len(sr.UpdateMs), sr.Churned, median(sr.UpdateMs), sr.UpdateTimeouts, sr.RSSKiB, sr.HWMKiB, sr.CPUS, sr.MetricRoutes, sr.NoopApplies, sr.NoopRouteMsgs, sr.APIRequests, sr.APIWatchesOpen)
 	d.stop()
+	if keep := os.Getenv("PODNET_BENCH_KEEP_LOGS"); keep != "" { // a directory
+		if b, err := os.ReadFile(logPath); err == nil {
+			_ = os.WriteFile(filepath.Join(keep, fmt.Sprintf("podnet-routed-%d-%s.log", sr.Nodes, sr.Mode)), b, 0o644)
+		}
+	}
+}
+
+// patchNodeIP moves Node i to ip with a status merge patch, as the kubelet
+// would.
+func patchNodeIP(client kubernetes.Interface, i int, ip string) error {
+	patch, _ := json.Marshal(map[string]any{"status": map[string]any{"addresses": []map[string]string{
+		{"type": "InternalIP", "address": ip}, {"type": "Hostname", "address": nodeName(i)}}}})
+	if _, err := client.CoreV1().Nodes().Patch(context.Background(), nodeName(i), types.MergePatchType, patch, metav1.PatchOptions{}, "status"); err != nil {
+		return fmt.Errorf("patch %s: %w", nodeName(i), err)
+	}
+	return nil
 }
 
 func median(xs []float64) float64 {
