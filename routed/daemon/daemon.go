@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -305,17 +306,41 @@ func (d *Daemon) watchRoutes(ctx context.Context, first chan struct{}) {
 	})
 }
 
-// watchLinks kicks a reconcile when a link other than a pod's host veth
-// changes: the tunnel device deleted, the underlay down and up again (its
-// routes are gone then, without a route deletion event).
+// watchLinks kicks a reconcile when a link change may have taken routes
+// with it (linkMatters).
 func (d *Daemon) watchLinks(ctx context.Context, first chan struct{}) {
 	watch(ctx, d.log, "link", first, func() {}, func(ch chan netlink.LinkUpdate, done chan struct{}, onErr func(error)) error {
 		return netlink.LinkSubscribeWithOptions(ch, done, netlink.LinkSubscribeOptions{ErrorCallback: onErr})
 	}, func(u netlink.LinkUpdate) {
-		if u.Link != nil && !strings.HasPrefix(u.Link.Attrs().Name, "pn") {
+		if linkMatters(u) {
 			d.trigger("link change")
 		}
 	})
+}
+
+// linkMatters tells whether a link notification calls for a full apply:
+// a link deleted (the tunnel device), or one that went down or up (the
+// kernel flushes the routes of a link that goes down, without a route
+// notification; when the underlay comes back its routes must be put
+// back). Pods' host veths are the plugin's; a link being created, or
+// changing something else (MTU, address, statistics), has no routes to
+// lose; podnet's own tunnel device coming up is the daemon's own doing
+// (the apply that follows its going down brings it up).
+func linkMatters(u netlink.LinkUpdate) bool {
+	if u.Link == nil || strings.HasPrefix(u.Link.Attrs().Name, "pn") {
+		return false
+	}
+	if u.Header.Type == unix.RTM_DELLINK {
+		return true
+	}
+	const created = ^uint32(0)
+	change := u.IfInfomsg.Change
+	if change == created || change&(unix.IFF_UP|unix.IFF_LOWER_UP|unix.IFF_RUNNING) == 0 {
+		return false
+	}
+	name := u.Link.Attrs().Name
+	own := name == desired.VXLANDevice || name == desired.TunnelDevice
+	return !own || u.IfInfomsg.Flags&unix.IFF_UP == 0
 }
 
 // watch keeps a netlink subscription open until ctx ends, resubscribing

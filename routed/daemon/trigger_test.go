@@ -3,6 +3,8 @@ package daemon
 import (
 	"testing"
 
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/cache"
@@ -43,5 +45,37 @@ func TestTriggersCoalesce(t *testing.T) {
 	d.trigger("node")
 	if why := d.takePending(); why != "node" {
 		t.Fatalf("took %q, want node", why)
+	}
+}
+
+// Only link changes that can take routes with them make a full apply.
+func TestLinkMatters(t *testing.T) {
+	upd := func(name string, msg uint16, flags, change uint32) netlink.LinkUpdate {
+		u := netlink.LinkUpdate{Header: unix.NlMsghdr{Type: msg}, Link: &netlink.Device{LinkAttrs: netlink.LinkAttrs{Name: name}}}
+		u.IfInfomsg.Flags, u.IfInfomsg.Change = flags, change
+		return u
+	}
+	up := uint32(unix.IFF_UP | unix.IFF_RUNNING | unix.IFF_LOWER_UP)
+	for _, c := range []struct {
+		what string
+		u    netlink.LinkUpdate
+		want bool
+	}{
+		{"underlay down", upd("eth0", unix.RTM_NEWLINK, 0, unix.IFF_UP), true},
+		{"underlay up", upd("eth0", unix.RTM_NEWLINK, up, unix.IFF_UP), true},
+		{"underlay carrier", upd("eth0", unix.RTM_NEWLINK, unix.IFF_UP, unix.IFF_LOWER_UP|unix.IFF_RUNNING), true},
+		{"underlay MTU", upd("eth0", unix.RTM_NEWLINK, up, 0), false},
+		{"tunnel deleted", upd("podnet.vxlan", unix.RTM_DELLINK, 0, 0), true},
+		{"tunnel created", upd("podnet.vxlan", unix.RTM_NEWLINK, 0, ^uint32(0)), false},
+		{"tunnel brought up (by the apply)", upd("podnet.vxlan", unix.RTM_NEWLINK, up, unix.IFF_UP), false},
+		{"tunnel put down", upd("tunl0", unix.RTM_NEWLINK, 0, unix.IFF_UP), true},
+		{"pod veth", upd("pn1234", unix.RTM_DELLINK, 0, 0), false},
+		{"detached pod veth", upd("pnd5678", unix.RTM_NEWLINK, 0, unix.IFF_UP), false},
+		{"new link", upd("br9", unix.RTM_NEWLINK, 0, ^uint32(0)), false},
+		{"other link up", upd("br9", unix.RTM_NEWLINK, up, unix.IFF_UP), true},
+	} {
+		if got := linkMatters(c.u); got != c.want {
+			t.Errorf("%s: linkMatters = %v, want %v", c.what, got, c.want)
+		}
 	}
 }
