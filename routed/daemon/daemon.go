@@ -528,7 +528,7 @@ func (d *Daemon) apply(lister listersv1.NodeLister, why string) error {
 		}
 	}
 	if d.cfg.Masquerade {
-		if err := d.nat.Apply(st.Self.PodCIDRs, d.cfg.ClusterCIDRs); err != nil {
+		if err := d.nat.Apply(st.Self.PodCIDRs, d.cfg.ClusterCIDRs, why == "periodic resync"); err != nil {
 			errs = append(errs, err)
 		}
 	}

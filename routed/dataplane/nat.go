@@ -42,7 +42,9 @@ type NAT struct {
 }
 
 // Apply replaces the table's content atomically (add, delete, re-create in
-// one transaction) when the inputs changed.
+// one transaction) when the inputs changed, or, with verify, when the
+// table in the kernel is not the one last written (someone deleted it or
+// changed its rules: the periodic resync repairs it).
 //
 //	table inet podnet {
 //	  chain postrouting { type nat hook postrouting priority srcnat;
@@ -50,9 +52,9 @@ type NAT struct {
 //	    ip saddr <localPodCIDR> masquerade   (one per local PodCIDR)
 //	  }
 //	}
-func (n *NAT) Apply(local, cluster []netip.Prefix) error {
+func (n *NAT) Apply(local, cluster []netip.Prefix, verify bool) error {
 	key := fmt.Sprint(local, cluster)
-	if key == n.applied {
+	if key == n.applied && (!verify || natInPlace(len(local)+len(cluster))) {
 		return nil
 	}
 	c, err := newNFT()
@@ -81,6 +83,18 @@ func (n *NAT) Apply(local, cluster []netip.Prefix) error {
 	}
 	n.applied = key
 	return nil
+}
+
+// natInPlace tells whether podnet's table is in the kernel with its chain
+// and the number of rules it was written with.
+func natInPlace(rules int) bool {
+	c, err := newNFT()
+	if err != nil {
+		return false
+	}
+	table := &nftables.Table{Family: nftables.TableFamilyINet, Name: NATTable}
+	got, err := c.GetRules(table, &nftables.Chain{Name: "postrouting", Table: table})
+	return err == nil && len(got) == rules
 }
 
 // matchPrefix matches packets whose source (or destination) is in p, then

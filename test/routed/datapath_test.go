@@ -13,8 +13,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
 
+	"github.com/podnet/podnet/routed/dataplane"
 	"github.com/podnet/podnet/routed/desired"
 	"github.com/podnet/podnet/test/nettest"
 )
@@ -330,5 +332,47 @@ func TestMasquerade(t *testing.T) {
 	dpCheckEcho(t, pods[1], pods[0])
 	if !t.Failed() {
 		t.Logf("pod -> pod across nodes: sources %s and %s kept", pods[0].IP, pods[1].IP)
+	}
+
+	// Someone deletes podnet's nft table on node1: the periodic resync
+	// (2 s here) writes it again and pods are masqueraded again.
+	nft, err := nftables.New(nftables.WithNetNSFd(int(nodes[0].Node.NS.Fd())))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nft.CloseLasting()
+	nft.DelTable(&nftables.Table{Family: nftables.TableFamilyINet, Name: dataplane.NATTable})
+	if err := nft.Flush(); err != nil {
+		t.Fatalf("delete the nft table: %v", err)
+	}
+	back := time.Now()
+	if err := dpPoll(10*time.Second, func() error {
+		tables, err := nft.ListTablesOfFamily(nftables.TableFamilyINet)
+		if err != nil {
+			return err
+		}
+		for _, tb := range tables {
+			if tb.Name == dataplane.NATTable {
+				return nil
+			}
+		}
+		return fmt.Errorf("no table inet %s", dataplane.NATTable)
+	}); err != nil {
+		t.Fatalf("the deleted nft table was not written again: %v", err)
+	}
+	t.Logf("deleted nft table back after %v", time.Since(back).Round(time.Millisecond))
+	for len(srv.Peers) > 0 {
+		<-srv.Peers
+	}
+	if err := dpPoll(10*time.Second, func() error { _, err := dpEcho(pods[0].NS, srv.Addr); return err }); err != nil {
+		t.Fatalf("pod %s -> outside after the table came back: %v", pods[0].Name, err)
+	}
+	select {
+	case peer := <-srv.Peers:
+		if peer != nodes[0].IP {
+			t.Errorf("after the table came back: source %s, want %s", peer, nodes[0].IP)
+		}
+	case <-time.After(2 * time.Second):
+		t.Error("after the table came back: server recorded no peer")
 	}
 }
