@@ -6,7 +6,7 @@ import (
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 
-	"github.com/podnet/podnet/internal/cnicore"
+	"github.com/podnet/podnet/plugins/veth"
 )
 
 // Auto runs podnet-ipam in-process (saving the start of a second Go process
@@ -14,17 +14,17 @@ import (
 // as the podnet-ipam binary's.
 type Auto struct{}
 
-var _ cnicore.IPAM = Auto{}
+var _ veth.IPAM = Auto{}
 
 // RequestFrom builds a Request from a plugin invocation.
 func RequestFrom(a *skel.CmdArgs) Request {
 	return Request{Stdin: a.StdinData, ContainerID: a.ContainerID, IfName: a.IfName, Args: a.Args}
 }
 
-// Add implements cnicore.IPAM.
+// Add implements veth.IPAM.
 func (Auto) Add(ctx context.Context, t string, a *skel.CmdArgs) (types.Result, error) {
 	if t != PluginType {
-		return cnicore.ExecIPAM{}.Add(ctx, t, a)
+		return veth.ExecIPAM{}.Add(ctx, t, a)
 	}
 	res, err := Add(RequestFrom(a))
 	if err != nil {
@@ -33,34 +33,34 @@ func (Auto) Add(ctx context.Context, t string, a *skel.CmdArgs) (types.Result, e
 	return res, nil
 }
 
-// Del implements cnicore.IPAM.
+// Del implements veth.IPAM.
 func (Auto) Del(ctx context.Context, t string, a *skel.CmdArgs) error {
 	if t != PluginType {
-		return cnicore.ExecIPAM{}.Del(ctx, t, a)
+		return veth.ExecIPAM{}.Del(ctx, t, a)
 	}
 	return Del(RequestFrom(a))
 }
 
-// Check implements cnicore.IPAM.
+// Check implements veth.IPAM.
 func (Auto) Check(ctx context.Context, t string, a *skel.CmdArgs) error {
 	if t != PluginType {
-		return cnicore.ExecIPAM{}.Check(ctx, t, a)
+		return veth.ExecIPAM{}.Check(ctx, t, a)
 	}
 	return Check(RequestFrom(a))
 }
 
-// GC implements cnicore.IPAM.
+// GC implements veth.IPAM.
 func (Auto) GC(ctx context.Context, t string, a *skel.CmdArgs) error {
 	if t != PluginType {
-		return cnicore.ExecIPAM{}.GC(ctx, t, a)
+		return veth.ExecIPAM{}.GC(ctx, t, a)
 	}
 	return GC(RequestFrom(a))
 }
 
-// Status implements cnicore.IPAM.
+// Status implements veth.IPAM.
 func (Auto) Status(ctx context.Context, t string, a *skel.CmdArgs) error {
 	if t != PluginType {
-		return cnicore.ExecIPAM{}.Status(ctx, t, a)
+		return veth.ExecIPAM{}.Status(ctx, t, a)
 	}
 	return Status(RequestFrom(a))
 }

@@ -6,8 +6,8 @@ import (
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 
-	"github.com/podnet/podnet/internal/cnicore"
 	"github.com/podnet/podnet/ipam"
+	"github.com/podnet/podnet/plugins/veth"
 )
 
 func main() {
@@ -23,5 +23,5 @@ func main() {
 		Check:  func(args *skel.CmdArgs) error { return ipam.Check(ipam.RequestFrom(args)) },
 		GC:     func(args *skel.CmdArgs) error { return ipam.GC(ipam.RequestFrom(args)) },
 		Status: func(args *skel.CmdArgs) error { return ipam.Status(ipam.RequestFrom(args)) },
-	}, cnicore.VersionInfo(), "podnet-ipam: host-local IPAM with PodCIDR, GC and STATUS")
+	}, veth.VersionInfo(), "podnet-ipam: host-local IPAM with PodCIDR, GC and STATUS")
 }

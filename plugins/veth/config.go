@@ -1,7 +1,4 @@
-// Package cnicore is the plugin-side plumbing shared by podnet and
-// podnet-bridge: configuration, CNI_ARGS, CNI errors, the IPAM delegate,
-// netns opening, MTU resolution and the rollback stack of ADD.
-package cnicore
+package veth
 
 import (
 	"encoding/json"

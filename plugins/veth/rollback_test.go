@@ -1,4 +1,4 @@
-package podplugin
+package veth_test
 
 import (
 	"errors"
@@ -15,9 +15,8 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 
-	"github.com/podnet/podnet/internal/cnicore"
-	"github.com/podnet/podnet/internal/podlink"
 	"github.com/podnet/podnet/internal/rtproto"
+	"github.com/podnet/podnet/plugins/veth"
 	"github.com/podnet/podnet/test/nettest"
 )
 
@@ -39,7 +38,7 @@ const (
 var rollbackModes = []struct {
 	name       string
 	pluginType string
-	newPlugin  func(ipamRunner cnicore.IPAM, failAfter func(string) error) *Plugin
+	newPlugin  func(ipamRunner veth.IPAM, failAfter func(string) error) *veth.Plugin
 	// shared are the node links ADD may create that outlive a rollback and
 	// a DEL: podnet-bridge's bridge, which the node's pods share.
 	shared []string
@@ -48,8 +47,8 @@ var rollbackModes = []struct {
 	// podPrefix is the length of the pod's address on its interface.
 	podPrefix int
 }{
-	{name: "routed", pluginType: "podnet", newPlugin: NewRouted, hostRoutes: true, podPrefix: 32},
-	{name: "bridged", pluginType: "podnet-bridge", newPlugin: NewBridged, shared: []string{DefaultBridge}, podPrefix: 24},
+	{name: "routed", pluginType: "podnet", newPlugin: veth.NewRouted, hostRoutes: true, podPrefix: 32},
+	{name: "bridged", pluginType: "podnet-bridge", newPlugin: veth.NewBridged, shared: []string{veth.DefaultBridge}, podPrefix: 24},
 }
 
 // addEnv is one in-process attachment: a node netns standing in for the
@@ -89,7 +88,7 @@ func newAddEnv(t *testing.T, pluginType string, shared []string, containerID str
 		node:     node,
 		podNS:    podNS,
 		dataDir:  dataDir,
-		hostVeth: podlink.HostVethName(testPodNS, testPodName, containerID, testIfName),
+		hostVeth: veth.HostVethName(testPodNS, testPodName, containerID, testIfName),
 		shared:   shared,
 		args: &skel.CmdArgs{
 			ContainerID: containerID,
@@ -111,7 +110,7 @@ func (e *addEnv) inNode(f func() error) error {
 
 // add runs p.Add in the node netns and returns its error and what it
 // printed on stdout.
-func (e *addEnv) add(t *testing.T, p *Plugin) (string, error) {
+func (e *addEnv) add(t *testing.T, p *veth.Plugin) (string, error) {
 	t.Helper()
 	t.Setenv("CNI_COMMAND", "ADD")
 	out, err := os.CreateTemp(t.TempDir(), "stdout")
@@ -134,7 +133,7 @@ func (e *addEnv) add(t *testing.T, p *Plugin) (string, error) {
 }
 
 // del runs p.Del in the node netns.
-func (e *addEnv) del(t *testing.T, p *Plugin) error {
+func (e *addEnv) del(t *testing.T, p *veth.Plugin) error {
 	t.Helper()
 	t.Setenv("CNI_COMMAND", "DEL")
 	return e.inNode(func() error { return p.Del(e.args) })
@@ -260,7 +259,7 @@ func TestAddRollsBackAfterEachStep(t *testing.T) {
 			t.Run("control", func(t *testing.T) {
 				e := newAddEnv(t, m.pluginType, m.shared, "ctr-control")
 				var calls []string
-				p := m.newPlugin(cnicore.ExecIPAM{}, func(step string) error {
+				p := m.newPlugin(veth.ExecIPAM{}, func(step string) error {
 					calls = append(calls, step)
 					return nil
 				})
@@ -323,7 +322,7 @@ func TestAddRollsBackAfterEachStep(t *testing.T) {
 					var calls []string
 					var before state
 					var observeErr error
-					p := m.newPlugin(cnicore.ExecIPAM{}, func(s string) error {
+					p := m.newPlugin(veth.ExecIPAM{}, func(s string) error {
 						calls = append(calls, s)
 						if s != step {
 							return nil

@@ -1,9 +1,11 @@
-// Package podplugin is the verb flow shared by the veth-based podnet plugins
-// (podnet, podnet-bridge): IPAM, veth pair, move into the pod, host side,
-// pod addresses and routes, with a rollback for every step of ADD. What
-// differs between the plugins (how the host end and the pod routes look) is
-// a Mode.
-package podplugin
+// Package veth is the veth CNI plugin of podnet in its two modes: routed
+// (the podnet binary, Calico-style) and bridged (podnet-bridge). It holds the
+// verbs and the rollback stack of ADD (verbs.go), what each mode does on the
+// host (routed.go, bridged.go), the veth pair (vethpair.go, detach.go), the
+// pod side (pod.go), names and aliases (names.go), the ADD result
+// (result.go), the network config (config.go), the IPAM delegation
+// (delegate.go) and the opt-in step trace (trace.go).
+package veth
 
 import (
 	"context"
@@ -15,9 +17,6 @@ import (
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
-
-	"github.com/podnet/podnet/internal/cnicore"
-	"github.com/podnet/podnet/internal/podlink"
 )
 
 // Mode is what one plugin does differently.
@@ -25,29 +24,29 @@ type Mode interface {
 	// HostMAC is the host veth's MAC (nil: the kernel picks one).
 	HostMAC() net.HardwareAddr
 	// PodSide says how the pod end is addressed and routed.
-	PodSide(ifName string, alloc *current.Result) (podlink.PodSide, error)
+	PodSide(ifName string, alloc *current.Result) (PodSide, error)
 	// PrepareNode runs before the veth exists (e.g. ensure the bridge,
 	// with the pod MTU). It must be idempotent: nothing it creates is rolled
 	// back, as other pods share it.
-	PrepareNode(side podlink.PodSide, mtu int) error
+	PrepareNode(side PodSide, mtu int) error
 	// SetupHost configures the host end once the pod end has moved.
-	SetupHost(host netlink.Link, side podlink.PodSide) error
+	SetupHost(host netlink.Link, side PodSide) error
 	// FinishHost runs after the pod is configured (e.g. node routes to it).
-	FinishHost(host netlink.Link, side podlink.PodSide) error
+	FinishHost(host netlink.Link, side PodSide) error
 	// CheckHost verifies the host end for CHECK and returns it.
-	CheckHost(hostName string, side podlink.PodSide) (netlink.Link, error)
+	CheckHost(hostName string, side PodSide) (netlink.Link, error)
 	// Result builds the ADD result on top of prev (the chained
 	// prevResult, nil when podnet is first).
-	Result(prev *current.Result, hostName string, podIface *current.Interface, side podlink.PodSide) *current.Result
+	Result(prev *current.Result, hostName string, podIface *current.Interface, side PodSide) *current.Result
 }
 
 // Plugin runs the verbs of one plugin.
 type Plugin struct {
 	Name string
 	// NewMode builds the Mode from the network config of an invocation.
-	NewMode func(stdin []byte, conf *cnicore.NetConf) (Mode, error)
+	NewMode func(stdin []byte, conf *NetConf) (Mode, error)
 	// IPAM runs the IPAM plugin (unless the config sets execIPAM).
-	IPAM cnicore.IPAM
+	IPAM IPAM
 	// FailAfter, set only by tests, is called after each ADD step
 	// ("ipam", "veth", "host", "address", "route", "host-route"; the pod
 	// end of the veth is born in the pod netns, so "veth" includes the move)
@@ -69,36 +68,36 @@ func (p *Plugin) step(name string) error {
 
 // ipamFor is the IPAM runner for conf: p.IPAM unless the config sets
 // "execIPAM", which forces exec of the IPAM binary.
-func (p *Plugin) ipamFor(conf *cnicore.NetConf) cnicore.IPAM {
+func (p *Plugin) ipamFor(conf *NetConf) IPAM {
 	if conf.ExecIPAM {
-		return cnicore.ExecIPAM{}
+		return ExecIPAM{}
 	}
 	return p.IPAM
 }
 
 // invocation is what every verb starts from.
 type invocation struct {
-	conf    *cnicore.NetConf
+	conf    *NetConf
 	mode    Mode
-	podArgs cnicore.PodArgs
-	owner   podlink.Owner
+	podArgs PodArgs
+	owner   Owner
 	host    string
 }
 
 func (p *Plugin) begin(args *skel.CmdArgs) (*invocation, error) {
 	// before anything else: never act on the node's own netns as a pod's
-	if err := cnicore.RefuseOwnNetns(args.Netns); err != nil {
+	if err := RefuseOwnNetns(args.Netns); err != nil {
 		return nil, err
 	}
-	var conf cnicore.NetConf
-	if err := cnicore.LoadConf(args.StdinData, &conf, &conf); err != nil {
+	var conf NetConf
+	if err := LoadConf(args.StdinData, &conf, &conf); err != nil {
 		return nil, err
 	}
 	mode, err := p.NewMode(args.StdinData, &conf)
 	if err != nil {
 		return nil, err
 	}
-	podArgs, err := cnicore.ParseArgs(args.Args)
+	podArgs, err := ParseArgs(args.Args)
 	if err != nil {
 		return nil, err
 	}
@@ -106,8 +105,8 @@ func (p *Plugin) begin(args *skel.CmdArgs) (*invocation, error) {
 		conf:    &conf,
 		mode:    mode,
 		podArgs: podArgs,
-		owner:   podlink.Owner{Network: conf.Name, ContainerID: args.ContainerID, IfName: args.IfName},
-		host:    podlink.HostVethName(podArgs.PodNamespace, podArgs.PodName, args.ContainerID, args.IfName),
+		owner:   Owner{Network: conf.Name, ContainerID: args.ContainerID, IfName: args.IfName},
+		host:    HostVethName(podArgs.PodNamespace, podArgs.PodName, args.ContainerID, args.IfName),
 	}, nil
 }
 
@@ -121,20 +120,20 @@ func (p *Plugin) Add(args *skel.CmdArgs) (err error) {
 		return err
 	}
 	tr.mark("config")
-	podNS, err := cnicore.OpenNetns(args.Netns)
+	podNS, err := OpenNetns(args.Netns)
 	if err != nil {
 		return err
 	}
 	defer podNS.Close()
 	tr.mark("netns")
-	mtu, err := cnicore.ResolveMTU(inv.conf)
+	mtu, err := ResolveMTU(inv.conf)
 	if err != nil {
 		return err
 	}
 	tr.mark("mtu")
-	log, closeLog := cnicore.Logger(inv.conf, p.Name)
+	log, closeLog := Logger(inv.conf, p.Name)
 	defer closeLog()
-	rollback := &cnicore.Rollback{Log: log}
+	rollback := &Rollback{Log: log}
 	defer func() {
 		if err != nil {
 			log.Warn("ADD failed, rolling back", "container", args.ContainerID, "err", err)
@@ -146,7 +145,7 @@ func (p *Plugin) Add(args *skel.CmdArgs) (err error) {
 	ipam := p.ipamFor(inv.conf)
 	ipamResult, err := ipam.Add(ctx, inv.conf.IPAM.Type, args)
 	if err != nil {
-		return cnicore.IPAMError("ADD", inv.conf.IPAM.Type, err, types.ErrTryAgainLater)
+		return IPAMError("ADD", inv.conf.IPAM.Type, err, types.ErrTryAgainLater)
 	}
 	rollback.Push(func() error { return ipam.Del(ctx, inv.conf.IPAM.Type, args) })
 	tr.mark("ipam")
@@ -155,10 +154,10 @@ func (p *Plugin) Add(args *skel.CmdArgs) (err error) {
 	}
 	alloc, err := current.NewResultFromResult(ipamResult)
 	if err != nil {
-		return cnicore.Errorf(types.ErrDecodingFailure, "cannot read the result of IPAM plugin %q: %v", inv.conf.IPAM.Type, err)
+		return Errorf(types.ErrDecodingFailure, "cannot read the result of IPAM plugin %q: %v", inv.conf.IPAM.Type, err)
 	}
 	if len(alloc.IPs) == 0 {
-		return cnicore.Errorf(types.ErrTryAgainLater, "IPAM plugin %q returned no IP address", inv.conf.IPAM.Type)
+		return Errorf(types.ErrTryAgainLater, "IPAM plugin %q returned no IP address", inv.conf.IPAM.Type)
 	}
 	side, err := inv.mode.PodSide(args.IfName, alloc)
 	if err != nil {
@@ -169,19 +168,19 @@ func (p *Plugin) Add(args *skel.CmdArgs) (err error) {
 	}
 	tr.mark("prepare")
 
-	spec := podlink.VethSpec{HostName: inv.host, PodName: args.IfName, MTU: mtu, HostMAC: inv.mode.HostMAC(), Owner: inv.owner}
-	if err = podlink.DeleteStaleHostVeth(spec.HostName, inv.owner); err != nil {
-		return cnicore.Errorf(types.ErrTryAgainLater, "%v", err)
+	spec := VethSpec{HostName: inv.host, PodName: args.IfName, MTU: mtu, HostMAC: inv.mode.HostMAC(), Owner: inv.owner}
+	if err = DeleteStaleHostVeth(spec.HostName, inv.owner); err != nil {
+		return Errorf(types.ErrTryAgainLater, "%v", err)
 	}
 	tr.mark("stale-veth")
-	host, err := podlink.CreateVeth(spec, podNS)
+	host, err := CreateVeth(spec, podNS)
 	if err != nil {
-		if errors.Is(err, podlink.ErrIfNameTaken) {
-			return cnicore.Errorf(types.ErrInvalidEnvironmentVariables, "%v", err)
+		if errors.Is(err, ErrIfNameTaken) {
+			return Errorf(types.ErrInvalidEnvironmentVariables, "%v", err)
 		}
 		return err
 	}
-	rollback.Push(func() error { _, err := podlink.DeleteHostVeth(spec.HostName, inv.owner); return err })
+	rollback.Push(func() error { _, err := DeleteHostVeth(spec.HostName, inv.owner); return err })
 	tr.mark("veth")
 	if err = p.step("veth"); err != nil {
 		return err
@@ -193,7 +192,7 @@ func (p *Plugin) Add(args *skel.CmdArgs) (err error) {
 	if err = p.step("host"); err != nil {
 		return err
 	}
-	podIface, err := podlink.ConfigurePodAddresses(podNS, side)
+	podIface, err := ConfigurePodAddresses(podNS, side)
 	if err != nil {
 		return err
 	}
@@ -201,7 +200,7 @@ func (p *Plugin) Add(args *skel.CmdArgs) (err error) {
 	if err = p.step("address"); err != nil {
 		return err
 	}
-	if err = podlink.ConfigurePodRoutes(podNS, side); err != nil {
+	if err = ConfigurePodRoutes(podNS, side); err != nil {
 		return err
 	}
 	tr.mark("route")
@@ -209,7 +208,7 @@ func (p *Plugin) Add(args *skel.CmdArgs) (err error) {
 		return err
 	}
 	if err = inv.mode.FinishHost(host, side); err != nil {
-		return cnicore.Errorf(types.ErrTryAgainLater, "%v", err)
+		return Errorf(types.ErrTryAgainLater, "%v", err)
 	}
 	tr.mark("host-route")
 	if err = p.step("host-route"); err != nil {
@@ -219,7 +218,7 @@ func (p *Plugin) Add(args *skel.CmdArgs) (err error) {
 	var prev *current.Result
 	if inv.conf.PrevResult != nil {
 		if prev, err = current.NewResultFromResult(inv.conf.PrevResult); err != nil {
-			return cnicore.Errorf(types.ErrDecodingFailure, "prevResult: %v", err)
+			return Errorf(types.ErrDecodingFailure, "prevResult: %v", err)
 		}
 	}
 	result := inv.mode.Result(prev, spec.HostName, podIface, side)
@@ -237,7 +236,7 @@ func (p *Plugin) Add(args *skel.CmdArgs) (err error) {
 
 // Del takes the veth pair out of service, then releases the addresses.
 // When the pod end is still in CNI_NETNS the pair is detached rather than
-// deleted (podlink.DetachOrDeleteVeth: both ends down, the node's routes
+// deleted (DetachOrDeleteVeth: both ends down, the node's routes
 // through it gone, CNI_IFNAME free again; the kernel removes the pair with
 // the pod netns), which spares DEL the ~20 ms a veth delete costs. Without
 // a usable netns it is deleted. Everything already gone counts as done.
@@ -253,25 +252,25 @@ func (p *Plugin) Del(args *skel.CmdArgs) (err error) {
 	if podNS != nil {
 		defer podNS.Close()
 	}
-	gone, err := podlink.DetachOrDeleteVeth(inv.host, inv.owner, podNS, args.IfName)
+	gone, err := DetachOrDeleteVeth(inv.host, inv.owner, podNS, args.IfName)
 	if err != nil {
-		return cnicore.Errorf(types.ErrTryAgainLater, "%v", err)
+		return Errorf(types.ErrTryAgainLater, "%v", err)
 	}
 	switch gone {
-	case podlink.VethDetached:
+	case VethDetached:
 		tr.mark("veth-detach")
-	case podlink.VethDeleted:
+	case VethDeleted:
 		tr.mark("veth-delete")
 	default:
-		if err := podlink.DeletePodLink(args.Netns, args.IfName, inv.owner); err != nil {
-			return cnicore.Errorf(types.ErrTryAgainLater, "%v", err)
+		if err := DeletePodLink(args.Netns, args.IfName, inv.owner); err != nil {
+			return Errorf(types.ErrTryAgainLater, "%v", err)
 		}
 		tr.mark("pod-link")
 	}
 	// after the host side: the addresses are free only once no route of
 	// the node sends them to this pod any more
 	if err := p.ipamFor(inv.conf).Del(context.Background(), inv.conf.IPAM.Type, args); err != nil {
-		return cnicore.IPAMError("DEL", inv.conf.IPAM.Type, err, types.ErrTryAgainLater)
+		return IPAMError("DEL", inv.conf.IPAM.Type, err, types.ErrTryAgainLater)
 	}
 	tr.mark("ipam")
 	return nil
@@ -298,34 +297,34 @@ func (p *Plugin) Check(args *skel.CmdArgs) error {
 		return err
 	}
 	if inv.conf.PrevResult == nil {
-		return cnicore.Errorf(types.ErrInvalidNetworkConfig, "CHECK needs the prevResult of ADD in the network config")
+		return Errorf(types.ErrInvalidNetworkConfig, "CHECK needs the prevResult of ADD in the network config")
 	}
 	if err := p.ipamFor(inv.conf).Check(context.Background(), inv.conf.IPAM.Type, args); err != nil {
-		return cnicore.IPAMError("CHECK", inv.conf.IPAM.Type, err, types.ErrInternal)
+		return IPAMError("CHECK", inv.conf.IPAM.Type, err, types.ErrInternal)
 	}
 	prev, err := current.NewResultFromResult(inv.conf.PrevResult)
 	if err != nil {
-		return cnicore.Errorf(types.ErrDecodingFailure, "prevResult: %v", err)
+		return Errorf(types.ErrDecodingFailure, "prevResult: %v", err)
 	}
-	alloc, err := podlink.PodAllocation(prev, args.IfName, args.Netns)
+	alloc, err := PodAllocation(prev, args.IfName, args.Netns)
 	if err != nil {
-		return cnicore.Errorf(types.ErrInternal, "CHECK: %v", err)
+		return Errorf(types.ErrInternal, "CHECK: %v", err)
 	}
 	side, err := inv.mode.PodSide(args.IfName, alloc)
 	if err != nil {
 		return err
 	}
-	podNS, err := cnicore.OpenNetns(args.Netns)
+	podNS, err := OpenNetns(args.Netns)
 	if err != nil {
 		return err
 	}
 	defer podNS.Close()
 	host, err := inv.mode.CheckHost(inv.host, side)
 	if err != nil {
-		return cnicore.Errorf(types.ErrInternal, "CHECK: %v", err)
+		return Errorf(types.ErrInternal, "CHECK: %v", err)
 	}
-	if err := podlink.CheckPod(podNS, side, host.Attrs().Index); err != nil {
-		return cnicore.Errorf(types.ErrInternal, "CHECK: %v", err)
+	if err := CheckPod(podNS, side, host.Attrs().Index); err != nil {
+		return Errorf(types.ErrInternal, "CHECK: %v", err)
 	}
 	return nil
 }
@@ -337,11 +336,11 @@ func (p *Plugin) GC(args *skel.CmdArgs) error {
 	if err != nil {
 		return err
 	}
-	if _, err := podlink.GCHostVeths(inv.conf.Name, inv.conf.ValidAttachments); err != nil {
-		return cnicore.Errorf(types.ErrTryAgainLater, "GC: %v", err)
+	if _, err := GCHostVeths(inv.conf.Name, inv.conf.ValidAttachments); err != nil {
+		return Errorf(types.ErrTryAgainLater, "GC: %v", err)
 	}
 	if err := p.ipamFor(inv.conf).GC(context.Background(), inv.conf.IPAM.Type, args); err != nil {
-		return cnicore.IPAMError("GC", inv.conf.IPAM.Type, err, types.ErrTryAgainLater)
+		return IPAMError("GC", inv.conf.IPAM.Type, err, types.ErrTryAgainLater)
 	}
 	return nil
 }
@@ -355,11 +354,11 @@ func (p *Plugin) Status(args *skel.CmdArgs) error {
 	if err != nil {
 		return statusError(err)
 	}
-	if _, err := cnicore.ResolveMTU(inv.conf); err != nil {
+	if _, err := ResolveMTU(inv.conf); err != nil {
 		return statusError(err)
 	}
 	if err := p.ipamFor(inv.conf).Status(context.Background(), inv.conf.IPAM.Type, args); err != nil {
-		return statusError(cnicore.IPAMError("STATUS", inv.conf.IPAM.Type, err, types.ErrPluginNotAvailable))
+		return statusError(IPAMError("STATUS", inv.conf.IPAM.Type, err, types.ErrPluginNotAvailable))
 	}
 	return nil
 }

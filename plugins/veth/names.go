@@ -1,7 +1,4 @@
-// Package podlink holds the link-level work shared by the podnet plugins: the
-// veth pair of a pod, the pod-side addresses and routes, the host-side
-// settings and routes, and their checks and teardown.
-package podlink
+package veth
 
 import (
 	"crypto/sha256"

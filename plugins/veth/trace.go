@@ -1,4 +1,4 @@
-package podplugin
+package veth
 
 import (
 	"encoding/json"

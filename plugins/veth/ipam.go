@@ -1,4 +1,4 @@
-package cnicore
+package veth
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package podlink
+package veth
 
 import (
 	"errors"
@@ -128,7 +128,7 @@ func DeleteStaleHostVeth(hostName string, owner Owner) error {
 // (the host end was not found) and podnet made it for owner: a veth whose
 // alias names owner. Any other link by that name is left alone. A missing
 // netns or link is not an error. The caller has made sure netnsPath is not
-// the node's own netns (cnicore.RefuseOwnNetns).
+// the node's own netns (RefuseOwnNetns).
 func DeletePodLink(netnsPath, ifName string, owner Owner) error {
 	if netnsPath == "" {
 		return nil

@@ -1,4 +1,4 @@
-package podlink
+package veth
 
 import (
 	"errors"
