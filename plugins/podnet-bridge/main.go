@@ -7,10 +7,9 @@ package main
 import (
 	"github.com/containernetworking/cni/pkg/skel"
 
-	"github.com/podnet/podnet/ipam"
 	"github.com/podnet/podnet/plugins/veth"
 )
 
 func main() {
-	skel.PluginMainFuncs(veth.NewBridged(ipam.Auto{}, nil).Funcs(), veth.VersionInfo(), "podnet-bridge: bridge-mode CNI plugin")
+	skel.PluginMainFuncs(veth.NewBridged().Funcs(), veth.VersionInfo(), "podnet-bridge: bridge-mode CNI plugin")
 }

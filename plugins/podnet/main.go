@@ -7,10 +7,9 @@ package main
 import (
 	"github.com/containernetworking/cni/pkg/skel"
 
-	"github.com/podnet/podnet/ipam"
 	"github.com/podnet/podnet/plugins/veth"
 )
 
 func main() {
-	skel.PluginMainFuncs(veth.NewRouted(ipam.Auto{}, nil).Funcs(), veth.VersionInfo(), "podnet: routed veth CNI plugin")
+	skel.PluginMainFuncs(veth.NewRouted().Funcs(), veth.VersionInfo(), "podnet: routed veth CNI plugin")
 }

@@ -14,8 +14,8 @@ import (
 const DefaultBridge = "podnet0"
 
 // NewBridged is the podnet-bridge plugin.
-func NewBridged(ipamRunner IPAM, failAfter func(string) error) *Plugin {
-	return &Plugin{Name: "podnet-bridge", NewMode: newBridged, IPAM: ipamRunner, FailAfter: failAfter}
+func NewBridged() *Plugin {
+	return &Plugin{Name: "podnet-bridge", NewMode: newBridged}
 }
 
 // bridgeConf is podnet-bridge's part of the network config.

@@ -17,13 +17,12 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/podnet/podnet/internal/nodestate"
+	"github.com/podnet/podnet/ipam"
 )
 
-// SupportedVersions lists the CNI versions the podnet plugins accept.
-var SupportedVersions = []string{"0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"}
-
-// VersionInfo answers VERSION.
-func VersionInfo() version.PluginInfo { return version.PluginSupports(SupportedVersions...) }
+// VersionInfo answers VERSION: the CNI versions of podnet-ipam, which runs
+// in-process and so has to accept every version the plugin accepts.
+func VersionInfo() version.PluginInfo { return ipam.VersionInfo() }
 
 // MTU bounds accepted in configuration.
 const (

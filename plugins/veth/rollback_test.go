@@ -38,7 +38,7 @@ const (
 var rollbackModes = []struct {
 	name       string
 	pluginType string
-	newPlugin  func(ipamRunner veth.IPAM, failAfter func(string) error) *veth.Plugin
+	newPlugin  func() *veth.Plugin
 	// shared are the node links ADD may create that outlive a rollback and
 	// a DEL: podnet-bridge's bridge, which the node's pods share.
 	shared []string
@@ -259,10 +259,11 @@ func TestAddRollsBackAfterEachStep(t *testing.T) {
 			t.Run("control", func(t *testing.T) {
 				e := newAddEnv(t, m.pluginType, m.shared, "ctr-control")
 				var calls []string
-				p := m.newPlugin(veth.ExecIPAM{}, func(step string) error {
+				p := m.newPlugin()
+				p.FailAfter = func(step string) error {
 					calls = append(calls, step)
 					return nil
-				})
+				}
 				printed, err := e.add(t, p)
 				if err != nil {
 					t.Fatalf("ADD: %v", err)
@@ -322,7 +323,8 @@ func TestAddRollsBackAfterEachStep(t *testing.T) {
 					var calls []string
 					var before state
 					var observeErr error
-					p := m.newPlugin(veth.ExecIPAM{}, func(s string) error {
+					p := m.newPlugin()
+					p.FailAfter = func(s string) error {
 						calls = append(calls, s)
 						if s != step {
 							return nil
@@ -330,7 +332,7 @@ func TestAddRollsBackAfterEachStep(t *testing.T) {
 						// What the rollback will have to undo.
 						before, observeErr = e.observeRaw()
 						return injected
-					})
+					}
 
 					printed, err := e.add(t, p)
 					if !errors.Is(err, injected) {

@@ -8,12 +8,10 @@ import (
 )
 
 // NewRouted is the podnet plugin: the routed (Calico-style) mode.
-func NewRouted(ipamRunner IPAM, failAfter func(string) error) *Plugin {
+func NewRouted() *Plugin {
 	return &Plugin{
-		Name:      "podnet",
-		NewMode:   func([]byte, *NetConf) (Mode, error) { return routed{}, nil },
-		IPAM:      ipamRunner,
-		FailAfter: failAfter,
+		Name:    "podnet",
+		NewMode: func([]byte, *NetConf) (Mode, error) { return routed{}, nil },
 	}
 }
 

@@ -8,7 +8,6 @@
 package veth
 
 import (
-	"context"
 	"errors"
 	"net"
 
@@ -17,6 +16,8 @@ import (
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
+
+	"github.com/podnet/podnet/ipam"
 )
 
 // Mode is what one plugin does differently.
@@ -45,8 +46,6 @@ type Plugin struct {
 	Name string
 	// NewMode builds the Mode from the network config of an invocation.
 	NewMode func(stdin []byte, conf *NetConf) (Mode, error)
-	// IPAM runs the IPAM plugin (unless the config sets execIPAM).
-	IPAM IPAM
 	// FailAfter, set only by tests, is called after each ADD step
 	// ("ipam", "veth", "host", "address", "route", "host-route"; the pod
 	// end of the veth is born in the pod netns, so "veth" includes the move)
@@ -64,15 +63,6 @@ func (p *Plugin) step(name string) error {
 		return nil
 	}
 	return p.FailAfter(name)
-}
-
-// ipamFor is the IPAM runner for conf: p.IPAM unless the config sets
-// "execIPAM", which forces exec of the IPAM binary.
-func (p *Plugin) ipamFor(conf *NetConf) IPAM {
-	if conf.ExecIPAM {
-		return ExecIPAM{}
-	}
-	return p.IPAM
 }
 
 // invocation is what every verb starts from.
@@ -141,13 +131,11 @@ func (p *Plugin) Add(args *skel.CmdArgs) (err error) {
 		}
 	}()
 
-	ctx := context.Background()
-	ipam := p.ipamFor(inv.conf)
-	ipamResult, err := ipam.Add(ctx, inv.conf.IPAM.Type, args)
+	ipamResult, err := ipamAdd(inv.conf, args)
 	if err != nil {
 		return IPAMError("ADD", inv.conf.IPAM.Type, err, types.ErrTryAgainLater)
 	}
-	rollback.Push(func() error { return ipam.Del(ctx, inv.conf.IPAM.Type, args) })
+	rollback.Push(func() error { return ipamVerb("DEL", ipam.Del, inv.conf, args) })
 	tr.mark("ipam")
 	if err = p.step("ipam"); err != nil {
 		return err
@@ -269,7 +257,7 @@ func (p *Plugin) Del(args *skel.CmdArgs) (err error) {
 	}
 	// after the host side: the addresses are free only once no route of
 	// the node sends them to this pod any more
-	if err := p.ipamFor(inv.conf).Del(context.Background(), inv.conf.IPAM.Type, args); err != nil {
+	if err := ipamVerb("DEL", ipam.Del, inv.conf, args); err != nil {
 		return IPAMError("DEL", inv.conf.IPAM.Type, err, types.ErrTryAgainLater)
 	}
 	tr.mark("ipam")
@@ -299,7 +287,7 @@ func (p *Plugin) Check(args *skel.CmdArgs) error {
 	if inv.conf.PrevResult == nil {
 		return Errorf(types.ErrInvalidNetworkConfig, "CHECK needs the prevResult of ADD in the network config")
 	}
-	if err := p.ipamFor(inv.conf).Check(context.Background(), inv.conf.IPAM.Type, args); err != nil {
+	if err := ipamVerb("CHECK", ipam.Check, inv.conf, args); err != nil {
 		return IPAMError("CHECK", inv.conf.IPAM.Type, err, types.ErrInternal)
 	}
 	prev, err := current.NewResultFromResult(inv.conf.PrevResult)
@@ -339,7 +327,7 @@ func (p *Plugin) GC(args *skel.CmdArgs) error {
 	if _, err := GCHostVeths(inv.conf.Name, inv.conf.ValidAttachments); err != nil {
 		return Errorf(types.ErrTryAgainLater, "GC: %v", err)
 	}
-	if err := p.ipamFor(inv.conf).GC(context.Background(), inv.conf.IPAM.Type, args); err != nil {
+	if err := ipamVerb("GC", ipam.GC, inv.conf, args); err != nil {
 		return IPAMError("GC", inv.conf.IPAM.Type, err, types.ErrTryAgainLater)
 	}
 	return nil
@@ -357,7 +345,7 @@ func (p *Plugin) Status(args *skel.CmdArgs) error {
 	if _, err := ResolveMTU(inv.conf); err != nil {
 		return statusError(err)
 	}
-	if err := p.ipamFor(inv.conf).Status(context.Background(), inv.conf.IPAM.Type, args); err != nil {
+	if err := ipamVerb("STATUS", ipam.Status, inv.conf, args); err != nil {
 		return statusError(IPAMError("STATUS", inv.conf.IPAM.Type, err, types.ErrPluginNotAvailable))
 	}
 	return nil

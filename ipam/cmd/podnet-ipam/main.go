@@ -7,7 +7,6 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 
 	"github.com/podnet/podnet/ipam"
-	"github.com/podnet/podnet/plugins/veth"
 )
 
 func main() {
@@ -23,5 +22,5 @@ func main() {
 		Check:  func(args *skel.CmdArgs) error { return ipam.Check(ipam.RequestFrom(args)) },
 		GC:     func(args *skel.CmdArgs) error { return ipam.GC(ipam.RequestFrom(args)) },
 		Status: func(args *skel.CmdArgs) error { return ipam.Status(ipam.RequestFrom(args)) },
-	}, veth.VersionInfo(), "podnet-ipam: host-local IPAM with PodCIDR, GC and STATUS")
+	}, ipam.VersionInfo(), "podnet-ipam: host-local IPAM with PodCIDR, GC and STATUS")
 }
