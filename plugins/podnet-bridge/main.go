@@ -11,5 +11,5 @@ import (
 )
 
 func main() {
-	skel.PluginMainFuncs(veth.NewBridged().Funcs(), veth.VersionInfo(), "podnet-bridge: bridge-mode CNI plugin")
+	skel.PluginMainFuncs(veth.Bridged(), veth.VersionInfo(), "podnet-bridge: bridge-mode CNI plugin")
 }

@@ -11,5 +11,5 @@ import (
 )
 
 func main() {
-	skel.PluginMainFuncs(veth.NewRouted().Funcs(), veth.VersionInfo(), "podnet: routed veth CNI plugin")
+	skel.PluginMainFuncs(veth.Routed(), veth.VersionInfo(), "podnet: routed veth CNI plugin")
 }

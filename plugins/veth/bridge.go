@@ -12,14 +12,14 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// EnsureBridge returns the bridge name, creating it (up, with mtu) when it
+// ensureBridge returns the bridge name, creating it (up, with mtu) when it
 // does not exist. Concurrent callers racing to create it all succeed.
 //
 // A new bridge gets a MAC of its own: a bridge whose MAC was never set takes
 // the lowest MAC of its ports and changes it as ports come and go, and the
 // pods, which cache the gateway's MAC, would then lose the gateway when the
 // pod owning that port leaves.
-func EnsureBridge(name string, mtu int) (*netlink.Bridge, error) {
+func ensureBridge(name string, mtu int) (*netlink.Bridge, error) {
 	br, err := lookupBridge(name)
 	if err == nil {
 		return br, setUp(br)
@@ -62,9 +62,9 @@ func setUp(l netlink.Link) error {
 	return nil
 }
 
-// EnsureBridgeGateway puts each gateway address (with its subnet's prefix)
+// ensureBridgeGateway puts each gateway address (with its subnet's prefix)
 // on the bridge once and turns on forwarding for the bridge's families.
-func EnsureBridgeGateway(br *netlink.Bridge, gateways []*net.IPNet) error {
+func ensureBridgeGateway(br *netlink.Bridge, gateways []*net.IPNet) error {
 	for _, gw := range gateways {
 		err := netlink.AddrAdd(br, &netlink.Addr{IPNet: gw, Flags: nodad(gw.IP)})
 		if err != nil && !errors.Is(err, unix.EEXIST) {
@@ -74,9 +74,9 @@ func EnsureBridgeGateway(br *netlink.Bridge, gateways []*net.IPNet) error {
 	return nil
 }
 
-// EnableForwarding turns forwarding on for the bridge (and IPv6 forwarding
+// enableForwarding turns forwarding on for the bridge (and IPv6 forwarding
 // on the node when v6).
-func EnableForwarding(dev string, v4, v6 bool) error {
+func enableForwarding(dev string, v4, v6 bool) error {
 	if v4 {
 		if err := writeSysctl("net/ipv4/conf/"+dev+"/forwarding", "1"); err != nil {
 			return err
@@ -90,9 +90,9 @@ func EnableForwarding(dev string, v4, v6 bool) error {
 	return nil
 }
 
-// AttachToBridge enslaves the host veth to the bridge, sets its hairpin
+// attachToBridge enslaves the host veth to the bridge, sets its hairpin
 // flag and brings it up.
-func AttachToBridge(host netlink.Link, br *netlink.Bridge, hairpin bool) error {
+func attachToBridge(host netlink.Link, br *netlink.Bridge, hairpin bool) error {
 	if err := netlink.LinkSetMaster(host, br); err != nil {
 		return fmt.Errorf("attach %s to bridge %s: %w", host.Attrs().Name, br.Attrs().Name, err)
 	}
@@ -105,9 +105,9 @@ func AttachToBridge(host netlink.Link, br *netlink.Bridge, hairpin bool) error {
 	return nil
 }
 
-// CheckBridgedHost verifies that the host veth exists, is up and is a port
+// checkBridgedHost verifies that the host veth exists, is up and is a port
 // of the bridge.
-func CheckBridgedHost(hostName, bridge string) (netlink.Link, error) {
+func checkBridgedHost(hostName, bridge string) (netlink.Link, error) {
 	host, err := netlinksafe.LinkByName(hostName)
 	if err != nil {
 		return nil, fmt.Errorf("host veth %s not found: %w", hostName, err)
@@ -125,9 +125,9 @@ func CheckBridgedHost(hostName, bridge string) (netlink.Link, error) {
 	return host, nil
 }
 
-// BridgedResult builds the ADD result of a bridged attachment: prevResult's
+// bridgedResult builds the ADD result of a bridged attachment: prevResult's
 // content, then the bridge, the host veth and the pod interface.
-func BridgedResult(prevResult *current.Result, br *current.Interface, hostName string, podIface *current.Interface, side PodSide) *current.Result {
+func bridgedResult(prevResult *current.Result, br *current.Interface, hostName string, podIface *current.Interface, side podSide) *current.Result {
 	result := chainedBase(prevResult)
 	result.Interfaces = append(result.Interfaces, br, &current.Interface{Name: hostName}, podIface)
 	addPodIPsAndRoutes(result, len(result.Interfaces)-1, side)
@@ -149,11 +149,11 @@ func nodad(ip net.IP) int {
 	return 0
 }
 
-// BridgedPodSide describes the pod end of a bridged attachment: addresses
+// bridgedPodSide describes the pod end of a bridged attachment: addresses
 // with their subnet prefix, default routes via the IPAM gateway of each
 // family (the subnet's first address when IPAM names none).
-func BridgedPodSide(ifName string, alloc *current.Result) PodSide {
-	side := PodSide{IfName: ifName, Routes: alloc.Routes}
+func bridgedPodSide(ifName string, alloc *current.Result) podSide {
+	side := podSide{IfName: ifName, Routes: alloc.Routes}
 	for _, c := range alloc.IPs {
 		addr := c.Address
 		side.Addrs = append(side.Addrs, &addr)
@@ -170,9 +170,9 @@ func BridgedPodSide(ifName string, alloc *current.Result) PodSide {
 	return side
 }
 
-// BridgeGateways are the gateway addresses of side with their subnet's
+// bridgeGateways are the gateway addresses of side with their subnet's
 // prefix, as they go on the bridge.
-func BridgeGateways(side PodSide) []*net.IPNet {
+func bridgeGateways(side podSide) []*net.IPNet {
 	var out []*net.IPNet
 	for _, a := range side.Addrs {
 		gw := side.GatewayV6

@@ -2,6 +2,7 @@ package veth
 
 import (
 	"encoding/json"
+	"github.com/containernetworking/cni/pkg/skel"
 	"net"
 
 	"github.com/containernetworking/cni/pkg/types"
@@ -13,9 +14,11 @@ import (
 // DefaultBridge is the bridge used when the config names none.
 const DefaultBridge = "podnet0"
 
-// NewBridged is the podnet-bridge plugin.
-func NewBridged() *Plugin {
-	return &Plugin{Name: "podnet-bridge", NewMode: newBridged}
+// Bridged returns the verbs of the podnet-bridge plugin: the bridge mode.
+func Bridged() skel.CNIFuncs { return newBridgedPlugin().funcs() }
+
+func newBridgedPlugin() *plugin {
+	return &plugin{name: "podnet-bridge", newMode: newBridgedMode}
 }
 
 // bridgeConf is podnet-bridge's part of the network config.
@@ -25,22 +28,22 @@ type bridgeConf struct {
 	HairpinMode bool   `json:"hairpinMode"`
 }
 
-// bridged is podnet-bridge's Mode.
+// bridged is podnet-bridge's mode.
 type bridged struct {
 	conf bridgeConf
 	br   *netlink.Bridge
 }
 
-func newBridged(stdin []byte, base *NetConf) (Mode, error) {
+func newBridgedMode(stdin []byte, base *netConf) (mode, error) {
 	var c bridgeConf
 	if err := json.Unmarshal(stdin, &c); err != nil {
-		return nil, Errorf(types.ErrInvalidNetworkConfig, "invalid network config: %v", err)
+		return nil, cniErrorf(types.ErrInvalidNetworkConfig, "invalid network config: %v", err)
 	}
 	if c.Bridge == "" {
 		c.Bridge = DefaultBridge
 	}
 	if err := utils.ValidateInterfaceName(c.Bridge); err != nil {
-		return nil, Errorf(types.ErrInvalidNetworkConfig, "network %q: bridge name %q: %s", base.Name, c.Bridge, err.Msg)
+		return nil, cniErrorf(types.ErrInvalidNetworkConfig, "network %q: bridge name %q: %s", base.Name, c.Bridge, err.Msg)
 	}
 	if c.IsGateway == nil {
 		yes := true
@@ -49,37 +52,37 @@ func newBridged(stdin []byte, base *NetConf) (Mode, error) {
 	return &bridged{conf: c}, nil
 }
 
-func (b *bridged) HostMAC() net.HardwareAddr { return nil }
+func (b *bridged) hostMAC() net.HardwareAddr { return nil }
 
-func (b *bridged) PodSide(ifName string, alloc *current.Result) (PodSide, error) {
-	return BridgedPodSide(ifName, alloc), nil
+func (b *bridged) describePod(ifName string, alloc *current.Result) (podSide, error) {
+	return bridgedPodSide(ifName, alloc), nil
 }
 
-func (b *bridged) PrepareNode(side PodSide, mtu int) error {
-	br, err := EnsureBridge(b.conf.Bridge, mtu)
+func (b *bridged) prepareNode(side podSide, mtu int) error {
+	br, err := ensureBridge(b.conf.Bridge, mtu)
 	if err != nil {
 		return err
 	}
 	b.br = br
 	if *b.conf.IsGateway {
-		if err := EnsureBridgeGateway(br, BridgeGateways(side)); err != nil {
+		if err := ensureBridgeGateway(br, bridgeGateways(side)); err != nil {
 			return err
 		}
 	}
-	return EnableForwarding(b.conf.Bridge, side.GatewayV4 != nil, side.HasIPv6())
+	return enableForwarding(b.conf.Bridge, side.GatewayV4 != nil, side.hasIPv6())
 }
 
-func (b *bridged) SetupHost(host netlink.Link, _ PodSide) error {
-	return AttachToBridge(host, b.br, b.conf.HairpinMode)
+func (b *bridged) setupHost(host netlink.Link, _ podSide) error {
+	return attachToBridge(host, b.br, b.conf.HairpinMode)
 }
 
-func (b *bridged) FinishHost(netlink.Link, PodSide) error { return nil }
+func (b *bridged) finishHost(netlink.Link, podSide) error { return nil }
 
-func (b *bridged) CheckHost(hostName string, _ PodSide) (netlink.Link, error) {
-	return CheckBridgedHost(hostName, b.conf.Bridge)
+func (b *bridged) checkHost(hostName string, _ podSide) (netlink.Link, error) {
+	return checkBridgedHost(hostName, b.conf.Bridge)
 }
 
-func (b *bridged) Result(prev *current.Result, hostName string, podIface *current.Interface, side PodSide) *current.Result {
+func (b *bridged) result(prev *current.Result, hostName string, podIface *current.Interface, side podSide) *current.Result {
 	brIface := &current.Interface{Name: b.conf.Bridge, Mac: b.br.Attrs().HardwareAddr.String()}
-	return BridgedResult(prev, brIface, hostName, podIface, side)
+	return bridgedResult(prev, brIface, hostName, podIface, side)
 }

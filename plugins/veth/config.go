@@ -26,15 +26,15 @@ func VersionInfo() version.PluginInfo { return ipam.VersionInfo() }
 
 // MTU bounds accepted in configuration.
 const (
-	MinMTU = 576
-	MaxMTU = 65535
-	// DefaultMTU is used when neither the config, the node state file nor
+	minMTU = 576
+	maxMTU = 65535
+	// defaultMTU is used when neither the config, the node state file nor
 	// the node's default route tells the MTU.
-	DefaultMTU = 1500
+	defaultMTU = 1500
 )
 
-// NetConf is the configuration common to the podnet plugins.
-type NetConf struct {
+// netConf is the configuration common to the podnet plugins.
+type netConf struct {
 	types.PluginConf
 	// MTU of the pod interface; 0 means: from the node state file, else
 	// the MTU of the node's default-route interface.
@@ -48,40 +48,40 @@ type NetConf struct {
 	ExecIPAM bool `json:"execIPAM,omitempty"`
 }
 
-// Errorf builds a CNI error with code and a message.
-func Errorf(code uint, format string, args ...any) *types.Error {
+// cniErrorf builds a CNI error with code and a message.
+func cniErrorf(code uint, format string, args ...any) *types.Error {
 	return types.NewError(code, fmt.Sprintf(format, args...), "")
 }
 
-// LoadConf parses and validates stdin into conf (which embeds NetConf in
+// loadConf parses and validates stdin into conf (which embeds netConf in
 // the caller's type). Errors are CNI errors with code 7 (or 6 for a
 // prevResult that cannot be decoded).
-func LoadConf(stdin []byte, conf any, base *NetConf) error {
+func loadConf(stdin []byte, conf any, base *netConf) error {
 	if err := json.Unmarshal(stdin, conf); err != nil {
-		return Errorf(types.ErrInvalidNetworkConfig, "invalid network config: %v", err)
+		return cniErrorf(types.ErrInvalidNetworkConfig, "invalid network config: %v", err)
 	}
 	if base.IPAM.Type == "" {
-		return Errorf(types.ErrInvalidNetworkConfig, "network %q: missing \"ipam\" section with a \"type\" (for example {\"type\": \"podnet-ipam\"} or {\"type\": \"host-local\", ...})", base.Name)
+		return cniErrorf(types.ErrInvalidNetworkConfig, "network %q: missing \"ipam\" section with a \"type\" (for example {\"type\": \"podnet-ipam\"} or {\"type\": \"host-local\", ...})", base.Name)
 	}
-	if base.MTU != 0 && (base.MTU < MinMTU || base.MTU > MaxMTU) {
-		return Errorf(types.ErrInvalidNetworkConfig, "network %q: mtu %d is out of range: use %d-%d, or leave it out to take the node's MTU", base.Name, base.MTU, MinMTU, MaxMTU)
+	if base.MTU != 0 && (base.MTU < minMTU || base.MTU > maxMTU) {
+		return cniErrorf(types.ErrInvalidNetworkConfig, "network %q: mtu %d is out of range: use %d-%d, or leave it out to take the node's MTU", base.Name, base.MTU, minMTU, maxMTU)
 	}
 	if err := version.ParsePrevResult(&base.PluginConf); err != nil {
-		return Errorf(types.ErrDecodingFailure, "network %q: cannot decode prevResult: %v", base.Name, err)
+		return cniErrorf(types.ErrDecodingFailure, "network %q: cannot decode prevResult: %v", base.Name, err)
 	}
 	return nil
 }
 
-// PodArgs are the CNI_ARGS podnet uses.
-type PodArgs struct {
+// podArgs are the CNI_ARGS podnet uses.
+type podArgs struct {
 	PodNamespace string
 	PodName      string
 }
 
-// ParseArgs reads K8S_POD_NAMESPACE and K8S_POD_NAME from CNI_ARGS
+// parseArgs reads K8S_POD_NAMESPACE and K8S_POD_NAME from CNI_ARGS
 // ("K=V;K=V"); other keys are ignored.
-func ParseArgs(cniArgs string) (PodArgs, error) {
-	var a PodArgs
+func parseArgs(cniArgs string) (podArgs, error) {
+	var a podArgs
 	if cniArgs == "" {
 		return a, nil
 	}
@@ -91,7 +91,7 @@ func ParseArgs(cniArgs string) (PodArgs, error) {
 		}
 		k, v, ok := strings.Cut(kv, "=")
 		if !ok {
-			return a, Errorf(types.ErrInvalidEnvironmentVariables, "CNI_ARGS: %q is not KEY=VALUE", kv)
+			return a, cniErrorf(types.ErrInvalidEnvironmentVariables, "CNI_ARGS: %q is not KEY=VALUE", kv)
 		}
 		switch k {
 		case "K8S_POD_NAMESPACE":
@@ -103,49 +103,49 @@ func ParseArgs(cniArgs string) (PodArgs, error) {
 	return a, nil
 }
 
-// RefuseOwnNetns fails with code 8 (invalid netns) when path is the
+// refuseOwnNetns fails with code 8 (invalid netns) when path is the
 // plugin's own network namespace, the node's: every verb would then act on
 // the node itself (ADD would leave pod routes on it; DEL's fallback could
 // delete the uplink named by CNI_IFNAME). An empty or missing path is not
 // the plugin's netns (DEL must still succeed for a pod that is gone).
-func RefuseOwnNetns(path string) error {
+func refuseOwnNetns(path string) error {
 	if path == "" {
 		return nil
 	}
 	var target, self unix.Stat_t
 	if err := unix.Stat(path, &target); err != nil {
-		return nil // missing or unreadable: OpenNetns reports it where it matters
+		return nil // missing or unreadable: openNetns reports it where it matters
 	}
 	if err := unix.Stat("/proc/self/ns/net", &self); err != nil {
-		return Errorf(types.ErrInternal, "cannot read the plugin's own network namespace: %v", err)
+		return cniErrorf(types.ErrInternal, "cannot read the plugin's own network namespace: %v", err)
 	}
 	if target.Dev == self.Dev && target.Ino == self.Ino {
-		return Errorf(types.ErrInvalidNetNS, "CNI_NETNS %s is the network namespace the plugin runs in (the node's), not a pod's: refusing to touch it", path)
+		return cniErrorf(types.ErrInvalidNetNS, "CNI_NETNS %s is the network namespace the plugin runs in (the node's), not a pod's: refusing to touch it", path)
 	}
 	return nil
 }
 
-// OpenNetns opens the pod netns. A path that does not exist or is not a
+// openNetns opens the pod netns. A path that does not exist or is not a
 // netns is error code 3 (the container is gone or unknown).
-func OpenNetns(path string) (ns.NetNS, error) {
+func openNetns(path string) (ns.NetNS, error) {
 	podNS, err := ns.GetNS(path)
 	if err == nil {
 		return podNS, nil
 	}
 	var notExist ns.NSPathNotExistErr
 	if errors.As(err, &notExist) {
-		return nil, Errorf(types.ErrUnknownContainer, "CNI_NETNS %s does not exist (has the container exited?)", path)
+		return nil, cniErrorf(types.ErrUnknownContainer, "CNI_NETNS %s does not exist (has the container exited?)", path)
 	}
 	var notNS ns.NSPathNotNSErr
 	if errors.As(err, &notNS) {
-		return nil, Errorf(types.ErrUnknownContainer, "CNI_NETNS %s is not a network namespace", path)
+		return nil, cniErrorf(types.ErrUnknownContainer, "CNI_NETNS %s is not a network namespace", path)
 	}
-	return nil, Errorf(types.ErrUnknownContainer, "cannot open CNI_NETNS %s: %v", path, err)
+	return nil, cniErrorf(types.ErrUnknownContainer, "cannot open CNI_NETNS %s: %v", path, err)
 }
 
-// ResolveMTU returns the pod MTU: from the config, else the node state file,
+// resolveMTU returns the pod MTU: from the config, else the node state file,
 // else the MTU of the current netns' default-route interface, else 1500.
-func ResolveMTU(conf *NetConf) (int, error) {
+func resolveMTU(conf *netConf) (int, error) {
 	if conf.MTU > 0 {
 		return conf.MTU, nil
 	}
@@ -154,7 +154,7 @@ func ResolveMTU(conf *NetConf) (int, error) {
 	case err == nil && st.MTU > 0:
 		return st.MTU, nil
 	case err != nil && !errors.Is(err, nodestate.ErrNotReady):
-		return 0, Errorf(types.ErrTryAgainLater, "cannot take the MTU from the node state: %v", err)
+		return 0, cniErrorf(types.ErrTryAgainLater, "cannot take the MTU from the node state: %v", err)
 	}
 	return underlayMTU(), nil
 }
@@ -167,7 +167,7 @@ func ResolveMTU(conf *NetConf) (int, error) {
 func underlayMTU() int {
 	routes, err := netlink.RouteGet(net.IPv4(1, 1, 1, 1))
 	if err != nil {
-		return DefaultMTU
+		return defaultMTU
 	}
 	for _, r := range routes {
 		if r.LinkIndex == 0 {
@@ -177,12 +177,12 @@ func underlayMTU() int {
 			return l.Attrs().MTU
 		}
 	}
-	return DefaultMTU
+	return defaultMTU
 }
 
-// Logger returns a logger writing to conf.LogFile, or one that discards.
+// newLogger returns a logger writing to conf.LogFile, or one that discards.
 // The returned closer must be called when the plugin is done.
-func Logger(conf *NetConf, plugin string) (*slog.Logger, func()) {
+func newLogger(conf *netConf, plugin string) (*slog.Logger, func()) {
 	if conf.LogFile == "" {
 		return slog.New(slog.NewTextHandler(io.Discard, nil)), func() {}
 	}
@@ -204,21 +204,21 @@ func Logger(conf *NetConf, plugin string) (*slog.Logger, func()) {
 	return l, func() { _ = f.Close() }
 }
 
-// Rollback is the undo stack of an ADD: each successful step pushes its
-// undo; on failure Run undoes them in reverse order.
-type Rollback struct {
+// undoStack is the undo stack of an ADD: each successful step pushes its
+// undo; on failure run undoes them in reverse order.
+type undoStack struct {
 	undo []func() error
-	Log  *slog.Logger
+	log  *slog.Logger
 }
 
-// Push records how to undo a step that succeeded.
-func (r *Rollback) Push(undo func() error) { r.undo = append(r.undo, undo) }
+// push records how to undo a step that succeeded.
+func (r *undoStack) push(undo func() error) { r.undo = append(r.undo, undo) }
 
-// Run undoes every recorded step, newest first, and logs undo failures.
-func (r *Rollback) Run() {
+// run undoes every recorded step, newest first, and logs undo failures.
+func (r *undoStack) run() {
 	for i := len(r.undo) - 1; i >= 0; i-- {
-		if err := r.undo[i](); err != nil && r.Log != nil {
-			r.Log.Error("rollback step failed", "err", err)
+		if err := r.undo[i](); err != nil && r.log != nil {
+			r.log.Error("rollback step failed", "err", err)
 		}
 	}
 	r.undo = nil

@@ -27,43 +27,43 @@ func cniCode(t *testing.T, err error) uint {
 
 func TestParseArgs(t *testing.T) {
 	t.Run("picks pod namespace and name, ignores other keys", func(t *testing.T) {
-		got, err := ParseArgs("IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=web-0;K8S_POD_INFRA_CONTAINER_ID=abc;K8S_POD_UID=1234")
+		got, err := parseArgs("IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=web-0;K8S_POD_INFRA_CONTAINER_ID=abc;K8S_POD_UID=1234")
 		if err != nil {
 			t.Fatal(err)
 		}
-		if want := (PodArgs{PodNamespace: "default", PodName: "web-0"}); got != want {
+		if want := (podArgs{PodNamespace: "default", PodName: "web-0"}); got != want {
 			t.Errorf("got %+v, want %+v", got, want)
 		}
 	})
 	t.Run("empty", func(t *testing.T) {
-		got, err := ParseArgs("")
-		if err != nil || got != (PodArgs{}) {
+		got, err := parseArgs("")
+		if err != nil || got != (podArgs{}) {
 			t.Errorf("ParseArgs(\"\") = %+v, %v; want zero, nil", got, err)
 		}
 	})
 	t.Run("only other keys", func(t *testing.T) {
-		got, err := ParseArgs("IgnoreUnknown=1;FOO=bar")
-		if err != nil || got != (PodArgs{}) {
+		got, err := parseArgs("IgnoreUnknown=1;FOO=bar")
+		if err != nil || got != (podArgs{}) {
 			t.Errorf("got %+v, %v; want zero, nil", got, err)
 		}
 	})
 	t.Run("empty entries and values", func(t *testing.T) {
-		got, err := ParseArgs(";K8S_POD_NAMESPACE=ns;;K8S_POD_NAME=;")
+		got, err := parseArgs(";K8S_POD_NAMESPACE=ns;;K8S_POD_NAME=;")
 		if err != nil {
 			t.Fatal(err)
 		}
-		if want := (PodArgs{PodNamespace: "ns"}); got != want {
+		if want := (podArgs{PodNamespace: "ns"}); got != want {
 			t.Errorf("got %+v, want %+v", got, want)
 		}
 	})
 	t.Run("value containing =", func(t *testing.T) {
-		got, err := ParseArgs("K8S_POD_NAME=a=b")
+		got, err := parseArgs("K8S_POD_NAME=a=b")
 		if err != nil || got.PodName != "a=b" {
 			t.Errorf("got %+v, %v; want PodName a=b", got, err)
 		}
 	})
 	t.Run("entry without value is rejected with code 4", func(t *testing.T) {
-		_, err := ParseArgs("K8S_POD_NAMESPACE=default;novalue")
+		_, err := parseArgs("K8S_POD_NAMESPACE=default;novalue")
 		if err == nil {
 			t.Fatal("ParseArgs accepted an entry that is not KEY=VALUE")
 		}
@@ -80,9 +80,9 @@ func TestLoadConf(t *testing.T) {
 	conf := func(extra string) []byte {
 		return []byte(`{"cniVersion":"1.0.0","name":"podnet","type":"podnet","ipam":{"type":"host-local"}` + extra + `}`)
 	}
-	load := func(stdin []byte) (*NetConf, error) {
-		var c NetConf
-		err := LoadConf(stdin, &c, &c)
+	load := func(stdin []byte) (*netConf, error) {
+		var c netConf
+		err := loadConf(stdin, &c, &c)
 		return &c, err
 	}
 
@@ -95,7 +95,7 @@ func TestLoadConf(t *testing.T) {
 			t.Errorf("unexpected conf %+v", c)
 		}
 	})
-	for _, mtu := range []int{MinMTU, 1400, 9000, MaxMTU} {
+	for _, mtu := range []int{minMTU, 1400, 9000, maxMTU} {
 		t.Run(fmt.Sprintf("mtu %d accepted", mtu), func(t *testing.T) {
 			c, err := load(conf(fmt.Sprintf(`,"mtu":%d`, mtu)))
 			if err != nil {
@@ -124,8 +124,8 @@ func TestLoadConf(t *testing.T) {
 		{"missing ipam", []byte(`{"cniVersion":"1.0.0","name":"podnet","type":"podnet"}`), 7},
 		{"ipam without type", []byte(`{"cniVersion":"1.0.0","name":"podnet","type":"podnet","ipam":{"subnet":"10.0.0.0/24"}}`), 7},
 		{"mtu 100", conf(`,"mtu":100`), 7},
-		{"mtu below minimum", conf(fmt.Sprintf(`,"mtu":%d`, MinMTU-1)), 7},
-		{"mtu above maximum", conf(fmt.Sprintf(`,"mtu":%d`, MaxMTU+1)), 7},
+		{"mtu below minimum", conf(fmt.Sprintf(`,"mtu":%d`, minMTU-1)), 7},
+		{"mtu above maximum", conf(fmt.Sprintf(`,"mtu":%d`, maxMTU+1)), 7},
 		{"negative mtu", conf(`,"mtu":-1`), 7},
 		{"not JSON", []byte(`{"name":`), 7},
 		{"mtu not a number", conf(`,"mtu":"1400"`), 7},
@@ -147,15 +147,15 @@ func TestLoadConf(t *testing.T) {
 func TestRollback(t *testing.T) {
 	t.Run("newest first, once", func(t *testing.T) {
 		var ran []int
-		r := &Rollback{}
+		r := &undoStack{}
 		for i := 1; i <= 3; i++ {
-			r.Push(func() error { ran = append(ran, i); return nil })
+			r.push(func() error { ran = append(ran, i); return nil })
 		}
-		r.Run()
+		r.run()
 		if want := []int{3, 2, 1}; !slices.Equal(ran, want) {
 			t.Fatalf("undos ran as %v, want %v", ran, want)
 		}
-		r.Run()
+		r.run()
 		if want := []int{3, 2, 1}; !slices.Equal(ran, want) {
 			t.Errorf("second Run re-ran undos: %v", ran)
 		}
@@ -164,11 +164,11 @@ func TestRollback(t *testing.T) {
 	t.Run("a failing undo does not stop the others and is logged", func(t *testing.T) {
 		var buf bytes.Buffer
 		var ran []string
-		r := &Rollback{Log: slog.New(slog.NewTextHandler(&buf, nil))}
-		r.Push(func() error { ran = append(ran, "ipam"); return nil })
-		r.Push(func() error { ran = append(ran, "veth"); return errors.New("veth busy") })
-		r.Push(func() error { ran = append(ran, "route"); return nil })
-		r.Run()
+		r := &undoStack{log: slog.New(slog.NewTextHandler(&buf, nil))}
+		r.push(func() error { ran = append(ran, "ipam"); return nil })
+		r.push(func() error { ran = append(ran, "veth"); return errors.New("veth busy") })
+		r.push(func() error { ran = append(ran, "route"); return nil })
+		r.run()
 		if want := []string{"route", "veth", "ipam"}; !slices.Equal(ran, want) {
 			t.Errorf("undos ran as %v, want %v", ran, want)
 		}
@@ -179,10 +179,10 @@ func TestRollback(t *testing.T) {
 
 	t.Run("failing undo without a logger", func(t *testing.T) {
 		ran := 0
-		r := &Rollback{}
-		r.Push(func() error { ran++; return errors.New("boom") })
-		r.Push(func() error { ran++; return errors.New("boom") })
-		r.Run()
+		r := &undoStack{}
+		r.push(func() error { ran++; return errors.New("boom") })
+		r.push(func() error { ran++; return errors.New("boom") })
+		r.run()
 		if ran != 2 {
 			t.Errorf("%d undos ran, want 2", ran)
 		}
@@ -190,18 +190,18 @@ func TestRollback(t *testing.T) {
 
 	t.Run("push after run", func(t *testing.T) {
 		var ran []string
-		r := &Rollback{}
-		r.Push(func() error { ran = append(ran, "old"); return nil })
-		r.Run()
-		r.Push(func() error { ran = append(ran, "new"); return nil })
-		r.Run()
+		r := &undoStack{}
+		r.push(func() error { ran = append(ran, "old"); return nil })
+		r.run()
+		r.push(func() error { ran = append(ran, "new"); return nil })
+		r.run()
 		if want := []string{"old", "new"}; !slices.Equal(ran, want) {
 			t.Errorf("undos ran as %v, want %v", ran, want)
 		}
 	})
 
 	t.Run("empty", func(t *testing.T) {
-		(&Rollback{}).Run()
+		(&undoStack{}).run()
 	})
 }
 
@@ -223,7 +223,7 @@ func TestLoggerRefusesSymlinkAndFIFO(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, p := range []string{link, fifo} {
-		log, done := Logger(&NetConf{LogFile: p}, "podnet")
+		log, done := newLogger(&netConf{LogFile: p}, "podnet")
 		log.Info("hello")
 		done()
 	}
@@ -231,7 +231,7 @@ func TestLoggerRefusesSymlinkAndFIFO(t *testing.T) {
 		t.Errorf("the symlink's target was written: %q", b)
 	}
 	regular := filepath.Join(dir, "regular.log")
-	log, done := Logger(&NetConf{LogFile: regular}, "podnet")
+	log, done := newLogger(&netConf{LogFile: regular}, "podnet")
 	log.Info("hello")
 	done()
 	if b, _ := os.ReadFile(regular); !strings.Contains(string(b), `"msg":"hello"`) {

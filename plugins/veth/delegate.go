@@ -30,12 +30,12 @@ import (
 // larger image every ADD and DEL then pays at exec time.
 
 // inProcessIPAM reports whether conf's IPAM plugin runs in this process.
-func inProcessIPAM(conf *NetConf) bool {
+func inProcessIPAM(conf *netConf) bool {
 	return conf.IPAM.Type == ipam.PluginType && !conf.ExecIPAM
 }
 
 // ipamAdd runs ADD of conf's IPAM plugin.
-func ipamAdd(conf *NetConf, args *skel.CmdArgs) (types.Result, error) {
+func ipamAdd(conf *netConf, args *skel.CmdArgs) (types.Result, error) {
 	if !inProcessIPAM(conf) {
 		return delegateAdd(conf.IPAM.Type, args.StdinData)
 	}
@@ -48,7 +48,7 @@ func ipamAdd(conf *NetConf, args *skel.CmdArgs) (types.Result, error) {
 
 // ipamVerb runs verb (DEL, CHECK, GC or STATUS) of conf's IPAM plugin:
 // podnet-ipam's function for it (inProcess) or the plugin binary.
-func ipamVerb(verb string, inProcess func(ipam.Request) error, conf *NetConf, args *skel.CmdArgs) error {
+func ipamVerb(verb string, inProcess func(ipam.Request) error, conf *netConf, args *skel.CmdArgs) error {
 	if inProcessIPAM(conf) {
 		return inProcess(ipam.RequestFrom(args))
 	}
@@ -147,10 +147,10 @@ func pluginError(runErr error, stdout, stderr []byte) error {
 	return e
 }
 
-// IPAMError turns an IPAM plugin failure into a CNI error that names the
+// ipamError turns an IPAM plugin failure into a CNI error that names the
 // plugin and verb. The IPAM plugin's own code is kept when it is a specific
 // one; otherwise fallback is used (11 for ADD/DEL, 50 for STATUS).
-func IPAMError(verb, pluginType string, err error, fallback uint) *types.Error {
+func ipamError(verb, pluginType string, err error, fallback uint) *types.Error {
 	var te *types.Error
 	if errors.As(err, &te) {
 		code := te.Code

@@ -58,7 +58,7 @@ func TestDelegateErrors(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			fakePlugin(t, "fake-ipam", tc.script)
-			err := ipamVerb("DEL", nil, &NetConf{PluginConf: types.PluginConf{IPAM: types.IPAM{Type: "fake-ipam"}}}, args)
+			err := ipamVerb("DEL", nil, &netConf{PluginConf: types.PluginConf{IPAM: types.IPAM{Type: "fake-ipam"}}}, args)
 			var te *types.Error
 			if !errors.As(err, &te) || te.Code != tc.code || !strings.Contains(te.Msg, tc.msg) {
 				t.Fatalf("err %v, want code %d with %q", err, tc.code, tc.msg)
@@ -86,8 +86,8 @@ func TestWithCommand(t *testing.T) {
 }
 
 func TestInProcessIPAM(t *testing.T) {
-	conf := func(ipamType string, execIPAM bool) *NetConf {
-		return &NetConf{PluginConf: types.PluginConf{IPAM: types.IPAM{Type: ipamType}}, ExecIPAM: execIPAM}
+	conf := func(ipamType string, execIPAM bool) *netConf {
+		return &netConf{PluginConf: types.PluginConf{IPAM: types.IPAM{Type: ipamType}}, ExecIPAM: execIPAM}
 	}
 	if !inProcessIPAM(conf("podnet-ipam", false)) {
 		t.Error("podnet-ipam is exec'd, want it in-process")

@@ -12,29 +12,29 @@ import (
 	"github.com/podnet/podnet/internal/rtproto"
 )
 
-// RoutedHostMAC returns HostMAC parsed.
-func RoutedHostMAC() net.HardwareAddr { return mustParseMAC(HostMAC) }
+// routedHostMAC returns hostMAC parsed.
+func routedHostMAC() net.HardwareAddr { return mustParseMAC(hostMAC) }
 
-// RoutedPodSide describes the pod end of a routed (Calico-style) attachment:
+// routedPodSide describes the pod end of a routed (Calico-style) attachment:
 // every address as a host prefix, default routes via the link-local
 // gateways, permanent neighbor entries for them.
-func RoutedPodSide(ifName string, ips []net.IP, extra PodSide) PodSide {
+func routedPodSide(ifName string, ips []net.IP, extra podSide) podSide {
 	side := extra
 	side.IfName = ifName
 	side.Addrs = nil
 	for _, ip := range ips {
 		side.Addrs = append(side.Addrs, hostNet(ip))
 	}
-	side.GatewayV4 = net.ParseIP(GatewayV4).To4()
+	side.GatewayV4 = net.ParseIP(gatewayV4).To4()
 	side.GatewayV6 = net.ParseIP(GatewayV6)
-	side.GatewayMAC = RoutedHostMAC()
+	side.GatewayMAC = routedHostMAC()
 	return side
 }
 
-// ConfigureRoutedHost prepares the host veth to be the pod's gateway: proxy
+// configureRoutedHost prepares the host veth to be the pod's gateway: proxy
 // ARP answering for 169.254.1.1 without delay, forwarding, and with IPv6 the
 // fixed link-local gateway address; then brings it up.
-func ConfigureRoutedHost(host netlink.Link, ipv6 bool) error {
+func configureRoutedHost(host netlink.Link, ipv6 bool) error {
 	name := host.Attrs().Name
 	settings := [][2]string{
 		{"net/ipv4/conf/" + name + "/proxy_arp", "1"},
@@ -65,8 +65,8 @@ func ConfigureRoutedHost(host netlink.Link, ipv6 bool) error {
 	return nil
 }
 
-// HostRoute is the node's route to one pod address.
-func HostRoute(host netlink.Link, ip net.IP) *netlink.Route {
+// hostRoute is the node's route to one pod address.
+func hostRoute(host netlink.Link, ip net.IP) *netlink.Route {
 	r := &netlink.Route{LinkIndex: host.Attrs().Index, Dst: hostNet(ip), Protocol: rtproto.Podnet, Table: unix.RT_TABLE_MAIN}
 	if ip.To4() != nil {
 		r.Scope = netlink.SCOPE_LINK
@@ -74,12 +74,12 @@ func HostRoute(host netlink.Link, ip net.IP) *netlink.Route {
 	return r
 }
 
-// AddHostRoutes routes every pod address to the host veth. An identical
+// addHostRoutes routes every pod address to the host veth. An identical
 // existing route is accepted; a route to the same address through another
 // interface is an error that names it.
-func AddHostRoutes(host netlink.Link, ips []net.IP) error {
+func addHostRoutes(host netlink.Link, ips []net.IP) error {
 	for _, ip := range ips {
-		r := HostRoute(host, ip)
+		r := hostRoute(host, ip)
 		err := netlink.RouteAdd(r)
 		if err == nil {
 			continue
@@ -98,9 +98,9 @@ func AddHostRoutes(host netlink.Link, ips []net.IP) error {
 	return nil
 }
 
-// CheckRoutedHost verifies the host veth of a routed attachment: up, fixed
+// checkRoutedHost verifies the host veth of a routed attachment: up, fixed
 // MAC, proxy ARP, and a podnet route per pod address.
-func CheckRoutedHost(hostName string, ips []net.IP) (netlink.Link, error) {
+func checkRoutedHost(hostName string, ips []net.IP) (netlink.Link, error) {
 	host, err := netlinksafe.LinkByName(hostName)
 	if err != nil {
 		return nil, fmt.Errorf("host veth %s not found: %w", hostName, err)
@@ -108,14 +108,14 @@ func CheckRoutedHost(hostName string, ips []net.IP) (netlink.Link, error) {
 	if host.Attrs().Flags&net.FlagUp == 0 {
 		return nil, fmt.Errorf("host veth %s is down", hostName)
 	}
-	if got := host.Attrs().HardwareAddr.String(); got != HostMAC {
-		return nil, fmt.Errorf("host veth %s has MAC %s, want %s", hostName, got, HostMAC)
+	if got := host.Attrs().HardwareAddr.String(); got != hostMAC {
+		return nil, fmt.Errorf("host veth %s has MAC %s, want %s", hostName, got, hostMAC)
 	}
 	if v, err := readSysctl("net/ipv4/conf/" + hostName + "/proxy_arp"); err != nil || v != "1" {
 		return nil, fmt.Errorf("host veth %s has proxy_arp=%q, want 1 (%v)", hostName, v, err)
 	}
 	for _, ip := range ips {
-		want := HostRoute(host, ip)
+		want := hostRoute(host, ip)
 		filter := &netlink.Route{Dst: want.Dst, Table: unix.RT_TABLE_MAIN}
 		got, err := netlinksafe.RouteListFiltered(family(ip), filter, netlink.RT_FILTER_DST|netlink.RT_FILTER_TABLE)
 		if err != nil {

@@ -9,12 +9,12 @@ import (
 	"github.com/vishvananda/netlink"
 )
 
-// RoutedResult builds the ADD result of a routed attachment: prevResult's
+// routedResult builds the ADD result of a routed attachment: prevResult's
 // content (when chained) followed by the host veth and the pod interface,
 // the pod addresses as configured, and the routes the pod got.
-func RoutedResult(prev *current.Result, hostName string, podIface *current.Interface, side PodSide) *current.Result {
+func routedResult(prev *current.Result, hostName string, podIface *current.Interface, side podSide) *current.Result {
 	result := chainedBase(prev)
-	result.Interfaces = append(result.Interfaces, &current.Interface{Name: hostName, Mac: HostMAC}, podIface)
+	result.Interfaces = append(result.Interfaces, &current.Interface{Name: hostName, Mac: hostMAC}, podIface)
 	addPodIPsAndRoutes(result, len(result.Interfaces)-1, side)
 	return result
 }
@@ -33,7 +33,7 @@ func chainedBase(prev *current.Result) *current.Result {
 
 // addPodIPsAndRoutes appends the pod's addresses (on interface podIndex)
 // and the routes that carry a gateway.
-func addPodIPsAndRoutes(result *current.Result, podIndex int, side PodSide) {
+func addPodIPsAndRoutes(result *current.Result, podIndex int, side podSide) {
 	for _, a := range side.Addrs {
 		gw := side.GatewayV4
 		if a.IP.To4() == nil {
@@ -49,9 +49,9 @@ func addPodIPsAndRoutes(result *current.Result, podIndex int, side PodSide) {
 	}
 }
 
-// PodAllocation returns the part of prevResult that belongs to the
+// podAllocation returns the part of prevResult that belongs to the
 // interface ifName in netns sandbox: its addresses and the routes.
-func PodAllocation(prev *current.Result, ifName, sandbox string) (*current.Result, error) {
+func podAllocation(prev *current.Result, ifName, sandbox string) (*current.Result, error) {
 	idx := -1
 	for i, iface := range prev.Interfaces {
 		if iface.Name == ifName && iface.Sandbox == sandbox {
@@ -73,8 +73,8 @@ func PodAllocation(prev *current.Result, ifName, sandbox string) (*current.Resul
 	return out, nil
 }
 
-// AllocatedIPs lists the addresses of an IPAM result.
-func AllocatedIPs(alloc *current.Result) []net.IP {
+// allocatedIPs lists the addresses of an IPAM result.
+func allocatedIPs(alloc *current.Result) []net.IP {
 	ips := make([]net.IP, 0, len(alloc.IPs))
 	for _, c := range alloc.IPs {
 		ips = append(ips, c.Address.IP)
@@ -82,10 +82,10 @@ func AllocatedIPs(alloc *current.Result) []net.IP {
 	return ips
 }
 
-// GCHostVeths deletes the host veths of network whose attachment is not in
+// gcHostVeths deletes the host veths of network whose attachment is not in
 // valid, and returns their names. Routes through them go with them.
-func GCHostVeths(network string, valid []types.GCAttachment) ([]string, error) {
-	owned, err := OwnedHostVeths(network)
+func gcHostVeths(network string, valid []types.GCAttachment) ([]string, error) {
+	owned, err := ownedHostVeths(network)
 	if err != nil {
 		return nil, err
 	}

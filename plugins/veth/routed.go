@@ -1,44 +1,48 @@
 package veth
 
 import (
+	"github.com/containernetworking/cni/pkg/skel"
 	"net"
 
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/vishvananda/netlink"
 )
 
-// NewRouted is the podnet plugin: the routed (Calico-style) mode.
-func NewRouted() *Plugin {
-	return &Plugin{
-		Name:    "podnet",
-		NewMode: func([]byte, *NetConf) (Mode, error) { return routed{}, nil },
+// Routed returns the verbs of the podnet plugin: the routed (Calico-style)
+// mode.
+func Routed() skel.CNIFuncs { return newRoutedPlugin().funcs() }
+
+func newRoutedPlugin() *plugin {
+	return &plugin{
+		name:    "podnet",
+		newMode: func([]byte, *netConf) (mode, error) { return routed{}, nil },
 	}
 }
 
-// routed is podnet's Mode: proxy-ARP host veth with a fixed MAC, /32 and
+// routed is podnet's mode: proxy-ARP host veth with a fixed MAC, /32 and
 // /128 pod addresses, and a node route per pod address.
 type routed struct{}
 
-func (routed) HostMAC() net.HardwareAddr { return RoutedHostMAC() }
+func (routed) hostMAC() net.HardwareAddr { return routedHostMAC() }
 
-func (routed) PodSide(ifName string, alloc *current.Result) (PodSide, error) {
-	return RoutedPodSide(ifName, AllocatedIPs(alloc), PodSide{Routes: alloc.Routes}), nil
+func (routed) describePod(ifName string, alloc *current.Result) (podSide, error) {
+	return routedPodSide(ifName, allocatedIPs(alloc), podSide{Routes: alloc.Routes}), nil
 }
 
-func (routed) PrepareNode(PodSide, int) error { return nil }
+func (routed) prepareNode(podSide, int) error { return nil }
 
-func (routed) SetupHost(host netlink.Link, side PodSide) error {
-	return ConfigureRoutedHost(host, side.HasIPv6())
+func (routed) setupHost(host netlink.Link, side podSide) error {
+	return configureRoutedHost(host, side.hasIPv6())
 }
 
-func (routed) FinishHost(host netlink.Link, side PodSide) error {
-	return AddHostRoutes(host, side.IPs())
+func (routed) finishHost(host netlink.Link, side podSide) error {
+	return addHostRoutes(host, side.ips())
 }
 
-func (routed) CheckHost(hostName string, side PodSide) (netlink.Link, error) {
-	return CheckRoutedHost(hostName, side.IPs())
+func (routed) checkHost(hostName string, side podSide) (netlink.Link, error) {
+	return checkRoutedHost(hostName, side.ips())
 }
 
-func (routed) Result(prev *current.Result, hostName string, podIface *current.Interface, side PodSide) *current.Result {
-	return RoutedResult(prev, hostName, podIface, side)
+func (routed) result(prev *current.Result, hostName string, podIface *current.Interface, side podSide) *current.Result {
+	return routedResult(prev, hostName, podIface, side)
 }

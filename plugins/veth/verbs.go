@@ -20,89 +20,89 @@ import (
 	"github.com/podnet/podnet/ipam"
 )
 
-// Mode is what one plugin does differently.
-type Mode interface {
-	// HostMAC is the host veth's MAC (nil: the kernel picks one).
-	HostMAC() net.HardwareAddr
-	// PodSide says how the pod end is addressed and routed.
-	PodSide(ifName string, alloc *current.Result) (PodSide, error)
-	// PrepareNode runs before the veth exists (e.g. ensure the bridge,
+// mode is what one plugin does differently.
+type mode interface {
+	// hostMAC is the host veth's MAC (nil: the kernel picks one).
+	hostMAC() net.HardwareAddr
+	// describePod says how the pod end is addressed and routed.
+	describePod(ifName string, alloc *current.Result) (podSide, error)
+	// prepareNode runs before the veth exists (e.g. ensure the bridge,
 	// with the pod MTU). It must be idempotent: nothing it creates is rolled
 	// back, as other pods share it.
-	PrepareNode(side PodSide, mtu int) error
-	// SetupHost configures the host end once the pod end has moved.
-	SetupHost(host netlink.Link, side PodSide) error
-	// FinishHost runs after the pod is configured (e.g. node routes to it).
-	FinishHost(host netlink.Link, side PodSide) error
-	// CheckHost verifies the host end for CHECK and returns it.
-	CheckHost(hostName string, side PodSide) (netlink.Link, error)
-	// Result builds the ADD result on top of prev (the chained
+	prepareNode(side podSide, mtu int) error
+	// setupHost configures the host end once the pod end has moved.
+	setupHost(host netlink.Link, side podSide) error
+	// finishHost runs after the pod is configured (e.g. node routes to it).
+	finishHost(host netlink.Link, side podSide) error
+	// checkHost verifies the host end for CHECK and returns it.
+	checkHost(hostName string, side podSide) (netlink.Link, error)
+	// result builds the ADD result on top of prev (the chained
 	// prevResult, nil when podnet is first).
-	Result(prev *current.Result, hostName string, podIface *current.Interface, side PodSide) *current.Result
+	result(prev *current.Result, hostName string, podIface *current.Interface, side podSide) *current.Result
 }
 
-// Plugin runs the verbs of one plugin.
-type Plugin struct {
-	Name string
-	// NewMode builds the Mode from the network config of an invocation.
-	NewMode func(stdin []byte, conf *NetConf) (Mode, error)
-	// FailAfter, set only by tests, is called after each ADD step
+// plugin runs the verbs of one plugin.
+type plugin struct {
+	name string
+	// newMode builds the mode from the network config of an invocation.
+	newMode func(stdin []byte, conf *netConf) (mode, error)
+	// failAfter, set only by tests, is called after each ADD step
 	// ("ipam", "veth", "host", "address", "route", "host-route"; the pod
 	// end of the veth is born in the pod netns, so "veth" includes the move)
 	// and makes ADD fail there.
-	FailAfter func(step string) error
+	failAfter func(step string) error
 }
 
-// Funcs returns the verbs for skel.
-func (p *Plugin) Funcs() skel.CNIFuncs {
-	return skel.CNIFuncs{Add: p.Add, Del: p.Del, Check: p.Check, GC: p.GC, Status: p.Status}
+// funcs returns the verbs for skel.
+func (p *plugin) funcs() skel.CNIFuncs {
+	return skel.CNIFuncs{Add: p.add, Del: p.del, Check: p.check, GC: p.gc, Status: p.status}
 }
 
-func (p *Plugin) step(name string) error {
-	if p.FailAfter == nil {
+func (p *plugin) step(name string) error {
+	if p.failAfter == nil {
 		return nil
 	}
-	return p.FailAfter(name)
+	return p.failAfter(name)
 }
 
 // invocation is what every verb starts from.
 type invocation struct {
-	conf    *NetConf
-	mode    Mode
-	podArgs PodArgs
-	owner   Owner
-	host    string
+	conf  *netConf
+	mode  mode
+	pod   podArgs
+	owner Owner
+	host  string
 }
 
-func (p *Plugin) begin(args *skel.CmdArgs) (*invocation, error) {
+func (p *plugin) begin(args *skel.CmdArgs) (*invocation, error) {
 	// before anything else: never act on the node's own netns as a pod's
-	if err := RefuseOwnNetns(args.Netns); err != nil {
+	if err := refuseOwnNetns(args.Netns); err != nil {
 		return nil, err
 	}
-	var conf NetConf
-	if err := LoadConf(args.StdinData, &conf, &conf); err != nil {
+	var conf netConf
+	if err := loadConf(args.StdinData, &conf, &conf); err != nil {
 		return nil, err
 	}
-	mode, err := p.NewMode(args.StdinData, &conf)
+	m, err := p.newMode(args.StdinData, &conf)
 	if err != nil {
 		return nil, err
 	}
-	podArgs, err := ParseArgs(args.Args)
+	pod, err := parseArgs(args.Args)
 	if err != nil {
 		return nil, err
 	}
 	return &invocation{
-		conf:    &conf,
-		mode:    mode,
-		podArgs: podArgs,
-		owner:   Owner{Network: conf.Name, ContainerID: args.ContainerID, IfName: args.IfName},
-		host:    HostVethName(podArgs.PodNamespace, podArgs.PodName, args.ContainerID, args.IfName),
+		conf:  &conf,
+		mode:  m,
+		pod:   pod,
+		owner: Owner{Network: conf.Name, ContainerID: args.ContainerID, IfName: args.IfName},
+		host:  HostVethName(pod.PodNamespace, pod.PodName, args.ContainerID, args.IfName),
 	}, nil
 }
 
-// Add attaches the pod. Every step that succeeded is undone, newest first,
+// add attaches the pod. Every step that succeeded is undone, newest first,
 // when a later one fails.
-func (p *Plugin) Add(args *skel.CmdArgs) (err error) {
+func (p *plugin) add(args *skel.CmdArgs) (err error) {
 	tr := newTrace("ADD")
 	defer tr.write(&err)
 	inv, err := p.begin(args)
@@ -110,77 +110,77 @@ func (p *Plugin) Add(args *skel.CmdArgs) (err error) {
 		return err
 	}
 	tr.mark("config")
-	podNS, err := OpenNetns(args.Netns)
+	podNS, err := openNetns(args.Netns)
 	if err != nil {
 		return err
 	}
 	defer podNS.Close()
 	tr.mark("netns")
-	mtu, err := ResolveMTU(inv.conf)
+	mtu, err := resolveMTU(inv.conf)
 	if err != nil {
 		return err
 	}
 	tr.mark("mtu")
-	log, closeLog := Logger(inv.conf, p.Name)
+	log, closeLog := newLogger(inv.conf, p.name)
 	defer closeLog()
-	rollback := &Rollback{Log: log}
+	rollback := &undoStack{log: log}
 	defer func() {
 		if err != nil {
 			log.Warn("ADD failed, rolling back", "container", args.ContainerID, "err", err)
-			rollback.Run()
+			rollback.run()
 		}
 	}()
 
 	ipamResult, err := ipamAdd(inv.conf, args)
 	if err != nil {
-		return IPAMError("ADD", inv.conf.IPAM.Type, err, types.ErrTryAgainLater)
+		return ipamError("ADD", inv.conf.IPAM.Type, err, types.ErrTryAgainLater)
 	}
-	rollback.Push(func() error { return ipamVerb("DEL", ipam.Del, inv.conf, args) })
+	rollback.push(func() error { return ipamVerb("DEL", ipam.Del, inv.conf, args) })
 	tr.mark("ipam")
 	if err = p.step("ipam"); err != nil {
 		return err
 	}
 	alloc, err := current.NewResultFromResult(ipamResult)
 	if err != nil {
-		return Errorf(types.ErrDecodingFailure, "cannot read the result of IPAM plugin %q: %v", inv.conf.IPAM.Type, err)
+		return cniErrorf(types.ErrDecodingFailure, "cannot read the result of IPAM plugin %q: %v", inv.conf.IPAM.Type, err)
 	}
 	if len(alloc.IPs) == 0 {
-		return Errorf(types.ErrTryAgainLater, "IPAM plugin %q returned no IP address", inv.conf.IPAM.Type)
+		return cniErrorf(types.ErrTryAgainLater, "IPAM plugin %q returned no IP address", inv.conf.IPAM.Type)
 	}
-	side, err := inv.mode.PodSide(args.IfName, alloc)
+	side, err := inv.mode.describePod(args.IfName, alloc)
 	if err != nil {
 		return err
 	}
-	if err = inv.mode.PrepareNode(side, mtu); err != nil {
+	if err = inv.mode.prepareNode(side, mtu); err != nil {
 		return err
 	}
 	tr.mark("prepare")
 
-	spec := VethSpec{HostName: inv.host, PodName: args.IfName, MTU: mtu, HostMAC: inv.mode.HostMAC(), Owner: inv.owner}
-	if err = DeleteStaleHostVeth(spec.HostName, inv.owner); err != nil {
-		return Errorf(types.ErrTryAgainLater, "%v", err)
+	spec := vethSpec{HostName: inv.host, PodName: args.IfName, MTU: mtu, HostMAC: inv.mode.hostMAC(), Owner: inv.owner}
+	if err = deleteStaleHostVeth(spec.HostName, inv.owner); err != nil {
+		return cniErrorf(types.ErrTryAgainLater, "%v", err)
 	}
 	tr.mark("stale-veth")
-	host, err := CreateVeth(spec, podNS)
+	host, err := createVeth(spec, podNS)
 	if err != nil {
-		if errors.Is(err, ErrIfNameTaken) {
-			return Errorf(types.ErrInvalidEnvironmentVariables, "%v", err)
+		if errors.Is(err, errIfNameTaken) {
+			return cniErrorf(types.ErrInvalidEnvironmentVariables, "%v", err)
 		}
 		return err
 	}
-	rollback.Push(func() error { _, err := DeleteHostVeth(spec.HostName, inv.owner); return err })
+	rollback.push(func() error { _, err := deleteHostVeth(spec.HostName, inv.owner); return err })
 	tr.mark("veth")
 	if err = p.step("veth"); err != nil {
 		return err
 	}
-	if err = inv.mode.SetupHost(host, side); err != nil {
+	if err = inv.mode.setupHost(host, side); err != nil {
 		return err
 	}
 	tr.mark("host")
 	if err = p.step("host"); err != nil {
 		return err
 	}
-	podIface, err := ConfigurePodAddresses(podNS, side)
+	podIface, err := configurePodAddresses(podNS, side)
 	if err != nil {
 		return err
 	}
@@ -188,15 +188,15 @@ func (p *Plugin) Add(args *skel.CmdArgs) (err error) {
 	if err = p.step("address"); err != nil {
 		return err
 	}
-	if err = ConfigurePodRoutes(podNS, side); err != nil {
+	if err = configurePodRoutes(podNS, side); err != nil {
 		return err
 	}
 	tr.mark("route")
 	if err = p.step("route"); err != nil {
 		return err
 	}
-	if err = inv.mode.FinishHost(host, side); err != nil {
-		return Errorf(types.ErrTryAgainLater, "%v", err)
+	if err = inv.mode.finishHost(host, side); err != nil {
+		return cniErrorf(types.ErrTryAgainLater, "%v", err)
 	}
 	tr.mark("host-route")
 	if err = p.step("host-route"); err != nil {
@@ -206,10 +206,10 @@ func (p *Plugin) Add(args *skel.CmdArgs) (err error) {
 	var prev *current.Result
 	if inv.conf.PrevResult != nil {
 		if prev, err = current.NewResultFromResult(inv.conf.PrevResult); err != nil {
-			return Errorf(types.ErrDecodingFailure, "prevResult: %v", err)
+			return cniErrorf(types.ErrDecodingFailure, "prevResult: %v", err)
 		}
 	}
-	result := inv.mode.Result(prev, spec.HostName, podIface, side)
+	result := inv.mode.result(prev, spec.HostName, podIface, side)
 	switch {
 	case len(inv.conf.DNS.Nameservers) > 0:
 		result.DNS = inv.conf.DNS
@@ -222,13 +222,13 @@ func (p *Plugin) Add(args *skel.CmdArgs) (err error) {
 	return err
 }
 
-// Del takes the veth pair out of service, then releases the addresses.
+// del takes the veth pair out of service, then releases the addresses.
 // When the pod end is still in CNI_NETNS the pair is detached rather than
-// deleted (DetachOrDeleteVeth: both ends down, the node's routes
+// deleted (detachOrDeleteVeth: both ends down, the node's routes
 // through it gone, CNI_IFNAME free again; the kernel removes the pair with
 // the pod netns), which spares DEL the ~20 ms a veth delete costs. Without
 // a usable netns it is deleted. Everything already gone counts as done.
-func (p *Plugin) Del(args *skel.CmdArgs) (err error) {
+func (p *plugin) del(args *skel.CmdArgs) (err error) {
 	tr := newTrace("DEL")
 	defer tr.write(&err)
 	inv, err := p.begin(args)
@@ -240,25 +240,25 @@ func (p *Plugin) Del(args *skel.CmdArgs) (err error) {
 	if podNS != nil {
 		defer podNS.Close()
 	}
-	gone, err := DetachOrDeleteVeth(inv.host, inv.owner, podNS, args.IfName)
+	gone, err := detachOrDeleteVeth(inv.host, inv.owner, podNS, args.IfName)
 	if err != nil {
-		return Errorf(types.ErrTryAgainLater, "%v", err)
+		return cniErrorf(types.ErrTryAgainLater, "%v", err)
 	}
 	switch gone {
-	case VethDetached:
+	case vethDetached:
 		tr.mark("veth-detach")
-	case VethDeleted:
+	case vethDeleted:
 		tr.mark("veth-delete")
 	default:
-		if err := DeletePodLink(args.Netns, args.IfName, inv.owner); err != nil {
-			return Errorf(types.ErrTryAgainLater, "%v", err)
+		if err := deletePodLink(args.Netns, args.IfName, inv.owner); err != nil {
+			return cniErrorf(types.ErrTryAgainLater, "%v", err)
 		}
 		tr.mark("pod-link")
 	}
 	// after the host side: the addresses are free only once no route of
 	// the node sends them to this pod any more
 	if err := ipamVerb("DEL", ipam.Del, inv.conf, args); err != nil {
-		return IPAMError("DEL", inv.conf.IPAM.Type, err, types.ErrTryAgainLater)
+		return ipamError("DEL", inv.conf.IPAM.Type, err, types.ErrTryAgainLater)
 	}
 	tr.mark("ipam")
 	return nil
@@ -278,75 +278,75 @@ func openNetnsForDel(path string) ns.NetNS {
 	return podNS
 }
 
-// Check compares the pod and the host side with prevResult.
-func (p *Plugin) Check(args *skel.CmdArgs) error {
+// check compares the pod and the host side with prevResult.
+func (p *plugin) check(args *skel.CmdArgs) error {
 	inv, err := p.begin(args)
 	if err != nil {
 		return err
 	}
 	if inv.conf.PrevResult == nil {
-		return Errorf(types.ErrInvalidNetworkConfig, "CHECK needs the prevResult of ADD in the network config")
+		return cniErrorf(types.ErrInvalidNetworkConfig, "CHECK needs the prevResult of ADD in the network config")
 	}
 	if err := ipamVerb("CHECK", ipam.Check, inv.conf, args); err != nil {
-		return IPAMError("CHECK", inv.conf.IPAM.Type, err, types.ErrInternal)
+		return ipamError("CHECK", inv.conf.IPAM.Type, err, types.ErrInternal)
 	}
 	prev, err := current.NewResultFromResult(inv.conf.PrevResult)
 	if err != nil {
-		return Errorf(types.ErrDecodingFailure, "prevResult: %v", err)
+		return cniErrorf(types.ErrDecodingFailure, "prevResult: %v", err)
 	}
-	alloc, err := PodAllocation(prev, args.IfName, args.Netns)
+	alloc, err := podAllocation(prev, args.IfName, args.Netns)
 	if err != nil {
-		return Errorf(types.ErrInternal, "CHECK: %v", err)
+		return cniErrorf(types.ErrInternal, "CHECK: %v", err)
 	}
-	side, err := inv.mode.PodSide(args.IfName, alloc)
+	side, err := inv.mode.describePod(args.IfName, alloc)
 	if err != nil {
 		return err
 	}
-	podNS, err := OpenNetns(args.Netns)
+	podNS, err := openNetns(args.Netns)
 	if err != nil {
 		return err
 	}
 	defer podNS.Close()
-	host, err := inv.mode.CheckHost(inv.host, side)
+	host, err := inv.mode.checkHost(inv.host, side)
 	if err != nil {
-		return Errorf(types.ErrInternal, "CHECK: %v", err)
+		return cniErrorf(types.ErrInternal, "CHECK: %v", err)
 	}
-	if err := CheckPod(podNS, side, host.Attrs().Index); err != nil {
-		return Errorf(types.ErrInternal, "CHECK: %v", err)
+	if err := checkPod(podNS, side, host.Attrs().Index); err != nil {
+		return cniErrorf(types.ErrInternal, "CHECK: %v", err)
 	}
 	return nil
 }
 
-// GC removes the veths (and so the routes) of attachments the runtime no
+// gc removes the veths (and so the routes) of attachments the runtime no
 // longer knows, then lets IPAM release their addresses.
-func (p *Plugin) GC(args *skel.CmdArgs) error {
+func (p *plugin) gc(args *skel.CmdArgs) error {
 	inv, err := p.begin(args)
 	if err != nil {
 		return err
 	}
-	if _, err := GCHostVeths(inv.conf.Name, inv.conf.ValidAttachments); err != nil {
-		return Errorf(types.ErrTryAgainLater, "GC: %v", err)
+	if _, err := gcHostVeths(inv.conf.Name, inv.conf.ValidAttachments); err != nil {
+		return cniErrorf(types.ErrTryAgainLater, "GC: %v", err)
 	}
 	if err := ipamVerb("GC", ipam.GC, inv.conf, args); err != nil {
-		return IPAMError("GC", inv.conf.IPAM.Type, err, types.ErrTryAgainLater)
+		return ipamError("GC", inv.conf.IPAM.Type, err, types.ErrTryAgainLater)
 	}
 	return nil
 }
 
-// Status reports whether ADD can be served: it can when the config is
+// status reports whether ADD can be served: it can when the config is
 // valid, the pod MTU can be resolved (ADD reads it from node.json unless the
 // config sets it) and IPAM can serve ADD. Every failure is answered with a
 // STATUS code (statusError), the cause in the message.
-func (p *Plugin) Status(args *skel.CmdArgs) error {
+func (p *plugin) status(args *skel.CmdArgs) error {
 	inv, err := p.begin(args)
 	if err != nil {
 		return statusError(err)
 	}
-	if _, err := ResolveMTU(inv.conf); err != nil {
+	if _, err := resolveMTU(inv.conf); err != nil {
 		return statusError(err)
 	}
 	if err := ipamVerb("STATUS", ipam.Status, inv.conf, args); err != nil {
-		return statusError(IPAMError("STATUS", inv.conf.IPAM.Type, err, types.ErrPluginNotAvailable))
+		return statusError(ipamError("STATUS", inv.conf.IPAM.Type, err, types.ErrPluginNotAvailable))
 	}
 	return nil
 }

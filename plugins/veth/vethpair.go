@@ -14,8 +14,8 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// VethSpec describes the veth pair of one attachment.
-type VethSpec struct {
+// vethSpec describes the veth pair of one attachment.
+type vethSpec struct {
 	HostName string           // host-side name (HostVethName)
 	PodName  string           // CNI_IFNAME, the name inside the pod
 	MTU      int              // both ends
@@ -23,14 +23,14 @@ type VethSpec struct {
 	Owner    Owner            // recorded as the host veth's alias
 }
 
-// CreateVeth creates the pair with the host end in the current (node)
+// createVeth creates the pair with the host end in the current (node)
 // netns and the pod end born inside podNS under its final name (one
 // netlink request: no create-then-move, which costs a netns round trip and
 // an extra rename). Both ends carry the owner as their alias: DEL's
 // fallback deletes only a pod link podnet made for this attachment. The
-// host end stays down. It fails with ErrIfNameTaken, naming the interface,
+// host end stays down. It fails with errIfNameTaken, naming the interface,
 // when the pod already has one by that name.
-func CreateVeth(spec VethSpec, podNS ns.NetNS) (netlink.Link, error) {
+func createVeth(spec vethSpec, podNS ns.NetNS) (netlink.Link, error) {
 	attrs := netlink.NewLinkAttrs()
 	attrs.Name = spec.HostName
 	attrs.MTU = spec.MTU
@@ -48,7 +48,7 @@ func CreateVeth(spec VethSpec, podNS ns.NetNS) (netlink.Link, error) {
 			if _, lerr := netlinksafe.LinkByName(spec.HostName); lerr == nil {
 				return nil, fmt.Errorf("create veth %s: an interface with that name already exists: %w", spec.HostName, err)
 			}
-			return nil, fmt.Errorf("netns %s already has an interface named %q: %w", podNS.Path(), spec.PodName, ErrIfNameTaken)
+			return nil, fmt.Errorf("netns %s already has an interface named %q: %w", podNS.Path(), spec.PodName, errIfNameTaken)
 		}
 		return nil, fmt.Errorf("create veth %s: %w", spec.HostName, err)
 	}
@@ -57,7 +57,7 @@ func CreateVeth(spec VethSpec, podNS ns.NetNS) (netlink.Link, error) {
 		_ = netlink.LinkDel(veth)
 		return nil, fmt.Errorf("look up new veth %s: %w", spec.HostName, err)
 	}
-	if err := netlink.LinkSetAlias(host, spec.Owner.Alias()); err != nil {
+	if err := netlink.LinkSetAlias(host, spec.Owner.alias()); err != nil {
 		_ = netlink.LinkDel(host)
 		return nil, fmt.Errorf("set alias on veth %s: %w", spec.HostName, err)
 	}
@@ -66,7 +66,7 @@ func CreateVeth(spec VethSpec, podNS ns.NetNS) (netlink.Link, error) {
 		if err != nil {
 			return fmt.Errorf("look up %s in netns %s: %w", spec.PodName, podNS.Path(), err)
 		}
-		if err := netlink.LinkSetAlias(pod, spec.Owner.Alias()); err != nil {
+		if err := netlink.LinkSetAlias(pod, spec.Owner.alias()); err != nil {
 			return fmt.Errorf("set alias on %s in netns %s: %w", spec.PodName, podNS.Path(), err)
 		}
 		return nil
@@ -78,14 +78,14 @@ func CreateVeth(spec VethSpec, podNS ns.NetNS) (netlink.Link, error) {
 	return host, nil
 }
 
-// ErrIfNameTaken means CNI_IFNAME already exists in the pod.
-var ErrIfNameTaken = errors.New("CNI_IFNAME is taken in the pod")
+// errIfNameTaken means CNI_IFNAME already exists in the pod.
+var errIfNameTaken = errors.New("CNI_IFNAME is taken in the pod")
 
-// DeleteHostVeth deletes the host veth hostName (and with it the pod end and
+// deleteHostVeth deletes the host veth hostName (and with it the pod end and
 // every route through it) when it belongs to owner. It returns false when
 // there was nothing of owner's to delete; a veth of the same name owned by
 // another attachment is left alone.
-func DeleteHostVeth(hostName string, owner Owner) (bool, error) {
+func deleteHostVeth(hostName string, owner Owner) (bool, error) {
 	link, err := netlinksafe.LinkByName(hostName)
 	if err != nil {
 		if isNotFound(err) {
@@ -103,11 +103,11 @@ func DeleteHostVeth(hostName string, owner Owner) (bool, error) {
 	return true, nil
 }
 
-// DeleteStaleHostVeth removes a leftover host veth named hostName that is
+// deleteStaleHostVeth removes a leftover host veth named hostName that is
 // owned by another container of the same pod (a previous sandbox whose DEL
 // never came) or is a half-created pair of owner. Links podnet did not create
 // are never touched: their name clash is reported.
-func DeleteStaleHostVeth(hostName string, owner Owner) error {
+func deleteStaleHostVeth(hostName string, owner Owner) error {
 	link, err := netlinksafe.LinkByName(hostName)
 	if err != nil {
 		if isNotFound(err) {
@@ -115,7 +115,7 @@ func DeleteStaleHostVeth(hostName string, owner Owner) error {
 		}
 		return fmt.Errorf("look up host veth %s: %w", hostName, err)
 	}
-	if _, _, ok := ParseAnyAlias(link.Attrs().Alias); !ok {
+	if _, _, ok := parseAnyAlias(link.Attrs().Alias); !ok {
 		return fmt.Errorf("interface %s exists and was not created by podnet; remove or rename it", hostName)
 	}
 	if err := netlink.LinkDel(link); err != nil && !isNotFound(err) {
@@ -124,12 +124,12 @@ func DeleteStaleHostVeth(hostName string, owner Owner) error {
 	return nil
 }
 
-// DeletePodLink deletes ifName inside the pod netns if it is still there
+// deletePodLink deletes ifName inside the pod netns if it is still there
 // (the host end was not found) and podnet made it for owner: a veth whose
 // alias names owner. Any other link by that name is left alone. A missing
 // netns or link is not an error. The caller has made sure netnsPath is not
-// the node's own netns (RefuseOwnNetns).
-func DeletePodLink(netnsPath, ifName string, owner Owner) error {
+// the node's own netns (refuseOwnNetns).
+func deletePodLink(netnsPath, ifName string, owner Owner) error {
 	if netnsPath == "" {
 		return nil
 	}
@@ -164,8 +164,8 @@ func DeletePodLink(netnsPath, ifName string, owner Owner) error {
 	})
 }
 
-// OwnedHostVeths lists the host veths of network in the current netns.
-func OwnedHostVeths(network string) (map[Owner]netlink.Link, error) {
+// ownedHostVeths lists the host veths of network in the current netns.
+func ownedHostVeths(network string) (map[Owner]netlink.Link, error) {
 	links, err := netlinksafe.LinkList()
 	if err != nil {
 		return nil, fmt.Errorf("list links: %w", err)
@@ -175,7 +175,7 @@ func OwnedHostVeths(network string) (map[Owner]netlink.Link, error) {
 		if _, isVeth := l.(*netlink.Veth); !isVeth {
 			continue
 		}
-		if o, _, ok := ParseAnyAlias(l.Attrs().Alias); ok && o.Network == network {
+		if o, _, ok := parseAnyAlias(l.Attrs().Alias); ok && o.Network == network {
 			owned[o] = l
 		}
 	}
