@@ -4,17 +4,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"log/slog"
 	"net"
-	"os"
 	"strings"
 
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/cni/pkg/version"
-	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
-	"golang.org/x/sys/unix"
 
 	"github.com/podnet/podnet/internal/nodestate"
 	"github.com/podnet/podnet/ipam"
@@ -53,23 +48,23 @@ func cniErrorf(code uint, format string, args ...any) *types.Error {
 	return types.NewError(code, fmt.Sprintf(format, args...), "")
 }
 
-// loadConf parses and validates stdin into conf (which embeds netConf in
-// the caller's type). Errors are CNI errors with code 7 (or 6 for a
-// prevResult that cannot be decoded).
-func loadConf(stdin []byte, conf any, base *netConf) error {
-	if err := json.Unmarshal(stdin, conf); err != nil {
-		return cniErrorf(types.ErrInvalidNetworkConfig, "invalid network config: %v", err)
+// loadConf parses and validates stdin. Errors are CNI errors with code 7 (or
+// 6 for a prevResult that cannot be decoded).
+func loadConf(stdin []byte) (*netConf, error) {
+	var conf netConf
+	if err := json.Unmarshal(stdin, &conf); err != nil {
+		return nil, cniErrorf(types.ErrInvalidNetworkConfig, "invalid network config: %v", err)
 	}
-	if base.IPAM.Type == "" {
-		return cniErrorf(types.ErrInvalidNetworkConfig, "network %q: missing \"ipam\" section with a \"type\" (for example {\"type\": \"podnet-ipam\"} or {\"type\": \"host-local\", ...})", base.Name)
+	if conf.IPAM.Type == "" {
+		return nil, cniErrorf(types.ErrInvalidNetworkConfig, "network %q: missing \"ipam\" section with a \"type\" (for example {\"type\": \"podnet-ipam\"} or {\"type\": \"host-local\", ...})", conf.Name)
 	}
-	if base.MTU != 0 && (base.MTU < minMTU || base.MTU > maxMTU) {
-		return cniErrorf(types.ErrInvalidNetworkConfig, "network %q: mtu %d is out of range: use %d-%d, or leave it out to take the node's MTU", base.Name, base.MTU, minMTU, maxMTU)
+	if conf.MTU != 0 && (conf.MTU < minMTU || conf.MTU > maxMTU) {
+		return nil, cniErrorf(types.ErrInvalidNetworkConfig, "network %q: mtu %d is out of range: use %d-%d, or leave it out to take the node's MTU", conf.Name, conf.MTU, minMTU, maxMTU)
 	}
-	if err := version.ParsePrevResult(&base.PluginConf); err != nil {
-		return cniErrorf(types.ErrDecodingFailure, "network %q: cannot decode prevResult: %v", base.Name, err)
+	if err := version.ParsePrevResult(&conf.PluginConf); err != nil {
+		return nil, cniErrorf(types.ErrDecodingFailure, "network %q: cannot decode prevResult: %v", conf.Name, err)
 	}
-	return nil
+	return &conf, nil
 }
 
 // podArgs are the CNI_ARGS podnet uses.
@@ -101,46 +96,6 @@ func parseArgs(cniArgs string) (podArgs, error) {
 		}
 	}
 	return a, nil
-}
-
-// refuseOwnNetns fails with code 8 (invalid netns) when path is the
-// plugin's own network namespace, the node's: every verb would then act on
-// the node itself (ADD would leave pod routes on it; DEL's fallback could
-// delete the uplink named by CNI_IFNAME). An empty or missing path is not
-// the plugin's netns (DEL must still succeed for a pod that is gone).
-func refuseOwnNetns(path string) error {
-	if path == "" {
-		return nil
-	}
-	var target, self unix.Stat_t
-	if err := unix.Stat(path, &target); err != nil {
-		return nil // missing or unreadable: openNetns reports it where it matters
-	}
-	if err := unix.Stat("/proc/self/ns/net", &self); err != nil {
-		return cniErrorf(types.ErrInternal, "cannot read the plugin's own network namespace: %v", err)
-	}
-	if target.Dev == self.Dev && target.Ino == self.Ino {
-		return cniErrorf(types.ErrInvalidNetNS, "CNI_NETNS %s is the network namespace the plugin runs in (the node's), not a pod's: refusing to touch it", path)
-	}
-	return nil
-}
-
-// openNetns opens the pod netns. A path that does not exist or is not a
-// netns is error code 3 (the container is gone or unknown).
-func openNetns(path string) (ns.NetNS, error) {
-	podNS, err := ns.GetNS(path)
-	if err == nil {
-		return podNS, nil
-	}
-	var notExist ns.NSPathNotExistErr
-	if errors.As(err, &notExist) {
-		return nil, cniErrorf(types.ErrUnknownContainer, "CNI_NETNS %s does not exist (has the container exited?)", path)
-	}
-	var notNS ns.NSPathNotNSErr
-	if errors.As(err, &notNS) {
-		return nil, cniErrorf(types.ErrUnknownContainer, "CNI_NETNS %s is not a network namespace", path)
-	}
-	return nil, cniErrorf(types.ErrUnknownContainer, "cannot open CNI_NETNS %s: %v", path, err)
 }
 
 // resolveMTU returns the pod MTU: from the config, else the node state file,
@@ -178,48 +133,4 @@ func underlayMTU() int {
 		}
 	}
 	return defaultMTU
-}
-
-// newLogger returns a logger writing to conf.LogFile, or one that discards.
-// The returned closer must be called when the plugin is done.
-func newLogger(conf *netConf, plugin string) (*slog.Logger, func()) {
-	if conf.LogFile == "" {
-		return slog.New(slog.NewTextHandler(io.Discard, nil)), func() {}
-	}
-	// O_NOFOLLOW, O_NONBLOCK (a FIFO must not hang ADD) and a regular-file
-	// check: a symlink, FIFO or device planted at the log path must not make
-	// a root process append to another file.
-	f, err := os.OpenFile(conf.LogFile, os.O_APPEND|os.O_CREATE|os.O_WRONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0o600)
-	if err == nil {
-		if st, serr := f.Stat(); serr != nil || !st.Mode().IsRegular() {
-			_ = f.Close()
-			err = fmt.Errorf("not a regular file")
-		}
-	}
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "%s: not logging to logFile %s: %v\n", plugin, conf.LogFile, err)
-		return slog.New(slog.NewTextHandler(io.Discard, nil)), func() {}
-	}
-	l := slog.New(slog.NewJSONHandler(f, nil)).With("plugin", plugin, "network", conf.Name)
-	return l, func() { _ = f.Close() }
-}
-
-// undoStack is the undo stack of an ADD: each successful step pushes its
-// undo; on failure run undoes them in reverse order.
-type undoStack struct {
-	undo []func() error
-	log  *slog.Logger
-}
-
-// push records how to undo a step that succeeded.
-func (r *undoStack) push(undo func() error) { r.undo = append(r.undo, undo) }
-
-// run undoes every recorded step, newest first, and logs undo failures.
-func (r *undoStack) run() {
-	for i := len(r.undo) - 1; i >= 0; i-- {
-		if err := r.undo[i](); err != nil && r.log != nil {
-			r.log.Error("rollback step failed", "err", err)
-		}
-	}
-	r.undo = nil
 }

@@ -1,18 +1,12 @@
 package veth
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
-	"log/slog"
-	"os"
-	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
 
 	"github.com/containernetworking/cni/pkg/types"
-	"golang.org/x/sys/unix"
 )
 
 // cniCode returns the code of err as a CNI error, failing when it is not one.
@@ -80,11 +74,7 @@ func TestLoadConf(t *testing.T) {
 	conf := func(extra string) []byte {
 		return []byte(`{"cniVersion":"1.0.0","name":"podnet","type":"podnet","ipam":{"type":"host-local"}` + extra + `}`)
 	}
-	load := func(stdin []byte) (*netConf, error) {
-		var c netConf
-		err := loadConf(stdin, &c, &c)
-		return &c, err
-	}
+	load := loadConf
 
 	t.Run("minimal", func(t *testing.T) {
 		c, err := load(conf(""))
@@ -141,100 +131,5 @@ func TestLoadConf(t *testing.T) {
 				t.Errorf("code %d (%v), want %d", code, err, c.code)
 			}
 		})
-	}
-}
-
-func TestRollback(t *testing.T) {
-	t.Run("newest first, once", func(t *testing.T) {
-		var ran []int
-		r := &undoStack{}
-		for i := 1; i <= 3; i++ {
-			r.push(func() error { ran = append(ran, i); return nil })
-		}
-		r.run()
-		if want := []int{3, 2, 1}; !slices.Equal(ran, want) {
-			t.Fatalf("undos ran as %v, want %v", ran, want)
-		}
-		r.run()
-		if want := []int{3, 2, 1}; !slices.Equal(ran, want) {
-			t.Errorf("second Run re-ran undos: %v", ran)
-		}
-	})
-
-	t.Run("a failing undo does not stop the others and is logged", func(t *testing.T) {
-		var buf bytes.Buffer
-		var ran []string
-		r := &undoStack{log: slog.New(slog.NewTextHandler(&buf, nil))}
-		r.push(func() error { ran = append(ran, "ipam"); return nil })
-		r.push(func() error { ran = append(ran, "veth"); return errors.New("veth busy") })
-		r.push(func() error { ran = append(ran, "route"); return nil })
-		r.run()
-		if want := []string{"route", "veth", "ipam"}; !slices.Equal(ran, want) {
-			t.Errorf("undos ran as %v, want %v", ran, want)
-		}
-		if !strings.Contains(buf.String(), "veth busy") {
-			t.Errorf("undo failure not logged; log: %q", buf.String())
-		}
-	})
-
-	t.Run("failing undo without a logger", func(t *testing.T) {
-		ran := 0
-		r := &undoStack{}
-		r.push(func() error { ran++; return errors.New("boom") })
-		r.push(func() error { ran++; return errors.New("boom") })
-		r.run()
-		if ran != 2 {
-			t.Errorf("%d undos ran, want 2", ran)
-		}
-	})
-
-	t.Run("push after run", func(t *testing.T) {
-		var ran []string
-		r := &undoStack{}
-		r.push(func() error { ran = append(ran, "old"); return nil })
-		r.run()
-		r.push(func() error { ran = append(ran, "new"); return nil })
-		r.run()
-		if want := []string{"old", "new"}; !slices.Equal(ran, want) {
-			t.Errorf("undos ran as %v, want %v", ran, want)
-		}
-	})
-
-	t.Run("empty", func(t *testing.T) {
-		(&undoStack{}).run()
-	})
-}
-
-// TestLoggerRefusesSymlinkAndFIFO: a symlink planted at logFile must not
-// make the plugin (root) append to the file it points to, and a FIFO must
-// not block it; a regular file is logged to.
-func TestLoggerRefusesSymlinkAndFIFO(t *testing.T) {
-	dir := t.TempDir()
-	outside := filepath.Join(dir, "outside")
-	if err := os.WriteFile(outside, []byte("precious\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	link := filepath.Join(dir, "podnet.log")
-	if err := os.Symlink(outside, link); err != nil {
-		t.Fatal(err)
-	}
-	fifo := filepath.Join(dir, "fifo.log")
-	if err := unix.Mkfifo(fifo, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	for _, p := range []string{link, fifo} {
-		log, done := newLogger(&netConf{LogFile: p}, "podnet")
-		log.Info("hello")
-		done()
-	}
-	if b, _ := os.ReadFile(outside); string(b) != "precious\n" {
-		t.Errorf("the symlink's target was written: %q", b)
-	}
-	regular := filepath.Join(dir, "regular.log")
-	log, done := newLogger(&netConf{LogFile: regular}, "podnet")
-	log.Info("hello")
-	done()
-	if b, _ := os.ReadFile(regular); !strings.Contains(string(b), `"msg":"hello"`) {
-		t.Errorf("regular log file: %q", b)
 	}
 }

@@ -3,23 +3,8 @@ package veth
 import (
 	"crypto/sha256"
 	"encoding/hex"
-	"net"
 	"strings"
 )
-
-// hostMAC is the fixed MAC address of every routed host veth. The pod always
-// resolves its gateway to it, so a host veth can be recreated without the pod
-// having to re-learn a neighbor.
-const hostMAC = "ee:ee:ee:ee:ee:ee"
-
-// gatewayV4 is the link-local IPv4 gateway every routed pod uses. Nothing
-// owns it: the host veth answers for it by proxy ARP, and the pod also gets a
-// permanent neighbor entry for it.
-const gatewayV4 = "169.254.1.1"
-
-// GatewayV6 is the link-local address of every routed host veth, the EUI-64
-// address of hostMAC. It is the pod's IPv6 default gateway.
-const GatewayV6 = "fe80::ecee:eeff:feee:eeee"
 
 // hostVethPrefix starts every host-side veth name.
 const hostVethPrefix = "pn"
@@ -93,12 +78,4 @@ func parseAlias(alias, prefix string) (o Owner, ok bool) {
 		return Owner{}, false
 	}
 	return Owner{Network: parts[0], ContainerID: parts[1], IfName: parts[2]}, true
-}
-
-func mustParseMAC(s string) net.HardwareAddr {
-	mac, err := net.ParseMAC(s)
-	if err != nil {
-		panic(err)
-	}
-	return mac
 }

@@ -2,22 +2,10 @@ package veth
 
 import (
 	"fmt"
-	"net"
 
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
-	"github.com/vishvananda/netlink"
 )
-
-// routedResult builds the ADD result of a routed attachment: prevResult's
-// content (when chained) followed by the host veth and the pod interface,
-// the pod addresses as configured, and the routes the pod got.
-func routedResult(prev *current.Result, hostName string, podIface *current.Interface, side podSide) *current.Result {
-	result := chainedBase(prev)
-	result.Interfaces = append(result.Interfaces, &current.Interface{Name: hostName, Mac: hostMAC}, podIface)
-	addPodIPsAndRoutes(result, len(result.Interfaces)-1, side)
-	return result
-}
 
 // chainedBase starts a result from prevResult's content, when chained.
 func chainedBase(prev *current.Result) *current.Result {
@@ -71,37 +59,4 @@ func podAllocation(prev *current.Result, ifName, sandbox string) (*current.Resul
 		return nil, fmt.Errorf("prevResult has no address for interface %s", ifName)
 	}
 	return out, nil
-}
-
-// allocatedIPs lists the addresses of an IPAM result.
-func allocatedIPs(alloc *current.Result) []net.IP {
-	ips := make([]net.IP, 0, len(alloc.IPs))
-	for _, c := range alloc.IPs {
-		ips = append(ips, c.Address.IP)
-	}
-	return ips
-}
-
-// gcHostVeths deletes the host veths of network whose attachment is not in
-// valid, and returns their names. Routes through them go with them.
-func gcHostVeths(network string, valid []types.GCAttachment) ([]string, error) {
-	owned, err := ownedHostVeths(network)
-	if err != nil {
-		return nil, err
-	}
-	keep := make(map[[2]string]bool, len(valid))
-	for _, a := range valid {
-		keep[[2]string{a.ContainerID, a.IfName}] = true
-	}
-	var removed []string
-	for o, link := range owned {
-		if keep[[2]string{o.ContainerID, o.IfName}] {
-			continue
-		}
-		if err := netlink.LinkDel(link); err != nil && !isNotFound(err) {
-			return removed, fmt.Errorf("delete stale veth %s of container %s: %w", link.Attrs().Name, o.ContainerID, err)
-		}
-		removed = append(removed, link.Attrs().Name)
-	}
-	return removed, nil
 }

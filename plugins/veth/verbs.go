@@ -1,20 +1,22 @@
-// Package veth is the veth CNI plugin of podnet in its two modes: routed
-// (the podnet binary, Calico-style) and bridged (podnet-bridge). It holds the
-// verbs and the rollback stack of ADD (verbs.go), what each mode does on the
-// host (routed.go, bridged.go), the veth pair (vethpair.go, detach.go), the
-// pod side (pod.go), names and aliases (names.go), the ADD result
-// (result.go), the network config (config.go), the IPAM delegation
-// (delegate.go) and the opt-in step trace (trace.go).
+// Package veth is podnet's veth CNI plugin in its two modes: routed (the
+// podnet binary, Calico-style: a /32 per pod, routed by the node) and bridged
+// (podnet-bridge: the node's pods share a Linux bridge). One file per idea:
+// verbs.go the verbs and the rollback stack of ADD; routed.go and bridged.go
+// what each mode does on the node; vethpair.go and detach.go the veth pair;
+// pod.go the pod side; names.go host veth names and aliases; result.go the
+// ADD result; config.go the network config and MTU; netns.go opening the
+// pod netns; delegate.go the IPAM delegation; log.go and trace.go the
+// optional log and step trace.
 package veth
 
 import (
 	"errors"
+	"log/slog"
 	"net"
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
-	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 
 	"github.com/podnet/podnet/ipam"
@@ -69,7 +71,6 @@ func (p *plugin) step(name string) error {
 type invocation struct {
 	conf  *netConf
 	mode  mode
-	pod   podArgs
 	owner Owner
 	host  string
 }
@@ -79,11 +80,11 @@ func (p *plugin) begin(args *skel.CmdArgs) (*invocation, error) {
 	if err := refuseOwnNetns(args.Netns); err != nil {
 		return nil, err
 	}
-	var conf netConf
-	if err := loadConf(args.StdinData, &conf, &conf); err != nil {
+	conf, err := loadConf(args.StdinData)
+	if err != nil {
 		return nil, err
 	}
-	m, err := p.newMode(args.StdinData, &conf)
+	m, err := p.newMode(args.StdinData, conf)
 	if err != nil {
 		return nil, err
 	}
@@ -92,9 +93,8 @@ func (p *plugin) begin(args *skel.CmdArgs) (*invocation, error) {
 		return nil, err
 	}
 	return &invocation{
-		conf:  &conf,
+		conf:  conf,
 		mode:  m,
-		pod:   pod,
 		owner: Owner{Network: conf.Name, ContainerID: args.ContainerID, IfName: args.IfName},
 		host:  HostVethName(pod.PodNamespace, pod.PodName, args.ContainerID, args.IfName),
 	}, nil
@@ -264,20 +264,6 @@ func (p *plugin) del(args *skel.CmdArgs) (err error) {
 	return nil
 }
 
-// openNetnsForDel opens CNI_NETNS for DEL, or returns nil when there is
-// none to open (empty, gone, not a netns): DEL must succeed for a pod that
-// is gone, and then simply deletes what is left on the node.
-func openNetnsForDel(path string) ns.NetNS {
-	if path == "" {
-		return nil
-	}
-	podNS, err := ns.GetNS(path)
-	if err != nil {
-		return nil
-	}
-	return podNS
-}
-
 // check compares the pod and the host side with prevResult.
 func (p *plugin) check(args *skel.CmdArgs) error {
 	inv, err := p.begin(args)
@@ -366,4 +352,24 @@ func statusError(err error) error {
 		return te
 	}
 	return types.NewError(types.ErrPluginNotAvailable, te.Msg, te.Details)
+}
+
+// undoStack is the undo stack of an ADD: each successful step pushes its
+// undo; on failure run undoes them in reverse order.
+type undoStack struct {
+	undo []func() error
+	log  *slog.Logger
+}
+
+// push records how to undo a step that succeeded.
+func (r *undoStack) push(undo func() error) { r.undo = append(r.undo, undo) }
+
+// run undoes every recorded step, newest first, and logs undo failures.
+func (r *undoStack) run() {
+	for i := len(r.undo) - 1; i >= 0; i-- {
+		if err := r.undo[i](); err != nil && r.log != nil {
+			r.log.Error("rollback step failed", "err", err)
+		}
+	}
+	r.undo = nil
 }

@@ -4,10 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
-	"path/filepath"
-	"strings"
 
+	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
@@ -182,25 +180,31 @@ func ownedHostVeths(network string) (map[Owner]netlink.Link, error) {
 	return owned, nil
 }
 
+// gcHostVeths deletes the host veths of network whose attachment is not in
+// valid, and returns their names. Routes through them go with them.
+func gcHostVeths(network string, valid []types.GCAttachment) ([]string, error) {
+	owned, err := ownedHostVeths(network)
+	if err != nil {
+		return nil, err
+	}
+	keep := make(map[[2]string]bool, len(valid))
+	for _, a := range valid {
+		keep[[2]string{a.ContainerID, a.IfName}] = true
+	}
+	var removed []string
+	for o, link := range owned {
+		if keep[[2]string{o.ContainerID, o.IfName}] {
+			continue
+		}
+		if err := netlink.LinkDel(link); err != nil && !isNotFound(err) {
+			return removed, fmt.Errorf("delete stale veth %s of container %s: %w", link.Attrs().Name, o.ContainerID, err)
+		}
+		removed = append(removed, link.Attrs().Name)
+	}
+	return removed, nil
+}
+
 func isNotFound(err error) bool {
 	var lnf netlink.LinkNotFoundError
 	return errors.As(err, &lnf) || errors.Is(err, unix.ENODEV) || errors.Is(err, unix.ENOENT)
-}
-
-// writeSysctl sets a per-netns kernel setting such as
-// "net/ipv4/conf/eth0/proxy_arp" for the calling thread's netns.
-func writeSysctl(name, value string) error {
-	p := filepath.Join("/proc/sys", name)
-	if err := os.WriteFile(p, []byte(value), 0o644); err != nil {
-		return fmt.Errorf("set %s=%s: %w", name, value, err)
-	}
-	return nil
-}
-
-func readSysctl(name string) (string, error) {
-	b, err := os.ReadFile(filepath.Join("/proc/sys", name))
-	if err != nil {
-		return "", fmt.Errorf("read %s: %w", name, err)
-	}
-	return strings.TrimSpace(string(b)), nil
 }
