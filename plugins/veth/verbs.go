@@ -5,8 +5,8 @@
 // what each mode does on the node; vethpair.go and detach.go the veth pair;
 // pod.go the pod side; names.go host veth names and aliases; result.go the
 // ADD result; config.go the network config and MTU; netns.go opening the
-// pod netns; delegate.go the IPAM delegation; log.go and trace.go the
-// optional log and step trace.
+// pod netns; sysctl.go per-netns kernel settings; delegate.go the IPAM
+// delegation; log.go and trace.go the optional log and step trace.
 package veth
 
 import (
