@@ -8,7 +8,7 @@ export CGO_ENABLED := 0
 
 # binary name -> main package
 PKG_podnet := ./plugins/podnet
-PKG_podnet-ipam := ./ipam/cmd/podnet-ipam
+PKG_podnet-ipam := ./plugins/podnet-ipam
 PKG_podnet-bridge := ./plugins/podnet-bridge
 PKG_podnet-routed := ./routed/cmd/podnet-routed
 

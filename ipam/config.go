@@ -13,6 +13,7 @@ import (
 	"strings"
 
 	"github.com/containernetworking/cni/pkg/types"
+	"github.com/containernetworking/cni/pkg/version"
 
 	"github.com/podnet/podnet/internal/nodestate"
 	"github.com/podnet/podnet/ipam/allocator"
@@ -307,6 +308,11 @@ func requestedIPs(conf NetConf, cniArgs string) ([]netip.Addr, error) {
 		out = append(out, a.Unmap())
 	}
 	return out, nil
+}
+
+// VersionInfo lists the CNI versions podnet-ipam accepts.
+func VersionInfo() version.PluginInfo {
+	return version.PluginSupports("0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0")
 }
 
 // CNIVersion is the cniVersion of a config ("" when it does not parse).

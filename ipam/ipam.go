@@ -7,6 +7,7 @@ import (
 	"net"
 	"syscall"
 
+	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/cni/pkg/utils"
@@ -23,6 +24,11 @@ type Request struct {
 	ContainerID string
 	IfName      string
 	Args        string // CNI_ARGS
+}
+
+// RequestFrom builds a Request from a plugin invocation.
+func RequestFrom(a *skel.CmdArgs) Request {
+	return Request{Stdin: a.StdinData, ContainerID: a.ContainerID, IfName: a.IfName, Args: a.Args}
 }
 
 // session is an open, locked store with the allocator over it.

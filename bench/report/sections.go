@@ -238,7 +238,7 @@ func (r *report) floorSection(c *cniData) {
 		}
 		r.f("\n\n")
 		if len(moved.Ms) > 0 && len(direct.Ms) > 0 {
-			r.notes = append(r.notes, fmt.Sprintf("The veth floors: created in the node netns and then moved into the pod netns a pair costs %s ms p50, created with its peer directly in the pod netns %s ms. podnet creates the pod end in the pod netns under its final name (internal/podlink/veth.go CreateVeth, one RTM_NEWLINK with IFLA_NET_NS_FD for the peer); section 1b has the before/after by step.",
+			r.notes = append(r.notes, fmt.Sprintf("The veth floors: created in the node netns and then moved into the pod netns a pair costs %s ms p50, created with its peer directly in the pod netns %s ms. podnet creates the pod end in the pod netns under its final name (plugins/veth/vethpair.go createVeth, one RTM_NEWLINK with IFLA_NET_NS_FD for the peer); section 1b has the before/after by step.",
 				fmtMs(median(moved.Ms)), fmtMs(median(direct.Ms))))
 		}
 	}

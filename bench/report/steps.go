@@ -6,7 +6,7 @@ import (
 )
 
 // verbTrace and stepStat are what test/bench/cnibench records from
-// podnet's step trace (PODNET_TRACE, internal/podplugin/trace.go).
+// podnet's step trace (PODNET_TRACE, plugins/veth/trace.go).
 type verbTrace struct {
 	N     int         `json:"n"`
 	Total stepStat    `json:"total"`

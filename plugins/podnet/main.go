@@ -1,17 +1,15 @@
 // Command podnet is the routed-veth (Calico-style) CNI plugin: one veth pair
 // per pod, the pod's addresses as /32 and /128 with default routes via a
 // link-local gateway that the host veth answers for, and a host route per pod
-// address to the host veth. The verbs are internal/podplugin's routed mode.
+// address to the host veth. The verbs are plugins/veth's routed mode.
 package main
 
 import (
 	"github.com/containernetworking/cni/pkg/skel"
 
-	"github.com/podnet/podnet/internal/cnicore"
-	"github.com/podnet/podnet/internal/podplugin"
-	"github.com/podnet/podnet/ipam"
+	"github.com/podnet/podnet/plugins/veth"
 )
 
 func main() {
-	skel.PluginMainFuncs(podplugin.NewRouted(ipam.Auto{}, nil).Funcs(), cnicore.VersionInfo(), "podnet: routed veth CNI plugin")
+	skel.PluginMainFuncs(veth.Routed(), veth.VersionInfo(), "podnet: routed veth CNI plugin")
 }

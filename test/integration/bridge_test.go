@@ -15,9 +15,8 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 
-	"github.com/podnet/podnet/internal/podlink"
-	"github.com/podnet/podnet/internal/podplugin"
 	"github.com/podnet/podnet/internal/rtproto"
+	"github.com/podnet/podnet/plugins/veth"
 	"github.com/podnet/podnet/test/nettest"
 )
 
@@ -103,7 +102,7 @@ func readBrNode(t *testing.T, node *nettest.Node, bridgeName string) brNode {
 		}
 		var live []netlink.Link
 		for _, l := range links {
-			if !podlink.IsDetached(l) { // see nettest.LinkNames
+			if !veth.IsDetached(l) { // see nettest.LinkNames
 				live = append(live, l)
 			}
 		}
@@ -162,7 +161,7 @@ func brPodLinks(t *testing.T, podNS ns.NetNS) []string {
 // shared by the pods and outlives the last one.
 func assertBridgeClean(t *testing.T, rt *nettest.Runtime, dataDir string) {
 	t.Helper()
-	st := readBrNode(t, rt.Node, podplugin.DefaultBridge)
+	st := readBrNode(t, rt.Node, veth.DefaultBridge)
 	if len(st.veths) > 0 || len(st.others) > 0 {
 		t.Errorf("links left in node netns: veths %v, others %v", st.veths, st.others)
 	}
@@ -192,7 +191,7 @@ func addBridgePod(t *testing.T, rt *nettest.Runtime, containerID string) *nettes
 func brPodIP(p *nettest.Pod) string { return p.Result.IPs[0].Address.IP.String() }
 
 func bridgeHostVeth(containerID string) string {
-	return podlink.HostVethName("", "", containerID, "eth0")
+	return veth.HostVethName("", "", containerID, "eth0")
 }
 
 // TestBridgeConcurrentAdds runs 16 ADDs at once on a fresh node: they must
@@ -234,15 +233,15 @@ func TestBridgeConcurrentAdds(t *testing.T) {
 		t.FailNow()
 	}
 
-	st := readBrNode(t, rt.Node, podplugin.DefaultBridge)
-	if !slices.Equal(st.bridges, []string{podplugin.DefaultBridge}) {
-		t.Fatalf("bridges in the node = %v, want exactly [%s]", st.bridges, podplugin.DefaultBridge)
+	st := readBrNode(t, rt.Node, veth.DefaultBridge)
+	if !slices.Equal(st.bridges, []string{veth.DefaultBridge}) {
+		t.Fatalf("bridges in the node = %v, want exactly [%s]", st.bridges, veth.DefaultBridge)
 	}
 	if !slices.Equal(st.gwAddrs, []string{gw + "/24"}) {
 		t.Errorf("bridge addresses = %v, want the gateway %s/24 exactly once", st.gwAddrs, gw)
 	}
 	if st.bridge.Attrs().Flags&net.FlagUp == 0 {
-		t.Errorf("bridge %s is down", podplugin.DefaultBridge)
+		t.Errorf("bridge %s is down", veth.DefaultBridge)
 	}
 	var wantPorts []string
 	for _, p := range pods {
@@ -259,7 +258,7 @@ func TestBridgeConcurrentAdds(t *testing.T) {
 	// lowest port MAC unless its own is set): the results report it and
 	// the pods cache it.
 	brMAC := st.bridge.Attrs().HardwareAddr.String()
-	if fwd, err := nettest.ReadSysctl(rt.Node.NS, "net/ipv4/conf/"+podplugin.DefaultBridge+"/forwarding"); err != nil || fwd != "1" {
+	if fwd, err := nettest.ReadSysctl(rt.Node.NS, "net/ipv4/conf/"+veth.DefaultBridge+"/forwarding"); err != nil || fwd != "1" {
 		t.Errorf("forwarding on the bridge = %q (%v), want 1", fwd, err)
 	}
 
@@ -267,7 +266,7 @@ func TestBridgeConcurrentAdds(t *testing.T) {
 	seen := map[string]string{}
 	for _, p := range pods {
 		res := p.Result
-		if len(res.Interfaces) != 3 || res.Interfaces[0].Name != podplugin.DefaultBridge || res.Interfaces[0].Mac != brMAC ||
+		if len(res.Interfaces) != 3 || res.Interfaces[0].Name != veth.DefaultBridge || res.Interfaces[0].Mac != brMAC ||
 			res.Interfaces[1].Name != bridgeHostVeth(p.RT.ContainerID) || res.Interfaces[2].Name != "eth0" || res.Interfaces[2].Sandbox != p.NS.Path() {
 			t.Errorf("%s: result interfaces = %+v, want bridge (MAC %s), host veth, eth0 in the pod", p.RT.ContainerID, res.Interfaces, brMAC)
 			continue
@@ -330,9 +329,9 @@ func TestBridgeConcurrentAdds(t *testing.T) {
 		}
 	}
 	assertBridgeClean(t, rt, dataDir)
-	st = readBrNode(t, rt.Node, podplugin.DefaultBridge)
+	st = readBrNode(t, rt.Node, veth.DefaultBridge)
 	if st.bridge == nil || !slices.Equal(st.gwAddrs, []string{gw + "/24"}) {
-		t.Fatalf("after the last DEL: bridge %v with addresses %v, want %s kept with %s/24", st.bridges, st.gwAddrs, podplugin.DefaultBridge, gw)
+		t.Fatalf("after the last DEL: bridge %v with addresses %v, want %s kept with %s/24", st.bridges, st.gwAddrs, veth.DefaultBridge, gw)
 	}
 	if got := st.bridge.Attrs().HardwareAddr.String(); got != brMAC {
 		t.Errorf("bridge MAC changed from %s to %s when the ports left", brMAC, got)
@@ -395,7 +394,7 @@ func TestBridgeCheck(t *testing.T) {
 				return err
 			}
 			return netlink.LinkSetNoMaster(l)
-		}, "is not attached to bridge " + podplugin.DefaultBridge},
+		}, "is not attached to bridge " + veth.DefaultBridge},
 		{"pod default route removed", false, func(string) error {
 			return netlink.RouteDel(&netlink.Route{Dst: nettest.MustParseCIDR("0.0.0.0/0")})
 		}, "route 0.0.0.0/0 via " + gw + " is missing"},
@@ -465,8 +464,8 @@ func TestBridgeDel(t *testing.T) {
 		}
 		assertBridgeClean(t, rt, dataDir)
 	})
-	if st := readBrNode(t, rt.Node, podplugin.DefaultBridge); st.bridge == nil {
-		t.Errorf("bridge %s gone after the DELs (bridges %v)", podplugin.DefaultBridge, st.bridges)
+	if st := readBrNode(t, rt.Node, veth.DefaultBridge); st.bridge == nil {
+		t.Errorf("bridge %s gone after the DELs (bridges %v)", veth.DefaultBridge, st.bridges)
 	}
 }
 
@@ -486,7 +485,7 @@ func TestBridgeGC(t *testing.T) {
 	if err := gcRT.GC([]types.GCAttachment{{ContainerID: kept.RT.ContainerID, IfName: "eth0"}}); err != nil {
 		t.Fatalf("GC: %v", err)
 	}
-	st := readBrNode(t, rt.Node, podplugin.DefaultBridge)
+	st := readBrNode(t, rt.Node, veth.DefaultBridge)
 	want := []string{bridgeHostVeth(kept.RT.ContainerID)}
 	if !slices.Equal(st.veths, want) || !slices.Equal(st.ports, want) {
 		t.Fatalf("after GC: veths %v, bridge ports %v, want only %v", st.veths, st.ports, want)
@@ -554,7 +553,7 @@ func TestBridgeIPAMs(t *testing.T) {
 			if got := brReservations(t, dataDir); !slices.Equal(got, brSorted(brPodIP(a), brPodIP(b))) {
 				t.Errorf("reservations = %v, want %s and %s", got, brPodIP(a), brPodIP(b))
 			}
-			st := readBrNode(t, rt.Node, podplugin.DefaultBridge)
+			st := readBrNode(t, rt.Node, veth.DefaultBridge)
 			if !slices.Equal(st.gwAddrs, []string{gw + "/24"}) || len(st.ports) != 2 {
 				t.Fatalf("bridge addresses %v, ports %v, want %s/24 and two ports", st.gwAddrs, st.ports, gw)
 			}
@@ -607,10 +606,10 @@ func TestBridgeBadInput(t *testing.T) {
 			// not podnet's (no alias), so nothing may touch it.
 			name: "veth holds the bridge name",
 			prepare: func() error {
-				return netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: podplugin.DefaultBridge}, PeerName: "podnet0peer"})
+				return netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: veth.DefaultBridge}, PeerName: "podnet0peer"})
 			},
-			msg:   []string{"interface " + podplugin.DefaultBridge + " exists and is a veth, not a bridge"},
-			links: []string{podplugin.DefaultBridge + "/veth", "podnet0peer/veth"},
+			msg:   []string{"interface " + veth.DefaultBridge + " exists and is a veth, not a bridge"},
+			links: []string{veth.DefaultBridge + "/veth", "podnet0peer/veth"},
 		},
 	}
 	for _, tc := range cases {
@@ -686,7 +685,7 @@ func TestBridgeGatewayMAC(t *testing.T) {
 	var lowMAC net.HardwareAddr
 	var brMAC string
 	rt.Node.Do(func() error {
-		br, err := netlink.LinkByName(podplugin.DefaultBridge)
+		br, err := netlink.LinkByName(veth.DefaultBridge)
 		if err != nil {
 			return err
 		}
@@ -706,7 +705,7 @@ func TestBridgeGatewayMAC(t *testing.T) {
 	if err := rt.Del(low.RT); err != nil {
 		t.Fatal(err)
 	}
-	st := readBrNode(t, rt.Node, podplugin.DefaultBridge)
+	st := readBrNode(t, rt.Node, veth.DefaultBridge)
 	if got := st.bridge.Attrs().HardwareAddr.String(); got != brMAC {
 		t.Errorf("bridge MAC changed from %s to %s when %s left", brMAC, got, low.RT.ContainerID)
 	}

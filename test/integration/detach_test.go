@@ -11,8 +11,8 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 
-	"github.com/podnet/podnet/internal/podlink"
 	"github.com/podnet/podnet/internal/rtproto"
+	"github.com/podnet/podnet/plugins/veth"
 	"github.com/podnet/podnet/test/nettest"
 )
 
@@ -50,12 +50,12 @@ func TestDelDetachesUntilNetnsGone(t *testing.T) {
 				if err := netns.Do(func(ns.NetNS) (err error) { l, err = netlink.LinkByName(name); return err }); err != nil {
 					t.Fatalf("%s %s after DEL: %v", what, name, err)
 				}
-				if !podlink.IsDetached(l) || l.Attrs().Flags&net.FlagUp != 0 {
+				if !veth.IsDetached(l) || l.Attrs().Flags&net.FlagUp != 0 {
 					t.Errorf("%s %s after DEL: flags %v alias %q, want a detached (down) podnet veth", what, name, l.Attrs().Flags, l.Attrs().Alias)
 				}
 			}
 			detached("host end", node.NS, hostName)
-			detached("pod end", podNS, podlink.DetachedName("eth0"))
+			detached("pod end", podNS, veth.DetachedName("eth0"))
 			if links := rt.Node.Links(); len(links) > 0 && plugin == "podnet" {
 				t.Errorf("live links in the node after DEL: %v", links)
 			}

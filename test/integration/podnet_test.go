@@ -17,8 +17,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
-	"github.com/podnet/podnet/internal/podlink"
 	"github.com/podnet/podnet/internal/rtproto"
+	"github.com/podnet/podnet/plugins/veth"
 	"github.com/podnet/podnet/test/nettest"
 )
 
@@ -208,7 +208,7 @@ func TestVersionsAddCheckDel(t *testing.T) {
 			if err != nil {
 				t.Fatalf("ADD: %v", err)
 			}
-			hostName := podlink.HostVethName("default", "web-"+ver, conf.ContainerID, "eth0")
+			hostName := veth.HostVethName("default", "web-"+ver, conf.ContainerID, "eth0")
 
 			// The result: host veth, pod interface in its sandbox, a /32.
 			if len(res.Interfaces) != 2 || res.Interfaces[0].Name != hostName || res.Interfaces[0].Mac != "ee:ee:ee:ee:ee:ee" {
@@ -307,15 +307,15 @@ func TestDualStack(t *testing.T) {
 	if err != nil {
 		t.Fatalf("ADD: %v", err)
 	}
-	if len(res.IPs) != 2 || res.IPs[1].Address.String() != "fd00:244:3::2/128" || !res.IPs[1].Gateway.Equal(net.ParseIP(podlink.GatewayV6)) {
+	if len(res.IPs) != 2 || res.IPs[1].Address.String() != "fd00:244:3::2/128" || !res.IPs[1].Gateway.Equal(net.ParseIP(veth.GatewayV6)) {
 		t.Fatalf("result ips = %+v", res.IPs)
 	}
 	pod := readPod(t, podNS, "eth0")
 	if !slices.Equal(pod.addrs, []string{"10.244.3.2/32", "fd00:244:3::2/128"}) {
 		t.Fatalf("pod addresses = %v", pod.addrs)
 	}
-	if !slices.Contains(pod.routes, "default via "+podlink.GatewayV6) {
-		t.Fatalf("pod routes = %v, want an IPv6 default via %s", pod.routes, podlink.GatewayV6)
+	if !slices.Contains(pod.routes, "default via "+veth.GatewayV6) {
+		t.Fatalf("pod routes = %v, want an IPv6 default via %s", pod.routes, veth.GatewayV6)
 	}
 	if err := nettest.Ping(podNS, nettest.NodeAddr6); err != nil {
 		t.Fatal(err)
@@ -507,7 +507,7 @@ func TestCheckDetectsDrift(t *testing.T) {
 			if err := rt.Check(conf); err != nil {
 				t.Fatalf("CHECK of a healthy pod: %v", err)
 			}
-			hostName := podlink.HostVethName("", "", "check", "eth0")
+			hostName := veth.HostVethName("", "", "check", "eth0")
 			target := podNS
 			if b.inNode {
 				target = rt.Node.NS
@@ -557,7 +557,7 @@ func TestGCRemovesStaleAttachments(t *testing.T) {
 		t.Fatalf("GC: %v", err)
 	}
 	links := node.Links()
-	keep := podlink.HostVethName("", "", "gc-1", "eth0")
+	keep := veth.HostVethName("", "", "gc-1", "eth0")
 	if !slices.Equal(links, []string{keep}) {
 		t.Fatalf("links after GC = %v, want only %s", links, keep)
 	}

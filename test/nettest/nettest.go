@@ -26,7 +26,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
-	"github.com/podnet/podnet/internal/podlink"
+	"github.com/podnet/podnet/plugins/veth"
 )
 
 // NodeAddr is the address every test node has on its loopback: what pods
@@ -194,11 +194,11 @@ func (n *Node) Links() []string {
 }
 
 // LinkNames lists the links of netns other than lo and other than the
-// ends of veth pairs that DEL detached (podlink.IsDetached: down, no route,
+// ends of veth pairs that DEL detached (veth.IsDetached: down, no route,
 // no address in use; the kernel removes them with the pod netns, which
 // TestDelDetachesUntilNetnsGone checks with AllLinkNames).
 func LinkNames(netns ns.NetNS) ([]string, error) {
-	return linkNames(netns, func(l netlink.Link) bool { return !podlink.IsDetached(l) })
+	return linkNames(netns, func(l netlink.Link) bool { return !veth.IsDetached(l) })
 }
 
 // AllLinkNames lists every link of netns other than lo.

@@ -12,8 +12,8 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 
-	"github.com/podnet/podnet/internal/podlink"
 	"github.com/podnet/podnet/internal/rtproto"
+	"github.com/podnet/podnet/plugins/veth"
 )
 
 // storeDir is the podnet-ipam store of the network in use.
@@ -53,7 +53,7 @@ func (h *harness) reservations() (map[string]string, []string) {
 // Pairs that DEL detached are not listed: the kernel removes them with
 // their pod netns (waitDetachedGone).
 func (h *harness) hostVeths() map[string]string {
-	return h.veths(func(l netlink.Link) bool { return !podlink.IsDetached(l) })
+	return h.veths(func(l netlink.Link) bool { return !veth.IsDetached(l) })
 }
 
 // waitDetachedGone waits until the node has no detached veth left, and
@@ -61,7 +61,7 @@ func (h *harness) hostVeths() map[string]string {
 func (h *harness) waitDetachedGone(limit time.Duration) []string {
 	deadline := time.Now().Add(limit)
 	for {
-		left := keys(h.veths(podlink.IsDetached))
+		left := keys(h.veths(veth.IsDetached))
 		if len(left) == 0 || time.Now().After(deadline) {
 			return left
 		}
@@ -82,7 +82,7 @@ func (h *harness) veths(keep func(netlink.Link) bool) map[string]string {
 			if _, ok := l.(*netlink.Veth); !ok || !keep(l) {
 				continue
 			}
-			if o, ok := podlink.ParseAlias(l.Attrs().Alias); ok {
+			if o, ok := veth.ParseAlias(l.Attrs().Alias); ok {
 				out[l.Attrs().Name] = o.ContainerID + ":" + o.IfName
 			} else {
 				out[l.Attrs().Name] = "alias " + l.Attrs().Alias

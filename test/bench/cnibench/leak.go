@@ -20,7 +20,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
-	"github.com/podnet/podnet/internal/podlink"
+	"github.com/podnet/podnet/plugins/veth"
 )
 
 // nodeState is what of a node netns and its IPAM data dirs can leak.
@@ -199,7 +199,7 @@ func podLinks(p ns.NetNS) ([]string, error) {
 			return err
 		}
 		for _, l := range links {
-			if l.Attrs().Name != "lo" && !podlink.IsDetached(l) {
+			if l.Attrs().Name != "lo" && !veth.IsDetached(l) {
 				out = append(out, l.Attrs().Name)
 			}
 		}

@@ -534,7 +534,7 @@ func mean(xs []float64) float64 {
 	return s / float64(len(xs))
 }
 
-// readTrace summarizes a PODNET_TRACE file (see internal/podplugin/trace.go).
+// readTrace summarizes a PODNET_TRACE file (see plugins/veth/trace.go).
 func readTrace(path string) (map[string]*verbTrace, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {

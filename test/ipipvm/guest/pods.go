@@ -19,7 +19,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/google/nftables"
 
-	"github.com/podnet/podnet/internal/podlink"
+	"github.com/podnet/podnet/plugins/veth"
 	"github.com/podnet/podnet/routed/dataplane"
 	"github.com/podnet/podnet/test/ipipvm/vmconf"
 )
@@ -263,7 +263,7 @@ func (g *guest) deletePods() error {
 		err := n.netns.Do(func(ns.NetNS) error {
 			links, err := netlinksafe.LinkList()
 			for _, l := range links {
-				if strings.HasPrefix(l.Attrs().Name, "pn") && !podlink.IsDetached(l) {
+				if strings.HasPrefix(l.Attrs().Name, "pn") && !veth.IsDetached(l) {
 					left = append(left, l.Attrs().Name)
 				}
 			}

@@ -1,7 +1,6 @@
-package cnicore
+package veth
 
 import (
-	"context"
 	"errors"
 	"os"
 	"path/filepath"
@@ -24,7 +23,7 @@ func fakePlugin(t *testing.T, name, script string) {
 	t.Setenv("CNI_PATH", dir)
 }
 
-func TestExecIPAMAdd(t *testing.T) {
+func TestDelegateAdd(t *testing.T) {
 	t.Setenv("CNI_COMMAND", "ADD")
 	t.Setenv("CNI_CONTAINERID", "c1")
 	// the plugin sees the verb and the rest of the CNI environment, and
@@ -34,7 +33,7 @@ cat >/dev/null
 echo '{"ips":[{"address":"10.9.0.5/24"}]}'
 `)
 	args := &skel.CmdArgs{StdinData: []byte(`{"cniVersion":"1.0.0","name":"n","ipam":{"type":"fake-ipam"}}`)}
-	res, err := ExecIPAM{}.Add(context.Background(), "fake-ipam", args)
+	res, err := delegateAdd("fake-ipam", args.StdinData)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -44,7 +43,7 @@ echo '{"ips":[{"address":"10.9.0.5/24"}]}'
 	}
 }
 
-func TestExecIPAMErrors(t *testing.T) {
+func TestDelegateErrors(t *testing.T) {
 	t.Setenv("CNI_COMMAND", "ADD")
 	args := &skel.CmdArgs{StdinData: []byte(`{"cniVersion":"1.0.0","name":"n"}`)}
 	for _, tc := range []struct {
@@ -59,7 +58,7 @@ func TestExecIPAMErrors(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			fakePlugin(t, "fake-ipam", tc.script)
-			err := ExecIPAM{}.Del(context.Background(), "fake-ipam", args)
+			err := ipamVerb("DEL", nil, &netConf{PluginConf: types.PluginConf{IPAM: types.IPAM{Type: "fake-ipam"}}}, args)
 			var te *types.Error
 			if !errors.As(err, &te) || te.Code != tc.code || !strings.Contains(te.Msg, tc.msg) {
 				t.Fatalf("err %v, want code %d with %q", err, tc.code, tc.msg)
@@ -68,12 +67,12 @@ func TestExecIPAMErrors(t *testing.T) {
 	}
 	t.Run("not-found", func(t *testing.T) {
 		t.Setenv("CNI_PATH", t.TempDir())
-		if err := (ExecIPAM{}).Status(context.Background(), "missing", args); err == nil || !strings.Contains(err.Error(), `failed to find plugin "missing"`) {
+		if _, err := delegate("missing", "STATUS", args.StdinData); err == nil || !strings.Contains(err.Error(), `failed to find plugin "missing"`) {
 			t.Fatalf("err %v", err)
 		}
 	})
 	t.Run("path-in-name", func(t *testing.T) {
-		if err := (ExecIPAM{}).GC(context.Background(), "../sbin/evil", args); err == nil || !strings.Contains(err.Error(), "invalid plugin name") {
+		if _, err := delegate("../sbin/evil", "GC", args.StdinData); err == nil || !strings.Contains(err.Error(), "invalid plugin name") {
 			t.Fatalf("err %v", err)
 		}
 	})
@@ -83,5 +82,20 @@ func TestWithCommand(t *testing.T) {
 	got := withCommand([]string{"A=1", "CNI_COMMAND=ADD", "CNI_PATH=/x"}, "DEL")
 	if strings.Join(got, " ") != "A=1 CNI_PATH=/x CNI_COMMAND=DEL" {
 		t.Fatalf("%v", got)
+	}
+}
+
+func TestInProcessIPAM(t *testing.T) {
+	conf := func(ipamType string, execIPAM bool) *netConf {
+		return &netConf{PluginConf: types.PluginConf{IPAM: types.IPAM{Type: ipamType}}, ExecIPAM: execIPAM}
+	}
+	if !inProcessIPAM(conf("podnet-ipam", false)) {
+		t.Error("podnet-ipam is exec'd, want it in-process")
+	}
+	if inProcessIPAM(conf("podnet-ipam", true)) {
+		t.Error("podnet-ipam with execIPAM runs in-process, want it exec'd")
+	}
+	if inProcessIPAM(conf("host-local", false)) {
+		t.Error("host-local runs in-process, want it exec'd")
 	}
 }

@@ -1,4 +1,4 @@
-package podlink
+package veth
 
 import (
 	"crypto/sha256"
@@ -26,17 +26,17 @@ import (
 // the netns. A veth whose pod end is not where CNI_NETNS says, or DEL
 // without a usable netns, is deleted as before.
 
-// VethGone says what DEL did to an attachment's veth pair.
-type VethGone int
+// vethGone says what DEL did to an attachment's veth pair.
+type vethGone int
 
 const (
-	// VethNotFound: no host veth of the attachment (already deleted).
-	VethNotFound VethGone = iota
-	// VethDetached: both ends are down and the pod end renamed; the pair
+	// vethNotFound: no host veth of the attachment (already deleted).
+	vethNotFound vethGone = iota
+	// vethDetached: both ends are down and the pod end renamed; the pair
 	// goes away with the pod netns.
-	VethDetached
-	// VethDeleted: the pair was deleted.
-	VethDeleted
+	vethDetached
+	// vethDeleted: the pair was deleted.
+	vethDeleted
 )
 
 // detachedPrefix starts the name of a detached pod end.
@@ -50,44 +50,44 @@ func DetachedName(ifName string) string {
 	return detachedPrefix + hex.EncodeToString(sum[:])[:nameHashLen]
 }
 
-// DetachOrDeleteVeth takes an attachment's veth pair out of service: it
+// detachOrDeleteVeth takes an attachment's veth pair out of service: it
 // detaches it (see above) when podNS holds the pod end, ifName with owner's
 // alias, and deletes it otherwise (podNS nil: no usable netns). A host veth
-// owned by another attachment, or none, is left alone (VethNotFound).
-func DetachOrDeleteVeth(hostName string, owner Owner, podNS ns.NetNS, ifName string) (VethGone, error) {
+// owned by another attachment, or none, is left alone (vethNotFound).
+func detachOrDeleteVeth(hostName string, owner Owner, podNS ns.NetNS, ifName string) (vethGone, error) {
 	host, err := netlinksafe.LinkByName(hostName)
 	if err != nil {
 		if isNotFound(err) {
-			return VethNotFound, nil
+			return vethNotFound, nil
 		}
-		return VethNotFound, fmt.Errorf("look up host veth %s: %w", hostName, err)
+		return vethNotFound, fmt.Errorf("look up host veth %s: %w", hostName, err)
 	}
-	got, wasDetached, ok := ParseAnyAlias(host.Attrs().Alias)
+	got, wasDetached, ok := parseAnyAlias(host.Attrs().Alias)
 	if !ok || got != owner {
-		return VethNotFound, nil
+		return vethNotFound, nil
 	}
 	if wasDetached {
-		return VethDetached, nil // an earlier DEL did it
+		return vethDetached, nil // an earlier DEL did it
 	}
 	if podNS != nil {
 		detached, err := detachPodEnd(podNS, ifName, owner, host.Attrs().Index)
 		if err != nil {
-			return VethNotFound, err
+			return vethNotFound, err
 		}
 		if detached {
 			if err := netlink.LinkSetDown(host); err != nil && !isNotFound(err) {
-				return VethNotFound, fmt.Errorf("set host veth %s down: %w", hostName, err)
+				return vethNotFound, fmt.Errorf("set host veth %s down: %w", hostName, err)
 			}
-			if err := netlink.LinkSetAlias(host, owner.DetachedAlias()); err != nil && !isNotFound(err) {
-				return VethNotFound, fmt.Errorf("mark host veth %s detached: %w", hostName, err)
+			if err := netlink.LinkSetAlias(host, owner.detachedAlias()); err != nil && !isNotFound(err) {
+				return vethNotFound, fmt.Errorf("mark host veth %s detached: %w", hostName, err)
 			}
-			return VethDetached, nil
+			return vethDetached, nil
 		}
 	}
 	if err := netlink.LinkDel(host); err != nil && !isNotFound(err) {
-		return VethNotFound, fmt.Errorf("delete host veth %s: %w", hostName, err)
+		return vethNotFound, fmt.Errorf("delete host veth %s: %w", hostName, err)
 	}
-	return VethDeleted, nil
+	return vethDeleted, nil
 }
 
 // detachPodEnd sets the pod end of the pair (ifName in podNS, a veth with
@@ -133,6 +133,6 @@ func IsDetached(l netlink.Link) bool {
 	if _, isVeth := l.(*netlink.Veth); !isVeth || l.Attrs().Flags&net.FlagUp != 0 {
 		return false
 	}
-	o, detached, ok := ParseAnyAlias(l.Attrs().Alias)
+	o, detached, ok := parseAnyAlias(l.Attrs().Alias)
 	return ok && (detached || l.Attrs().Name == DetachedName(o.IfName))
 }

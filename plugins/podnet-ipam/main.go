@@ -6,7 +6,6 @@ import (
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 
-	"github.com/podnet/podnet/internal/cnicore"
 	"github.com/podnet/podnet/ipam"
 )
 
@@ -23,5 +22,5 @@ func main() {
 		Check:  func(args *skel.CmdArgs) error { return ipam.Check(ipam.RequestFrom(args)) },
 		GC:     func(args *skel.CmdArgs) error { return ipam.GC(ipam.RequestFrom(args)) },
 		Status: func(args *skel.CmdArgs) error { return ipam.Status(ipam.RequestFrom(args)) },
-	}, cnicore.VersionInfo(), "podnet-ipam: host-local IPAM with PodCIDR, GC and STATUS")
+	}, ipam.VersionInfo(), "podnet-ipam: host-local IPAM with PodCIDR, GC and STATUS")
 }

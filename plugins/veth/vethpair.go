@@ -1,21 +1,19 @@
-package podlink
+package veth
 
 import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
-	"path/filepath"
-	"strings"
 
+	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
 
-// VethSpec describes the veth pair of one attachment.
-type VethSpec struct {
+// vethSpec describes the veth pair of one attachment.
+type vethSpec struct {
 	HostName string           // host-side name (HostVethName)
 	PodName  string           // CNI_IFNAME, the name inside the pod
 	MTU      int              // both ends
@@ -23,14 +21,14 @@ type VethSpec struct {
 	Owner    Owner            // recorded as the host veth's alias
 }
 
-// CreateVeth creates the pair with the host end in the current (node)
+// createVeth creates the pair with the host end in the current (node)
 // netns and the pod end born inside podNS under its final name (one
 // netlink request: no create-then-move, which costs a netns round trip and
 // an extra rename). Both ends carry the owner as their alias: DEL's
 // fallback deletes only a pod link podnet made for this attachment. The
-// host end stays down. It fails with ErrIfNameTaken, naming the interface,
+// host end stays down. It fails with errIfNameTaken, naming the interface,
 // when the pod already has one by that name.
-func CreateVeth(spec VethSpec, podNS ns.NetNS) (netlink.Link, error) {
+func createVeth(spec vethSpec, podNS ns.NetNS) (netlink.Link, error) {
 	attrs := netlink.NewLinkAttrs()
 	attrs.Name = spec.HostName
 	attrs.MTU = spec.MTU
@@ -48,7 +46,7 @@ func CreateVeth(spec VethSpec, podNS ns.NetNS) (netlink.Link, error) {
 			if _, lerr := netlinksafe.LinkByName(spec.HostName); lerr == nil {
 				return nil, fmt.Errorf("create veth %s: an interface with that name already exists: %w", spec.HostName, err)
 			}
-			return nil, fmt.Errorf("netns %s already has an interface named %q: %w", podNS.Path(), spec.PodName, ErrIfNameTaken)
+			return nil, fmt.Errorf("netns %s already has an interface named %q: %w", podNS.Path(), spec.PodName, errIfNameTaken)
 		}
 		return nil, fmt.Errorf("create veth %s: %w", spec.HostName, err)
 	}
@@ -57,7 +55,7 @@ func CreateVeth(spec VethSpec, podNS ns.NetNS) (netlink.Link, error) {
 		_ = netlink.LinkDel(veth)
 		return nil, fmt.Errorf("look up new veth %s: %w", spec.HostName, err)
 	}
-	if err := netlink.LinkSetAlias(host, spec.Owner.Alias()); err != nil {
+	if err := netlink.LinkSetAlias(host, spec.Owner.alias()); err != nil {
 		_ = netlink.LinkDel(host)
 		return nil, fmt.Errorf("set alias on veth %s: %w", spec.HostName, err)
 	}
@@ -66,7 +64,7 @@ func CreateVeth(spec VethSpec, podNS ns.NetNS) (netlink.Link, error) {
 		if err != nil {
 			return fmt.Errorf("look up %s in netns %s: %w", spec.PodName, podNS.Path(), err)
 		}
-		if err := netlink.LinkSetAlias(pod, spec.Owner.Alias()); err != nil {
+		if err := netlink.LinkSetAlias(pod, spec.Owner.alias()); err != nil {
 			return fmt.Errorf("set alias on %s in netns %s: %w", spec.PodName, podNS.Path(), err)
 		}
 		return nil
@@ -78,14 +76,14 @@ func CreateVeth(spec VethSpec, podNS ns.NetNS) (netlink.Link, error) {
 	return host, nil
 }
 
-// ErrIfNameTaken means CNI_IFNAME already exists in the pod.
-var ErrIfNameTaken = errors.New("CNI_IFNAME is taken in the pod")
+// errIfNameTaken means CNI_IFNAME already exists in the pod.
+var errIfNameTaken = errors.New("CNI_IFNAME is taken in the pod")
 
-// DeleteHostVeth deletes the host veth hostName (and with it the pod end and
+// deleteHostVeth deletes the host veth hostName (and with it the pod end and
 // every route through it) when it belongs to owner. It returns false when
 // there was nothing of owner's to delete; a veth of the same name owned by
 // another attachment is left alone.
-func DeleteHostVeth(hostName string, owner Owner) (bool, error) {
+func deleteHostVeth(hostName string, owner Owner) (bool, error) {
 	link, err := netlinksafe.LinkByName(hostName)
 	if err != nil {
 		if isNotFound(err) {
@@ -103,11 +101,11 @@ func DeleteHostVeth(hostName string, owner Owner) (bool, error) {
 	return true, nil
 }
 
-// DeleteStaleHostVeth removes a leftover host veth named hostName that is
+// deleteStaleHostVeth removes a leftover host veth named hostName that is
 // owned by another container of the same pod (a previous sandbox whose DEL
 // never came) or is a half-created pair of owner. Links podnet did not create
 // are never touched: their name clash is reported.
-func DeleteStaleHostVeth(hostName string, owner Owner) error {
+func deleteStaleHostVeth(hostName string, owner Owner) error {
 	link, err := netlinksafe.LinkByName(hostName)
 	if err != nil {
 		if isNotFound(err) {
@@ -115,7 +113,7 @@ func DeleteStaleHostVeth(hostName string, owner Owner) error {
 		}
 		return fmt.Errorf("look up host veth %s: %w", hostName, err)
 	}
-	if _, _, ok := ParseAnyAlias(link.Attrs().Alias); !ok {
+	if _, _, ok := parseAnyAlias(link.Attrs().Alias); !ok {
 		return fmt.Errorf("interface %s exists and was not created by podnet; remove or rename it", hostName)
 	}
 	if err := netlink.LinkDel(link); err != nil && !isNotFound(err) {
@@ -124,12 +122,12 @@ func DeleteStaleHostVeth(hostName string, owner Owner) error {
 	return nil
 }
 
-// DeletePodLink deletes ifName inside the pod netns if it is still there
+// deletePodLink deletes ifName inside the pod netns if it is still there
 // (the host end was not found) and podnet made it for owner: a veth whose
 // alias names owner. Any other link by that name is left alone. A missing
 // netns or link is not an error. The caller has made sure netnsPath is not
-// the node's own netns (cnicore.RefuseOwnNetns).
-func DeletePodLink(netnsPath, ifName string, owner Owner) error {
+// the node's own netns (refuseOwnNetns).
+func deletePodLink(netnsPath, ifName string, owner Owner) error {
 	if netnsPath == "" {
 		return nil
 	}
@@ -164,8 +162,8 @@ func DeletePodLink(netnsPath, ifName string, owner Owner) error {
 	})
 }
 
-// OwnedHostVeths lists the host veths of network in the current netns.
-func OwnedHostVeths(network string) (map[Owner]netlink.Link, error) {
+// ownedHostVeths lists the host veths of network in the current netns.
+func ownedHostVeths(network string) (map[Owner]netlink.Link, error) {
 	links, err := netlinksafe.LinkList()
 	if err != nil {
 		return nil, fmt.Errorf("list links: %w", err)
@@ -175,32 +173,38 @@ func OwnedHostVeths(network string) (map[Owner]netlink.Link, error) {
 		if _, isVeth := l.(*netlink.Veth); !isVeth {
 			continue
 		}
-		if o, _, ok := ParseAnyAlias(l.Attrs().Alias); ok && o.Network == network {
+		if o, _, ok := parseAnyAlias(l.Attrs().Alias); ok && o.Network == network {
 			owned[o] = l
 		}
 	}
 	return owned, nil
 }
 
+// gcHostVeths deletes the host veths of network whose attachment is not in
+// valid, and returns their names. Routes through them go with them.
+func gcHostVeths(network string, valid []types.GCAttachment) ([]string, error) {
+	owned, err := ownedHostVeths(network)
+	if err != nil {
+		return nil, err
+	}
+	keep := make(map[[2]string]bool, len(valid))
+	for _, a := range valid {
+		keep[[2]string{a.ContainerID, a.IfName}] = true
+	}
+	var removed []string
+	for o, link := range owned {
+		if keep[[2]string{o.ContainerID, o.IfName}] {
+			continue
+		}
+		if err := netlink.LinkDel(link); err != nil && !isNotFound(err) {
+			return removed, fmt.Errorf("delete stale veth %s of container %s: %w", link.Attrs().Name, o.ContainerID, err)
+		}
+		removed = append(removed, link.Attrs().Name)
+	}
+	return removed, nil
+}
+
 func isNotFound(err error) bool {
 	var lnf netlink.LinkNotFoundError
 	return errors.As(err, &lnf) || errors.Is(err, unix.ENODEV) || errors.Is(err, unix.ENOENT)
-}
-
-// writeSysctl sets a per-netns kernel setting such as
-// "net/ipv4/conf/eth0/proxy_arp" for the calling thread's netns.
-func writeSysctl(name, value string) error {
-	p := filepath.Join("/proc/sys", name)
-	if err := os.WriteFile(p, []byte(value), 0o644); err != nil {
-		return fmt.Errorf("set %s=%s: %w", name, value, err)
-	}
-	return nil
-}
-
-func readSysctl(name string) (string, error) {
-	b, err := os.ReadFile(filepath.Join("/proc/sys", name))
-	if err != nil {
-		return "", fmt.Errorf("read %s: %w", name, err)
-	}
-	return strings.TrimSpace(string(b)), nil
 }

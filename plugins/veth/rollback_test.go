@@ -1,4 +1,4 @@
-package podplugin
+package veth_test
 
 import (
 	"errors"
@@ -15,13 +15,12 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 
-	"github.com/podnet/podnet/internal/cnicore"
-	"github.com/podnet/podnet/internal/podlink"
 	"github.com/podnet/podnet/internal/rtproto"
+	"github.com/podnet/podnet/plugins/veth"
 	"github.com/podnet/podnet/test/nettest"
 )
 
-// addSteps are the names Add passes to p.step, in order.
+// addSteps are the names ADD passes to plugin.step, in order.
 var addSteps = []string{"ipam", "veth", "host", "address", "route", "host-route"}
 
 const (
@@ -39,7 +38,7 @@ const (
 var rollbackModes = []struct {
 	name       string
 	pluginType string
-	newPlugin  func(ipamRunner cnicore.IPAM, failAfter func(string) error) *Plugin
+	newPlugin  func(failAfter func(step string) error) skel.CNIFuncs
 	// shared are the node links ADD may create that outlive a rollback and
 	// a DEL: podnet-bridge's bridge, which the node's pods share.
 	shared []string
@@ -48,8 +47,8 @@ var rollbackModes = []struct {
 	// podPrefix is the length of the pod's address on its interface.
 	podPrefix int
 }{
-	{name: "routed", pluginType: "podnet", newPlugin: NewRouted, hostRoutes: true, podPrefix: 32},
-	{name: "bridged", pluginType: "podnet-bridge", newPlugin: NewBridged, shared: []string{DefaultBridge}, podPrefix: 24},
+	{name: "routed", pluginType: "podnet", newPlugin: veth.RoutedFailingAfter, hostRoutes: true, podPrefix: 32},
+	{name: "bridged", pluginType: "podnet-bridge", newPlugin: veth.BridgedFailingAfter, shared: []string{veth.DefaultBridge}, podPrefix: 24},
 }
 
 // addEnv is one in-process attachment: a node netns standing in for the
@@ -64,7 +63,7 @@ type addEnv struct {
 }
 
 // newAddEnv prepares the netns pair, the network config of pluginType and
-// the CNI_* environment that invoke.DelegateAdd/DelegateDel pass on to
+// the CNI_* environment that the IPAM delegation passes on to
 // host-local. shared are the node links assertClean accepts.
 func newAddEnv(t *testing.T, pluginType string, shared []string, containerID string) *addEnv {
 	t.Helper()
@@ -72,7 +71,7 @@ func newAddEnv(t *testing.T, pluginType string, shared []string, containerID str
 	node := nettest.NewNode(t)
 	podNS := nettest.NewNetNS(t)
 	dataDir := t.TempDir()
-	// stateDir keeps ResolveMTU away from the machine's /run/podnet: with no
+	// stateDir keeps resolveMTU away from the machine's /run/podnet: with no
 	// node.json there and no default route in the node netns, MTU is 1500.
 	conf := fmt.Sprintf(`{"cniVersion":%q,"name":%q,"type":%q,"stateDir":%q,`+
 		`"ipam":{"type":"host-local","dataDir":%q,"ranges":[[{"subnet":%q}]]}}`,
@@ -89,7 +88,7 @@ func newAddEnv(t *testing.T, pluginType string, shared []string, containerID str
 		node:     node,
 		podNS:    podNS,
 		dataDir:  dataDir,
-		hostVeth: podlink.HostVethName(testPodNS, testPodName, containerID, testIfName),
+		hostVeth: veth.HostVethName(testPodNS, testPodName, containerID, testIfName),
 		shared:   shared,
 		args: &skel.CmdArgs{
 			ContainerID: containerID,
@@ -111,7 +110,7 @@ func (e *addEnv) inNode(f func() error) error {
 
 // add runs p.Add in the node netns and returns its error and what it
 // printed on stdout.
-func (e *addEnv) add(t *testing.T, p *Plugin) (string, error) {
+func (e *addEnv) add(t *testing.T, p skel.CNIFuncs) (string, error) {
 	t.Helper()
 	t.Setenv("CNI_COMMAND", "ADD")
 	out, err := os.CreateTemp(t.TempDir(), "stdout")
@@ -134,7 +133,7 @@ func (e *addEnv) add(t *testing.T, p *Plugin) (string, error) {
 }
 
 // del runs p.Del in the node netns.
-func (e *addEnv) del(t *testing.T, p *Plugin) error {
+func (e *addEnv) del(t *testing.T, p skel.CNIFuncs) error {
 	t.Helper()
 	t.Setenv("CNI_COMMAND", "DEL")
 	return e.inNode(func() error { return p.Del(e.args) })
@@ -260,7 +259,7 @@ func TestAddRollsBackAfterEachStep(t *testing.T) {
 			t.Run("control", func(t *testing.T) {
 				e := newAddEnv(t, m.pluginType, m.shared, "ctr-control")
 				var calls []string
-				p := m.newPlugin(cnicore.ExecIPAM{}, func(step string) error {
+				p := m.newPlugin(func(step string) error {
 					calls = append(calls, step)
 					return nil
 				})
@@ -323,7 +322,7 @@ func TestAddRollsBackAfterEachStep(t *testing.T) {
 					var calls []string
 					var before state
 					var observeErr error
-					p := m.newPlugin(cnicore.ExecIPAM{}, func(s string) error {
+					p := m.newPlugin(func(s string) error {
 						calls = append(calls, s)
 						if s != step {
 							return nil

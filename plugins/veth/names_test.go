@@ -1,4 +1,4 @@
-package podlink
+package veth
 
 import (
 	"strings"
@@ -83,7 +83,7 @@ func TestOwnerAlias(t *testing.T) {
 		{Network: "podnet", ContainerID: "0123456789abcdef", IfName: "eth0"},
 		{Network: "k8s-pod-network", ContainerID: "ctr_1.a-b", IfName: "net1"},
 	} {
-		alias := o.Alias()
+		alias := o.alias()
 		if !strings.HasPrefix(alias, "podnet:") {
 			t.Errorf("alias %q lacks the podnet: prefix", alias)
 		}
@@ -92,7 +92,7 @@ func TestOwnerAlias(t *testing.T) {
 			t.Errorf("ParseAlias(%q) = %+v, %v; want %+v, true", alias, got, ok, o)
 		}
 	}
-	if got := (Owner{Network: "n", ContainerID: "c", IfName: "i"}).Alias(); got != "podnet:n:c:i" {
+	if got := (Owner{Network: "n", ContainerID: "c", IfName: "i"}).alias(); got != "podnet:n:c:i" {
 		t.Errorf("Alias() = %q, want %q", got, "podnet:n:c:i")
 	}
 }
@@ -122,19 +122,19 @@ func TestParseAliasRejectsForeignAliases(t *testing.T) {
 
 func TestDetachedAlias(t *testing.T) {
 	o := Owner{Network: "podnet", ContainerID: "c1", IfName: "eth0"}
-	if got, ok := ParseAlias(o.DetachedAlias()); ok {
+	if got, ok := ParseAlias(o.detachedAlias()); ok {
 		t.Errorf("ParseAlias(detached) = %+v: a detached veth must not count as a live one", got)
 	}
 	for _, tc := range []struct {
 		alias    string
 		detached bool
-	}{{o.Alias(), false}, {o.DetachedAlias(), true}} {
-		got, detached, ok := ParseAnyAlias(tc.alias)
+	}{{o.alias(), false}, {o.detachedAlias(), true}} {
+		got, detached, ok := parseAnyAlias(tc.alias)
 		if !ok || got != o || detached != tc.detached {
 			t.Errorf("ParseAnyAlias(%q) = %+v %v %v, want %+v %v true", tc.alias, got, detached, ok, o, tc.detached)
 		}
 	}
-	if _, _, ok := ParseAnyAlias("podnet-detached:"); ok {
+	if _, _, ok := parseAnyAlias("podnet-detached:"); ok {
 		t.Error("an empty detached alias parsed")
 	}
 	if a, b := DetachedName("eth0"), DetachedName("net1"); a == b || len(a) > 15 || a == HostVethName("", "", "x", "eth0") {

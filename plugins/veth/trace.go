@@ -1,4 +1,4 @@
-package podplugin
+package veth
 
 import (
 	"encoding/json"
@@ -8,13 +8,13 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// TraceEnv names the opt-in step trace: with PODNET_TRACE=<file> in the
+// traceEnv names the opt-in step trace: with PODNET_TRACE=<file> in the
 // plugin's environment, every ADD and DEL appends one JSON line to file
 // with the wall and CPU time of each step, in microseconds. CPU is this
 // process's plus that of the children it reaped (an exec'd IPAM plugin).
 // Process start (exec, Go runtime) is not in it: it is what a runtime's
 // measured time has on top of the trace's total.
-const TraceEnv = "PODNET_TRACE"
+const traceEnv = "PODNET_TRACE"
 
 // trace times the steps of one verb; a nil trace does nothing.
 type trace struct {
@@ -37,7 +37,7 @@ type traceStep struct {
 }
 
 func newTrace(verb string) *trace {
-	path := os.Getenv(TraceEnv)
+	path := os.Getenv(traceEnv)
 	if path == "" {
 		return nil
 	}

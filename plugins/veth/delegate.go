@@ -1,36 +1,69 @@
-package cnicore
+package veth
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 
+	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/cni/pkg/types/create"
 	"github.com/containernetworking/cni/pkg/version"
+
+	"github.com/podnet/podnet/ipam"
 )
 
-// The delegation to an IPAM binary, as the CNI spec describes it (the
-// plugin found in CNI_PATH, the same config on stdin and the same CNI_*
-// environment, CNI_COMMAND set to the verb, the result or error on
-// stdout). libcni's invoke package does the same, but importing it links
-// net/http, crypto/tls and OpenTelemetry into every plugin binary, whose
-// package initialisation and larger image every ADD and DEL then pays at
-// exec time.
+// The IPAM delegation. podnet-ipam runs in-process (saving the start of a
+// second Go process per pod) unless the config sets "execIPAM"; results and
+// errors are the same as the podnet-ipam binary's. Any other IPAM plugin is
+// exec'd as the CNI spec describes (the plugin found in CNI_PATH, the same
+// config on stdin and the same CNI_* environment, CNI_COMMAND set to the
+// verb, the result or error on stdout): the IPAM plugin sees the same config
+// and CNI environment as the plugin that delegates to it. libcni's invoke
+// package does the same, but importing it links net/http, crypto/tls and
+// OpenTelemetry into every plugin binary, whose package initialisation and
+// larger image every ADD and DEL then pays at exec time.
+
+// inProcessIPAM reports whether conf's IPAM plugin runs in this process.
+func inProcessIPAM(conf *netConf) bool {
+	return conf.IPAM.Type == ipam.PluginType && !conf.ExecIPAM
+}
+
+// ipamAdd runs ADD of conf's IPAM plugin.
+func ipamAdd(conf *netConf, args *skel.CmdArgs) (types.Result, error) {
+	if !inProcessIPAM(conf) {
+		return delegateAdd(conf.IPAM.Type, args.StdinData)
+	}
+	res, err := ipam.Add(ipam.RequestFrom(args))
+	if err != nil {
+		return nil, err // not a nil *current.Result in a non-nil types.Result
+	}
+	return res, nil
+}
+
+// ipamVerb runs verb (DEL, CHECK, GC or STATUS) of conf's IPAM plugin:
+// podnet-ipam's function for it (inProcess) or the plugin binary.
+func ipamVerb(verb string, inProcess func(ipam.Request) error, conf *netConf, args *skel.CmdArgs) error {
+	if inProcessIPAM(conf) {
+		return inProcess(ipam.RequestFrom(args))
+	}
+	_, err := delegate(conf.IPAM.Type, verb, args.StdinData)
+	return err
+}
 
 // delegate runs the IPAM plugin pluginType for verb and returns its stdout.
-func delegate(ctx context.Context, pluginType, verb string, stdin []byte) ([]byte, error) {
+func delegate(pluginType, verb string, stdin []byte) ([]byte, error) {
 	path, err := findPlugin(pluginType, filepath.SplitList(os.Getenv("CNI_PATH")))
 	if err != nil {
 		return nil, err
 	}
 	var stdout, stderr bytes.Buffer
-	cmd := exec.CommandContext(ctx, path)
+	cmd := exec.Command(path)
 	cmd.Env = withCommand(os.Environ(), verb)
 	cmd.Stdin = bytes.NewReader(stdin)
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
@@ -42,8 +75,8 @@ func delegate(ctx context.Context, pluginType, verb string, stdin []byte) ([]byt
 
 // delegateAdd runs ADD and decodes the result in its own version (the
 // config's when the plugin leaves cniVersion out).
-func delegateAdd(ctx context.Context, pluginType string, stdin []byte) (types.Result, error) {
-	out, err := delegate(ctx, pluginType, "ADD", stdin)
+func delegateAdd(pluginType string, stdin []byte) (types.Result, error) {
+	out, err := delegate(pluginType, "ADD", stdin)
 	if err != nil {
 		return nil, err
 	}
@@ -112,4 +145,23 @@ func pluginError(runErr error, stdout, stderr []byte) error {
 		e.Msg = fmt.Sprintf("netplugin failed with no error message: %v", runErr)
 	}
 	return e
+}
+
+// ipamError turns an IPAM plugin failure into a CNI error that names the
+// plugin and verb. The IPAM plugin's own code is kept when it is a specific
+// one; otherwise fallback is used (11 for ADD/DEL, 50 for STATUS).
+func ipamError(verb, pluginType string, err error, fallback uint) *types.Error {
+	var te *types.Error
+	if errors.As(err, &te) {
+		code := te.Code
+		if code == types.ErrUnknown || code == types.ErrInternal {
+			code = fallback
+		}
+		msg := te.Msg
+		if te.Details != "" {
+			msg += ": " + te.Details
+		}
+		return types.NewError(code, fmt.Sprintf("IPAM plugin %q %s failed: %s", pluginType, verb, msg), "")
+	}
+	return types.NewError(fallback, fmt.Sprintf("IPAM plugin %q %s failed: %v", pluginType, verb, err), "")
 }

@@ -1,28 +1,10 @@
-// Package podlink holds the link-level work shared by the podnet plugins: the
-// veth pair of a pod, the pod-side addresses and routes, the host-side
-// settings and routes, and their checks and teardown.
-package podlink
+package veth
 
 import (
 	"crypto/sha256"
 	"encoding/hex"
-	"net"
 	"strings"
 )
-
-// HostMAC is the fixed MAC address of every routed host veth. The pod always
-// resolves its gateway to it, so a host veth can be recreated without the pod
-// having to re-learn a neighbor.
-const HostMAC = "ee:ee:ee:ee:ee:ee"
-
-// GatewayV4 is the link-local IPv4 gateway every routed pod uses. Nothing
-// owns it: the host veth answers for it by proxy ARP, and the pod also gets a
-// permanent neighbor entry for it.
-const GatewayV4 = "169.254.1.1"
-
-// GatewayV6 is the link-local address of every routed host veth, the EUI-64
-// address of HostMAC. It is the pod's IPv6 default gateway.
-const GatewayV6 = "fe80::ecee:eeff:feee:eeee"
 
 // hostVethPrefix starts every host-side veth name.
 const hostVethPrefix = "pn"
@@ -56,8 +38,8 @@ type Owner struct {
 	IfName      string
 }
 
-// Alias is the IFLA_IFALIAS value recorded on the host veth.
-func (o Owner) Alias() string {
+// alias is the IFLA_IFALIAS value recorded on the host veth.
+func (o Owner) alias() string {
 	return aliasPrefix + o.Network + ":" + o.ContainerID + ":" + o.IfName
 }
 
@@ -65,20 +47,20 @@ func (o Owner) Alias() string {
 // detached (detach.go): still podnet's, no longer in service.
 const detachedAliasPrefix = "podnet-detached:"
 
-// DetachedAlias is the alias of a host veth DEL detached.
-func (o Owner) DetachedAlias() string {
-	return detachedAliasPrefix + strings.TrimPrefix(o.Alias(), aliasPrefix)
+// detachedAlias is the alias of a host veth DEL detached.
+func (o Owner) detachedAlias() string {
+	return detachedAliasPrefix + strings.TrimPrefix(o.alias(), aliasPrefix)
 }
 
-// ParseAlias reverses Alias. ok is false for links podnet did not create
-// and for detached ones (ParseAnyAlias).
+// ParseAlias reverses alias. ok is false for links podnet did not create
+// and for detached ones (parseAnyAlias).
 func ParseAlias(alias string) (o Owner, ok bool) {
 	return parseAlias(alias, aliasPrefix)
 }
 
-// ParseAnyAlias reverses Alias and DetachedAlias: ok is true for every
+// parseAnyAlias reverses alias and detachedAlias: ok is true for every
 // veth podnet created; detached says whether DEL has detached it.
-func ParseAnyAlias(alias string) (o Owner, detached, ok bool) {
+func parseAnyAlias(alias string) (o Owner, detached, ok bool) {
 	if o, ok := parseAlias(alias, detachedAliasPrefix); ok {
 		return o, true, true
 	}
@@ -96,12 +78,4 @@ func parseAlias(alias, prefix string) (o Owner, ok bool) {
 		return Owner{}, false
 	}
 	return Owner{Network: parts[0], ContainerID: parts[1], IfName: parts[2]}, true
-}
-
-func mustParseMAC(s string) net.HardwareAddr {
-	mac, err := net.ParseMAC(s)
-	if err != nil {
-		panic(err)
-	}
-	return mac
 }

@@ -1,4 +1,4 @@
-package podlink
+package veth
 
 import (
 	"errors"
@@ -13,8 +13,8 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// PodSide describes how the pod end of a veth is addressed and routed.
-type PodSide struct {
+// podSide describes how the pod end of a veth is addressed and routed.
+type podSide struct {
 	IfName string
 	// Addrs are the pod's addresses with the prefix length they get on the
 	// interface (/32 and /128 for routed pods).
@@ -31,10 +31,10 @@ type PodSide struct {
 	Routes []*types.Route
 }
 
-// ConfigurePodAddresses brings the pod interface up with its addresses.
+// configurePodAddresses brings the pod interface up with its addresses.
 // IPv6 duplicate address detection is disabled: the addresses come from IPAM
 // and are unique, and DAD would hold the address tentative for ~1 s.
-func ConfigurePodAddresses(podNS ns.NetNS, side PodSide) (*current.Interface, error) {
+func configurePodAddresses(podNS ns.NetNS, side podSide) (*current.Interface, error) {
 	var iface *current.Interface
 	err := podNS.Do(func(ns.NetNS) error {
 		link, err := netlinksafe.LinkByName(side.IfName)
@@ -64,9 +64,9 @@ func ConfigurePodAddresses(podNS ns.NetNS, side PodSide) (*current.Interface, er
 	return iface, err
 }
 
-// ConfigurePodRoutes installs the gateway neighbor entries and the default
+// configurePodRoutes installs the gateway neighbor entries and the default
 // and extra routes of the pod.
-func ConfigurePodRoutes(podNS ns.NetNS, side PodSide) error {
+func configurePodRoutes(podNS ns.NetNS, side podSide) error {
 	return podNS.Do(func(ns.NetNS) error {
 		link, err := netlinksafe.LinkByName(side.IfName)
 		if err != nil {
@@ -90,10 +90,10 @@ func ConfigurePodRoutes(podNS ns.NetNS, side PodSide) error {
 	})
 }
 
-// CheckPod verifies that the pod interface exists, is the end of the veth
+// checkPod verifies that the pod interface exists, is the end of the veth
 // whose host end has index hostIndex, and has the addresses and routes of
 // side.
-func CheckPod(podNS ns.NetNS, side PodSide, hostIndex int) error {
+func checkPod(podNS ns.NetNS, side podSide, hostIndex int) error {
 	return podNS.Do(func(ns.NetNS) error {
 		link, err := netlinksafe.LinkByName(side.IfName)
 		if err != nil {
@@ -133,7 +133,7 @@ func CheckPod(podNS ns.NetNS, side PodSide, hostIndex int) error {
 	})
 }
 
-func (side PodSide) gateways() []net.IP {
+func (side podSide) gateways() []net.IP {
 	var gws []net.IP
 	if side.GatewayV4 != nil && hasFamily(side.Addrs, netlink.FAMILY_V4) {
 		gws = append(gws, side.GatewayV4)
@@ -145,7 +145,7 @@ func (side PodSide) gateways() []net.IP {
 }
 
 // routes returns the pod routes in the order they must be added.
-func (side PodSide) routes(linkIndex int) []*netlink.Route {
+func (side podSide) routes(linkIndex int) []*netlink.Route {
 	var out []*netlink.Route
 	if side.GatewayMAC != nil && side.GatewayV4 != nil && hasFamily(side.Addrs, netlink.FAMILY_V4) {
 		out = append(out, &netlink.Route{LinkIndex: linkIndex, Dst: hostNet(side.GatewayV4), Scope: netlink.SCOPE_LINK})
@@ -248,8 +248,8 @@ func isDefault(n *net.IPNet) bool {
 	return ones == 0
 }
 
-// IPs are the pod's addresses without prefix.
-func (side PodSide) IPs() []net.IP {
+// ips are the pod's addresses without prefix.
+func (side podSide) ips() []net.IP {
 	ips := make([]net.IP, 0, len(side.Addrs))
 	for _, a := range side.Addrs {
 		ips = append(ips, a.IP)
@@ -257,5 +257,5 @@ func (side PodSide) IPs() []net.IP {
 	return ips
 }
 
-// HasIPv6 reports whether the pod has an IPv6 address.
-func (side PodSide) HasIPv6() bool { return hasIPv6(side.Addrs) }
+// hasIPv6 reports whether the pod has an IPv6 address.
+func (side podSide) hasIPv6() bool { return hasIPv6(side.Addrs) }

@@ -1,0 +1,375 @@
+// Package veth is podnet's veth CNI plugin in its two modes: routed (the
+// podnet binary, Calico-style: a /32 per pod, routed by the node) and bridged
+// (podnet-bridge: the node's pods share a Linux bridge). One file per idea:
+// verbs.go the verbs and the rollback stack of ADD; routed.go and bridged.go
+// what each mode does on the node; vethpair.go and detach.go the veth pair;
+// pod.go the pod side; names.go host veth names and aliases; result.go the
+// ADD result; config.go the network config and MTU; netns.go opening the
+// pod netns; sysctl.go per-netns kernel settings; delegate.go the IPAM
+// delegation; log.go and trace.go the optional log and step trace.
+package veth
+
+import (
+	"errors"
+	"log/slog"
+	"net"
+
+	"github.com/containernetworking/cni/pkg/skel"
+	"github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/vishvananda/netlink"
+
+	"github.com/podnet/podnet/ipam"
+)
+
+// mode is what one plugin does differently.
+type mode interface {
+	// hostMAC is the host veth's MAC (nil: the kernel picks one).
+	hostMAC() net.HardwareAddr
+	// describePod says how the pod end is addressed and routed.
+	describePod(ifName string, alloc *current.Result) (podSide, error)
+	// prepareNode runs before the veth exists (e.g. ensure the bridge,
+	// with the pod MTU). It must be idempotent: nothing it creates is rolled
+	// back, as other pods share it.
+	prepareNode(side podSide, mtu int) error
+	// setupHost configures the host end once the pod end has moved.
+	setupHost(host netlink.Link, side podSide) error
+	// finishHost runs after the pod is configured (e.g. node routes to it).
+	finishHost(host netlink.Link, side podSide) error
+	// checkHost verifies the host end for CHECK and returns it.
+	checkHost(hostName string, side podSide) (netlink.Link, error)
+	// result builds the ADD result on top of prev (the chained
+	// prevResult, nil when podnet is first).
+	result(prev *current.Result, hostName string, podIface *current.Interface, side podSide) *current.Result
+}
+
+// plugin runs the verbs of one plugin.
+type plugin struct {
+	name string
+	// newMode builds the mode from the network config of an invocation.
+	newMode func(stdin []byte, conf *netConf) (mode, error)
+	// failAfter, set only by tests, is called after each ADD step
+	// ("ipam", "veth", "host", "address", "route", "host-route"; the pod
+	// end of the veth is born in the pod netns, so "veth" includes the move)
+	// and makes ADD fail there.
+	failAfter func(step string) error
+}
+
+// funcs returns the verbs for skel.
+func (p *plugin) funcs() skel.CNIFuncs {
+	return skel.CNIFuncs{Add: p.add, Del: p.del, Check: p.check, GC: p.gc, Status: p.status}
+}
+
+func (p *plugin) step(name string) error {
+	if p.failAfter == nil {
+		return nil
+	}
+	return p.failAfter(name)
+}
+
+// invocation is what every verb starts from.
+type invocation struct {
+	conf  *netConf
+	mode  mode
+	owner Owner
+	host  string
+}
+
+func (p *plugin) begin(args *skel.CmdArgs) (*invocation, error) {
+	// before anything else: never act on the node's own netns as a pod's
+	if err := refuseOwnNetns(args.Netns); err != nil {
+		return nil, err
+	}
+	conf, err := loadConf(args.StdinData)
+	if err != nil {
+		return nil, err
+	}
+	m, err := p.newMode(args.StdinData, conf)
+	if err != nil {
+		return nil, err
+	}
+	pod, err := parseArgs(args.Args)
+	if err != nil {
+		return nil, err
+	}
+	return &invocation{
+		conf:  conf,
+		mode:  m,
+		owner: Owner{Network: conf.Name, ContainerID: args.ContainerID, IfName: args.IfName},
+		host:  HostVethName(pod.PodNamespace, pod.PodName, args.ContainerID, args.IfName),
+	}, nil
+}
+
+// add attaches the pod. Every step that succeeded is undone, newest first,
+// when a later one fails.
+func (p *plugin) add(args *skel.CmdArgs) (err error) {
+	tr := newTrace("ADD")
+	defer tr.write(&err)
+	inv, err := p.begin(args)
+	if err != nil {
+		return err
+	}
+	tr.mark("config")
+	podNS, err := openNetns(args.Netns)
+	if err != nil {
+		return err
+	}
+	defer podNS.Close()
+	tr.mark("netns")
+	mtu, err := resolveMTU(inv.conf)
+	if err != nil {
+		return err
+	}
+	tr.mark("mtu")
+	log, closeLog := newLogger(inv.conf, p.name)
+	defer closeLog()
+	rollback := &undoStack{log: log}
+	defer func() {
+		if err != nil {
+			log.Warn("ADD failed, rolling back", "container", args.ContainerID, "err", err)
+			rollback.run()
+		}
+	}()
+
+	ipamResult, err := ipamAdd(inv.conf, args)
+	if err != nil {
+		return ipamError("ADD", inv.conf.IPAM.Type, err, types.ErrTryAgainLater)
+	}
+	rollback.push(func() error { return ipamVerb("DEL", ipam.Del, inv.conf, args) })
+	tr.mark("ipam")
+	if err = p.step("ipam"); err != nil {
+		return err
+	}
+	alloc, err := current.NewResultFromResult(ipamResult)
+	if err != nil {
+		return cniErrorf(types.ErrDecodingFailure, "cannot read the result of IPAM plugin %q: %v", inv.conf.IPAM.Type, err)
+	}
+	if len(alloc.IPs) == 0 {
+		return cniErrorf(types.ErrTryAgainLater, "IPAM plugin %q returned no IP address", inv.conf.IPAM.Type)
+	}
+	side, err := inv.mode.describePod(args.IfName, alloc)
+	if err != nil {
+		return err
+	}
+	if err = inv.mode.prepareNode(side, mtu); err != nil {
+		return err
+	}
+	tr.mark("prepare")
+
+	spec := vethSpec{HostName: inv.host, PodName: args.IfName, MTU: mtu, HostMAC: inv.mode.hostMAC(), Owner: inv.owner}
+	if err = deleteStaleHostVeth(spec.HostName, inv.owner); err != nil {
+		return cniErrorf(types.ErrTryAgainLater, "%v", err)
+	}
+	tr.mark("stale-veth")
+	host, err := createVeth(spec, podNS)
+	if err != nil {
+		if errors.Is(err, errIfNameTaken) {
+			return cniErrorf(types.ErrInvalidEnvironmentVariables, "%v", err)
+		}
+		return err
+	}
+	rollback.push(func() error { _, err := deleteHostVeth(spec.HostName, inv.owner); return err })
+	tr.mark("veth")
+	if err = p.step("veth"); err != nil {
+		return err
+	}
+	if err = inv.mode.setupHost(host, side); err != nil {
+		return err
+	}
+	tr.mark("host")
+	if err = p.step("host"); err != nil {
+		return err
+	}
+	podIface, err := configurePodAddresses(podNS, side)
+	if err != nil {
+		return err
+	}
+	tr.mark("address")
+	if err = p.step("address"); err != nil {
+		return err
+	}
+	if err = configurePodRoutes(podNS, side); err != nil {
+		return err
+	}
+	tr.mark("route")
+	if err = p.step("route"); err != nil {
+		return err
+	}
+	if err = inv.mode.finishHost(host, side); err != nil {
+		return cniErrorf(types.ErrTryAgainLater, "%v", err)
+	}
+	tr.mark("host-route")
+	if err = p.step("host-route"); err != nil {
+		return err
+	}
+
+	var prev *current.Result
+	if inv.conf.PrevResult != nil {
+		if prev, err = current.NewResultFromResult(inv.conf.PrevResult); err != nil {
+			return cniErrorf(types.ErrDecodingFailure, "prevResult: %v", err)
+		}
+	}
+	result := inv.mode.result(prev, spec.HostName, podIface, side)
+	switch {
+	case len(inv.conf.DNS.Nameservers) > 0:
+		result.DNS = inv.conf.DNS
+	case len(alloc.DNS.Nameservers) > 0:
+		result.DNS = alloc.DNS
+	}
+	log.Info("pod attached", "container", args.ContainerID, "ifname", args.IfName, "hostVeth", spec.HostName, "addrs", side.Addrs, "mtu", mtu)
+	err = types.PrintResult(result, inv.conf.CNIVersion)
+	tr.mark("result")
+	return err
+}
+
+// del takes the veth pair out of service, then releases the addresses.
+// When the pod end is still in CNI_NETNS the pair is detached rather than
+// deleted (detachOrDeleteVeth: both ends down, the node's routes
+// through it gone, CNI_IFNAME free again; the kernel removes the pair with
+// the pod netns), which spares DEL the ~20 ms a veth delete costs. Without
+// a usable netns it is deleted. Everything already gone counts as done.
+func (p *plugin) del(args *skel.CmdArgs) (err error) {
+	tr := newTrace("DEL")
+	defer tr.write(&err)
+	inv, err := p.begin(args)
+	if err != nil {
+		return err
+	}
+	tr.mark("config")
+	podNS := openNetnsForDel(args.Netns)
+	if podNS != nil {
+		defer podNS.Close()
+	}
+	gone, err := detachOrDeleteVeth(inv.host, inv.owner, podNS, args.IfName)
+	if err != nil {
+		return cniErrorf(types.ErrTryAgainLater, "%v", err)
+	}
+	switch gone {
+	case vethDetached:
+		tr.mark("veth-detach")
+	case vethDeleted:
+		tr.mark("veth-delete")
+	default:
+		if err := deletePodLink(args.Netns, args.IfName, inv.owner); err != nil {
+			return cniErrorf(types.ErrTryAgainLater, "%v", err)
+		}
+		tr.mark("pod-link")
+	}
+	// after the host side: the addresses are free only once no route of
+	// the node sends them to this pod any more
+	if err := ipamVerb("DEL", ipam.Del, inv.conf, args); err != nil {
+		return ipamError("DEL", inv.conf.IPAM.Type, err, types.ErrTryAgainLater)
+	}
+	tr.mark("ipam")
+	return nil
+}
+
+// check compares the pod and the host side with prevResult.
+func (p *plugin) check(args *skel.CmdArgs) error {
+	inv, err := p.begin(args)
+	if err != nil {
+		return err
+	}
+	if inv.conf.PrevResult == nil {
+		return cniErrorf(types.ErrInvalidNetworkConfig, "CHECK needs the prevResult of ADD in the network config")
+	}
+	if err := ipamVerb("CHECK", ipam.Check, inv.conf, args); err != nil {
+		return ipamError("CHECK", inv.conf.IPAM.Type, err, types.ErrInternal)
+	}
+	prev, err := current.NewResultFromResult(inv.conf.PrevResult)
+	if err != nil {
+		return cniErrorf(types.ErrDecodingFailure, "prevResult: %v", err)
+	}
+	alloc, err := podAllocation(prev, args.IfName, args.Netns)
+	if err != nil {
+		return cniErrorf(types.ErrInternal, "CHECK: %v", err)
+	}
+	side, err := inv.mode.describePod(args.IfName, alloc)
+	if err != nil {
+		return err
+	}
+	podNS, err := openNetns(args.Netns)
+	if err != nil {
+		return err
+	}
+	defer podNS.Close()
+	host, err := inv.mode.checkHost(inv.host, side)
+	if err != nil {
+		return cniErrorf(types.ErrInternal, "CHECK: %v", err)
+	}
+	if err := checkPod(podNS, side, host.Attrs().Index); err != nil {
+		return cniErrorf(types.ErrInternal, "CHECK: %v", err)
+	}
+	return nil
+}
+
+// gc removes the veths (and so the routes) of attachments the runtime no
+// longer knows, then lets IPAM release their addresses.
+func (p *plugin) gc(args *skel.CmdArgs) error {
+	inv, err := p.begin(args)
+	if err != nil {
+		return err
+	}
+	if _, err := gcHostVeths(inv.conf.Name, inv.conf.ValidAttachments); err != nil {
+		return cniErrorf(types.ErrTryAgainLater, "GC: %v", err)
+	}
+	if err := ipamVerb("GC", ipam.GC, inv.conf, args); err != nil {
+		return ipamError("GC", inv.conf.IPAM.Type, err, types.ErrTryAgainLater)
+	}
+	return nil
+}
+
+// status reports whether ADD can be served: it can when the config is
+// valid, the pod MTU can be resolved (ADD reads it from node.json unless the
+// config sets it) and IPAM can serve ADD. Every failure is answered with a
+// STATUS code (statusError), the cause in the message.
+func (p *plugin) status(args *skel.CmdArgs) error {
+	inv, err := p.begin(args)
+	if err != nil {
+		return statusError(err)
+	}
+	if _, err := resolveMTU(inv.conf); err != nil {
+		return statusError(err)
+	}
+	if err := ipamVerb("STATUS", ipam.Status, inv.conf, args); err != nil {
+		return statusError(ipamError("STATUS", inv.conf.IPAM.Type, err, types.ErrPluginNotAvailable))
+	}
+	return nil
+}
+
+// statusError maps a STATUS failure to the codes the CNI spec defines for
+// STATUS: 51 ("not available, and existing containers may have limited
+// connectivity") when the cause, e.g. a delegated IPAM plugin, says so
+// already; 50 ("not available") for anything else, such as the 5 or 11 an
+// IPAM plugin answers for an unusable data directory or node state. The
+// cause's message and details are kept.
+func statusError(err error) error {
+	var te *types.Error
+	if !errors.As(err, &te) {
+		return types.NewError(types.ErrPluginNotAvailable, err.Error(), "")
+	}
+	if te.Code == types.ErrPluginNotAvailable || te.Code == types.ErrLimitedConnectivity {
+		return te
+	}
+	return types.NewError(types.ErrPluginNotAvailable, te.Msg, te.Details)
+}
+
+// undoStack is the undo stack of an ADD: each successful step pushes its
+// undo; on failure run undoes them in reverse order.
+type undoStack struct {
+	undo []func() error
+	log  *slog.Logger
+}
+
+// push records how to undo a step that succeeded.
+func (r *undoStack) push(undo func() error) { r.undo = append(r.undo, undo) }
+
+// run undoes every recorded step, newest first, and logs undo failures.
+func (r *undoStack) run() {
+	for i := len(r.undo) - 1; i >= 0; i-- {
+		if err := r.undo[i](); err != nil && r.log != nil {
+			r.log.Error("rollback step failed", "err", err)
+		}
+	}
+	r.undo = nil
+}
