@@ -598,21 +598,30 @@ func kernelRoute(r desired.Route, linkIndex int) *netlink.Route {
 	return kr
 }
 
+// vxlanHandle opens a netlink socket and finds podnet.vxlan's index.
+func vxlanHandle() (netlinksafe.Handle, int, error) {
+	h, err := netlinksafe.NewHandle(unix.NETLINK_ROUTE)
+	if err != nil {
+		return h, 0, fmt.Errorf("netlink socket: %w", err)
+	}
+	link, err := h.LinkByName(desired.VXLANDevice)
+	if err != nil {
+		h.Close()
+		return h, 0, fmt.Errorf("look up %s: %w", desired.VXLANDevice, err)
+	}
+	return h, link.Attrs().Index, nil
+}
+
 // ApplyVXLANPeers makes the neighbor and FDB entries of podnet.vxlan equal
 // to the desired ones. It lists what the device has first and writes only
 // the entries that are missing or differ, and deletes the stale ones: a
 // resync with nothing changed writes nothing.
 func ApplyVXLANPeers(neighs []desired.Neighbor, fdbs []desired.FDB) error {
-	h, err := netlinksafe.NewHandle(unix.NETLINK_ROUTE)
+	h, idx, err := vxlanHandle()
 	if err != nil {
-		return fmt.Errorf("netlink socket: %w", err)
+		return err
 	}
 	defer h.Close()
-	link, err := h.LinkByName(desired.VXLANDevice)
-	if err != nil {
-		return fmt.Errorf("look up %s: %w", desired.VXLANDevice, err)
-	}
-	idx := link.Attrs().Index
 	var errs []error
 	have := map[string]netlink.Neigh{}
 	for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
@@ -680,16 +689,11 @@ func ApplyVXLANPeers(neighs []desired.Neighbor, fdbs []desired.FDB) error {
 // change to podnet.vxlan and deletes the ones it no longer has, without
 // listing the others.
 func ApplyVXLANDelta(setNeigh, delNeigh []desired.Neighbor, addFDB, delFDB []desired.FDB) error {
-	h, err := netlinksafe.NewHandle(unix.NETLINK_ROUTE)
+	h, idx, err := vxlanHandle()
 	if err != nil {
-		return fmt.Errorf("netlink socket: %w", err)
+		return err
 	}
 	defer h.Close()
-	link, err := h.LinkByName(desired.VXLANDevice)
-	if err != nil {
-		return fmt.Errorf("look up %s: %w", desired.VXLANDevice, err)
-	}
-	idx := link.Attrs().Index
 	var errs []error
 	gone := func(err error) bool { return err == nil || errors.Is(err, unix.ENOENT) }
 	for _, n := range delNeigh {

@@ -140,40 +140,30 @@ func (p *Plan) Update(name string, n *Node) (d Delta, ok bool) {
 		}
 	}
 
-	for _, r := range next.Routes {
-		if i := slices.IndexFunc(old.Routes, func(o Route) bool { return o.Dst == r.Dst }); i < 0 || old.Routes[i] != r {
-			d.Upsert = append(d.Upsert, r)
-		}
-	}
-	for _, o := range old.Routes {
-		if !slices.ContainsFunc(next.Routes, func(r Route) bool { return r.Dst == o.Dst }) {
-			d.Remove = append(d.Remove, o)
-		}
-	}
-	for _, nb := range next.Neighbors {
-		if !slices.Contains(old.Neighbors, nb) {
-			d.SetNeighbors = append(d.SetNeighbors, nb)
-		}
-	}
-	for _, o := range old.Neighbors {
-		if !slices.ContainsFunc(next.Neighbors, func(nb Neighbor) bool { return nb.IP == o.IP }) {
-			d.DelNeighbors = append(d.DelNeighbors, o)
-		}
-	}
-	for _, f := range next.FDBs {
-		if !slices.Contains(old.FDBs, f) {
-			d.AddFDBs = append(d.AddFDBs, f)
-		}
-	}
-	for _, o := range old.FDBs {
-		if !slices.Contains(next.FDBs, o) {
-			d.DelFDBs = append(d.DelFDBs, o)
-		}
-	}
+	d.Upsert, d.Remove = changes(old.Routes, next.Routes, func(r Route) netip.Prefix { return r.Dst })
+	d.SetNeighbors, d.DelNeighbors = changes(old.Neighbors, next.Neighbors, func(n Neighbor) netip.Addr { return n.IP })
+	d.AddFDBs, d.DelFDBs = changes(old.FDBs, next.FDBs, func(f FDB) FDB { return f })
 
 	p.drop(name)
 	if n != nil {
 		p.put(name, next)
 	}
 	return d, true
+}
+
+// changes compares two lists of entries keyed by key: set holds the
+// entries of next that old lacks or holds differently, del the entries of
+// old whose key next lacks.
+func changes[T comparable, K comparable](old, next []T, key func(T) K) (set, del []T) {
+	for _, n := range next {
+		if i := slices.IndexFunc(old, func(o T) bool { return key(o) == key(n) }); i < 0 || old[i] != n {
+			set = append(set, n)
+		}
+	}
+	for _, o := range old {
+		if !slices.ContainsFunc(next, func(n T) bool { return key(n) == key(o) }) {
+			del = append(del, o)
+		}
+	}
+	return set, del
 }
