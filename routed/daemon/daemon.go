@@ -460,11 +460,16 @@ func (d *Daemon) applyNodes(lister listersv1.NodeLister) error {
 		return nil
 	}
 	var errs []error
-	changed, programmed, err := dataplane.ApplyRouteDelta(delta.Upsert, delta.Remove, &d.routes)
-	if err != nil {
-		errs = append(errs, err)
+	changed := 0
+	if len(delta.Upsert)+len(delta.Remove) > 0 { // a VXLAN Node's move changes its FDB entry only
+		var programmed int
+		var err error
+		changed, programmed, err = dataplane.ApplyRouteDelta(delta.Upsert, delta.Remove, &d.routes)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		d.metrics.RoutesProgramed.Set(float64(programmed))
 	}
-	d.metrics.RoutesProgramed.Set(float64(programmed))
 	if d.cfg.Encap == desired.VXLAN {
 		if err := dataplane.ApplyVXLANDelta(delta.SetNeighbors, delta.DelNeighbors, delta.AddFDBs, delta.DelFDBs); err != nil {
 			errs = append(errs, err)
