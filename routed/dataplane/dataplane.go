@@ -12,8 +12,6 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -35,7 +33,9 @@ type Netlink struct {
 	Port        int
 	// MTU of the overlay; 0: underlay MTU minus the encapsulation overhead.
 	MTU int
-	Log *slog.Logger
+	// ProcSys is where Setup writes sysctls; "" is DefaultProcSys.
+	ProcSys string
+	Log     *slog.Logger
 
 	warnedMTU bool
 }
@@ -95,30 +95,18 @@ func (d *Netlink) Setup(self desired.Node, vteps []netip.Prefix) error {
 		return err
 	}
 	mtu := d.OverlayMTU(underlay)
-	sysctls := [][2]string{{"net/ipv4/ip_forward", "1"}}
-	for _, p := range self.PodCIDRs {
-		if p.Addr().Is6() {
-			sysctls = append(sysctls, [2]string{"net/ipv6/conf/all/forwarding", "1"})
-		}
-	}
 	switch d.Encap {
 	case desired.IPIP:
 		if err := d.ensureTunl0(mtu); err != nil {
 			return err
 		}
-		sysctls = append(sysctls, [2]string{"net/ipv4/conf/" + desired.TunnelDevice + "/rp_filter", "2"})
 	case desired.VXLAN:
 		if err := d.ensureVXLAN(self.IP, underlay, mtu, vteps); err != nil {
 			return err
 		}
-		sysctls = append(sysctls, [2]string{"net/ipv4/conf/" + desired.VXLANDevice + "/rp_filter", "2"})
 	}
-	for _, s := range sysctls {
-		if err := setSysctl(s[0], s[1], d.Log); err != nil {
-			return err
-		}
-	}
-	return nil
+	v6 := slices.ContainsFunc(self.PodCIDRs, func(p netip.Prefix) bool { return p.Addr().Is6() })
+	return SysctlWriter{Root: d.ProcSys, Log: d.Log}.Write(Sysctls(d.Encap, v6))
 }
 
 // CheckIPIP makes sure tunl0 exists (creating it loads the kernel's ipip
@@ -735,21 +723,6 @@ func Cleanup() error {
 		}
 	}
 	return errors.Join(errs...)
-}
-
-func setSysctl(name, value string, log *slog.Logger) error {
-	p := filepath.Join("/proc/sys", name)
-	cur, err := os.ReadFile(p)
-	if err == nil && strings.TrimSpace(string(cur)) == value {
-		return nil
-	}
-	if err := os.WriteFile(p, []byte(value), 0o644); err != nil {
-		return fmt.Errorf("set %s=%s: %w", name, value, err)
-	}
-	if log != nil {
-		log.Info("sysctl set", "name", strings.ReplaceAll(name, "/", "."), "value", value)
-	}
-	return nil
 }
 
 func isNotFound(err error) bool {
