@@ -21,7 +21,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
-	"github.com/podnet/podnet/internal/rtproto"
+	"github.com/podnet/podnet/internal/contract"
 	"github.com/podnet/podnet/routed/desired"
 )
 
@@ -310,7 +310,7 @@ func readRoutes(k routeKernel) (*routeTable, error) {
 		if !ok {
 			continue
 		}
-		if r.Protocol != rtproto.Podnet {
+		if r.Protocol != contract.RouteProtocol {
 			t.foreign[dst] = r.Protocol
 			continue
 		}
@@ -392,7 +392,7 @@ func (c *RouteCache) Observe(u netlink.RouteUpdate) (lost bool) {
 	if u.Table != unix.RT_TABLE_MAIN || u.Dst == nil {
 		return false
 	}
-	if u.Protocol == rtproto.Podnet && (!del || (u.Route.Type != unix.RTN_BLACKHOLE && u.Gw == nil)) {
+	if u.Protocol == contract.RouteProtocol && (!del || (u.Route.Type != unix.RTN_BLACKHOLE && u.Gw == nil)) {
 		// ours, just written (a burst of thousands after a full apply,
 		// which must not wait for the lock that apply holds); or a
 		// pod's host route
@@ -405,7 +405,7 @@ func (c *RouteCache) Observe(u netlink.RouteUpdate) (lost bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	t := c.table
-	if u.Protocol != rtproto.Podnet {
+	if u.Protocol != contract.RouteProtocol {
 		if t != nil {
 			if del {
 				delete(t.foreign, dst)
@@ -573,7 +573,7 @@ func foreignError(r desired.Route, proto netlink.RouteProtocol) error {
 }
 
 func kernelRoute(r desired.Route, linkIndex int) *netlink.Route {
-	kr := &netlink.Route{Dst: prefixNet(r.Dst), Protocol: rtproto.Podnet, Table: unix.RT_TABLE_MAIN}
+	kr := &netlink.Route{Dst: prefixNet(r.Dst), Protocol: contract.RouteProtocol, Table: unix.RT_TABLE_MAIN}
 	if r.Kind == desired.Blackhole {
 		kr.Type = unix.RTN_BLACKHOLE
 		return kr
