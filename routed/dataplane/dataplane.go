@@ -1,7 +1,8 @@
 // Package dataplane applies podnet-routed's desired state to the kernel with
 // netlink (routes, the tunnel devices, VXLAN neighbors and FDB entries) and
-// nftables (outbound masquerade). It only ever changes what podnet owns:
-// routes with podnet's protocol, the podnet.vxlan device, its own nft table.
+// nftables (outbound masquerade). It only ever changes what podnet-routed
+// owns (internal/contract): routes with podnet's protocol that are not a
+// pod's host route, the podnet.vxlan device, its own nft table.
 // tunl0 is shared with anyone using IPIP: it is used, never deleted, and
 // only its MTU and up state are set.
 package dataplane
@@ -322,18 +323,17 @@ func readRoutes(k routeKernel) (*routeTable, error) {
 }
 
 // ownedRoute converts a podnet-protocol route to a desired.Route when it
-// is podnet-routed's: a blackhole or a route via a gateway. The plugin's
-// pod host routes (podIP dev <host veth> scope link) carry the same
-// protocol but have neither: they are the pods', and pruning one would cut
-// its pod off.
+// is podnet-routed's (contract.IsRoutedRoute): a blackhole or a route via
+// a gateway. The plugin's pod host routes carry the same protocol but are
+// the pods': pruning one would cut its pod off.
 func ownedRoute(k routeKernel, r netlink.Route, dst netip.Prefix) (desired.Route, bool) {
+	if !contract.IsRoutedRoute(&r) {
+		return desired.Route{}, false
+	}
 	dr := desired.Route{Dst: dst}
 	if r.Type == unix.RTN_BLACKHOLE {
 		dr.Kind = desired.Blackhole
 		return dr, true
-	}
-	if r.Gw == nil {
-		return desired.Route{}, false
 	}
 	dr.Gw, _ = netip.AddrFromSlice(r.Gw)
 	dr.Gw = dr.Gw.Unmap()
@@ -392,7 +392,7 @@ func (c *RouteCache) Observe(u netlink.RouteUpdate) (lost bool) {
 	if u.Table != unix.RT_TABLE_MAIN || u.Dst == nil {
 		return false
 	}
-	if u.Protocol == contract.RouteProtocol && (!del || (u.Route.Type != unix.RTN_BLACKHOLE && u.Gw == nil)) {
+	if u.Protocol == contract.RouteProtocol && (!del || contract.IsPodHostRoute(&u.Route)) {
 		// ours, just written (a burst of thousands after a full apply,
 		// which must not wait for the lock that apply holds); or a
 		// pod's host route
