@@ -90,7 +90,7 @@ func New(cfg Config, nodes cache.ListerWatcher, log *slog.Logger) *Daemon {
 		cfg:     cfg,
 		nodesLW: nodes,
 		log:     log,
-		dp:      &dataplane.Netlink{Encap: cfg.Encap, CrossSubnet: cfg.CrossSubnet, VNI: cfg.VXLANVNI, Port: cfg.VXLANPort, MTU: cfg.MTU, Log: log},
+		dp:      &dataplane.Netlink{Encap: cfg.Encap, VNI: cfg.VXLANVNI, Port: cfg.VXLANPort, MTU: cfg.MTU, Log: log},
 		metrics: NewMetrics(),
 		kick:    make(chan struct{}, 1),
 	}

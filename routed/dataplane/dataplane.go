@@ -28,10 +28,9 @@ import (
 
 // Netlink is the kernel dataplane of the current netns.
 type Netlink struct {
-	Encap       desired.Encap
-	CrossSubnet bool
-	VNI         int
-	Port        int
+	Encap desired.Encap
+	VNI   int
+	Port  int
 	// MTU of the overlay; 0: underlay MTU minus the encapsulation overhead.
 	MTU int
 	// ProcSys is where Setup writes sysctls; "" is DefaultProcSys.
@@ -425,11 +424,11 @@ func (c *RouteCache) Observe(u netlink.RouteUpdate) (lost bool) {
 	return true
 }
 
-// ApplyRoutes makes the podnet routes equal to want and writes only what
-// differs (nothing when nothing changed). With dump, or when cache holds
+// ApplyRoutes makes podnet-routed's routes equal to want and writes only
+// what differs (nothing when nothing changed). With dump, or when cache holds
 // nothing valid, it reads the main table first (one dump, indexed by
 // destination); otherwise it trusts cache. It returns how many routes it
-// changed and how many podnet routes are programmed afterwards.
+// changed and how many of its routes are programmed afterwards.
 func ApplyRoutes(want []desired.Route, cache *RouteCache, dump bool) (changed, programmed int, err error) {
 	err = withRoutes(func(k netlinkRoutes) (err error) {
 		changed, programmed, err = applyRoutes(k, want, cache, dump)
@@ -710,8 +709,9 @@ func ApplyVXLANDelta(setNeigh, delNeigh []desired.Neighbor, addFDB, delFDB []des
 	return errors.Join(errs...)
 }
 
-// Cleanup removes every podnet route and the VXLAN device. tunl0 is left
-// (it is the kernel's shared fallback device).
+// Cleanup removes every route podnet-routed owns (pods' host routes stay:
+// they are the plugin's) and the VXLAN device. tunl0 is left (it is the
+// kernel's shared fallback device).
 func Cleanup() error {
 	var errs []error
 	if _, _, err := ApplyRoutes(nil, nil, true); err != nil {
