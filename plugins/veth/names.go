@@ -12,9 +12,10 @@ import (
 const nameHashLen = 11
 
 // HostVethName returns the deterministic host-side veth name of an
-// attachment: contract.HostVethPrefix ("pn") + 11 hex characters of a hash of the pod (namespace/name
-// when the runtime passes them, else the container ID) and the interface
-// name inside the pod. It is 13 characters, below the 15-character limit.
+// attachment: contract.HostVethPrefix ("pn") + 11 hex characters of a hash
+// of the pod (namespace/name when the runtime passes them, else the
+// container ID) and the interface name inside the pod. It is 13
+// characters, below the 15-character limit.
 func HostVethName(podNamespace, podName, containerID, ifName string) string {
 	key := containerID
 	if podNamespace != "" && podName != "" {
