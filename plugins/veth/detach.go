@@ -11,6 +11,8 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/podnet/podnet/internal/contract"
 )
 
 // Deleting a veth costs about 20 ms of kernel time (unregister_netdevice
@@ -39,15 +41,12 @@ const (
 	vethDeleted
 )
 
-// detachedPrefix starts the name of a detached pod end.
-const detachedPrefix = "pnd"
-
 // DetachedName is the name the pod end of a detached veth takes in the pod
-// netns: it frees ifName, and is the same for the same ifName (a second
+// netns (contract.DetachedVethPrefix + 11 hex characters): it frees ifName, and is the same for the same ifName (a second
 // DEL finds nothing left to rename).
 func DetachedName(ifName string) string {
 	sum := sha256.Sum256([]byte(ifName))
-	return detachedPrefix + hex.EncodeToString(sum[:])[:nameHashLen]
+	return contract.DetachedVethPrefix + hex.EncodeToString(sum[:])[:nameHashLen]
 }
 
 // detachOrDeleteVeth takes an attachment's veth pair out of service: it
@@ -62,7 +61,7 @@ func detachOrDeleteVeth(hostName string, owner Owner, podNS ns.NetNS, ifName str
 		}
 		return vethNotFound, fmt.Errorf("look up host veth %s: %w", hostName, err)
 	}
-	got, wasDetached, ok := parseAnyAlias(host.Attrs().Alias)
+	got, wasDetached, ok := contract.ParseVethAlias(host.Attrs().Alias)
 	if !ok || got != owner {
 		return vethNotFound, nil
 	}
@@ -78,7 +77,7 @@ func detachOrDeleteVeth(hostName string, owner Owner, podNS ns.NetNS, ifName str
 			if err := netlink.LinkSetDown(host); err != nil && !isNotFound(err) {
 				return vethNotFound, fmt.Errorf("set host veth %s down: %w", hostName, err)
 			}
-			if err := netlink.LinkSetAlias(host, owner.detachedAlias()); err != nil && !isNotFound(err) {
+			if err := netlink.LinkSetAlias(host, owner.DetachedAlias()); err != nil && !isNotFound(err) {
 				return vethNotFound, fmt.Errorf("mark host veth %s detached: %w", hostName, err)
 			}
 			return vethDetached, nil
@@ -133,6 +132,6 @@ func IsDetached(l netlink.Link) bool {
 	if _, isVeth := l.(*netlink.Veth); !isVeth || l.Attrs().Flags&net.FlagUp != 0 {
 		return false
 	}
-	o, detached, ok := parseAnyAlias(l.Attrs().Alias)
+	o, detached, ok := contract.ParseVethAlias(l.Attrs().Alias)
 	return ok && (detached || l.Attrs().Name == DetachedName(o.IfName))
 }

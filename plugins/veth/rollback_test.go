@@ -15,7 +15,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 
-	"github.com/podnet/podnet/internal/rtproto"
+	"github.com/podnet/podnet/internal/contract"
 	"github.com/podnet/podnet/plugins/veth"
 	"github.com/podnet/podnet/test/nettest"
 )
@@ -142,7 +142,7 @@ func (e *addEnv) del(t *testing.T, p skel.CNIFuncs) error {
 // state is what an attachment leaves behind, as the checks see it.
 type state struct {
 	nodeLinks    []string // node links other than lo
-	podnetRoutes []string // node routes with protocol rtproto.Podnet (dst)
+	podnetRoutes []string // node routes with protocol contract.RouteProtocol (dst)
 	podLinks     []string // pod links other than lo
 	reservations []string // host-local reservation files (IPs)
 }
@@ -153,7 +153,7 @@ func (e *addEnv) observe(t *testing.T) state {
 	t.Helper()
 	var s state
 	s.nodeLinks = e.node.Links()
-	for _, r := range e.node.RoutesWithProto(rtproto.Podnet) {
+	for _, r := range e.node.RoutesWithProto(contract.RouteProtocol) {
 		s.podnetRoutes = append(s.podnetRoutes, routeDst(r))
 	}
 	links, err := nettest.LinkNames(e.podNS)
@@ -177,7 +177,7 @@ func (e *addEnv) observeRaw() (state, error) {
 		return s, err
 	}
 	err = e.node.NS.Do(func(ns.NetNS) error {
-		routes, err := netlink.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Protocol: rtproto.Podnet}, netlink.RT_FILTER_PROTOCOL|netlink.RT_FILTER_TABLE)
+		routes, err := netlink.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Protocol: contract.RouteProtocol}, netlink.RT_FILTER_PROTOCOL|netlink.RT_FILTER_TABLE)
 		for _, r := range routes {
 			s.podnetRoutes = append(s.podnetRoutes, routeDst(r))
 		}

@@ -11,7 +11,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
-	"github.com/podnet/podnet/internal/rtproto"
+	"github.com/podnet/podnet/internal/contract"
 )
 
 // Routed returns the verbs of the podnet plugin: the routed (Calico-style)
@@ -170,7 +170,7 @@ func (routed) result(prev *current.Result, hostName string, podIface *current.In
 
 // hostRoute is the node's route to one pod address.
 func hostRoute(host netlink.Link, ip net.IP) *netlink.Route {
-	r := &netlink.Route{LinkIndex: host.Attrs().Index, Dst: hostNet(ip), Protocol: rtproto.Podnet, Table: unix.RT_TABLE_MAIN}
+	r := &netlink.Route{LinkIndex: host.Attrs().Index, Dst: hostNet(ip), Protocol: contract.RouteProtocol, Table: unix.RT_TABLE_MAIN}
 	if ip.To4() != nil {
 		r.Scope = netlink.SCOPE_LINK
 	}

@@ -10,6 +10,8 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/podnet/podnet/internal/contract"
 )
 
 // vethSpec describes the veth pair of one attachment.
@@ -55,7 +57,7 @@ func createVeth(spec vethSpec, podNS ns.NetNS) (netlink.Link, error) {
 		_ = netlink.LinkDel(veth)
 		return nil, fmt.Errorf("look up new veth %s: %w", spec.HostName, err)
 	}
-	if err := netlink.LinkSetAlias(host, spec.Owner.alias()); err != nil {
+	if err := netlink.LinkSetAlias(host, spec.Owner.Alias()); err != nil {
 		_ = netlink.LinkDel(host)
 		return nil, fmt.Errorf("set alias on veth %s: %w", spec.HostName, err)
 	}
@@ -64,7 +66,7 @@ func createVeth(spec vethSpec, podNS ns.NetNS) (netlink.Link, error) {
 		if err != nil {
 			return fmt.Errorf("look up %s in netns %s: %w", spec.PodName, podNS.Path(), err)
 		}
-		if err := netlink.LinkSetAlias(pod, spec.Owner.alias()); err != nil {
+		if err := netlink.LinkSetAlias(pod, spec.Owner.Alias()); err != nil {
 			return fmt.Errorf("set alias on %s in netns %s: %w", spec.PodName, podNS.Path(), err)
 		}
 		return nil
@@ -113,7 +115,7 @@ func deleteStaleHostVeth(hostName string, owner Owner) error {
 		}
 		return fmt.Errorf("look up host veth %s: %w", hostName, err)
 	}
-	if _, _, ok := parseAnyAlias(link.Attrs().Alias); !ok {
+	if _, _, ok := contract.ParseVethAlias(link.Attrs().Alias); !ok {
 		return fmt.Errorf("interface %s exists and was not created by podnet; remove or rename it", hostName)
 	}
 	if err := netlink.LinkDel(link); err != nil && !isNotFound(err) {
@@ -173,7 +175,7 @@ func ownedHostVeths(network string) (map[Owner]netlink.Link, error) {
 		if _, isVeth := l.(*netlink.Veth); !isVeth {
 			continue
 		}
-		if o, _, ok := parseAnyAlias(l.Attrs().Alias); ok && o.Network == network {
+		if o, _, ok := contract.ParseVethAlias(l.Attrs().Alias); ok && o.Network == network {
 			owned[o] = l
 		}
 	}

@@ -13,7 +13,6 @@ import (
 	"net/netip"
 	"runtime/debug"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -33,6 +32,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 
+	"github.com/podnet/podnet/internal/contract"
 	"github.com/podnet/podnet/internal/nodestate"
 	"github.com/podnet/podnet/routed/dataplane"
 	"github.com/podnet/podnet/routed/desired"
@@ -90,7 +90,7 @@ func New(cfg Config, nodes cache.ListerWatcher, log *slog.Logger) *Daemon {
 		cfg:     cfg,
 		nodesLW: nodes,
 		log:     log,
-		dp:      &dataplane.Netlink{Encap: cfg.Encap, CrossSubnet: cfg.CrossSubnet, VNI: cfg.VXLANVNI, Port: cfg.VXLANPort, MTU: cfg.MTU, Log: log},
+		dp:      &dataplane.Netlink{Encap: cfg.Encap, VNI: cfg.VXLANVNI, Port: cfg.VXLANPort, MTU: cfg.MTU, Log: log},
 		metrics: NewMetrics(),
 		kick:    make(chan struct{}, 1),
 	}
@@ -327,7 +327,7 @@ func (d *Daemon) watchLinks(ctx context.Context, first chan struct{}) {
 // lose; podnet's own tunnel device coming up is the daemon's own doing
 // (the apply that follows its going down brings it up).
 func linkMatters(u netlink.LinkUpdate) bool {
-	if u.Link == nil || strings.HasPrefix(u.Link.Attrs().Name, "pn") {
+	if u.Link == nil || contract.IsHostVeth(u.Link.Attrs().Name) {
 		return false
 	}
 	if u.Header.Type == unix.RTM_DELLINK {

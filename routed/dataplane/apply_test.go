@@ -11,7 +11,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
-	"github.com/podnet/podnet/internal/rtproto"
+	"github.com/podnet/podnet/internal/contract"
 	"github.com/podnet/podnet/routed/desired"
 )
 
@@ -104,7 +104,7 @@ func cluster(n int) []desired.Route {
 
 func TestApplyRoutesWritesOnlyTheDelta(t *testing.T) {
 	k := newFakeKernel()
-	k.add("10.99.0.7/32", rtproto.Podnet, "", "eth0") // a pod's host route: not routed's
+	k.add("10.99.0.7/32", contract.RouteProtocol, "", "eth0") // a pod's host route: not routed's
 	want := cluster(500)
 	changed, programmed, err := applyRoutes(k, want, nil, true)
 	if err != nil || changed != len(want) || programmed != len(want) || k.dumps != 1 || k.writes != len(want) {
@@ -307,7 +307,7 @@ func TestApplyRouteDelta(t *testing.T) {
 
 	// a pod's host route (podnet's protocol, no gateway) coming and going
 	// is not routed's business
-	k.add("10.99.0.9/32", rtproto.Podnet, "", "eth0")
+	k.add("10.99.0.9/32", contract.RouteProtocol, "", "eth0")
 	if cache.Observe(notify(k, "10.99.0.9/32", false)) || cache.Observe(notify(k, "10.99.0.9/32", true)) {
 		t.Error("a pod host route's notification was reported as a lost route")
 	}

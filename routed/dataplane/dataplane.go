@@ -1,7 +1,8 @@
 // Package dataplane applies podnet-routed's desired state to the kernel with
 // netlink (routes, the tunnel devices, VXLAN neighbors and FDB entries) and
-// nftables (outbound masquerade). It only ever changes what podnet owns:
-// routes with podnet's protocol, the podnet.vxlan device, its own nft table.
+// nftables (outbound masquerade). It only ever changes what podnet-routed
+// owns (internal/contract): routes with podnet's protocol that are not a
+// pod's host route, the podnet.vxlan device, its own nft table.
 // tunl0 is shared with anyone using IPIP: it is used, never deleted, and
 // only its MTU and up state are set.
 package dataplane
@@ -12,8 +13,6 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -23,19 +22,20 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
-	"github.com/podnet/podnet/internal/rtproto"
+	"github.com/podnet/podnet/internal/contract"
 	"github.com/podnet/podnet/routed/desired"
 )
 
 // Netlink is the kernel dataplane of the current netns.
 type Netlink struct {
-	Encap       desired.Encap
-	CrossSubnet bool
-	VNI         int
-	Port        int
+	Encap desired.Encap
+	VNI   int
+	Port  int
 	// MTU of the overlay; 0: underlay MTU minus the encapsulation overhead.
 	MTU int
-	Log *slog.Logger
+	// ProcSys is where Setup writes sysctls; "" is DefaultProcSys.
+	ProcSys string
+	Log     *slog.Logger
 
 	warnedMTU bool
 }
@@ -95,30 +95,18 @@ func (d *Netlink) Setup(self desired.Node, vteps []netip.Prefix) error {
 		return err
 	}
 	mtu := d.OverlayMTU(underlay)
-	sysctls := [][2]string{{"net/ipv4/ip_forward", "1"}}
-	for _, p := range self.PodCIDRs {
-		if p.Addr().Is6() {
-			sysctls = append(sysctls, [2]string{"net/ipv6/conf/all/forwarding", "1"})
-		}
-	}
 	switch d.Encap {
 	case desired.IPIP:
 		if err := d.ensureTunl0(mtu); err != nil {
 			return err
 		}
-		sysctls = append(sysctls, [2]string{"net/ipv4/conf/" + desired.TunnelDevice + "/rp_filter", "2"})
 	case desired.VXLAN:
 		if err := d.ensureVXLAN(self.IP, underlay, mtu, vteps); err != nil {
 			return err
 		}
-		sysctls = append(sysctls, [2]string{"net/ipv4/conf/" + desired.VXLANDevice + "/rp_filter", "2"})
 	}
-	for _, s := range sysctls {
-		if err := setSysctl(s[0], s[1], d.Log); err != nil {
-			return err
-		}
-	}
-	return nil
+	v6 := slices.ContainsFunc(self.PodCIDRs, func(p netip.Prefix) bool { return p.Addr().Is6() })
+	return SysctlWriter{Root: d.ProcSys, Log: d.Log}.Write(Sysctls(d.Encap, v6))
 }
 
 // CheckIPIP makes sure tunl0 exists (creating it loads the kernel's ipip
@@ -322,7 +310,7 @@ func readRoutes(k routeKernel) (*routeTable, error) {
 		if !ok {
 			continue
 		}
-		if r.Protocol != rtproto.Podnet {
+		if r.Protocol != contract.RouteProtocol {
 			t.foreign[dst] = r.Protocol
 			continue
 		}
@@ -334,18 +322,17 @@ func readRoutes(k routeKernel) (*routeTable, error) {
 }
 
 // ownedRoute converts a podnet-protocol route to a desired.Route when it
-// is podnet-routed's: a blackhole or a route via a gateway. The plugin's
-// pod host routes (podIP dev <host veth> scope link) carry the same
-// protocol but have neither: they are the pods', and pruning one would cut
-// its pod off.
+// is podnet-routed's (contract.IsRoutedRoute): a blackhole or a route via
+// a gateway. The plugin's pod host routes carry the same protocol but are
+// the pods': pruning one would cut its pod off.
 func ownedRoute(k routeKernel, r netlink.Route, dst netip.Prefix) (desired.Route, bool) {
+	if !contract.IsRoutedRoute(&r) {
+		return desired.Route{}, false
+	}
 	dr := desired.Route{Dst: dst}
 	if r.Type == unix.RTN_BLACKHOLE {
 		dr.Kind = desired.Blackhole
 		return dr, true
-	}
-	if r.Gw == nil {
-		return desired.Route{}, false
 	}
 	dr.Gw, _ = netip.AddrFromSlice(r.Gw)
 	dr.Gw = dr.Gw.Unmap()
@@ -404,7 +391,7 @@ func (c *RouteCache) Observe(u netlink.RouteUpdate) (lost bool) {
 	if u.Table != unix.RT_TABLE_MAIN || u.Dst == nil {
 		return false
 	}
-	if u.Protocol == rtproto.Podnet && (!del || (u.Route.Type != unix.RTN_BLACKHOLE && u.Gw == nil)) {
+	if u.Protocol == contract.RouteProtocol && (!del || contract.IsPodHostRoute(&u.Route)) {
 		// ours, just written (a burst of thousands after a full apply,
 		// which must not wait for the lock that apply holds); or a
 		// pod's host route
@@ -417,7 +404,7 @@ func (c *RouteCache) Observe(u netlink.RouteUpdate) (lost bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	t := c.table
-	if u.Protocol != rtproto.Podnet {
+	if u.Protocol != contract.RouteProtocol {
 		if t != nil {
 			if del {
 				delete(t.foreign, dst)
@@ -437,11 +424,11 @@ func (c *RouteCache) Observe(u netlink.RouteUpdate) (lost bool) {
 	return true
 }
 
-// ApplyRoutes makes the podnet routes equal to want and writes only what
-// differs (nothing when nothing changed). With dump, or when cache holds
+// ApplyRoutes makes podnet-routed's routes equal to want and writes only
+// what differs (nothing when nothing changed). With dump, or when cache holds
 // nothing valid, it reads the main table first (one dump, indexed by
 // destination); otherwise it trusts cache. It returns how many routes it
-// changed and how many podnet routes are programmed afterwards.
+// changed and how many of its routes are programmed afterwards.
 func ApplyRoutes(want []desired.Route, cache *RouteCache, dump bool) (changed, programmed int, err error) {
 	err = withRoutes(func(k netlinkRoutes) (err error) {
 		changed, programmed, err = applyRoutes(k, want, cache, dump)
@@ -585,7 +572,7 @@ func foreignError(r desired.Route, proto netlink.RouteProtocol) error {
 }
 
 func kernelRoute(r desired.Route, linkIndex int) *netlink.Route {
-	kr := &netlink.Route{Dst: prefixNet(r.Dst), Protocol: rtproto.Podnet, Table: unix.RT_TABLE_MAIN}
+	kr := &netlink.Route{Dst: prefixNet(r.Dst), Protocol: contract.RouteProtocol, Table: unix.RT_TABLE_MAIN}
 	if r.Kind == desired.Blackhole {
 		kr.Type = unix.RTN_BLACKHOLE
 		return kr
@@ -726,8 +713,9 @@ func ApplyVXLANDelta(setNeigh, delNeigh []desired.Neighbor, addFDB, delFDB []des
 	return errors.Join(errs...)
 }
 
-// Cleanup removes every podnet route and the VXLAN device. tunl0 is left
-// (it is the kernel's shared fallback device).
+// Cleanup removes every route podnet-routed owns (pods' host routes stay:
+// they are the plugin's) and the VXLAN device. tunl0 is left (it is the
+// kernel's shared fallback device).
 func Cleanup() error {
 	var errs []error
 	if _, _, err := ApplyRoutes(nil, nil, true); err != nil {
@@ -739,21 +727,6 @@ func Cleanup() error {
 		}
 	}
 	return errors.Join(errs...)
-}
-
-func setSysctl(name, value string, log *slog.Logger) error {
-	p := filepath.Join("/proc/sys", name)
-	cur, err := os.ReadFile(p)
-	if err == nil && strings.TrimSpace(string(cur)) == value {
-		return nil
-	}
-	if err := os.WriteFile(p, []byte(value), 0o644); err != nil {
-		return fmt.Errorf("set %s=%s: %w", name, value, err)
-	}
-	if log != nil {
-		log.Info("sysctl set", "name", strings.ReplaceAll(name, "/", "."), "value", value)
-	}
-	return nil
 }
 
 func isNotFound(err error) bool {

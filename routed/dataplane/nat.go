@@ -12,10 +12,9 @@ import (
 	"github.com/google/nftables/expr"
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
-)
 
-// NATTable is the nftables table podnet-routed owns (family inet).
-const NATTable = "podnet"
+	"github.com/podnet/podnet/internal/contract"
+)
 
 // nftTimeout bounds one nftables transaction. The nftables library waits
 // for one acknowledgement per message of a batch; when the kernel aborts
@@ -61,7 +60,7 @@ func (n *NAT) Apply(local, cluster []netip.Prefix, verify bool) error {
 	if err != nil {
 		return fmt.Errorf("nftables: %w", err)
 	}
-	table := &nftables.Table{Family: nftables.TableFamilyINet, Name: NATTable}
+	table := &nftables.Table{Family: nftables.TableFamilyINet, Name: contract.NFTable}
 	c.AddTable(table)
 	c.DelTable(table)
 	c.AddTable(table)
@@ -79,7 +78,7 @@ func (n *NAT) Apply(local, cluster []netip.Prefix, verify bool) error {
 		c.AddRule(&nftables.Rule{Table: table, Chain: chain, Exprs: matchPrefix(p, true, &expr.Masq{})})
 	}
 	if err := c.Flush(); err != nil {
-		return fmt.Errorf("write nftables table %s: %w", NATTable, err)
+		return fmt.Errorf("write nftables table %s: %w", contract.NFTable, err)
 	}
 	n.applied = key
 	return nil
@@ -92,7 +91,7 @@ func natInPlace(rules int) bool {
 	if err != nil {
 		return false
 	}
-	table := &nftables.Table{Family: nftables.TableFamilyINet, Name: NATTable}
+	table := &nftables.Table{Family: nftables.TableFamilyINet, Name: contract.NFTable}
 	got, err := c.GetRules(table, &nftables.Chain{Name: "postrouting", Table: table})
 	return err == nil && len(got) == rules
 }
@@ -135,12 +134,12 @@ func DeleteNAT() error {
 	if err != nil {
 		return fmt.Errorf("list nftables tables: %w", err)
 	}
-	if !slices.ContainsFunc(tables, func(t *nftables.Table) bool { return t.Name == NATTable }) {
+	if !slices.ContainsFunc(tables, func(t *nftables.Table) bool { return t.Name == contract.NFTable }) {
 		return nil
 	}
-	c.DelTable(&nftables.Table{Family: nftables.TableFamilyINet, Name: NATTable})
+	c.DelTable(&nftables.Table{Family: nftables.TableFamilyINet, Name: contract.NFTable})
 	if err := c.Flush(); err != nil && !errors.Is(err, unix.ENOENT) && !strings.Contains(err.Error(), "no such file") {
-		return fmt.Errorf("delete nftables table %s: %w", NATTable, err)
+		return fmt.Errorf("delete nftables table %s: %w", contract.NFTable, err)
 	}
 	return nil
 }

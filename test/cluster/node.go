@@ -18,8 +18,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/podnet/podnet/internal/contract"
 	"github.com/podnet/podnet/internal/nodestate"
-	"github.com/podnet/podnet/internal/rtproto"
 )
 
 // Addresses podnet-routed serves on inside every node netns.
@@ -247,7 +247,7 @@ func (n *Node) Cleanup(ctx context.Context) (string, error) {
 	return n.NS.Exec(ctx, filepath.Join(n.c.Cfg.BinDir, "podnet-routed"), "--cleanup", "--state-dir="+n.StateDir)
 }
 
-// Route is a podnet route (protocol rtproto.Podnet) in the main table.
+// Route is a podnet route (protocol contract.RouteProtocol) in the main table.
 type Route struct {
 	Dst       netip.Prefix
 	Via       netip.Addr
@@ -284,7 +284,7 @@ func (r Route) String() string {
 func (n *Node) Routes() ([]Route, error) {
 	var out []Route
 	err := n.NS.Do(func() error {
-		routes, err := netlink.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Protocol: rtproto.Podnet, Table: unix.RT_TABLE_MAIN},
+		routes, err := netlink.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Protocol: contract.RouteProtocol, Table: unix.RT_TABLE_MAIN},
 			netlink.RT_FILTER_PROTOCOL|netlink.RT_FILTER_TABLE)
 		if err != nil {
 			return err

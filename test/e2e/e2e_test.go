@@ -26,6 +26,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/podnet/podnet/internal/contract"
 	"github.com/podnet/podnet/test/cluster"
 	"github.com/podnet/podnet/test/kapi"
 	"github.com/podnet/podnet/test/nettest"
@@ -317,13 +318,13 @@ func testPodsDeleted(t *testing.T, c *cluster.Cluster) {
 			if links, err = n.Links(); err != nil {
 				t.Fatal(err)
 			}
-			if !slices.ContainsFunc(links, isHostVeth) || time.Now().After(deadline) {
+			if !slices.ContainsFunc(links, contract.IsHostVeth) || time.Now().After(deadline) {
 				break
 			}
 			time.Sleep(20 * time.Millisecond)
 		}
 		for _, l := range links {
-			if isHostVeth(l) {
+			if contract.IsHostVeth(l) {
 				t.Errorf("%s: veth %s left 10 s after its pod netns was removed", n.Name, l)
 			}
 		}
@@ -514,5 +515,3 @@ func checkNodeObjects(t *testing.T, c *cluster.Cluster) {
 		}
 	}
 }
-
-func isHostVeth(name string) bool { return strings.HasPrefix(name, "pn") }

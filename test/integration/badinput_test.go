@@ -18,7 +18,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/plugins/pkg/ns"
 
-	"github.com/podnet/podnet/internal/rtproto"
+	"github.com/podnet/podnet/internal/contract"
 	"github.com/podnet/podnet/test/nettest"
 )
 
@@ -324,7 +324,7 @@ func TestBadInput(t *testing.T) {
 			if links := node.Links(); len(links) > 0 {
 				t.Errorf("links left in node netns: %v", links)
 			}
-			if routes := node.RoutesWithProto(rtproto.Podnet); len(routes) > 0 {
+			if routes := node.RoutesWithProto(contract.RouteProtocol); len(routes) > 0 {
 				t.Errorf("podnet routes left in node netns: %v", routes)
 			}
 			// Empty for the cases that do not use host-local.

@@ -15,7 +15,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 
-	"github.com/podnet/podnet/internal/rtproto"
+	"github.com/podnet/podnet/internal/contract"
 	"github.com/podnet/podnet/plugins/veth"
 	"github.com/podnet/podnet/test/nettest"
 )
@@ -168,7 +168,7 @@ func assertBridgeClean(t *testing.T, rt *nettest.Runtime, dataDir string) {
 	if len(st.ports) > 0 {
 		t.Errorf("bridge ports left: %v", st.ports)
 	}
-	if routes := rt.Node.RoutesWithProto(rtproto.Podnet); len(routes) > 0 {
+	if routes := rt.Node.RoutesWithProto(contract.RouteProtocol); len(routes) > 0 {
 		t.Errorf("podnet routes left in node netns: %v", routes)
 	}
 	if r := brReservations(t, dataDir); len(r) > 0 {

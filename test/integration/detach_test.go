@@ -11,7 +11,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 
-	"github.com/podnet/podnet/internal/rtproto"
+	"github.com/podnet/podnet/internal/contract"
 	"github.com/podnet/podnet/plugins/veth"
 	"github.com/podnet/podnet/test/nettest"
 )
@@ -59,7 +59,7 @@ func TestDelDetachesUntilNetnsGone(t *testing.T) {
 			if links := rt.Node.Links(); len(links) > 0 && plugin == "podnet" {
 				t.Errorf("live links in the node after DEL: %v", links)
 			}
-			if routes := node.RoutesWithProto(rtproto.Podnet); len(routes) > 0 {
+			if routes := node.RoutesWithProto(contract.RouteProtocol); len(routes) > 0 {
 				t.Errorf("podnet routes after DEL: %v", routes)
 			}
 			if podLinks, _ := nettest.AllLinkNames(podNS); slices.Contains(podLinks, "eth0") {
@@ -99,7 +99,7 @@ func TestDelDetachesUntilNetnsGone(t *testing.T) {
 			if err := rt.Del(conf2); err != nil {
 				t.Fatalf("DEL without netns: %v", err)
 			}
-			if all, _ := nettest.AllLinkNames(node.NS); slices.ContainsFunc(all, isPodnetVeth) {
+			if all, _ := nettest.AllLinkNames(node.NS); slices.ContainsFunc(all, contract.IsHostVeth) {
 				t.Errorf("DEL without a netns left %v in the node", all)
 			}
 			assertStoreEmpty(t, dataDir, "detach")
@@ -113,13 +113,13 @@ func TestDelDetachesUntilNetnsGone(t *testing.T) {
 			if err := rt.Del(conf3); err != nil {
 				t.Fatalf("DEL detach-2: %v", err)
 			}
-			if all, _ := nettest.AllLinkNames(node.NS); !slices.ContainsFunc(all, isPodnetVeth) {
+			if all, _ := nettest.AllLinkNames(node.NS); !slices.ContainsFunc(all, contract.IsHostVeth) {
 				t.Fatalf("DEL detach-2 did not detach (node links %v)", all)
 			}
 			if err := rt.GC(nil); err != nil {
 				t.Fatalf("GC: %v", err)
 			}
-			if all, _ := nettest.AllLinkNames(node.NS); slices.ContainsFunc(all, isPodnetVeth) {
+			if all, _ := nettest.AllLinkNames(node.NS); slices.ContainsFunc(all, contract.IsHostVeth) {
 				t.Errorf("GC left the detached pair: node links %v", all)
 			}
 		})
@@ -131,7 +131,7 @@ func TestDelDetachesUntilNetnsGone(t *testing.T) {
 func hostIfaceIndex(t *testing.T, ifaces []*current.Interface) int {
 	t.Helper()
 	for i, iface := range ifaces {
-		if iface.Sandbox == "" && len(iface.Name) > 2 && iface.Name[:2] == "pn" {
+		if iface.Sandbox == "" && contract.IsHostVeth(iface.Name) {
 			return i
 		}
 	}
@@ -164,5 +164,3 @@ func waitNoVeths(t *testing.T, node *nettest.Node) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
-
-func isPodnetVeth(name string) bool { return len(name) > 2 && name[:2] == "pn" }

@@ -21,7 +21,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
 
-	"github.com/podnet/podnet/internal/rtproto"
+	"github.com/podnet/podnet/internal/contract"
 	"github.com/podnet/podnet/test/nettest"
 )
 
@@ -1102,8 +1102,8 @@ func TestPodnetWithPodnetIPAM(t *testing.T) {
 				}
 			}
 			assertClean(t, rt, "")
-			if routes := node.RoutesWithProto(rtproto.Podnet); len(routes) > 0 {
-				t.Fatalf("proto %d routes left: %v", rtproto.Podnet, routes)
+			if routes := node.RoutesWithProto(contract.RouteProtocol); len(routes) > 0 {
+				t.Fatalf("proto %d routes left: %v", contract.RouteProtocol, routes)
 			}
 			assertStoreEmpty(t, dataDir, "podnet")
 

@@ -17,7 +17,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
-	"github.com/podnet/podnet/internal/rtproto"
+	"github.com/podnet/podnet/internal/contract"
 	"github.com/podnet/podnet/plugins/veth"
 	"github.com/podnet/podnet/test/nettest"
 )
@@ -89,7 +89,7 @@ func assertClean(t *testing.T, rt *nettest.Runtime, dataDir string) {
 	if links := rt.Node.Links(); len(links) > 0 {
 		t.Errorf("links left in node netns: %v", links)
 	}
-	if routes := rt.Node.RoutesWithProto(rtproto.Podnet); len(routes) > 0 {
+	if routes := rt.Node.RoutesWithProto(contract.RouteProtocol); len(routes) > 0 {
 		t.Errorf("podnet routes left in node netns: %v", routes)
 	}
 	if dataDir != "" {
@@ -245,8 +245,8 @@ func TestVersionsAddCheckDel(t *testing.T) {
 					t.Errorf("%s = %q (%v), want %s", name, got, err, want)
 				}
 			}
-			if len(routes) != 1 || routes[0].Dst.String() != "10.244.1.2/32" || routes[0].Scope != netlink.SCOPE_LINK || routes[0].Protocol != rtproto.Podnet {
-				t.Fatalf("host routes = %v, want 10.244.1.2/32 scope link proto %d", routes, rtproto.Podnet)
+			if len(routes) != 1 || routes[0].Dst.String() != "10.244.1.2/32" || routes[0].Scope != netlink.SCOPE_LINK || routes[0].Protocol != contract.RouteProtocol {
+				t.Fatalf("host routes = %v, want 10.244.1.2/32 scope link proto %d", routes, contract.RouteProtocol)
 			}
 
 			// Connectivity both ways, with no default route in the node.
@@ -561,7 +561,7 @@ func TestGCRemovesStaleAttachments(t *testing.T) {
 	if !slices.Equal(links, []string{keep}) {
 		t.Fatalf("links after GC = %v, want only %s", links, keep)
 	}
-	routes := node.RoutesWithProto(rtproto.Podnet)
+	routes := node.RoutesWithProto(contract.RouteProtocol)
 	if len(routes) != 1 || routes[0].Dst.String() != "10.244.7.11/32" {
 		t.Fatalf("podnet routes after GC = %v, want only 10.244.7.11/32", routes)
 	}

@@ -11,7 +11,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
-	"github.com/podnet/podnet/internal/rtproto"
+	"github.com/podnet/podnet/internal/contract"
 	"github.com/podnet/podnet/routed/dataplane"
 	"github.com/podnet/podnet/routed/desired"
 	"github.com/podnet/podnet/test/nettest"
@@ -79,7 +79,7 @@ func protoRoutes(t *testing.T, node *nettest.Node) []string {
 	t.Helper()
 	var out []string
 	node.Do(func() error {
-		filter := &netlink.Route{Protocol: rtproto.Podnet, Table: unix.RT_TABLE_MAIN}
+		filter := &netlink.Route{Protocol: contract.RouteProtocol, Table: unix.RT_TABLE_MAIN}
 		routes, err := netlinksafe.RouteListFiltered(netlink.FAMILY_ALL, filter, netlink.RT_FILTER_PROTOCOL|netlink.RT_FILTER_TABLE)
 		if err != nil {
 			return err

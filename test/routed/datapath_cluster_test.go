@@ -32,8 +32,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/podnet/podnet/internal/contract"
 	"github.com/podnet/podnet/internal/nodestate"
-	"github.com/podnet/podnet/internal/rtproto"
 	"github.com/podnet/podnet/test/kapi"
 	"github.com/podnet/podnet/test/nettest"
 )
@@ -299,7 +299,7 @@ func (n *dpNode) WaitState(limit time.Duration) *nodestate.State {
 func (n *dpNode) Routes() ([]string, error) {
 	var out []string
 	err := n.Node.NS.Do(func(ns.NetNS) error {
-		routes, err := netlink.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Protocol: rtproto.Podnet, Table: unix.RT_TABLE_MAIN},
+		routes, err := netlink.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Protocol: contract.RouteProtocol, Table: unix.RT_TABLE_MAIN},
 			netlink.RT_FILTER_PROTOCOL|netlink.RT_FILTER_TABLE)
 		if err != nil {
 			return err

@@ -16,7 +16,7 @@ import (
 	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
 
-	"github.com/podnet/podnet/routed/dataplane"
+	"github.com/podnet/podnet/internal/contract"
 	"github.com/podnet/podnet/routed/desired"
 	"github.com/podnet/podnet/test/nettest"
 )
@@ -341,7 +341,7 @@ func TestMasquerade(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer nft.CloseLasting()
-	nft.DelTable(&nftables.Table{Family: nftables.TableFamilyINet, Name: dataplane.NATTable})
+	nft.DelTable(&nftables.Table{Family: nftables.TableFamilyINet, Name: contract.NFTable})
 	if err := nft.Flush(); err != nil {
 		t.Fatalf("delete the nft table: %v", err)
 	}
@@ -352,11 +352,11 @@ func TestMasquerade(t *testing.T) {
 			return err
 		}
 		for _, tb := range tables {
-			if tb.Name == dataplane.NATTable {
+			if tb.Name == contract.NFTable {
 				return nil
 			}
 		}
-		return fmt.Errorf("no table inet %s", dataplane.NATTable)
+		return fmt.Errorf("no table inet %s", contract.NFTable)
 	}); err != nil {
 		t.Fatalf("the deleted nft table was not written again: %v", err)
 	}

@@ -43,8 +43,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/podnet/podnet/internal/contract"
 	"github.com/podnet/podnet/internal/nodestate"
-	"github.com/podnet/podnet/internal/rtproto"
 	"github.com/podnet/podnet/test/kapi"
 	"github.com/podnet/podnet/test/nettest"
 )
@@ -827,7 +827,7 @@ func (n *node) listRoutes(filter *netlink.Route, mask uint64, full bool) ([]stri
 
 // podnetRoutes lists the routes with podnet's protocol in the main table.
 func (n *node) podnetRoutes() ([]string, error) {
-	return n.listRoutes(&netlink.Route{Protocol: rtproto.Podnet, Table: mainTable}, netlink.RT_FILTER_PROTOCOL|netlink.RT_FILTER_TABLE, false)
+	return n.listRoutes(&netlink.Route{Protocol: contract.RouteProtocol, Table: mainTable}, netlink.RT_FILTER_PROTOCOL|netlink.RT_FILTER_TABLE, false)
 }
 
 // routesTo lists every main-table route to dst, whatever its protocol.

@@ -22,8 +22,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/podnet/podnet/internal/contract"
 	"github.com/podnet/podnet/internal/nodestate"
-	"github.com/podnet/podnet/internal/rtproto"
 )
 
 // Route lines as fmtRoute renders them (proto 77 is podnet's).
@@ -198,8 +198,8 @@ func setLink(t *testing.T, n *node, name string, up bool) {
 func TestStaleAndForeignRoutes(t *testing.T) {
 	c, a, _, _ := threeNodes(t)
 	// Left by a "previous run": podnet routes for nodes that are gone.
-	a.addRoute("10.244.99.0/24", "10.77.0.99", uplinkName, rtproto.Podnet)
-	a.addRoute("10.244.100.0/24", "", "", rtproto.Podnet)
+	a.addRoute("10.244.99.0/24", "10.77.0.99", uplinkName, contract.RouteProtocol)
+	a.addRoute("10.244.100.0/24", "", "", contract.RouteProtocol)
 	// Someone else's: a static route inside the cluster CIDR for no node,
 	// and a boot route holding node-c's PodCIDR.
 	a.addRoute("10.244.98.0/24", "10.77.0.98", uplinkName, unix.RTPROT_STATIC)
@@ -239,7 +239,7 @@ func TestStaleAndForeignRoutes(t *testing.T) {
 	// A stale podnet route appearing while running (no netlink event
 	// triggers an apply) is pruned by the periodic resync.
 	start := time.Now()
-	a.addRoute("10.244.97.0/24", "10.77.0.97", uplinkName, rtproto.Podnet)
+	a.addRoute("10.244.97.0/24", "10.77.0.97", uplinkName, contract.RouteProtocol)
 	a.expectRoutes(resync+3*time.Second, d, bhA, viaB)
 	t.Logf("MEASURE stale podnet route added at run time pruned after %s (resync %s)", time.Since(start).Round(time.Millisecond), resync)
 

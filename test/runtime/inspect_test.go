@@ -12,7 +12,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 
-	"github.com/podnet/podnet/internal/rtproto"
+	"github.com/podnet/podnet/internal/contract"
 	"github.com/podnet/podnet/plugins/veth"
 )
 
@@ -99,7 +99,7 @@ func (h *harness) veths(keep func(netlink.Link) bool) map[string]string {
 // podRoutes lists the destinations of the node's podnet routes (proto 77).
 func (h *harness) podRoutes() []string {
 	var out []string
-	for _, r := range h.node.RoutesWithProto(rtproto.Podnet) {
+	for _, r := range h.node.RoutesWithProto(contract.RouteProtocol) {
 		if r.Dst != nil {
 			out = append(out, r.Dst.String())
 		} else {

@@ -15,7 +15,7 @@ import (
 
 	"github.com/containernetworking/cni/libcni"
 
-	"github.com/podnet/podnet/internal/installer"
+	"github.com/podnet/podnet/routed/install"
 	"github.com/podnet/podnet/test/nettest"
 )
 
@@ -91,7 +91,7 @@ func TestInstallerScratchDirs(t *testing.T) {
 			t.Errorf("%s VERSION: %v %s", p, err, v)
 		}
 	}
-	conf := filepath.Join(confDir, installer.DefaultConfName)
+	conf := filepath.Join(confDir, install.DefaultConfName)
 	list, err := libcni.ConfListFromFile(conf)
 	if err != nil {
 		t.Fatalf("libcni cannot load %s: %v", conf, err)
@@ -104,7 +104,7 @@ func TestInstallerScratchDirs(t *testing.T) {
 		t.Errorf("installed conflist differs from conf/10-podnet.conflist:\n%s", readFile(t, conf))
 	}
 	// libcni (as the runtime does) picks podnet's conflist first.
-	files, err := libcni.ConfFiles(confDir, installer.ConfExtensions)
+	files, err := libcni.ConfFiles(confDir, install.ConfExtensions)
 	if err != nil || len(files) != 2 || files[0] != conf {
 		t.Errorf("runtime order %v (%v), want %s first", files, err, conf)
 	}
@@ -173,7 +173,7 @@ func mapsEqual(a, b map[string]fileState) bool {
 // TestInstallerRendersShippedConflists: every conflist in conf/ is what the
 // installer writes for the matching ConfigMap values, and libcni loads it.
 func TestInstallerRendersShippedConflists(t *testing.T) {
-	for file, c := range map[string]installer.Conf{
+	for file, c := range map[string]install.Conf{
 		"10-podnet.conflist":         {},
 		"10-podnet-1.1.conflist":     {CNIVersion: "1.1.0"},
 		"10-podnet-bridge.conflist":  {CNIVersion: "1.1.0", Plugin: "podnet-bridge"},
@@ -183,7 +183,7 @@ func TestInstallerRendersShippedConflists(t *testing.T) {
 		if _, err := libcni.ConfListFromFile(path); err != nil {
 			t.Errorf("libcni cannot load conf/%s: %v", file, err)
 		}
-		got, err := installer.Render(c)
+		got, err := install.Render(c)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -194,8 +194,8 @@ func TestInstallerRendersShippedConflists(t *testing.T) {
 	if v := readFile(t, repo(t), "conf", "10-podnet.conflist"); !bytes.Contains(v, []byte(`"cniVersion": "1.0.0"`)) {
 		t.Errorf("conf/10-podnet.conflist is not cniVersion 1.0.0")
 	}
-	for _, bad := range []installer.Conf{{MTU: 100}, {Plugin: "flannel"}, {CNIVersion: "2.0.0"}, {Subnet: "10.1.2.3"}, {StateDir: "relative"}} {
-		if _, err := installer.Render(bad); err == nil {
+	for _, bad := range []install.Conf{{MTU: 100}, {Plugin: "flannel"}, {CNIVersion: "2.0.0"}, {Subnet: "10.1.2.3"}, {StateDir: "relative"}} {
+		if _, err := install.Render(bad); err == nil {
 			t.Errorf("Render(%+v) accepted", bad)
 		}
 	}
@@ -238,8 +238,8 @@ func TestInstallerRefusesForeignConflist(t *testing.T) {
 			if string(readFile(t, fp)) != content {
 				t.Errorf("%s was modified", fp)
 			}
-			if c.file != installer.DefaultConfName {
-				if _, err := os.Stat(filepath.Join(confDir, installer.DefaultConfName)); err == nil {
+			if c.file != install.DefaultConfName {
+				if _, err := os.Stat(filepath.Join(confDir, install.DefaultConfName)); err == nil {
 					t.Error("podnet's conflist written although refused")
 				}
 			}
@@ -248,7 +248,7 @@ func TestInstallerRefusesForeignConflist(t *testing.T) {
 			if !strings.Contains(out, "warning (--force)") || !strings.Contains(out, c.file) {
 				t.Errorf("--force output:\n%s", out)
 			}
-			if !installer.IsPodnetConf(filepath.Join(confDir, installer.DefaultConfName)) {
+			if !install.IsPodnetConf(filepath.Join(confDir, install.DefaultConfName)) {
 				t.Error("--force did not install podnet's conflist")
 			}
 		})
@@ -289,7 +289,7 @@ func TestInstallerInterruptedCopy(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(binDir, "podnet-ipam"), old, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	opts := installer.Options{SrcDir: binSrc, BinDir: binDir, ConfDir: confDir, Logf: t.Logf,
+	opts := install.Options{SrcDir: binSrc, BinDir: binDir, ConfDir: confDir, Logf: t.Logf,
 		Open: func(p string) (io.ReadCloser, error) {
 			f, err := os.Open(p)
 			if err != nil || filepath.Base(p) != "podnet-ipam" {
@@ -297,7 +297,7 @@ func TestInstallerInterruptedCopy(t *testing.T) {
 			}
 			return &failAfter{r: f, n: 1 << 20}, nil
 		}}
-	_, err := installer.Install(opts)
+	_, err := install.Install(opts)
 	if err == nil || !strings.Contains(err.Error(), "injected read error") {
 		t.Fatalf("Install with a failing source: %v", err)
 	}
@@ -312,11 +312,11 @@ func TestInstallerInterruptedCopy(t *testing.T) {
 	if !slices.Equal(names, []string{"podnet", "podnet-ipam"}) {
 		t.Errorf("bin dir after failed copy: %v, want [podnet podnet-ipam] (no temp file)", names)
 	}
-	if _, err := os.Stat(filepath.Join(confDir, installer.DefaultConfName)); err == nil {
+	if _, err := os.Stat(filepath.Join(confDir, install.DefaultConfName)); err == nil {
 		t.Error("conflist written although a binary failed")
 	}
 	opts.Open = nil
-	if _, err := installer.Install(opts); err != nil {
+	if _, err := install.Install(opts); err != nil {
 		t.Fatal(err)
 	}
 	if !bytes.Equal(readFile(t, binDir, "podnet-ipam"), readFile(t, binSrc, "podnet-ipam")) {
@@ -407,10 +407,10 @@ func TestInstallerKilledMidCopy(t *testing.T) {
 	if got := readFile(t, binDir, "podnet"); !bytes.Equal(got, old) {
 		t.Fatalf("after SIGKILL mid-copy %s/podnet is %d bytes, want the old whole %d", binDir, len(got), len(old))
 	}
-	if _, err := os.Stat(filepath.Join(confDir, installer.DefaultConfName)); err == nil {
+	if _, err := os.Stat(filepath.Join(confDir, install.DefaultConfName)); err == nil {
 		t.Error("conflist present although the installer was killed before it")
 	}
-	if ext := filepath.Ext(tmp); slices.Contains(installer.ConfExtensions, ext) || !strings.HasPrefix(tmp, ".") {
+	if ext := filepath.Ext(tmp); slices.Contains(install.ConfExtensions, ext) || !strings.HasPrefix(tmp, ".") {
 		t.Errorf("leftover temp file %q could be picked up", tmp)
 	}
 	t.Logf("killed mid-copy; leftover %s (%d bytes), podnet still the old %d bytes", tmp, len(half), len(old))
@@ -426,7 +426,7 @@ func TestInstallerKilledMidCopy(t *testing.T) {
 	if !bytes.Equal(readFile(t, binDir, "podnet"), readFile(t, bin, "podnet")) {
 		t.Error("next run did not install podnet")
 	}
-	if _, err := libcni.ConfListFromFile(filepath.Join(confDir, installer.DefaultConfName)); err != nil {
+	if _, err := libcni.ConfListFromFile(filepath.Join(confDir, install.DefaultConfName)); err != nil {
 		t.Error(err)
 	}
 }

@@ -27,8 +27,8 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
-	"github.com/podnet/podnet/internal/installer"
 	"github.com/podnet/podnet/routed/desired"
+	"github.com/podnet/podnet/routed/install"
 )
 
 func main() {
@@ -36,7 +36,7 @@ func main() {
 	if len(os.Args) > 1 && os.Args[1] == "prepare-node" {
 		err = prepareNode(os.Args[2:])
 	} else {
-		err = install(os.Args[1:])
+		err = runInstall(os.Args[1:])
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "podnet-install:", err)
@@ -62,15 +62,15 @@ func logf(format string, args ...any) {
 	fmt.Fprintf(os.Stderr, "podnet-install: "+format+"\n", args...)
 }
 
-func install(argv []string) error {
+func runInstall(argv []string) error {
 	self, _ := os.Executable()
 	fs := flag.NewFlagSet("podnet-install", flag.ContinueOnError)
 	src := fs.String("src-dir", env("PODNET_SRC_DIR", filepath.Dir(self)), "directory holding the plugin binaries to install (env PODNET_SRC_DIR; default: this program's directory)")
 	binDir := fs.String("bin-dir", env("CNI_BIN_DIR", "/opt/cni/bin"), "CNI plugin directory (env CNI_BIN_DIR)")
 	confDir := fs.String("conf-dir", env("CNI_CONF_DIR", "/etc/cni/net.d"), "CNI config directory (env CNI_CONF_DIR)")
-	confName := fs.String("conf-name", env("PODNET_CONF_NAME", installer.DefaultConfName), "conflist file name (env PODNET_CONF_NAME)")
+	confName := fs.String("conf-name", env("PODNET_CONF_NAME", install.DefaultConfName), "conflist file name (env PODNET_CONF_NAME)")
 	plugin := fs.String("plugin", env("PODNET_PLUGIN", "podnet"), "main plugin: podnet or podnet-bridge (env PODNET_PLUGIN)")
-	cniVersion := fs.String("cni-version", env("PODNET_CNI_VERSION", installer.DefaultCNIVersion), "conflist cniVersion (env PODNET_CNI_VERSION)")
+	cniVersion := fs.String("cni-version", env("PODNET_CNI_VERSION", install.DefaultCNIVersion), "conflist cniVersion (env PODNET_CNI_VERSION)")
 	mtu := fs.Int("mtu", envInt("PODNET_MTU", 0), "pod MTU in the conflist; 0 leaves it to podnet-routed's node.json (env PODNET_MTU)")
 	subnet := fs.String("subnet", env("PODNET_SUBNET", ""), "pod subnet of this host; empty uses the node's PodCIDR from podnet-routed (env PODNET_SUBNET)")
 	stateDir := fs.String("state-dir", env("PODNET_STATE_DIR", ""), "podnet state dir written into the conflist (node.json, ipam/); empty: /run/podnet (env PODNET_STATE_DIR)")
@@ -83,14 +83,14 @@ func install(argv []string) error {
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
-	o := installer.Options{
+	o := install.Options{
 		SrcDir: *src, BinDir: *binDir, ConfDir: *confDir, ConfName: *confName, Force: *force, Logf: logf,
-		Conf: installer.Conf{CNIVersion: *cniVersion, Plugin: *plugin, MTU: *mtu, Subnet: *subnet, StateDir: *stateDir, Portmap: *portmap},
+		Conf: install.Conf{CNIVersion: *cniVersion, Plugin: *plugin, MTU: *mtu, Subnet: *subnet, StateDir: *stateDir, Portmap: *portmap},
 	}
 	if *uninstall {
-		return installer.Uninstall(o)
+		return install.Uninstall(o)
 	}
-	res, err := installer.Install(o)
+	res, err := install.Install(o)
 	if err != nil {
 		return err
 	}
@@ -119,7 +119,7 @@ func prepareNode(argv []string) error {
 	if *nodeName == "" {
 		return fmt.Errorf("--node-name (or NODE_NAME) is required")
 	}
-	p := installer.Prep{NodeName: *nodeName, Encap: e, MTU: *mtu, VXLANVNI: *vni, VXLANPort: *port, ProcSys: *procSys,
+	p := install.Prep{NodeName: *nodeName, Encap: e, MTU: *mtu, VXLANVNI: *vni, VXLANPort: *port, ProcSys: *procSys,
 		Log: slog.New(slog.NewJSONHandler(os.Stderr, nil))}
 	for _, f := range strings.Split(*clusterCIDR, ",") {
 		if f = strings.TrimSpace(f); f == "" {

@@ -37,7 +37,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
-	"github.com/podnet/podnet/internal/rtproto"
+	"github.com/podnet/podnet/internal/contract"
 	"github.com/podnet/podnet/test/kapi"
 	"github.com/podnet/podnet/test/nettest"
 )
@@ -424,7 +424,7 @@ func watchRoutes(t *testing.T, netns ns.NetNS) *routeWatch {
 	go func() {
 		for u := range updates {
 			at := time.Now()
-			if u.Protocol != rtproto.Podnet || u.Table != unix.RT_TABLE_MAIN || u.Dst == nil {
+			if u.Protocol != contract.RouteProtocol || u.Table != unix.RT_TABLE_MAIN || u.Dst == nil {
 				continue
 			}
 			ev := routeEvent{At: at, Del: u.Type == unix.RTM_DELROUTE, Dst: u.Dst.String()}
@@ -442,7 +442,7 @@ func watchRoutes(t *testing.T, netns ns.NetNS) *routeWatch {
 func podnetRouteCount(netns ns.NetNS) (int, error) {
 	n := 0
 	err := netns.Do(func(ns.NetNS) error {
-		routes, err := netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Protocol: rtproto.Podnet, Table: unix.RT_TABLE_MAIN},
+		routes, err := netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Protocol: contract.RouteProtocol, Table: unix.RT_TABLE_MAIN},
 			netlink.RT_FILTER_PROTOCOL|netlink.RT_FILTER_TABLE)
 		n = len(routes)
 		return err

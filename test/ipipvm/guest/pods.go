@@ -19,8 +19,8 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/google/nftables"
 
+	"github.com/podnet/podnet/internal/contract"
 	"github.com/podnet/podnet/plugins/veth"
-	"github.com/podnet/podnet/routed/dataplane"
 	"github.com/podnet/podnet/test/ipipvm/vmconf"
 )
 
@@ -263,7 +263,7 @@ func (g *guest) deletePods() error {
 		err := n.netns.Do(func(ns.NetNS) error {
 			links, err := netlinksafe.LinkList()
 			for _, l := range links {
-				if strings.HasPrefix(l.Attrs().Name, "pn") && !veth.IsDetached(l) {
+				if contract.IsHostVeth(l.Attrs().Name) && !veth.IsDetached(l) {
 					left = append(left, l.Attrs().Name)
 				}
 			}
@@ -289,7 +289,7 @@ func (g *guest) egress() error {
 	if err != nil {
 		return err
 	}
-	table := &nftables.Table{Family: nftables.TableFamilyINet, Name: dataplane.NATTable}
+	table := &nftables.Table{Family: nftables.TableFamilyINet, Name: contract.NFTable}
 	chains, err := c.ListChainsOfTableFamily(nftables.TableFamilyINet)
 	if err != nil {
 		return fmt.Errorf("%s: list nft chains: %w", n.Name, err)

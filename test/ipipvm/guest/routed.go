@@ -19,8 +19,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/podnet/podnet/internal/contract"
 	"github.com/podnet/podnet/internal/nodestate"
-	"github.com/podnet/podnet/internal/rtproto"
 	"github.com/podnet/podnet/test/ipipvm/vmconf"
 )
 
@@ -122,14 +122,14 @@ func (g *guest) wantRoutes(n *node, without string) []string {
 	for _, m := range g.nodes {
 		switch {
 		case m == n:
-			want = append(want, fmt.Sprintf("blackhole %s proto %d", m.cidr, rtproto.Podnet))
+			want = append(want, fmt.Sprintf("blackhole %s proto %d", m.cidr, contract.RouteProtocol))
 		case m.Name != without:
-			want = append(want, fmt.Sprintf("%s via %s dev tunl0 proto %d onlink", m.cidr, m.ip, rtproto.Podnet))
+			want = append(want, fmt.Sprintf("%s via %s dev tunl0 proto %d onlink", m.cidr, m.ip, contract.RouteProtocol))
 		}
 	}
 	if n.podIP.IsValid() {
 		// The plugin's host route, same protocol: podnet-routed must leave it.
-		want = append(want, fmt.Sprintf("%s/32 dev %s proto %d", n.podIP, n.hostVeth, rtproto.Podnet))
+		want = append(want, fmt.Sprintf("%s/32 dev %s proto %d", n.podIP, n.hostVeth, contract.RouteProtocol))
 	}
 	slices.Sort(want)
 	return want
@@ -140,7 +140,7 @@ func (g *guest) wantRoutes(n *node, without string) []string {
 func podnetRoutes(n *node) ([]string, error) {
 	var out []string
 	err := n.netns.Do(func(ns.NetNS) error {
-		filter := &netlink.Route{Protocol: rtproto.Podnet, Table: unix.RT_TABLE_MAIN}
+		filter := &netlink.Route{Protocol: contract.RouteProtocol, Table: unix.RT_TABLE_MAIN}
 		routes, err := netlinksafe.RouteListFiltered(netlink.FAMILY_V4, filter, netlink.RT_FILTER_PROTOCOL|netlink.RT_FILTER_TABLE)
 		if err != nil {
 			return err
@@ -274,7 +274,7 @@ func (g *guest) repair() error {
 			return err
 		}
 		dst := net.IPNet{IP: peer.cidr.Addr().AsSlice(), Mask: net.CIDRMask(peer.cidr.Bits(), 32)}
-		return netlink.RouteDel(&netlink.Route{LinkIndex: tunl0.Attrs().Index, Dst: &dst, Gw: peer.ip.AsSlice(), Protocol: rtproto.Podnet})
+		return netlink.RouteDel(&netlink.Route{LinkIndex: tunl0.Attrs().Index, Dst: &dst, Gw: peer.ip.AsSlice(), Protocol: contract.RouteProtocol})
 	})
 	if err != nil {
 		return fmt.Errorf("%s: delete route to %s: %w", n.Name, peer.cidr, err)

@@ -1,13 +1,10 @@
-package installer
+package install
 
 import (
 	"context"
 	"fmt"
 	"log/slog"
 	"net/netip"
-	"os"
-	"path/filepath"
-	"strings"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -26,8 +23,9 @@ import (
 // run once per pod start from an init container that has the host's
 // /proc/sys/net mounted read-write at another path, creates the
 // encapsulation devices exactly as podnet-routed would (the same dataplane
-// code), sets their sysctls through that path, and then checks that
-// podnet-routed's own setup has nothing left to write.
+// code), sets the dataplane's sysctls through that path with the
+// dataplane's writer, and then checks that podnet-routed's own setup has
+// nothing left to write.
 type Prep struct {
 	NodeName     string
 	Encap        desired.Encap
@@ -36,7 +34,8 @@ type Prep struct {
 	VXLANVNI     int
 	VXLANPort    int
 	// ProcSys is where the host's /proc/sys is visible read-write (the
-	// net/ subtree is enough), e.g. /host/proc/sys.
+	// net/ subtree is enough), e.g. /host/proc/sys; "" is
+	// dataplane.DefaultProcSys.
 	ProcSys string
 	Log     *slog.Logger
 }
@@ -66,40 +65,16 @@ func (p Prep) Run(ctx context.Context, client kubernetes.Interface) error {
 	if err := dp.Setup(self, nil); err != nil {
 		p.Log.Info("tunnel device set up; sysctls next", "err", err)
 	}
-	sysctls := [][2]string{{"net/ipv4/ip_forward", "1"}}
 	v6 := false
 	for _, c := range append(append([]netip.Prefix(nil), self.PodCIDRs...), p.ClusterCIDRs...) {
 		v6 = v6 || c.Addr().Is6()
 	}
-	if v6 {
-		sysctls = append(sysctls, [2]string{"net/ipv6/conf/all/forwarding", "1"})
-	}
-	switch p.Encap {
-	case desired.IPIP:
-		sysctls = append(sysctls, [2]string{"net/ipv4/conf/" + desired.TunnelDevice + "/rp_filter", "2"})
-	case desired.VXLAN:
-		sysctls = append(sysctls, [2]string{"net/ipv4/conf/" + desired.VXLANDevice + "/rp_filter", "2"})
-	}
-	for _, s := range sysctls {
-		if err := writeSysctl(p.ProcSys, s[0], s[1], p.Log); err != nil {
-			return err
-		}
+	host := dataplane.SysctlWriter{Root: p.ProcSys, Log: p.Log}
+	if err := host.Write(dataplane.Sysctls(p.Encap, v6)); err != nil {
+		return err
 	}
 	if err := dp.Setup(self, nil); err != nil {
 		return fmt.Errorf("podnet-routed's setup would still change the node after preparing it: %w", err)
 	}
-	return nil
-}
-
-func writeSysctl(procSys, name, value string, log *slog.Logger) error {
-	p := filepath.Join(procSys, name)
-	cur, err := os.ReadFile(p)
-	if err == nil && strings.TrimSpace(string(cur)) == value {
-		return nil
-	}
-	if err := os.WriteFile(p, []byte(value), 0o644); err != nil {
-		return fmt.Errorf("set %s=%s through %s: %w", strings.ReplaceAll(name, "/", "."), value, procSys, err)
-	}
-	log.Info("sysctl set", "name", strings.ReplaceAll(name, "/", "."), "value", value)
 	return nil
 }

@@ -1,10 +1,11 @@
-// Package installer puts podnet on a node: it copies the CNI plugin binaries
+// Package install puts podnet on a node: it copies the CNI plugin binaries
 // into the runtime's plugin directory atomically and writes podnet's
 // conflist last, and it prepares the node's sysctls and tunnel devices for
-// an unprivileged podnet-routed (see nodeprep.go). It backs the
-// podnet-install command that the podnet-node DaemonSet runs as init
-// containers, and scripts/install.sh on hosts without Kubernetes.
-package installer
+// an unprivileged podnet-routed with podnet-routed's own dataplane code
+// (see nodeprep.go). It backs the podnet-install command that the
+// podnet-node DaemonSet runs as init containers, and scripts/install.sh on
+// hosts without Kubernetes.
+package install
 
 import (
 	"bytes"

@@ -1,0 +1,103 @@
+// Package contract states what podnet owns in a node's kernel, in one
+// place, for the CNI plugins and podnet-routed alike: the route protocol
+// that marks podnet's routes, which of those routes are a pod's host route
+// (the plugins') and which podnet-routed's, the names and aliases of the
+// veths the plugins create, and podnet-routed's nftables table. podnet
+// only ever changes or deletes what matches it.
+package contract
+
+import (
+	"strings"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// RouteProtocol is the rtm_protocol value of every podnet route ("proto 77"
+// in `ip route`). Values 0-4 belong to the kernel, boot and static routes;
+// the numbers used by well-known routing daemons (bird 12, zebra 11,
+// Calico 80, bgp 186, ...) are avoided.
+const RouteProtocol netlink.RouteProtocol = 77
+
+// IsPodHostRoute reports whether r is a pod's host route, which the
+// plugins write on ADD (podIP dev <host veth> scope link): RouteProtocol,
+// neither a blackhole nor via a gateway. podnet-routed must never prune
+// one: that would cut its pod off.
+func IsPodHostRoute(r *netlink.Route) bool {
+	return r.Protocol == RouteProtocol && r.Type != unix.RTN_BLACKHOLE && r.Gw == nil
+}
+
+// IsRoutedRoute reports whether r is podnet-routed's: RouteProtocol and not
+// a pod's host route (a blackhole for the node's own pod CIDR, or a route
+// via a gateway to another node's).
+func IsRoutedRoute(r *netlink.Route) bool {
+	return r.Protocol == RouteProtocol && !IsPodHostRoute(r)
+}
+
+// HostVethPrefix starts the name of every host-side veth the plugins
+// create (the rest is theirs to choose).
+const HostVethPrefix = "pn"
+
+// DetachedVethPrefix starts the name the pod end of a veth pair takes in
+// the pod netns when DEL detaches the pair instead of deleting it.
+const DetachedVethPrefix = "pnd"
+
+// IsHostVeth reports whether name is a pod's host veth by its name.
+func IsHostVeth(name string) bool { return strings.HasPrefix(name, HostVethPrefix) }
+
+// NFTable is the nftables table (family inet) podnet-routed owns.
+const NFTable = "podnet"
+
+// The IFLA_IFALIAS of both ends of every veth pair the plugins create
+// records the attachment it belongs to, so that DEL never deletes another
+// sandbox's veth and GC can find leftovers:
+//
+//	podnet:<network>:<container ID>:<ifname>           in service
+//	podnet-detached:<network>:<container ID>:<ifname>  detached by DEL (host end)
+const (
+	VethAliasPrefix         = "podnet:"
+	DetachedVethAliasPrefix = "podnet-detached:"
+)
+
+// VethOwner identifies the attachment a veth belongs to.
+type VethOwner struct {
+	Network     string
+	ContainerID string
+	IfName      string
+}
+
+// Alias is the alias of o's veths in service.
+func (o VethOwner) Alias() string {
+	return VethAliasPrefix + o.fields()
+}
+
+// DetachedAlias is the alias of o's host veth once DEL detached it.
+func (o VethOwner) DetachedAlias() string {
+	return DetachedVethAliasPrefix + o.fields()
+}
+
+func (o VethOwner) fields() string {
+	return o.Network + ":" + o.ContainerID + ":" + o.IfName
+}
+
+// ParseVethAlias reverses Alias and DetachedAlias: ok is true for every
+// veth podnet created; detached says whether DEL has detached it.
+func ParseVethAlias(alias string) (o VethOwner, detached, ok bool) {
+	if o, ok := parseAlias(alias, DetachedVethAliasPrefix); ok {
+		return o, true, true
+	}
+	o, ok = parseAlias(alias, VethAliasPrefix)
+	return o, false, ok
+}
+
+func parseAlias(alias, prefix string) (o VethOwner, ok bool) {
+	rest, found := strings.CutPrefix(alias, prefix)
+	if !found {
+		return VethOwner{}, false
+	}
+	parts := strings.SplitN(rest, ":", 3)
+	if len(parts) != 3 || parts[0] == "" || parts[1] == "" || parts[2] == "" {
+		return VethOwner{}, false
+	}
+	return VethOwner{Network: parts[0], ContainerID: parts[1], IfName: parts[2]}, true
+}
