@@ -40,7 +40,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/vishvananda/netlink"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -51,6 +50,7 @@ import (
 
 	"github.com/podnet/podnet/routed/desired"
 	"github.com/podnet/podnet/test/kapi"
+	"github.com/podnet/podnet/test/nettest"
 )
 
 // Fixed addressing of the box (inside its own netns, so several clusters
@@ -239,19 +239,10 @@ func (c *Cluster) buildUnderlay() error {
 	if c.Cfg.CrossSubnet {
 		nBridges = 2
 	}
-	if err := c.Underlay.Do(func() error {
-		for i := range nBridges {
-			br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: bridgeName(i), MTU: 1500}}
-			if err := netlink.LinkAdd(br); err != nil {
-				return fmt.Errorf("add bridge %s: %w", br.Name, err)
-			}
-			if err := netlink.LinkSetUp(br); err != nil {
-				return err
-			}
+	for i := range nBridges {
+		if err := AddBridge(c.Underlay.NetNS, bridgeName(i), 1500); err != nil {
+			return err
 		}
-		return nil
-	}); err != nil {
-		return err
 	}
 	gw := netip.Addr{}
 	if c.Cfg.CrossSubnet {
@@ -263,7 +254,7 @@ func (c *Cluster) buildUnderlay() error {
 				return err
 			}
 		}
-		if err := c.Router.Do(func() error { return writeSysctl("net/ipv4/ip_forward", "1") }); err != nil {
+		if err := c.Router.Do(func() error { return nettest.WriteSysctl("net/ipv4/ip_forward", "1") }); err != nil {
 			return err
 		}
 		gw = hostAddr(0, RouterHost).Addr()
@@ -299,42 +290,7 @@ func (c *Cluster) routerOf(s int) netip.Addr {
 // underlay netns, ifName (MTU 1500, addr, default route via gw when
 // valid) in target.
 func (c *Cluster) plug(target *NetNS, subnet int, brSide, ifName string, addr netip.Prefix, gw netip.Addr) error {
-	if err := c.Underlay.Do(func() error {
-		br, err := netlink.LinkByName(bridgeName(subnet))
-		if err != nil {
-			return err
-		}
-		veth := &netlink.Veth{
-			LinkAttrs:     netlink.LinkAttrs{Name: brSide, MTU: 1500, MasterIndex: br.Attrs().Index},
-			PeerName:      ifName,
-			PeerMTU:       1500,
-			PeerNamespace: netlink.NsFd(int(target.Fd())),
-		}
-		if err := netlink.LinkAdd(veth); err != nil {
-			return fmt.Errorf("add veth %s to %s: %w", brSide, target.Name, err)
-		}
-		return linkUp(brSide)
-	}); err != nil {
-		return err
-	}
-	return target.Do(func() error {
-		l, err := netlink.LinkByName(ifName)
-		if err != nil {
-			return err
-		}
-		if err := netlink.AddrAdd(l, &netlink.Addr{IPNet: prefixIPNet(addr)}); err != nil {
-			return fmt.Errorf("add %s to %s: %w", addr, target.Name, err)
-		}
-		if err := netlink.LinkSetUp(l); err != nil {
-			return err
-		}
-		if gw.IsValid() {
-			if err := netlink.RouteAdd(&netlink.Route{LinkIndex: l.Attrs().Index, Gw: gw.AsSlice()}); err != nil {
-				return fmt.Errorf("default route via %s in %s: %w", gw, target.Name, err)
-			}
-		}
-		return nil
-	})
+	return Plug(c.Underlay.NetNS, target.NetNS, Port{Bridge: bridgeName(subnet), BrSide: brSide, IfName: ifName, Addr: addr, GW: gw})
 }
 
 func (c *Cluster) startControlPlane() error {
@@ -404,8 +360,8 @@ func (c *Cluster) saveState() error {
 	// In the order DownDir stops them: the API server's clients, then
 	// kube-apiserver, then etcd (kube-apiserver hangs on exit without it).
 	for _, n := range c.Nodes {
-		if p := n.routed; p != nil && !p.exited() {
-			st.Procs = append(st.Procs, newPidRef(p.cmd.Process.Pid))
+		if p := n.routed; p != nil && !p.Exited() {
+			st.Procs = append(st.Procs, newPidRef(p.Cmd.Process.Pid))
 		}
 	}
 	if c.API != nil {
@@ -426,17 +382,23 @@ func (c *Cluster) saveState() error {
 	return os.Rename(tmp, filepath.Join(c.Cfg.WorkDir, StateFile))
 }
 
-// grantRBAC applies conf/podnet-routed-rbac.yaml: its ClusterRole as is,
-// its ClusterRoleBinding with the token user podnet-routed runs as added
-// as a subject (the file binds the kube-system ServiceAccount, which a
-// DaemonSet would use).
+// grantRBAC grants podnet-routed's user the shipped RBAC (GrantRBAC).
 func (c *Cluster) grantRBAC(ctx context.Context) error {
-	data, err := os.ReadFile(filepath.Join(c.Cfg.RepoRoot, "conf", "podnet-routed-rbac.yaml"))
+	return GrantRBAC(ctx, c.Client, c.Cfg.RepoRoot)
+}
+
+// GrantRBAC applies conf/podnet-routed-rbac.yaml: its ClusterRole as is,
+// its ClusterRoleBinding with the token user podnet-routed runs as
+// (kapi.RoutedUser) added as a subject (the file binds the kube-system
+// ServiceAccount, which a DaemonSet would use). The file must hold exactly
+// one of each.
+func GrantRBAC(ctx context.Context, client kubernetes.Interface, repoRoot string) error {
+	data, err := os.ReadFile(filepath.Join(repoRoot, "conf", "podnet-routed-rbac.yaml"))
 	if err != nil {
 		return err
 	}
 	dec := yaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096)
-	bound := false
+	var roles, bindings int
 	for {
 		var obj map[string]any
 		if err := dec.Decode(&obj); errors.Is(err, io.EOF) {
@@ -450,53 +412,91 @@ func (c *Cluster) grantRBAC(ctx context.Context) error {
 			if err := k8sruntime.DefaultUnstructuredConverter.FromUnstructured(obj, &cr); err != nil {
 				return err
 			}
-			if _, err := c.Client.RbacV1().ClusterRoles().Create(ctx, &cr, metav1.CreateOptions{}); err != nil {
-				return err
+			if _, err := client.RbacV1().ClusterRoles().Create(ctx, &cr, metav1.CreateOptions{}); err != nil {
+				return fmt.Errorf("create ClusterRole %s: %w", cr.Name, err)
 			}
+			roles++
 		case "ClusterRoleBinding":
 			var crb rbacv1.ClusterRoleBinding
 			if err := k8sruntime.DefaultUnstructuredConverter.FromUnstructured(obj, &crb); err != nil {
 				return err
 			}
 			crb.Subjects = append(crb.Subjects, rbacv1.Subject{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: kapi.RoutedUser})
-			if _, err := c.Client.RbacV1().ClusterRoleBindings().Create(ctx, &crb, metav1.CreateOptions{}); err != nil {
-				return err
+			if _, err := client.RbacV1().ClusterRoleBindings().Create(ctx, &crb, metav1.CreateOptions{}); err != nil {
+				return fmt.Errorf("create ClusterRoleBinding %s: %w", crb.Name, err)
 			}
-			bound = true
+			bindings++
 		}
 	}
-	if !bound {
-		return errors.New("podnet-routed-rbac.yaml has no ClusterRoleBinding")
+	if roles != 1 || bindings != 1 {
+		return fmt.Errorf("podnet-routed-rbac.yaml: %d ClusterRoles, %d ClusterRoleBindings; want 1 and 1", roles, bindings)
 	}
 	return nil
 }
 
-// createNodeObject registers a Node as a kubelet and kube-controller-manager
-// would: spec.podCIDRs, then status.addresses through the status
-// subresource.
+// createNodeObject registers the Node of n (CreateNode).
 func (c *Cluster) createNodeObject(ctx context.Context, n *Node) error {
-	obj := &corev1.Node{
-		ObjectMeta: metav1.ObjectMeta{Name: n.Name, Labels: map[string]string{"kubernetes.io/hostname": n.Name}},
-		Spec:       corev1.NodeSpec{PodCIDR: n.PodCIDR.String(), PodCIDRs: []string{n.PodCIDR.String()}},
+	return CreateNode(ctx, c.Client, n.Name, n.IP.String(), n.PodCIDR.String())
+}
+
+// CreateNode registers a Node as a kubelet and kube-controller-manager
+// would: spec.podCIDRs (none when podCIDR is ""), then, when ip is not "",
+// status.addresses (InternalIP, Hostname) through the status subresource.
+func CreateNode(ctx context.Context, client kubernetes.Interface, name, ip, podCIDR string) error {
+	obj := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"kubernetes.io/hostname": name}}}
+	if podCIDR != "" {
+		obj.Spec = corev1.NodeSpec{PodCIDR: podCIDR, PodCIDRs: []string{podCIDR}}
 	}
-	created, err := c.Client.CoreV1().Nodes().Create(ctx, obj, metav1.CreateOptions{})
+	created, err := client.CoreV1().Nodes().Create(ctx, obj, metav1.CreateOptions{})
 	if err != nil {
-		return fmt.Errorf("create Node %s: %w", n.Name, err)
+		return fmt.Errorf("create Node %s: %w", name, err)
 	}
-	created.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: n.IP.String()}, {Type: corev1.NodeHostName, Address: n.Name}}
-	if _, err := c.Client.CoreV1().Nodes().UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
-		return fmt.Errorf("Node %s status: %w", n.Name, err)
+	if ip == "" {
+		return nil
+	}
+	created.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: ip}, {Type: corev1.NodeHostName, Address: name}}
+	if _, err := client.CoreV1().Nodes().UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
+		return fmt.Errorf("Node %s status: %w", name, err)
 	}
 	return nil
 }
 
-// deleteNodeObject deletes the Node and waits until it is gone.
+// UpdateNode changes Node name with f (its status when status is true),
+// retrying on conflicts.
+func UpdateNode(ctx context.Context, client kubernetes.Interface, name string, status bool, f func(*corev1.Node)) error {
+	for range 5 {
+		n, err := client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		f(n)
+		if status {
+			_, err = client.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{})
+		} else {
+			_, err = client.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{})
+		}
+		if err == nil {
+			return nil
+		}
+		if !apierrors.IsConflict(err) {
+			return fmt.Errorf("update Node %s: %w", name, err)
+		}
+	}
+	return fmt.Errorf("update Node %s: too many conflicts", name)
+}
+
+// deleteNodeObject deletes the Node (DeleteNodeObject).
 func (c *Cluster) deleteNodeObject(ctx context.Context, name string) error {
-	if err := c.Client.CoreV1().Nodes().Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
+	return DeleteNodeObject(ctx, c.Client, name)
+}
+
+// DeleteNodeObject deletes Node name and waits until it is gone.
+func DeleteNodeObject(ctx context.Context, client kubernetes.Interface, name string) error {
+	if err := client.CoreV1().Nodes().Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
 		return fmt.Errorf("delete Node %s: %w", name, err)
 	}
 	return poll(ctx, 10*time.Second, func() error {
-		_, err := c.Client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		_, err := client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
 			return nil
 		}
@@ -562,7 +562,7 @@ func (c *Cluster) Down() error {
 	for _, n := range c.Nodes {
 		// How podnet-routed exits is for the tests to check (StopRouted),
 		// not for the teardown: it may be stopped mid-start.
-		_ = n.routed.stop(5 * time.Second)
+		_ = n.routed.Stop(5 * time.Second)
 		n.routed = nil
 	}
 	if c.API != nil {
@@ -655,23 +655,5 @@ func DownDir(workDir, name string) (removed []string, err error) {
 // poll calls check every 50 ms until it succeeds, limit passes or ctx
 // ends; it returns check's last error.
 func poll(ctx context.Context, limit time.Duration, check func() error) error {
-	deadline := time.Now().Add(limit)
-	for {
-		err := check()
-		if err == nil {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return err
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("%w (last: %v)", ctx.Err(), err)
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
-}
-
-func writeSysctl(name, value string) error {
-	return os.WriteFile(filepath.Join("/proc/sys", name), []byte(value), 0o644)
+	return nettest.Poll(ctx, limit, 50*time.Millisecond, check)
 }

@@ -20,6 +20,7 @@ import (
 
 	"github.com/podnet/podnet/internal/nodestate"
 	"github.com/podnet/podnet/internal/rtproto"
+	"github.com/podnet/podnet/test/nettest"
 )
 
 // Addresses podnet-routed serves on inside every node netns.
@@ -43,11 +44,14 @@ type Node struct {
 	StateDir, DataDir string
 	// Initial is the netns as it was before podnet-routed first ran.
 	Initial Snapshot
-	Pods    []*Pod
+	// RoutedArgs are extra podnet-routed flags (after the cluster's own:
+	// they win), for the next StartRouted.
+	RoutedArgs []string
+	Pods       []*Pod
 
 	cni    *libcni.CNIConfig
 	list   *libcni.NetworkConfigList
-	routed *proc
+	routed *nettest.Proc
 	podSeq int
 }
 
@@ -90,7 +94,7 @@ func (c *Cluster) addNode() (*Node, error) {
 	// state does not change under our feet.
 	if err := n.NS.Do(func() error {
 		for _, s := range []string{"net/ipv6/conf/all/accept_dad", "net/ipv6/conf/default/accept_dad"} {
-			if err := writeSysctl(s, "0"); err != nil {
+			if err := nettest.WriteSysctl(s, "0"); err != nil {
 				return err
 			}
 		}
@@ -135,7 +139,7 @@ func (c *Cluster) DeleteNode(ctx context.Context, n *Node) error {
 
 // StartRouted starts podnet-routed in the node netns.
 func (n *Node) StartRouted() error {
-	if n.routed != nil && !n.routed.exited() {
+	if n.routed != nil && !n.routed.Exited() {
 		return fmt.Errorf("%s: podnet-routed already running", n.Name)
 	}
 	cfg := n.c.Cfg
@@ -154,9 +158,10 @@ func (n *Node) StartRouted() error {
 	if cfg.Resync > 0 {
 		args = append(args, "--resync-interval="+cfg.Resync.String())
 	}
-	p, err := startProc(n.NS, !cfg.Detach, n.RoutedLog(), filepath.Join(cfg.BinDir, "podnet-routed"), args...)
+	args = append(args, n.RoutedArgs...)
+	p, err := nettest.StartProc(n.NS.NetNS, !cfg.Detach, n.RoutedLog(), filepath.Join(cfg.BinDir, "podnet-routed"), args...)
 	if err != nil {
-		return err
+		return fmt.Errorf("%s: %w", n.Name, err)
 	}
 	n.routed = p
 	return n.c.saveState()
@@ -171,7 +176,7 @@ func (n *Node) StopRouted() error {
 	if n.routed == nil {
 		return nil
 	}
-	err := n.routed.stop(10 * time.Second)
+	err := n.routed.Stop(10 * time.Second)
 	n.routed = nil
 	if err != nil {
 		return fmt.Errorf("%s: %w\n%s", n.Name, err, Tail(n.RoutedLog(), 20))
@@ -180,7 +185,11 @@ func (n *Node) StopRouted() error {
 }
 
 // RoutedRunning says whether podnet-routed runs on the node.
-func (n *Node) RoutedRunning() bool { return n.routed != nil && !n.routed.exited() }
+func (n *Node) RoutedRunning() bool { return n.routed != nil && !n.routed.Exited() }
+
+// Routed is the running podnet-routed (nil when stopped): its log
+// records, exit status.
+func (n *Node) Routed() *nettest.Proc { return n.routed }
 
 // WaitReady waits for node.json with the node's PodCIDR and /readyz 200.
 func (n *Node) WaitReady(ctx context.Context, limit time.Duration) error {
@@ -217,20 +226,57 @@ func (n *Node) alive() error {
 	if n.routed == nil {
 		return fmt.Errorf("%s: podnet-routed not running", n.Name)
 	}
-	if n.routed.exited() {
-		return fmt.Errorf("%s: podnet-routed exited: %v", n.Name, n.routed.err)
+	if n.routed.Exited() {
+		return fmt.Errorf("%s: podnet-routed exited: %v", n.Name, n.routed.Err())
 	}
 	return nil
 }
 
-func (n *Node) httpClient() *http.Client {
-	return &http.Client{
-		Transport: &http.Transport{
-			DisableKeepAlives: true,
-			DialContext:       n.NS.DialContext,
-		},
-		Timeout: 2 * time.Second,
+func (n *Node) httpClient() *http.Client { return nettest.HTTPClient(n.NS.NetNS, 2*time.Second) }
+
+// Metrics scrapes podnet-routed's /metrics (series without labels).
+func (n *Node) Metrics() (map[string]float64, error) {
+	code, body, err := nettest.GetIn(n.NS.NetNS, "http://"+metricsAddr+"/metrics")
+	if err != nil {
+		return nil, err
 	}
+	if code != http.StatusOK {
+		return nil, fmt.Errorf("%s: /metrics %d", n.Name, code)
+	}
+	return nettest.ParseMetrics(body)
+}
+
+// LinkMTU is the MTU of link dev in the node netns.
+func (n *Node) LinkMTU(dev string) (int, error) { return linkMTU(n.NS, dev) }
+
+func linkMTU(netns *NetNS, dev string) (int, error) {
+	mtu := 0
+	err := netns.Do(func() error {
+		l, err := netlink.LinkByName(dev)
+		if err != nil {
+			return err
+		}
+		mtu = l.Attrs().MTU
+		return nil
+	})
+	return mtu, err
+}
+
+// LinkStats are the counters of link dev in the node netns.
+func (n *Node) LinkStats(dev string) (netlink.LinkStatistics, error) {
+	var st netlink.LinkStatistics
+	err := n.NS.Do(func() error {
+		l, err := netlink.LinkByName(dev)
+		if err != nil {
+			return err
+		}
+		if l.Attrs().Statistics == nil {
+			return fmt.Errorf("%s has no statistics", dev)
+		}
+		st = *l.Attrs().Statistics
+		return nil
+	})
+	return st, err
 }
 
 // State reads the node's node.json.
@@ -400,19 +446,5 @@ func ipNetPrefix(n *net.IPNet) netip.Prefix {
 	return netip.PrefixFrom(a.Unmap(), ones)
 }
 
-func prefixIPNet(p netip.Prefix) *net.IPNet {
-	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
-}
-
 // Tail returns the last n lines of a file.
-func Tail(path string, n int) string {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return fmt.Sprintf("(%v)", err)
-	}
-	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
-}
+func Tail(path string, n int) string { return nettest.Tail(path, n) }

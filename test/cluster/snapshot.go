@@ -160,7 +160,13 @@ func (n *Node) stableSnapshot() (Snapshot, error) {
 }
 
 // fmtRoute renders a route with every field that matters for equality.
-func fmtRoute(r netlink.Route, names map[int]string) string {
+func fmtRoute(r netlink.Route, names map[int]string) string { return FormatRoute(r, names, true) }
+
+// FormatRoute renders a route like `ip route`: type, destination, gateway,
+// device (names maps link indexes to names), protocol and onlink; full
+// adds scope, table, metric and source, else only a table other than main
+// is named.
+func FormatRoute(r netlink.Route, names map[int]string, full bool) string {
 	var b strings.Builder
 	switch r.Type {
 	case unix.RTN_UNICAST:
@@ -184,16 +190,38 @@ func fmtRoute(r netlink.Route, names map[int]string) string {
 		b.WriteString(" via " + r.Gw.String())
 	}
 	if r.LinkIndex > 0 {
-		b.WriteString(" dev " + names[r.LinkIndex])
+		name, ok := names[r.LinkIndex]
+		if !ok {
+			name = fmt.Sprintf("if%d", r.LinkIndex)
+		}
+		b.WriteString(" dev " + name)
 	}
-	fmt.Fprintf(&b, " proto %d scope %d table %d metric %d", r.Protocol, r.Scope, r.Table, r.Priority)
-	if r.Src != nil {
-		b.WriteString(" src " + r.Src.String())
-	}
+	fmt.Fprintf(&b, " proto %d", r.Protocol)
 	if r.Flags&int(netlink.FLAG_ONLINK) != 0 {
 		b.WriteString(" onlink")
 	}
+	if full {
+		fmt.Fprintf(&b, " scope %d table %d metric %d", r.Scope, r.Table, r.Priority)
+		if r.Src != nil {
+			b.WriteString(" src " + r.Src.String())
+		}
+	} else if r.Table != unix.RT_TABLE_MAIN {
+		fmt.Fprintf(&b, " table %d", r.Table)
+	}
 	return b.String()
+}
+
+// LinkNames maps the link indexes of the calling thread's netns to names.
+func LinkNames() (map[int]string, error) {
+	links, err := netlink.LinkList()
+	if err != nil {
+		return nil, err
+	}
+	names := map[int]string{}
+	for _, l := range links {
+		names[l.Attrs().Index] = l.Attrs().Name
+	}
+	return names, nil
 }
 
 // nftLines renders every table, set, chain and rule of an nftables
