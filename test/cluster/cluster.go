@@ -98,6 +98,18 @@ type Config struct {
 	NodeCIDRMaskSize int
 	// Resync is podnet-routed's --resync-interval (0: its default).
 	Resync time.Duration
+	// UnderlayMTU is the MTU of every underlay link (default 1500).
+	UnderlayMTU int
+	// Bare: Up starts no node; the caller adds machines (AddMachine) and
+	// creates their Node objects and podnet-routed itself.
+	Bare bool
+	// NoRBAC: Up does not grant podnet-routed's user its RBAC (GrantRBAC
+	// does, later).
+	NoRBAC bool
+	// APIProxy: every node reaches the API server through a forwarder of
+	// its own on its loopback (APIProxyAddr), which Node.CutAPI pauses;
+	// otherwise straight over the underlay.
+	APIProxy bool
 	// Detach lets the processes outlive this one (KEEP=1); otherwise they
 	// are killed if it dies.
 	Detach bool
@@ -145,6 +157,9 @@ func Up(ctx context.Context, cfg Config) (c *Cluster, err error) {
 	if cfg.NodeCIDRMaskSize == 0 {
 		cfg.NodeCIDRMaskSize = 24
 	}
+	if cfg.UnderlayMTU == 0 {
+		cfg.UnderlayMTU = 1500
+	}
 	if cfg.Name == "" || cfg.WorkDir == "" || cfg.RepoRoot == "" || cfg.BinDir == "" || cfg.KapiDir == "" {
 		return nil, errors.New("cluster: Name, WorkDir, RepoRoot, BinDir and KapiDir are required")
 	}
@@ -190,6 +205,9 @@ func Up(ctx context.Context, cfg Config) (c *Cluster, err error) {
 	}
 	c.logf("kube-apiserver + etcd ready on %s:%d (netns %s) in %s", APIServerIP, APIServerPort, c.CP.Name, time.Since(start).Round(time.Millisecond))
 
+	if cfg.Bare {
+		return c, nil
+	}
 	start = time.Now()
 	for range cfg.Nodes {
 		if _, err := c.addNode(); err != nil {
@@ -240,7 +258,7 @@ func (c *Cluster) buildUnderlay() error {
 		nBridges = 2
 	}
 	for i := range nBridges {
-		if err := AddBridge(c.Underlay.NetNS, bridgeName(i), 1500); err != nil {
+		if err := AddBridge(c.Underlay.NetNS, bridgeName(i), c.Cfg.UnderlayMTU); err != nil {
 			return err
 		}
 	}
@@ -287,10 +305,10 @@ func (c *Cluster) routerOf(s int) netip.Addr {
 }
 
 // plug connects target to bridge subnet with a veth pair: brSide in the
-// underlay netns, ifName (MTU 1500, addr, default route via gw when
+// underlay netns, ifName (the underlay MTU, addr, default route via gw when
 // valid) in target.
 func (c *Cluster) plug(target *NetNS, subnet int, brSide, ifName string, addr netip.Prefix, gw netip.Addr) error {
-	return Plug(c.Underlay.NetNS, target.NetNS, Port{Bridge: bridgeName(subnet), BrSide: brSide, IfName: ifName, Addr: addr, GW: gw})
+	return Plug(c.Underlay.NetNS, target.NetNS, Port{Bridge: bridgeName(subnet), BrSide: brSide, IfName: ifName, Addr: addr, GW: gw, MTU: c.Cfg.UnderlayMTU})
 }
 
 func (c *Cluster) startControlPlane() error {
@@ -334,9 +352,12 @@ func (c *Cluster) startControlPlane() error {
 	if c.kubeconfig, err = api.WriteKubeconfig(kapi.RoutedUser, fmt.Sprintf("https://%s:%d", APIServerIP, APIServerPort)); err != nil {
 		return err
 	}
+	if c.Cfg.NoRBAC {
+		return nil
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	return c.grantRBAC(ctx)
+	return c.GrantRBAC(ctx)
 }
 
 // clusterState is what DownDir needs to remove a cluster left up.
@@ -382,8 +403,9 @@ func (c *Cluster) saveState() error {
 	return os.Rename(tmp, filepath.Join(c.Cfg.WorkDir, StateFile))
 }
 
-// grantRBAC grants podnet-routed's user the shipped RBAC (GrantRBAC).
-func (c *Cluster) grantRBAC(ctx context.Context) error {
+// GrantRBAC grants podnet-routed's user the shipped RBAC (see the
+// function GrantRBAC); Up does unless Config.NoRBAC.
+func (c *Cluster) GrantRBAC(ctx context.Context) error {
 	return GrantRBAC(ctx, c.Client, c.Cfg.RepoRoot)
 }
 

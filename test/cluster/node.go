@@ -20,13 +20,14 @@ import (
 
 	"github.com/podnet/podnet/internal/nodestate"
 	"github.com/podnet/podnet/internal/rtproto"
+	"github.com/podnet/podnet/test/kapi"
 	"github.com/podnet/podnet/test/nettest"
 )
 
 // Addresses podnet-routed serves on inside every node netns.
 const (
-	healthAddr  = "127.0.0.1:9099"
-	metricsAddr = "127.0.0.1:9098"
+	HealthAddr  = "127.0.0.1:9099"
+	MetricsAddr = "127.0.0.1:9098"
 )
 
 // Node is a Kubernetes node: a netns on the underlay, its Node object and
@@ -52,7 +53,11 @@ type Node struct {
 	cni    *libcni.CNIConfig
 	list   *libcni.NetworkConfigList
 	routed *nettest.Proc
-	podSeq int
+	// apiFwd and kubeconfig: the node's own way to the API server
+	// (Config.APIProxy); else the cluster's kubeconfig, over the underlay.
+	apiFwd     *nettest.Forwarder
+	kubeconfig string
+	podSeq     int
 }
 
 // AddNode adds a node as a cluster admin would add a machine: netns on the
@@ -78,14 +83,39 @@ func (c *Cluster) addNode() (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
-	addr := hostAddr(subnet, num)
-	n := &Node{c: c, Name: fmt.Sprintf("node%d", num), Subnet: subnet, IP: addr.Addr(), PodCIDR: cidr}
+	n, err := c.newMachine(fmt.Sprintf("node%d", num), subnet, num)
+	if err != nil {
+		return nil, err
+	}
+	n.PodCIDR = cidr
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := c.createNodeObject(ctx, n); err != nil {
+		return nil, err
+	}
+	return n, n.StartRouted()
+}
+
+// AddMachine adds a bare machine on underlay subnet 0 with host number
+// host (its address is Subnets[0] .host): its netns, eth0, directories and
+// CNI set-up, but no Node object and no podnet-routed, for tests that
+// create those themselves (CreateNode, StartRouted). Its PodCIDR is not
+// set.
+func (c *Cluster) AddMachine(name string, host int) (*Node, error) {
+	return c.newMachine(name, 0, host)
+}
+
+// newMachine makes a node's netns on subnet with host number host.
+func (c *Cluster) newMachine(name string, subnet, host int) (*Node, error) {
+	addr := hostAddr(subnet, host)
+	n := &Node{c: c, Name: name, Subnet: subnet, IP: addr.Addr()}
 	n.Dir = filepath.Join(c.Cfg.WorkDir, n.Name)
 	n.StateDir = filepath.Join(n.Dir, "state")
 	n.DataDir = filepath.Join(n.Dir, "ipam")
 	if err := os.MkdirAll(n.Dir, 0o755); err != nil {
 		return nil, err
 	}
+	var err error
 	if n.NS, err = c.newNetNS(n.Name); err != nil {
 		return nil, err
 	}
@@ -105,18 +135,48 @@ func (c *Cluster) addNode() (*Node, error) {
 	if err := c.plug(n.NS, subnet, n.Name, UnderlayDev, addr, c.routerOf(subnet)); err != nil {
 		return nil, err
 	}
-	if n.Initial, err = n.stableSnapshot(); err != nil {
-		return nil, err
+	if c.Cfg.APIProxy {
+		target := fmt.Sprintf("%s:%d", APIServerIP, APIServerPort)
+		if n.apiFwd, err = nettest.NewForwarder(n.NS.NetNS, APIProxyAddr, target, c.CP.DialContext); err != nil {
+			return nil, fmt.Errorf("%s: %w", n.Name, err)
+		}
+		c.mu.Lock()
+		c.servers = append(c.servers, n.apiFwd)
+		c.mu.Unlock()
+		if n.kubeconfig, err = c.API.WriteKubeconfig(kapi.RoutedUser, "https://"+APIProxyAddr); err != nil {
+			return nil, err
+		}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	if err := c.createNodeObject(ctx, n); err != nil {
+	if n.Initial, err = n.StableSnapshot(); err != nil {
 		return nil, err
 	}
 	if err := n.initCNI(); err != nil {
 		return nil, err
 	}
-	return n, n.StartRouted()
+	return n, nil
+}
+
+// APIProxyAddr is where, with Config.APIProxy, every node reaches the API
+// server: a forwarder on the node netns' loopback.
+const APIProxyAddr = "127.0.0.1:6443"
+
+// CutAPI cuts the node off the API server (Config.APIProxy): its open
+// connections are closed and new ones refused, until RestoreAPI.
+func (n *Node) CutAPI() error {
+	if n.apiFwd == nil {
+		return fmt.Errorf("%s: no API proxy (Config.APIProxy)", n.Name)
+	}
+	n.apiFwd.Pause()
+	return nil
+}
+
+// RestoreAPI reconnects a node CutAPI cut off.
+func (n *Node) RestoreAPI() error {
+	if n.apiFwd == nil {
+		return fmt.Errorf("%s: no API proxy (Config.APIProxy)", n.Name)
+	}
+	n.apiFwd.Resume()
+	return nil
 }
 
 // DeleteNode removes a node as when its machine is decommissioned: its
@@ -134,6 +194,9 @@ func (c *Cluster) DeleteNode(ctx context.Context, n *Node) error {
 		err = errors.Join(err, c.dropNetNS(p.NS))
 	}
 	n.Pods = nil
+	if n.apiFwd != nil {
+		_ = n.apiFwd.Close()
+	}
 	return errors.Join(err, c.dropNetNS(n.NS), os.RemoveAll(n.Dir))
 }
 
@@ -144,13 +207,13 @@ func (n *Node) StartRouted() error {
 	}
 	cfg := n.c.Cfg
 	args := []string{
-		"--kubeconfig=" + n.c.kubeconfig,
+		"--kubeconfig=" + n.kubeconfigPath(),
 		"--node-name=" + n.Name,
 		"--encap=" + cfg.Encap,
 		"--cluster-cidr=" + cfg.ClusterCIDR,
 		"--state-dir=" + n.StateDir,
-		"--health-addr=" + healthAddr,
-		"--metrics-addr=" + metricsAddr,
+		"--health-addr=" + HealthAddr,
+		"--metrics-addr=" + MetricsAddr,
 	}
 	if cfg.CrossSubnet {
 		args = append(args, "--cross-subnet")
@@ -165,6 +228,13 @@ func (n *Node) StartRouted() error {
 	}
 	n.routed = p
 	return n.c.saveState()
+}
+
+func (n *Node) kubeconfigPath() string {
+	if n.kubeconfig != "" {
+		return n.kubeconfig
+	}
+	return n.c.kubeconfig
 }
 
 // RoutedLog is the path of podnet-routed's log (every run appends).
@@ -205,7 +275,7 @@ func (n *Node) WaitReady(ctx context.Context, limit time.Duration) error {
 		if !slices.Equal(st.PodCIDRs, []string{n.PodCIDR.String()}) {
 			return fmt.Errorf("node.json podCIDRs %v, want [%s]", st.PodCIDRs, n.PodCIDR)
 		}
-		resp, err := client.Get("http://" + healthAddr + "/readyz")
+		resp, err := client.Get("http://" + HealthAddr + "/readyz")
 		if err != nil {
 			return err
 		}
@@ -236,7 +306,7 @@ func (n *Node) httpClient() *http.Client { return nettest.HTTPClient(n.NS.NetNS,
 
 // Metrics scrapes podnet-routed's /metrics (series without labels).
 func (n *Node) Metrics() (map[string]float64, error) {
-	code, body, err := nettest.GetIn(n.NS.NetNS, "http://"+metricsAddr+"/metrics")
+	code, body, err := nettest.GetIn(n.NS.NetNS, "http://"+MetricsAddr+"/metrics")
 	if err != nil {
 		return nil, err
 	}

@@ -134,9 +134,9 @@ func TakeSnapshot(netns *NetNS) (Snapshot, error) {
 	return s, nil
 }
 
-// stableSnapshot waits until two snapshots 200 ms apart agree (carrier
+// StableSnapshot waits until two snapshots 200 ms apart agree (carrier
 // and IPv6 link-local addresses settle after a link comes up).
-func (n *Node) stableSnapshot() (Snapshot, error) {
+func (n *Node) StableSnapshot() (Snapshot, error) {
 	prev, err := n.Snapshot()
 	if err != nil {
 		return prev, err

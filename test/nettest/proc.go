@@ -284,23 +284,32 @@ type Forwarder struct {
 	wg     sync.WaitGroup
 }
 
-// Forward listens on listen inside netns and forwards every connection to
-// target, dialled with dial (nil: from the machine's netns). It stops when
-// the test ends.
-func Forward(t testing.TB, netns ns.NetNS, listen, target string, dial func(ctx context.Context, network, addr string) (net.Conn, error)) *Forwarder {
-	t.Helper()
+// NewForwarder listens on listen inside netns and forwards every
+// connection to target, dialled with dial (nil: from the machine's netns).
+func NewForwarder(netns ns.NetNS, listen, target string, dial func(ctx context.Context, network, addr string) (net.Conn, error)) (*Forwarder, error) {
 	if dial == nil {
 		// Not on a thread locked in a netns: dials from the machine's netns.
 		dial = (&net.Dialer{}).DialContext
 	}
 	ln, err := ListenIn(netns, "tcp", listen)
 	if err != nil {
-		t.Fatalf("forwarder on %s: %v", listen, err)
+		return nil, fmt.Errorf("forwarder on %s: %w", listen, err)
 	}
 	f := &Forwarder{ln: ln, target: target, dial: dial, conns: map[net.Conn]struct{}{}}
 	f.wg.Add(1)
 	go f.serve()
-	t.Cleanup(f.Close)
+	return f, nil
+}
+
+// Forward is NewForwarder for a test: it fails the test on error and
+// closes the forwarder when the test ends.
+func Forward(t testing.TB, netns ns.NetNS, listen, target string, dial func(ctx context.Context, network, addr string) (net.Conn, error)) *Forwarder {
+	t.Helper()
+	f, err := NewForwarder(netns, listen, target, dial)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = f.Close() })
 	return f
 }
 
@@ -380,11 +389,12 @@ func (f *Forwarder) Resume() {
 }
 
 // Close stops the forwarder and closes every connection.
-func (f *Forwarder) Close() {
+func (f *Forwarder) Close() error {
 	f.mu.Lock()
 	f.closed = true
 	f.mu.Unlock()
-	f.ln.Close()
+	err := f.ln.Close()
 	f.Pause()
 	f.wg.Wait()
+	return err
 }
