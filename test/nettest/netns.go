@@ -18,6 +18,7 @@ import (
 	"runtime"
 	"strings"
 	"syscall"
+	"testing"
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
@@ -251,4 +252,12 @@ func LinkUp(name string) error {
 // WriteSysctl writes /proc/sys/<name> in the calling thread's netns.
 func WriteSysctl(name, value string) error {
 	return os.WriteFile(filepath.Join("/proc/sys", name), []byte(value), 0o644)
+}
+
+// Do runs f inside netns and fails the test on error.
+func Do(t testing.TB, netns ns.NetNS, f func() error) {
+	t.Helper()
+	if err := netns.Do(func(ns.NetNS) error { return f() }); err != nil {
+		t.Fatal(err)
+	}
 }
