@@ -14,6 +14,8 @@ import (
 	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/podnet/podnet/test/nettest"
 )
 
 // Snapshot is the state of a netns: what `ip -d link`, `ip addr`, `ip
@@ -162,67 +164,13 @@ func (n *Node) StableSnapshot() (Snapshot, error) {
 // fmtRoute renders a route with every field that matters for equality.
 func fmtRoute(r netlink.Route, names map[int]string) string { return FormatRoute(r, names, true) }
 
-// FormatRoute renders a route like `ip route`: type, destination, gateway,
-// device (names maps link indexes to names), protocol and onlink; full
-// adds scope, table, metric and source, else only a table other than main
-// is named.
+// FormatRoute renders a route like `ip route` (nettest.FormatRoute).
 func FormatRoute(r netlink.Route, names map[int]string, full bool) string {
-	var b strings.Builder
-	switch r.Type {
-	case unix.RTN_UNICAST:
-	case unix.RTN_BLACKHOLE:
-		b.WriteString("blackhole ")
-	case unix.RTN_LOCAL:
-		b.WriteString("local ")
-	case unix.RTN_BROADCAST:
-		b.WriteString("broadcast ")
-	case unix.RTN_MULTICAST:
-		b.WriteString("multicast ")
-	default:
-		fmt.Fprintf(&b, "type%d ", r.Type)
-	}
-	if r.Dst == nil {
-		b.WriteString("default")
-	} else {
-		b.WriteString(r.Dst.String())
-	}
-	if r.Gw != nil {
-		b.WriteString(" via " + r.Gw.String())
-	}
-	if r.LinkIndex > 0 {
-		name, ok := names[r.LinkIndex]
-		if !ok {
-			name = fmt.Sprintf("if%d", r.LinkIndex)
-		}
-		b.WriteString(" dev " + name)
-	}
-	fmt.Fprintf(&b, " proto %d", r.Protocol)
-	if r.Flags&int(netlink.FLAG_ONLINK) != 0 {
-		b.WriteString(" onlink")
-	}
-	if full {
-		fmt.Fprintf(&b, " scope %d table %d metric %d", r.Scope, r.Table, r.Priority)
-		if r.Src != nil {
-			b.WriteString(" src " + r.Src.String())
-		}
-	} else if r.Table != unix.RT_TABLE_MAIN {
-		fmt.Fprintf(&b, " table %d", r.Table)
-	}
-	return b.String()
+	return nettest.FormatRoute(r, names, full)
 }
 
 // LinkNames maps the link indexes of the calling thread's netns to names.
-func LinkNames() (map[int]string, error) {
-	links, err := netlink.LinkList()
-	if err != nil {
-		return nil, err
-	}
-	names := map[int]string{}
-	for _, l := range links {
-		names[l.Attrs().Index] = l.Attrs().Name
-	}
-	return names, nil
-}
+func LinkNames() (map[int]string, error) { return nettest.LinkIndexNames() }
 
 // nftLines renders every table, set, chain and rule of an nftables
 // connection, in kernel order.
