@@ -1,6 +1,7 @@
 // Package cluster brings up a whole podnet cluster on one machine, out of
-// network namespaces, for `make demo` (cmd/podnet-demo) and the end-to-end
-// suite (test/e2e):
+// network namespaces, for `make demo` (cmd/podnet-demo), the end-to-end
+// suite (test/e2e), podnet-routed's control-plane suite (test/routed) and
+// the data-path benchmark (test/bench/routedbench):
 //
 //   - an underlay: one netns holding a Linux bridge per L2 subnet; every
 //     other netns hangs on it by a veth pair ("eth0" on its side);
@@ -16,6 +17,13 @@
 //     container runtime on the node would call the plugins;
 //   - an "outside" netns on the underlay that is not part of the cluster,
 //     and, for cross-subnet, a router netns joining two underlay subnets.
+//
+// With Config.Bare, Up builds the underlay and the control plane only, and
+// AddMachine adds node netns without Node object or podnet-routed, for
+// tests that drive those themselves (test/routed); Config.APIProxy then
+// gives every node a pausable way to the API server (Node.CutAPI). The
+// low-level pieces (named netns, processes, polling, forwarder) are
+// test/nettest's.
 //
 // Every name starts with Config.Name, so several clusters can run at once.
 // Down removes everything; DownDir does the same from the state file a
