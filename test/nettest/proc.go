@@ -370,6 +370,9 @@ func (f *Forwarder) drop(c net.Conn) {
 	f.mu.Unlock()
 }
 
+// Addr is where the forwarder listens (inside its netns).
+func (f *Forwarder) Addr() string { return f.ln.Addr().String() }
+
 // Pause cuts the clients off the target: open connections are closed,
 // new ones refused, until Resume.
 func (f *Forwarder) Pause() {
