@@ -48,16 +48,100 @@ lint:
 	  if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 
-# The whole suite: lint, unit tests, the integration tests that exec the
-# built binaries through libcni inside throwaway network namespaces (root),
-# then the real-cluster run: a Kubernetes cluster with podnet installed by
-# its DaemonSet, the check matrix and upstream's sig-network conformance
-# specs (report in bin/conformance-REPORT.md; `make conformance` writes the
+# ---- tests: one target per suite (test/README.md lists them: what each
+# proves, what it needs, how long it takes). Every Go package belongs to
+# exactly one suite; test-suites-complete checks that, so the suites
+# together are `go test ./...`.
+TEST_ENV = PODNET_CNI_TOOLS=$$(scripts/install-cni-tools.sh) PODNET_KAPI_DIR=$$(scripts/ensure-kapi.sh)
+# -p: packages of one suite run at once (make test runs two suites at a
+# time with GOTEST_P=1, as many packages at once as `go test ./...` on 2
+# cores would).
+GOTEST_P ?= 2
+GOTEST    = $(GO) test -count=1 -p $(GOTEST_P)
+
+# Packages of each suite (patterns; unit: every package outside test/ but
+# plugins/veth, whose rollback tests need root and netns).
+SUITE_unit        = $$($(GO) list ./... | grep -v -e '/test/' -e '/plugins/veth$$')
+SUITE_integration = ./plugins/veth/ ./test/integration/... ./test/bench/... ./test/nettest/... ./test/fakeipam/...
+SUITE_routed      = ./test/routed/...
+SUITE_e2e         = ./test/e2e/...
+SUITE_cluster     = ./test/cluster/... ./test/kapi/...
+SUITE_runtime     = ./test/runtime/...
+SUITE_ipipvm      = ./test/ipipvm/...
+SUITE_ship        = ./test/ship/... ./test/conformance/...
+TIMEOUT_unit = 10m
+TIMEOUT_integration = 20m
+TIMEOUT_routed = 20m
+TIMEOUT_e2e = 20m
+TIMEOUT_cluster = 15m
+TIMEOUT_runtime = 15m
+TIMEOUT_ipipvm = 20m
+TIMEOUT_ship = 20m
+SUITES := unit integration routed e2e cluster runtime ipipvm ship
+# Every suite but unit gets the reference plugins and kube-apiserver dirs.
+$(foreach s,$(filter-out unit,$(SUITES)),$(eval ENV_$(s) = $$(TEST_ENV)))
+
+.PHONY: $(addprefix test-,$(SUITES)) test-conformance test-suites-complete go-suites $(addprefix go-suite-,$(SUITES)) ipipvm
+
+# go-suite-X runs suite X's Go tests, nothing else.
+define go-suite
+go-suite-$(1):
+	$$(ENV_$(1)) $$(GOTEST) -timeout $$(TIMEOUT_$(1)) $$(SUITE_$(1))
+endef
+$(foreach s,$(SUITES),$(eval $(call go-suite,$(s))))
+
+# Unit tests: no root, no network namespace, no built binary.
+test-unit: go-suite-unit
+unit: test-unit
+# The plugins through libcni in throwaway netns, the bench tools' own
+# tests (root, bin/, the reference CNI plugins).
+test-integration: build cni-tools go-suite-integration
+integration: test-integration
+# podnet-routed's control plane against a real kube-apiserver (root, kapi).
+test-routed: build kapi go-suite-routed
+# Whole clusters and real traffic (root, kapi, the reference plugins).
+test-e2e: build cni-tools kapi go-suite-e2e
+# The harness libraries' own tests and `make demo` (root, kapi).
+test-cluster: build cni-tools kapi go-suite-cluster
+# Pod sandboxes through containerd's CRI (root; installs containerd + runc
+# when missing, ~1 min).
+test-runtime: build cni-tools
+	scripts/runtime/install-deps.sh
+	$(MAKE) --no-print-directory go-suite-runtime
+# IPIP in a QEMU VM: this kernel has no ipip module, so it boots Debian's
+# kernel with the binaries and runs podnet-routed --encap=ipip in three
+# node netns against a real kube-apiserver on the host. The kernel and
+# QEMU are fetched on first use (scripts/ipipvm/ensure-kernel.sh, cached
+# under ~/.cache/podnet/ipipvm).
+test-ipipvm: build kapi go-suite-ipipvm
+ipipvm: test-ipipvm
+# Shipping: installer, manifest, image, README walk-through, and the
+# conformance run's own parts (e2e image, report).
+test-ship: build cni-tools go-suite-ship
+# The real-cluster run: a Kubernetes cluster with podnet installed by its
+# DaemonSet, the check matrix and upstream's sig-network conformance specs
+# (report in bin/conformance-REPORT.md; `make conformance` writes the
 # committed test/conformance/REPORT.md).
-test: build cni-tools kapi k8s lint
-	PODNET_CNI_TOOLS=$$(scripts/install-cni-tools.sh) PODNET_KAPI_DIR=$$(scripts/ensure-kapi.sh) \
-	  $(GO) test -count=1 -timeout 30m ./...
+test-conformance: build k8s
 	REPORT=$(CURDIR)/bin/conformance-REPORT.md scripts/k8s/conformance.sh
+
+# Every package with Go files is in exactly one suite.
+test-suites-complete:
+	@all=$$($(GO) list ./... | sort); \
+	  in=$$( $(foreach s,$(SUITES),$(GO) list $(SUITE_$(s));) ); \
+	  twice=$$(echo "$$in" | sort | uniq -d); \
+	  missing=$$(for p in $$all; do echo "$$in" | grep -qxF "$$p" || echo "$$p"; done); \
+	  if [ -n "$$twice$$missing" ]; then \
+	    echo "packages in two suites: $$twice"; echo "packages in no suite: $$missing"; exit 1; fi
+
+# The whole suite, the one test command (README, .ci/run): lint, every Go
+# package (the suites above, two at a time, one package each: what `go
+# test ./...` ran), then the real-cluster run.
+test: build cni-tools kapi k8s lint test-suites-complete
+	$(MAKE) --no-print-directory -j2 --output-sync=target GOTEST_P=1 go-suites
+	$(MAKE) --no-print-directory test-conformance
+
+go-suites: $(addprefix go-suite-,$(SUITES))
 
 clean:
 	rm -rf bin
@@ -92,23 +176,6 @@ IMAGE_TAR     ?= bin/podnet-image.tar
 image: build
 	@$(GO) build -C scripts/mkimage -trimpath -o $(CURDIR)/bin/.mkimage .
 	@bin/.mkimage -o $(IMAGE_TAR) -bin-dir bin -ref $(IMAGE_REPO):$(IMAGE_VERSION) -arch $$($(GO) env GOARCH)
-
-# The IPIP VM test alone (test/ipipvm, also part of `make test`): this kernel
-# has no ipip module, so it boots Debian's kernel in QEMU with the binaries
-# and runs podnet-routed --encap=ipip in three node netns against a real
-# kube-apiserver on the host. The kernel and QEMU are fetched on first use
-# (scripts/ipipvm/ensure-kernel.sh, cached under ~/.cache/podnet/ipipvm).
-.PHONY: ipipvm
-ipipvm: build kapi
-	PODNET_KAPI_DIR=$$(scripts/ensure-kapi.sh) $(GO) test -count=1 -v ./test/ipipvm/
-
-# The container-runtime end-to-end test alone (it also runs in `make test`):
-# installs Debian's containerd + runc when missing, then drives pod sandboxes
-# through containerd 1.6's CRI with the shipped conflists (root, ~1 min).
-.PHONY: test-runtime
-test-runtime: build cni-tools
-	scripts/runtime/install-deps.sh
-	PODNET_CNI_TOOLS=$$(scripts/install-cni-tools.sh) $(GO) test -count=1 -v -timeout 10m ./test/runtime/
 
 # ---- cluster in a box (issue 6): test/cluster, scripts/demo.sh.
 # `make demo` builds everything, brings up a podnet cluster in network

@@ -1,6 +1,7 @@
 // Package cluster brings up a whole podnet cluster on one machine, out of
-// network namespaces, for `make demo` (cmd/podnet-demo) and the end-to-end
-// suite (test/e2e):
+// network namespaces, for `make demo` (cmd/podnet-demo), the end-to-end
+// suite (test/e2e), podnet-routed's control-plane suite (test/routed) and
+// the data-path benchmark (test/bench/routedbench):
 //
 //   - an underlay: one netns holding a Linux bridge per L2 subnet; every
 //     other netns hangs on it by a veth pair ("eth0" on its side);
@@ -16,6 +17,13 @@
 //     container runtime on the node would call the plugins;
 //   - an "outside" netns on the underlay that is not part of the cluster,
 //     and, for cross-subnet, a router netns joining two underlay subnets.
+//
+// With Config.Bare, Up builds the underlay and the control plane only, and
+// AddMachine adds node netns without Node object or podnet-routed, for
+// tests that drive those themselves (test/routed); Config.APIProxy then
+// gives every node a pausable way to the API server (Node.CutAPI). The
+// low-level pieces (named netns, processes, polling, forwarder) are
+// test/nettest's.
 //
 // Every name starts with Config.Name, so several clusters can run at once.
 // Down removes everything; DownDir does the same from the state file a
@@ -40,7 +48,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/vishvananda/netlink"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -51,6 +58,7 @@ import (
 
 	"github.com/podnet/podnet/routed/desired"
 	"github.com/podnet/podnet/test/kapi"
+	"github.com/podnet/podnet/test/nettest"
 )
 
 // Fixed addressing of the box (inside its own netns, so several clusters
@@ -98,6 +106,18 @@ type Config struct {
 	NodeCIDRMaskSize int
 	// Resync is podnet-routed's --resync-interval (0: its default).
 	Resync time.Duration
+	// UnderlayMTU is the MTU of every underlay link (default 1500).
+	UnderlayMTU int
+	// Bare: Up starts no node; the caller adds machines (AddMachine) and
+	// creates their Node objects and podnet-routed itself.
+	Bare bool
+	// NoRBAC: Up does not grant podnet-routed's user its RBAC (GrantRBAC
+	// does, later).
+	NoRBAC bool
+	// APIProxy: every node reaches the API server through a forwarder of
+	// its own on its loopback (APIProxyAddr), which Node.CutAPI pauses;
+	// otherwise straight over the underlay.
+	APIProxy bool
 	// Detach lets the processes outlive this one (KEEP=1); otherwise they
 	// are killed if it dies.
 	Detach bool
@@ -145,6 +165,9 @@ func Up(ctx context.Context, cfg Config) (c *Cluster, err error) {
 	if cfg.NodeCIDRMaskSize == 0 {
 		cfg.NodeCIDRMaskSize = 24
 	}
+	if cfg.UnderlayMTU == 0 {
+		cfg.UnderlayMTU = 1500
+	}
 	if cfg.Name == "" || cfg.WorkDir == "" || cfg.RepoRoot == "" || cfg.BinDir == "" || cfg.KapiDir == "" {
 		return nil, errors.New("cluster: Name, WorkDir, RepoRoot, BinDir and KapiDir are required")
 	}
@@ -190,6 +213,9 @@ func Up(ctx context.Context, cfg Config) (c *Cluster, err error) {
 	}
 	c.logf("kube-apiserver + etcd ready on %s:%d (netns %s) in %s", APIServerIP, APIServerPort, c.CP.Name, time.Since(start).Round(time.Millisecond))
 
+	if cfg.Bare {
+		return c, nil
+	}
 	start = time.Now()
 	for range cfg.Nodes {
 		if _, err := c.addNode(); err != nil {
@@ -239,19 +265,10 @@ func (c *Cluster) buildUnderlay() error {
 	if c.Cfg.CrossSubnet {
 		nBridges = 2
 	}
-	if err := c.Underlay.Do(func() error {
-		for i := range nBridges {
-			br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: bridgeName(i), MTU: 1500}}
-			if err := netlink.LinkAdd(br); err != nil {
-				return fmt.Errorf("add bridge %s: %w", br.Name, err)
-			}
-			if err := netlink.LinkSetUp(br); err != nil {
-				return err
-			}
+	for i := range nBridges {
+		if err := AddBridge(c.Underlay.NetNS, bridgeName(i), c.Cfg.UnderlayMTU); err != nil {
+			return err
 		}
-		return nil
-	}); err != nil {
-		return err
 	}
 	gw := netip.Addr{}
 	if c.Cfg.CrossSubnet {
@@ -263,7 +280,7 @@ func (c *Cluster) buildUnderlay() error {
 				return err
 			}
 		}
-		if err := c.Router.Do(func() error { return writeSysctl("net/ipv4/ip_forward", "1") }); err != nil {
+		if err := c.Router.Do(func() error { return nettest.WriteSysctl("net/ipv4/ip_forward", "1") }); err != nil {
 			return err
 		}
 		gw = hostAddr(0, RouterHost).Addr()
@@ -296,45 +313,10 @@ func (c *Cluster) routerOf(s int) netip.Addr {
 }
 
 // plug connects target to bridge subnet with a veth pair: brSide in the
-// underlay netns, ifName (MTU 1500, addr, default route via gw when
+// underlay netns, ifName (the underlay MTU, addr, default route via gw when
 // valid) in target.
 func (c *Cluster) plug(target *NetNS, subnet int, brSide, ifName string, addr netip.Prefix, gw netip.Addr) error {
-	if err := c.Underlay.Do(func() error {
-		br, err := netlink.LinkByName(bridgeName(subnet))
-		if err != nil {
-			return err
-		}
-		veth := &netlink.Veth{
-			LinkAttrs:     netlink.LinkAttrs{Name: brSide, MTU: 1500, MasterIndex: br.Attrs().Index},
-			PeerName:      ifName,
-			PeerMTU:       1500,
-			PeerNamespace: netlink.NsFd(int(target.Fd())),
-		}
-		if err := netlink.LinkAdd(veth); err != nil {
-			return fmt.Errorf("add veth %s to %s: %w", brSide, target.Name, err)
-		}
-		return linkUp(brSide)
-	}); err != nil {
-		return err
-	}
-	return target.Do(func() error {
-		l, err := netlink.LinkByName(ifName)
-		if err != nil {
-			return err
-		}
-		if err := netlink.AddrAdd(l, &netlink.Addr{IPNet: prefixIPNet(addr)}); err != nil {
-			return fmt.Errorf("add %s to %s: %w", addr, target.Name, err)
-		}
-		if err := netlink.LinkSetUp(l); err != nil {
-			return err
-		}
-		if gw.IsValid() {
-			if err := netlink.RouteAdd(&netlink.Route{LinkIndex: l.Attrs().Index, Gw: gw.AsSlice()}); err != nil {
-				return fmt.Errorf("default route via %s in %s: %w", gw, target.Name, err)
-			}
-		}
-		return nil
-	})
+	return Plug(c.Underlay.NetNS, target.NetNS, Port{Bridge: bridgeName(subnet), BrSide: brSide, IfName: ifName, Addr: addr, GW: gw, MTU: c.Cfg.UnderlayMTU})
 }
 
 func (c *Cluster) startControlPlane() error {
@@ -378,9 +360,12 @@ func (c *Cluster) startControlPlane() error {
 	if c.kubeconfig, err = api.WriteKubeconfig(kapi.RoutedUser, fmt.Sprintf("https://%s:%d", APIServerIP, APIServerPort)); err != nil {
 		return err
 	}
+	if c.Cfg.NoRBAC {
+		return nil
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	return c.grantRBAC(ctx)
+	return c.GrantRBAC(ctx)
 }
 
 // clusterState is what DownDir needs to remove a cluster left up.
@@ -404,8 +389,8 @@ func (c *Cluster) saveState() error {
 	// In the order DownDir stops them: the API server's clients, then
 	// kube-apiserver, then etcd (kube-apiserver hangs on exit without it).
 	for _, n := range c.Nodes {
-		if p := n.routed; p != nil && !p.exited() {
-			st.Procs = append(st.Procs, newPidRef(p.cmd.Process.Pid))
+		if p := n.routed; p != nil && !p.Exited() {
+			st.Procs = append(st.Procs, newPidRef(p.Cmd.Process.Pid))
 		}
 	}
 	if c.API != nil {
@@ -426,17 +411,24 @@ func (c *Cluster) saveState() error {
 	return os.Rename(tmp, filepath.Join(c.Cfg.WorkDir, StateFile))
 }
 
-// grantRBAC applies conf/podnet-routed-rbac.yaml: its ClusterRole as is,
-// its ClusterRoleBinding with the token user podnet-routed runs as added
-// as a subject (the file binds the kube-system ServiceAccount, which a
-// DaemonSet would use).
-func (c *Cluster) grantRBAC(ctx context.Context) error {
-	data, err := os.ReadFile(filepath.Join(c.Cfg.RepoRoot, "conf", "podnet-routed-rbac.yaml"))
+// GrantRBAC grants podnet-routed's user the shipped RBAC (see the
+// function GrantRBAC); Up does unless Config.NoRBAC.
+func (c *Cluster) GrantRBAC(ctx context.Context) error {
+	return GrantRBAC(ctx, c.Client, c.Cfg.RepoRoot)
+}
+
+// GrantRBAC applies conf/podnet-routed-rbac.yaml: its ClusterRole as is,
+// its ClusterRoleBinding with the token user podnet-routed runs as
+// (kapi.RoutedUser) added as a subject (the file binds the kube-system
+// ServiceAccount, which a DaemonSet would use). The file must hold exactly
+// one of each.
+func GrantRBAC(ctx context.Context, client kubernetes.Interface, repoRoot string) error {
+	data, err := os.ReadFile(filepath.Join(repoRoot, "conf", "podnet-routed-rbac.yaml"))
 	if err != nil {
 		return err
 	}
 	dec := yaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096)
-	bound := false
+	var roles, bindings int
 	for {
 		var obj map[string]any
 		if err := dec.Decode(&obj); errors.Is(err, io.EOF) {
@@ -450,53 +442,91 @@ func (c *Cluster) grantRBAC(ctx context.Context) error {
 			if err := k8sruntime.DefaultUnstructuredConverter.FromUnstructured(obj, &cr); err != nil {
 				return err
 			}
-			if _, err := c.Client.RbacV1().ClusterRoles().Create(ctx, &cr, metav1.CreateOptions{}); err != nil {
-				return err
+			if _, err := client.RbacV1().ClusterRoles().Create(ctx, &cr, metav1.CreateOptions{}); err != nil {
+				return fmt.Errorf("create ClusterRole %s: %w", cr.Name, err)
 			}
+			roles++
 		case "ClusterRoleBinding":
 			var crb rbacv1.ClusterRoleBinding
 			if err := k8sruntime.DefaultUnstructuredConverter.FromUnstructured(obj, &crb); err != nil {
 				return err
 			}
 			crb.Subjects = append(crb.Subjects, rbacv1.Subject{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: kapi.RoutedUser})
-			if _, err := c.Client.RbacV1().ClusterRoleBindings().Create(ctx, &crb, metav1.CreateOptions{}); err != nil {
-				return err
+			if _, err := client.RbacV1().ClusterRoleBindings().Create(ctx, &crb, metav1.CreateOptions{}); err != nil {
+				return fmt.Errorf("create ClusterRoleBinding %s: %w", crb.Name, err)
 			}
-			bound = true
+			bindings++
 		}
 	}
-	if !bound {
-		return errors.New("podnet-routed-rbac.yaml has no ClusterRoleBinding")
+	if roles != 1 || bindings != 1 {
+		return fmt.Errorf("podnet-routed-rbac.yaml: %d ClusterRoles, %d ClusterRoleBindings; want 1 and 1", roles, bindings)
 	}
 	return nil
 }
 
-// createNodeObject registers a Node as a kubelet and kube-controller-manager
-// would: spec.podCIDRs, then status.addresses through the status
-// subresource.
+// createNodeObject registers the Node of n (CreateNode).
 func (c *Cluster) createNodeObject(ctx context.Context, n *Node) error {
-	obj := &corev1.Node{
-		ObjectMeta: metav1.ObjectMeta{Name: n.Name, Labels: map[string]string{"kubernetes.io/hostname": n.Name}},
-		Spec:       corev1.NodeSpec{PodCIDR: n.PodCIDR.String(), PodCIDRs: []string{n.PodCIDR.String()}},
+	return CreateNode(ctx, c.Client, n.Name, n.IP.String(), n.PodCIDR.String())
+}
+
+// CreateNode registers a Node as a kubelet and kube-controller-manager
+// would: spec.podCIDRs (none when podCIDR is ""), then, when ip is not "",
+// status.addresses (InternalIP, Hostname) through the status subresource.
+func CreateNode(ctx context.Context, client kubernetes.Interface, name, ip, podCIDR string) error {
+	obj := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"kubernetes.io/hostname": name}}}
+	if podCIDR != "" {
+		obj.Spec = corev1.NodeSpec{PodCIDR: podCIDR, PodCIDRs: []string{podCIDR}}
 	}
-	created, err := c.Client.CoreV1().Nodes().Create(ctx, obj, metav1.CreateOptions{})
+	created, err := client.CoreV1().Nodes().Create(ctx, obj, metav1.CreateOptions{})
 	if err != nil {
-		return fmt.Errorf("create Node %s: %w", n.Name, err)
+		return fmt.Errorf("create Node %s: %w", name, err)
 	}
-	created.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: n.IP.String()}, {Type: corev1.NodeHostName, Address: n.Name}}
-	if _, err := c.Client.CoreV1().Nodes().UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
-		return fmt.Errorf("Node %s status: %w", n.Name, err)
+	if ip == "" {
+		return nil
+	}
+	created.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: ip}, {Type: corev1.NodeHostName, Address: name}}
+	if _, err := client.CoreV1().Nodes().UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
+		return fmt.Errorf("Node %s status: %w", name, err)
 	}
 	return nil
 }
 
-// deleteNodeObject deletes the Node and waits until it is gone.
+// UpdateNode changes Node name with f (its status when status is true),
+// retrying on conflicts.
+func UpdateNode(ctx context.Context, client kubernetes.Interface, name string, status bool, f func(*corev1.Node)) error {
+	for range 5 {
+		n, err := client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		f(n)
+		if status {
+			_, err = client.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{})
+		} else {
+			_, err = client.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{})
+		}
+		if err == nil {
+			return nil
+		}
+		if !apierrors.IsConflict(err) {
+			return fmt.Errorf("update Node %s: %w", name, err)
+		}
+	}
+	return fmt.Errorf("update Node %s: too many conflicts", name)
+}
+
+// deleteNodeObject deletes the Node (DeleteNodeObject).
 func (c *Cluster) deleteNodeObject(ctx context.Context, name string) error {
-	if err := c.Client.CoreV1().Nodes().Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
+	return DeleteNodeObject(ctx, c.Client, name)
+}
+
+// DeleteNodeObject deletes Node name and waits until it is gone.
+func DeleteNodeObject(ctx context.Context, client kubernetes.Interface, name string) error {
+	if err := client.CoreV1().Nodes().Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
 		return fmt.Errorf("delete Node %s: %w", name, err)
 	}
 	return poll(ctx, 10*time.Second, func() error {
-		_, err := c.Client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		_, err := client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
 			return nil
 		}
@@ -562,7 +592,7 @@ func (c *Cluster) Down() error {
 	for _, n := range c.Nodes {
 		// How podnet-routed exits is for the tests to check (StopRouted),
 		// not for the teardown: it may be stopped mid-start.
-		_ = n.routed.stop(5 * time.Second)
+		_ = n.routed.Stop(5 * time.Second)
 		n.routed = nil
 	}
 	if c.API != nil {
@@ -655,23 +685,5 @@ func DownDir(workDir, name string) (removed []string, err error) {
 // poll calls check every 50 ms until it succeeds, limit passes or ctx
 // ends; it returns check's last error.
 func poll(ctx context.Context, limit time.Duration, check func() error) error {
-	deadline := time.Now().Add(limit)
-	for {
-		err := check()
-		if err == nil {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return err
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("%w (last: %v)", ctx.Err(), err)
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
-}
-
-func writeSysctl(name, value string) error {
-	return os.WriteFile(filepath.Join("/proc/sys", name), []byte(value), 0o644)
+	return nettest.Poll(ctx, limit, 50*time.Millisecond, check)
 }

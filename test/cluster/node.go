@@ -20,12 +20,14 @@ import (
 
 	"github.com/podnet/podnet/internal/contract"
 	"github.com/podnet/podnet/internal/nodestate"
+	"github.com/podnet/podnet/test/kapi"
+	"github.com/podnet/podnet/test/nettest"
 )
 
 // Addresses podnet-routed serves on inside every node netns.
 const (
-	healthAddr  = "127.0.0.1:9099"
-	metricsAddr = "127.0.0.1:9098"
+	HealthAddr  = "127.0.0.1:9099"
+	MetricsAddr = "127.0.0.1:9098"
 )
 
 // Node is a Kubernetes node: a netns on the underlay, its Node object and
@@ -43,12 +45,19 @@ type Node struct {
 	StateDir, DataDir string
 	// Initial is the netns as it was before podnet-routed first ran.
 	Initial Snapshot
-	Pods    []*Pod
+	// RoutedArgs are extra podnet-routed flags (after the cluster's own:
+	// they win), for the next StartRouted.
+	RoutedArgs []string
+	Pods       []*Pod
 
 	cni    *libcni.CNIConfig
 	list   *libcni.NetworkConfigList
-	routed *proc
-	podSeq int
+	routed *nettest.Proc
+	// apiFwd and kubeconfig: the node's own way to the API server
+	// (Config.APIProxy); else the cluster's kubeconfig, over the underlay.
+	apiFwd     *nettest.Forwarder
+	kubeconfig string
+	podSeq     int
 }
 
 // AddNode adds a node as a cluster admin would add a machine: netns on the
@@ -74,14 +83,39 @@ func (c *Cluster) addNode() (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
-	addr := hostAddr(subnet, num)
-	n := &Node{c: c, Name: fmt.Sprintf("node%d", num), Subnet: subnet, IP: addr.Addr(), PodCIDR: cidr}
+	n, err := c.newMachine(fmt.Sprintf("node%d", num), subnet, num)
+	if err != nil {
+		return nil, err
+	}
+	n.PodCIDR = cidr
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := c.createNodeObject(ctx, n); err != nil {
+		return nil, err
+	}
+	return n, n.StartRouted()
+}
+
+// AddMachine adds a bare machine on underlay subnet 0 with host number
+// host (its address is Subnets[0] .host): its netns, eth0, directories and
+// CNI set-up, but no Node object and no podnet-routed, for tests that
+// create those themselves (CreateNode, StartRouted). Its PodCIDR is not
+// set.
+func (c *Cluster) AddMachine(name string, host int) (*Node, error) {
+	return c.newMachine(name, 0, host)
+}
+
+// newMachine makes a node's netns on subnet with host number host.
+func (c *Cluster) newMachine(name string, subnet, host int) (*Node, error) {
+	addr := hostAddr(subnet, host)
+	n := &Node{c: c, Name: name, Subnet: subnet, IP: addr.Addr()}
 	n.Dir = filepath.Join(c.Cfg.WorkDir, n.Name)
 	n.StateDir = filepath.Join(n.Dir, "state")
 	n.DataDir = filepath.Join(n.Dir, "ipam")
 	if err := os.MkdirAll(n.Dir, 0o755); err != nil {
 		return nil, err
 	}
+	var err error
 	if n.NS, err = c.newNetNS(n.Name); err != nil {
 		return nil, err
 	}
@@ -90,7 +124,7 @@ func (c *Cluster) addNode() (*Node, error) {
 	// state does not change under our feet.
 	if err := n.NS.Do(func() error {
 		for _, s := range []string{"net/ipv6/conf/all/accept_dad", "net/ipv6/conf/default/accept_dad"} {
-			if err := writeSysctl(s, "0"); err != nil {
+			if err := nettest.WriteSysctl(s, "0"); err != nil {
 				return err
 			}
 		}
@@ -101,18 +135,48 @@ func (c *Cluster) addNode() (*Node, error) {
 	if err := c.plug(n.NS, subnet, n.Name, UnderlayDev, addr, c.routerOf(subnet)); err != nil {
 		return nil, err
 	}
-	if n.Initial, err = n.stableSnapshot(); err != nil {
-		return nil, err
+	if c.Cfg.APIProxy {
+		target := fmt.Sprintf("%s:%d", APIServerIP, APIServerPort)
+		if n.apiFwd, err = nettest.NewForwarder(n.NS.NetNS, APIProxyAddr, target, c.CP.DialContext); err != nil {
+			return nil, fmt.Errorf("%s: %w", n.Name, err)
+		}
+		c.mu.Lock()
+		c.servers = append(c.servers, n.apiFwd)
+		c.mu.Unlock()
+		if n.kubeconfig, err = c.API.WriteKubeconfig(kapi.RoutedUser, "https://"+APIProxyAddr); err != nil {
+			return nil, err
+		}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	if err := c.createNodeObject(ctx, n); err != nil {
+	if n.Initial, err = n.StableSnapshot(); err != nil {
 		return nil, err
 	}
 	if err := n.initCNI(); err != nil {
 		return nil, err
 	}
-	return n, n.StartRouted()
+	return n, nil
+}
+
+// APIProxyAddr is where, with Config.APIProxy, every node reaches the API
+// server: a forwarder on the node netns' loopback.
+const APIProxyAddr = "127.0.0.1:6443"
+
+// CutAPI cuts the node off the API server (Config.APIProxy): its open
+// connections are closed and new ones refused, until RestoreAPI.
+func (n *Node) CutAPI() error {
+	if n.apiFwd == nil {
+		return fmt.Errorf("%s: no API proxy (Config.APIProxy)", n.Name)
+	}
+	n.apiFwd.Pause()
+	return nil
+}
+
+// RestoreAPI reconnects a node CutAPI cut off.
+func (n *Node) RestoreAPI() error {
+	if n.apiFwd == nil {
+		return fmt.Errorf("%s: no API proxy (Config.APIProxy)", n.Name)
+	}
+	n.apiFwd.Resume()
+	return nil
 }
 
 // DeleteNode removes a node as when its machine is decommissioned: its
@@ -130,23 +194,26 @@ func (c *Cluster) DeleteNode(ctx context.Context, n *Node) error {
 		err = errors.Join(err, c.dropNetNS(p.NS))
 	}
 	n.Pods = nil
+	if n.apiFwd != nil {
+		_ = n.apiFwd.Close()
+	}
 	return errors.Join(err, c.dropNetNS(n.NS), os.RemoveAll(n.Dir))
 }
 
 // StartRouted starts podnet-routed in the node netns.
 func (n *Node) StartRouted() error {
-	if n.routed != nil && !n.routed.exited() {
+	if n.routed != nil && !n.routed.Exited() {
 		return fmt.Errorf("%s: podnet-routed already running", n.Name)
 	}
 	cfg := n.c.Cfg
 	args := []string{
-		"--kubeconfig=" + n.c.kubeconfig,
+		"--kubeconfig=" + n.kubeconfigPath(),
 		"--node-name=" + n.Name,
 		"--encap=" + cfg.Encap,
 		"--cluster-cidr=" + cfg.ClusterCIDR,
 		"--state-dir=" + n.StateDir,
-		"--health-addr=" + healthAddr,
-		"--metrics-addr=" + metricsAddr,
+		"--health-addr=" + HealthAddr,
+		"--metrics-addr=" + MetricsAddr,
 	}
 	if cfg.CrossSubnet {
 		args = append(args, "--cross-subnet")
@@ -154,12 +221,20 @@ func (n *Node) StartRouted() error {
 	if cfg.Resync > 0 {
 		args = append(args, "--resync-interval="+cfg.Resync.String())
 	}
-	p, err := startProc(n.NS, !cfg.Detach, n.RoutedLog(), filepath.Join(cfg.BinDir, "podnet-routed"), args...)
+	args = append(args, n.RoutedArgs...)
+	p, err := nettest.StartProc(n.NS.NetNS, !cfg.Detach, n.RoutedLog(), filepath.Join(cfg.BinDir, "podnet-routed"), args...)
 	if err != nil {
-		return err
+		return fmt.Errorf("%s: %w", n.Name, err)
 	}
 	n.routed = p
 	return n.c.saveState()
+}
+
+func (n *Node) kubeconfigPath() string {
+	if n.kubeconfig != "" {
+		return n.kubeconfig
+	}
+	return n.c.kubeconfig
 }
 
 // RoutedLog is the path of podnet-routed's log (every run appends).
@@ -171,7 +246,7 @@ func (n *Node) StopRouted() error {
 	if n.routed == nil {
 		return nil
 	}
-	err := n.routed.stop(10 * time.Second)
+	err := n.routed.Stop(10 * time.Second)
 	n.routed = nil
 	if err != nil {
 		return fmt.Errorf("%s: %w\n%s", n.Name, err, Tail(n.RoutedLog(), 20))
@@ -180,7 +255,11 @@ func (n *Node) StopRouted() error {
 }
 
 // RoutedRunning says whether podnet-routed runs on the node.
-func (n *Node) RoutedRunning() bool { return n.routed != nil && !n.routed.exited() }
+func (n *Node) RoutedRunning() bool { return n.routed != nil && !n.routed.Exited() }
+
+// Routed is the running podnet-routed (nil when stopped): its log
+// records, exit status.
+func (n *Node) Routed() *nettest.Proc { return n.routed }
 
 // WaitReady waits for node.json with the node's PodCIDR and /readyz 200.
 func (n *Node) WaitReady(ctx context.Context, limit time.Duration) error {
@@ -196,7 +275,7 @@ func (n *Node) WaitReady(ctx context.Context, limit time.Duration) error {
 		if !slices.Equal(st.PodCIDRs, []string{n.PodCIDR.String()}) {
 			return fmt.Errorf("node.json podCIDRs %v, want [%s]", st.PodCIDRs, n.PodCIDR)
 		}
-		resp, err := client.Get("http://" + healthAddr + "/readyz")
+		resp, err := client.Get("http://" + HealthAddr + "/readyz")
 		if err != nil {
 			return err
 		}
@@ -217,20 +296,57 @@ func (n *Node) alive() error {
 	if n.routed == nil {
 		return fmt.Errorf("%s: podnet-routed not running", n.Name)
 	}
-	if n.routed.exited() {
-		return fmt.Errorf("%s: podnet-routed exited: %v", n.Name, n.routed.err)
+	if n.routed.Exited() {
+		return fmt.Errorf("%s: podnet-routed exited: %v", n.Name, n.routed.Err())
 	}
 	return nil
 }
 
-func (n *Node) httpClient() *http.Client {
-	return &http.Client{
-		Transport: &http.Transport{
-			DisableKeepAlives: true,
-			DialContext:       n.NS.DialContext,
-		},
-		Timeout: 2 * time.Second,
+func (n *Node) httpClient() *http.Client { return nettest.HTTPClient(n.NS.NetNS, 2*time.Second) }
+
+// Metrics scrapes podnet-routed's /metrics (series without labels).
+func (n *Node) Metrics() (map[string]float64, error) {
+	code, body, err := nettest.GetIn(n.NS.NetNS, "http://"+MetricsAddr+"/metrics")
+	if err != nil {
+		return nil, err
 	}
+	if code != http.StatusOK {
+		return nil, fmt.Errorf("%s: /metrics %d", n.Name, code)
+	}
+	return nettest.ParseMetrics(body)
+}
+
+// LinkMTU is the MTU of link dev in the node netns.
+func (n *Node) LinkMTU(dev string) (int, error) { return linkMTU(n.NS, dev) }
+
+func linkMTU(netns *NetNS, dev string) (int, error) {
+	mtu := 0
+	err := netns.Do(func() error {
+		l, err := netlink.LinkByName(dev)
+		if err != nil {
+			return err
+		}
+		mtu = l.Attrs().MTU
+		return nil
+	})
+	return mtu, err
+}
+
+// LinkStats are the counters of link dev in the node netns.
+func (n *Node) LinkStats(dev string) (netlink.LinkStatistics, error) {
+	var st netlink.LinkStatistics
+	err := n.NS.Do(func() error {
+		l, err := netlink.LinkByName(dev)
+		if err != nil {
+			return err
+		}
+		if l.Attrs().Statistics == nil {
+			return fmt.Errorf("%s has no statistics", dev)
+		}
+		st = *l.Attrs().Statistics
+		return nil
+	})
+	return st, err
 }
 
 // State reads the node's node.json.
@@ -400,19 +516,5 @@ func ipNetPrefix(n *net.IPNet) netip.Prefix {
 	return netip.PrefixFrom(a.Unmap(), ones)
 }
 
-func prefixIPNet(p netip.Prefix) *net.IPNet {
-	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
-}
-
 // Tail returns the last n lines of a file.
-func Tail(path string, n int) string {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return fmt.Sprintf("(%v)", err)
-	}
-	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
-}
+func Tail(path string, n int) string { return nettest.Tail(path, n) }

@@ -174,3 +174,6 @@ func (p *Pod) closeServers() {
 		c.Close()
 	}
 }
+
+// MTU is the MTU of the pod's eth0.
+func (p *Pod) MTU() (int, error) { return linkMTU(p.NS, "eth0") }

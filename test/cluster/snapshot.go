@@ -14,6 +14,8 @@ import (
 	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/podnet/podnet/test/nettest"
 )
 
 // Snapshot is the state of a netns: what `ip -d link`, `ip addr`, `ip
@@ -134,9 +136,9 @@ func TakeSnapshot(netns *NetNS) (Snapshot, error) {
 	return s, nil
 }
 
-// stableSnapshot waits until two snapshots 200 ms apart agree (carrier
+// StableSnapshot waits until two snapshots 200 ms apart agree (carrier
 // and IPv6 link-local addresses settle after a link comes up).
-func (n *Node) stableSnapshot() (Snapshot, error) {
+func (n *Node) StableSnapshot() (Snapshot, error) {
 	prev, err := n.Snapshot()
 	if err != nil {
 		return prev, err
@@ -160,41 +162,15 @@ func (n *Node) stableSnapshot() (Snapshot, error) {
 }
 
 // fmtRoute renders a route with every field that matters for equality.
-func fmtRoute(r netlink.Route, names map[int]string) string {
-	var b strings.Builder
-	switch r.Type {
-	case unix.RTN_UNICAST:
-	case unix.RTN_BLACKHOLE:
-		b.WriteString("blackhole ")
-	case unix.RTN_LOCAL:
-		b.WriteString("local ")
-	case unix.RTN_BROADCAST:
-		b.WriteString("broadcast ")
-	case unix.RTN_MULTICAST:
-		b.WriteString("multicast ")
-	default:
-		fmt.Fprintf(&b, "type%d ", r.Type)
-	}
-	if r.Dst == nil {
-		b.WriteString("default")
-	} else {
-		b.WriteString(r.Dst.String())
-	}
-	if r.Gw != nil {
-		b.WriteString(" via " + r.Gw.String())
-	}
-	if r.LinkIndex > 0 {
-		b.WriteString(" dev " + names[r.LinkIndex])
-	}
-	fmt.Fprintf(&b, " proto %d scope %d table %d metric %d", r.Protocol, r.Scope, r.Table, r.Priority)
-	if r.Src != nil {
-		b.WriteString(" src " + r.Src.String())
-	}
-	if r.Flags&int(netlink.FLAG_ONLINK) != 0 {
-		b.WriteString(" onlink")
-	}
-	return b.String()
+func fmtRoute(r netlink.Route, names map[int]string) string { return FormatRoute(r, names, true) }
+
+// FormatRoute renders a route like `ip route` (nettest.FormatRoute).
+func FormatRoute(r netlink.Route, names map[int]string, full bool) string {
+	return nettest.FormatRoute(r, names, full)
 }
+
+// LinkNames maps the link indexes of the calling thread's netns to names.
+func LinkNames() (map[int]string, error) { return nettest.LinkIndexNames() }
 
 // nftLines renders every table, set, chain and rule of an nftables
 // connection, in kernel order.

@@ -27,6 +27,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/podnet/podnet/internal/contract"
+	"github.com/podnet/podnet/routed/desired"
 	"github.com/podnet/podnet/test/cluster"
 	"github.com/podnet/podnet/test/kapi"
 	"github.com/podnet/podnet/test/nettest"
@@ -164,6 +165,7 @@ func testLifecycle(t *testing.T, encap string) {
 		{"pod-pod-tcp-keeps-source", func(t *testing.T) {
 			requireTCP(t, "pod → pod TCP (same node and across nodes)", cluster.TCPMatrix(ctx, c.Pods()))
 		}},
+		{"mtu-and-path-mtu", func(t *testing.T) { testMTU(t, c) }},
 		{"node-pod", func(t *testing.T) {
 			var bad []string
 			rs := c.NodePodPings(ctx)
@@ -379,7 +381,10 @@ func testCleanup(t *testing.T, c *cluster.Cluster) {
 // TestCrossSubnet: four nodes, two on each of two underlay subnets joined
 // by a router netns that knows no pod route, podnet-routed --encap=vxlan
 // --cross-subnet: direct routes on the same subnet, VXLAN across the
-// router, and every pod reaches every other one with its own address.
+// router (only encapsulated traffic can cross it), and every pod reaches
+// every other one with its own address. Same-subnet traffic must not use
+// the tunnel, cross-subnet traffic must; the path MTU across the router is
+// the pod MTU.
 func TestCrossSubnet(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -396,6 +401,7 @@ func TestCrossSubnet(t *testing.T) {
 		routes, _ := n.NodeRoutes()
 		t.Logf("%s (subnet %s): %q", n.Name, cluster.Subnets[n.Subnet], routes)
 	}
+	checkMTUs(t, c)
 	requireConnected(t, cluster.PingMatrix(ctx, c.Pods()))
 	requireTCP(t, "pod → pod TCP across the router", cluster.TCPMatrix(ctx, c.Pods()))
 	rs, err := c.OutsideTCP(ctx, c.Pods())
@@ -403,6 +409,38 @@ func TestCrossSubnet(t *testing.T) {
 		t.Fatal(err)
 	}
 	requireTCP(t, "pod → outside TCP, masqueraded to the node address", rs)
+
+	// node1 and node3 share subnet 0; node2 is on subnet 1.
+	n1 := c.Nodes[0]
+	same, other := c.Nodes[2], c.Nodes[1]
+	if same.Subnet != n1.Subnet || other.Subnet == n1.Subnet {
+		t.Fatalf("subnets: %s %d, %s %d, %s %d", n1.Name, n1.Subnet, same.Name, same.Subnet, other.Name, other.Subnet)
+	}
+	vxlanTx := func() uint64 {
+		st, err := n1.LinkStats(desired.VXLANDevice)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.TxPackets
+	}
+	pings := func(to *cluster.Node) {
+		for range 3 {
+			if _, err := cluster.Ping(ctx, n1.Pods[0].NS, to.Pods[0].IP); err != nil {
+				t.Fatalf("%s → %s: %v", n1.Pods[0].Name, to.Pods[0].Name, err)
+			}
+		}
+	}
+	before := vxlanTx()
+	pings(same)
+	if d := vxlanTx() - before; d != 0 {
+		t.Errorf("%s -> %s (same subnet) sent %d packets over %s, want 0 (direct)", n1.Name, same.Name, d, desired.VXLANDevice)
+	}
+	before = vxlanTx()
+	pings(other)
+	if d := vxlanTx() - before; d < 3 {
+		t.Errorf("%s -> %s (other subnet) sent %d packets over %s, want >= 3", n1.Name, other.Name, d, desired.VXLANDevice)
+	}
+	checkPathMTU(t, other.Pods[0], same.Pods[0], podMTU("vxlan"))
 }
 
 // TestBrokenRouteIsCaught proves the connectivity check is not vacuous:

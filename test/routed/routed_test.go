@@ -7,6 +7,7 @@
 package routed
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -24,28 +25,30 @@ import (
 
 	"github.com/podnet/podnet/internal/contract"
 	"github.com/podnet/podnet/internal/nodestate"
+	tcluster "github.com/podnet/podnet/test/cluster"
+	"github.com/podnet/podnet/test/nettest"
 )
 
 // Route lines as fmtRoute renders them (proto 77 is podnet's).
 const (
 	bhA   = "blackhole 10.244.1.0/24 proto 77"
-	viaB  = "10.244.2.0/24 via 10.77.0.2 dev eth0 proto 77"
-	viaC  = "10.244.3.0/24 via 10.77.0.3 dev eth0 proto 77"
+	viaB  = "10.244.2.0/24 via 172.30.0.2 dev eth0 proto 77"
+	viaC  = "10.244.3.0/24 via 172.30.0.3 dev eth0 proto 77"
 	syncT = 30 * time.Second // first sync after start (includes API connection)
 	// A change seen by the informer should reach the kernel quickly; allow
 	// for a loaded machine.
 	changeT = 10 * time.Second
 )
 
-// threeNodes makes node-a (10.77.0.1, 10.244.1.0/24), node-b and node-c
+// threeNodes makes node-a (172.30.0.1, 10.244.1.0/24), node-b and node-c
 // (10.244.2.0/24, 10.244.3.0/24), netns and Node objects, with RBAC
 // granted to the podnet-routed user.
 func threeNodes(t *testing.T) (*cluster, *node, *node, *node) {
 	c := newCluster(t)
 	c.grantRBAC()
-	a := c.addNode("node-a", "10.77.0.1")
-	b := c.addNode("node-b", "10.77.0.2")
-	cc := c.addNode("node-c", "10.77.0.3")
+	a := c.addNode("node-a", "172.30.0.1")
+	b := c.addNode("node-b", "172.30.0.2")
+	cc := c.addNode("node-c", "172.30.0.3")
 	c.createNode("node-a", a.ip, "10.244.1.0/24")
 	c.createNode("node-b", b.ip, "10.244.2.0/24")
 	c.createNode("node-c", cc.ip, "10.244.3.0/24")
@@ -55,10 +58,10 @@ func threeNodes(t *testing.T) (*cluster, *node, *node, *node) {
 // TestNodeLifecycleRoutes: routes follow the Node objects.
 func TestNodeLifecycleRoutes(t *testing.T) {
 	c, a, b, _ := threeNodes(t)
-	c.addNode("node-d", "10.77.0.4")
-	c.addNode("node-e", "10.77.0.5")
-	c.createNode("node-d", "10.77.0.4", "") // no PodCIDR yet
-	c.createNode("node-e", "10.77.0.5", "") // no PodCIDR yet
+	c.addNode("node-d", "172.30.0.4")
+	c.addNode("node-e", "172.30.0.5")
+	c.createNode("node-d", "172.30.0.4", "") // no PodCIDR yet
+	c.createNode("node-e", "172.30.0.5", "") // no PodCIDR yet
 
 	start := time.Now()
 	d := a.startDaemon()
@@ -70,8 +73,8 @@ func TestNodeLifecycleRoutes(t *testing.T) {
 	// node-d: created without a PodCIDR; re-registered with one.
 	c.deleteNode("node-d")
 	start = time.Now()
-	c.createNode("node-d", "10.77.0.4", "10.244.4.0/24")
-	viaD := "10.244.4.0/24 via 10.77.0.4 dev eth0 proto 77"
+	c.createNode("node-d", "172.30.0.4", "10.244.4.0/24")
+	viaD := "10.244.4.0/24 via 172.30.0.4 dev eth0 proto 77"
 	a.expectRoutes(changeT, d, bhA, viaB, viaC, viaD)
 	t.Logf("MEASURE node re-created with a PodCIDR -> route: %s", time.Since(start).Round(time.Millisecond))
 
@@ -79,15 +82,15 @@ func TestNodeLifecycleRoutes(t *testing.T) {
 	// IPAM controller does: "" -> CIDR is the one change the API allows).
 	start = time.Now()
 	c.assignPodCIDR("node-e", "10.244.5.0/24")
-	viaE := "10.244.5.0/24 via 10.77.0.5 dev eth0 proto 77"
+	viaE := "10.244.5.0/24 via 172.30.0.5 dev eth0 proto 77"
 	a.expectRoutes(changeT, d, bhA, viaB, viaC, viaD, viaE)
 	t.Logf("MEASURE PodCIDR assigned -> route: %s", time.Since(start).Round(time.Millisecond))
 
 	// node-b's InternalIP changes: the route's gateway follows.
-	b.addIP("10.77.0.12")
+	b.addIP("172.30.0.12")
 	start = time.Now()
-	c.setNodeIP("node-b", "10.77.0.12")
-	viaB2 := "10.244.2.0/24 via 10.77.0.12 dev eth0 proto 77"
+	c.setNodeIP("node-b", "172.30.0.12")
+	viaB2 := "10.244.2.0/24 via 172.30.0.12 dev eth0 proto 77"
 	a.expectRoutes(changeT, d, bhA, viaB2, viaC, viaD, viaE)
 	t.Logf("MEASURE InternalIP change -> gateway replaced: %s", time.Since(start).Round(time.Millisecond))
 
@@ -198,14 +201,14 @@ func setLink(t *testing.T, n *node, name string, up bool) {
 func TestStaleAndForeignRoutes(t *testing.T) {
 	c, a, _, _ := threeNodes(t)
 	// Left by a "previous run": podnet routes for nodes that are gone.
-	a.addRoute("10.244.99.0/24", "10.77.0.99", uplinkName, contract.RouteProtocol)
+	a.addRoute("10.244.99.0/24", "172.30.0.99", uplinkName, contract.RouteProtocol)
 	a.addRoute("10.244.100.0/24", "", "", contract.RouteProtocol)
 	// Someone else's: a static route inside the cluster CIDR for no node,
 	// and a boot route holding node-c's PodCIDR.
-	a.addRoute("10.244.98.0/24", "10.77.0.98", uplinkName, unix.RTPROT_STATIC)
-	a.addRoute("10.244.3.0/24", "10.77.0.50", uplinkName, unix.RTPROT_BOOT)
-	foreign98 := []string{"10.244.98.0/24 via 10.77.0.98 dev eth0 proto 4"}
-	foreignC := []string{"10.244.3.0/24 via 10.77.0.50 dev eth0 proto 3"}
+	a.addRoute("10.244.98.0/24", "172.30.0.98", uplinkName, unix.RTPROT_STATIC)
+	a.addRoute("10.244.3.0/24", "172.30.0.50", uplinkName, unix.RTPROT_BOOT)
+	foreign98 := []string{"10.244.98.0/24 via 172.30.0.98 dev eth0 proto 4"}
+	foreignC := []string{"10.244.3.0/24 via 172.30.0.50 dev eth0 proto 3"}
 
 	d := a.startDaemon()
 	a.expectRoutes(syncT, d, bhA, viaB) // stale ones pruned, none for node-c
@@ -227,7 +230,7 @@ func TestStaleAndForeignRoutes(t *testing.T) {
 		}
 		return nil
 	}
-	consistently(t, 2*resync+resync/2, "foreign routes survive resyncs", foreignIntact)
+	nettest.Consistently(t, 2*resync+resync/2, "foreign routes survive resyncs", foreignIntact)
 	a.expectRoutes(0, d, bhA, viaB)
 	if len(d.logLines("apply failed")) == 0 {
 		t.Errorf("the conflict with the foreign route to node-c's PodCIDR is not reported in the log")
@@ -239,7 +242,7 @@ func TestStaleAndForeignRoutes(t *testing.T) {
 	// A stale podnet route appearing while running (no netlink event
 	// triggers an apply) is pruned by the periodic resync.
 	start := time.Now()
-	a.addRoute("10.244.97.0/24", "10.77.0.97", uplinkName, contract.RouteProtocol)
+	a.addRoute("10.244.97.0/24", "172.30.0.97", uplinkName, contract.RouteProtocol)
 	a.expectRoutes(resync+3*time.Second, d, bhA, viaB)
 	t.Logf("MEASURE stale podnet route added at run time pruned after %s (resync %s)", time.Since(start).Round(time.Millisecond), resync)
 
@@ -295,7 +298,7 @@ func TestAPIServerOutage(t *testing.T) {
 
 	c.api.StopAPIServer()
 	downStart := time.Now()
-	consistently(t, 2*resync+resync/2, "routes while the API server is down", func() error {
+	nettest.Consistently(t, 2*resync+resync/2, "routes while the API server is down", func() error {
 		if err := d.alive(); err != nil {
 			return err
 		}
@@ -324,22 +327,22 @@ func TestAPIServerOutage(t *testing.T) {
 	// The cluster changes as soon as it is back: node-b goes, node-d
 	// comes, node-c moves.
 	start := time.Now()
-	c.addNode("node-d", "10.77.0.4")
+	c.addNode("node-d", "172.30.0.4")
 	c.deleteNode("node-b")
-	c.createNode("node-d", "10.77.0.4", "10.244.4.0/24")
-	c.setNodeIP("node-c", "10.77.0.13")
-	viaC2 := "10.244.3.0/24 via 10.77.0.13 dev eth0 proto 77"
-	viaD := "10.244.4.0/24 via 10.77.0.4 dev eth0 proto 77"
+	c.createNode("node-d", "172.30.0.4", "10.244.4.0/24")
+	c.setNodeIP("node-c", "172.30.0.13")
+	viaC2 := "10.244.3.0/24 via 172.30.0.13 dev eth0 proto 77"
+	viaD := "10.244.4.0/24 via 172.30.0.4 dev eth0 proto 77"
 	a.expectRoutes(45*time.Second, d, bhA, viaC2, viaD)
 	t.Logf("MEASURE after API server restart: converged %s after the changes", time.Since(start).Round(time.Millisecond))
 
 	// Cut node-a off the API server (its watch breaks); change the cluster
 	// meanwhile; reconnect: the missed events are applied.
-	a.proxy.pause()
+	a.cutAPI()
 	c.deleteNode("node-c")
-	c.addNode("node-e", "10.77.0.5")
-	c.createNode("node-e", "10.77.0.5", "10.244.5.0/24")
-	consistently(t, resync+resync/2, "routes while node-a is cut off", func() error {
+	c.addNode("node-e", "172.30.0.5")
+	c.createNode("node-e", "172.30.0.5", "10.244.5.0/24")
+	nettest.Consistently(t, resync+resync/2, "routes while node-a is cut off", func() error {
 		got, err := a.podnetRoutes()
 		if err != nil {
 			return err
@@ -349,9 +352,9 @@ func TestAPIServerOutage(t *testing.T) {
 		}
 		return nil
 	})
-	a.proxy.resume()
+	a.restoreAPI()
 	start = time.Now()
-	viaE := "10.244.5.0/24 via 10.77.0.5 dev eth0 proto 77"
+	viaE := "10.244.5.0/24 via 172.30.0.5 dev eth0 proto 77"
 	a.expectRoutes(45*time.Second, d, bhA, viaD, viaE)
 	t.Logf("MEASURE node reconnected after missing events: converged in %s", time.Since(start).Round(time.Millisecond))
 	d.waitReady(changeT)
@@ -368,19 +371,19 @@ func sorted(s ...string) []string {
 // enough to sync.
 func TestRBAC(t *testing.T) {
 	c := newCluster(t) // no grantRBAC
-	a := c.addNode("node-a", "10.77.0.1")
-	c.addNode("node-b", "10.77.0.2")
-	c.createNode("node-a", "10.77.0.1", "10.244.1.0/24")
-	c.createNode("node-b", "10.77.0.2", "10.244.2.0/24")
+	a := c.addNode("node-a", "172.30.0.1")
+	c.addNode("node-b", "172.30.0.2")
+	c.createNode("node-a", "172.30.0.1", "10.244.1.0/24")
+	c.createNode("node-b", "172.30.0.2", "10.244.2.0/24")
 	d := a.startDaemon()
 
-	eventually(t, changeT, "/healthz up", func() error {
+	nettest.Eventually(t, changeT, "/healthz up", func() error {
 		if code, body := d.status("/healthz"); code != http.StatusOK {
 			return fmt.Errorf("/healthz %d %q", code, body)
 		}
 		return nil
 	})
-	consistently(t, 3*time.Second, "no RBAC: not ready, nothing programmed", func() error {
+	nettest.Consistently(t, 3*time.Second, "no RBAC: not ready, nothing programmed", func() error {
 		if err := d.alive(); err != nil {
 			return err
 		}
@@ -397,13 +400,13 @@ func TestRBAC(t *testing.T) {
 	})
 	_, body := d.status("/readyz")
 	t.Logf("no binding: /readyz 503 %q", body)
-	if logText, _ := os.ReadFile(d.p.logPath); !strings.Contains(string(logText), "forbidden") {
-		t.Errorf("the daemon's log does not mention the authorization failure:\n%s", tail(d.p.logPath, 20))
+	if logText, _ := os.ReadFile(d.p.Log); !strings.Contains(string(logText), "forbidden") {
+		t.Errorf("the daemon's log does not mention the authorization failure:\n%s", nettest.Tail(d.p.Log, 20))
 	}
 
 	start := time.Now()
 	c.grantRBAC()
-	a.expectRoutes(45*time.Second, d, bhA, "10.244.2.0/24 via 10.77.0.2 dev eth0 proto 77")
+	a.expectRoutes(45*time.Second, d, bhA, "10.244.2.0/24 via 172.30.0.2 dev eth0 proto 77")
 	d.waitReady(changeT)
 	t.Logf("MEASURE RBAC granted -> synced and routes programmed in %s (informer list retry backoff)", time.Since(start).Round(time.Millisecond))
 }
@@ -412,17 +415,17 @@ func TestRBAC(t *testing.T) {
 func TestHealthAndMetrics(t *testing.T) {
 	c := newCluster(t)
 	c.grantRBAC()
-	a := c.addNode("node-a", "10.77.0.1")
-	c.addNode("node-b", "10.77.0.2")
-	c.addNode("node-c", "10.77.0.3")
-	c.addNode("node-d", "10.77.0.4")
-	c.createNode("node-b", "10.77.0.2", "10.244.2.0/24")
-	c.createNode("node-c", "10.77.0.3", "10.244.3.0/24")
-	c.createNode("node-d", "10.77.0.4", "") // skipped: no PodCIDR
+	a := c.addNode("node-a", "172.30.0.1")
+	c.addNode("node-b", "172.30.0.2")
+	c.addNode("node-c", "172.30.0.3")
+	c.addNode("node-d", "172.30.0.4")
+	c.createNode("node-b", "172.30.0.2", "10.244.2.0/24")
+	c.createNode("node-c", "172.30.0.3", "10.244.3.0/24")
+	c.createNode("node-d", "172.30.0.4", "") // skipped: no PodCIDR
 
 	// node-a's own Node does not exist yet: alive, synced, but not ready.
 	d := a.startDaemon()
-	eventually(t, syncT, "/healthz 200 and /readyz 503 before the node exists", func() error {
+	nettest.Eventually(t, syncT, "/healthz 200 and /readyz 503 before the node exists", func() error {
 		if err := d.alive(); err != nil {
 			return err
 		}
@@ -446,14 +449,14 @@ func TestHealthAndMetrics(t *testing.T) {
 	}
 
 	start := time.Now()
-	c.createNode("node-a", "10.77.0.1", "10.244.1.0/24")
+	c.createNode("node-a", "172.30.0.1", "10.244.1.0/24")
 	d.waitReady(changeT)
 	t.Logf("MEASURE own Node created -> /readyz 200 in %s", time.Since(start).Round(time.Millisecond))
 	a.expectRoutes(changeT, d, bhA, viaB, viaC)
 
 	expectMetrics := func(want map[string]float64) {
 		t.Helper()
-		eventually(t, changeT, "metrics", func() error {
+		nettest.Eventually(t, changeT, "metrics", func() error {
 			m, err := d.metrics()
 			if err != nil {
 				return err
@@ -476,7 +479,7 @@ func TestHealthAndMetrics(t *testing.T) {
 	a.expectRoutes(changeT, d, bhA, viaB)
 	expectMetrics(map[string]float64{"podnet_routes_desired": 2, "podnet_routes_programmed": 2, "podnet_nodes_skipped": 1})
 	c.assignPodCIDR("node-d", "10.244.4.0/24")
-	a.expectRoutes(changeT, d, bhA, viaB, "10.244.4.0/24 via 10.77.0.4 dev eth0 proto 77")
+	a.expectRoutes(changeT, d, bhA, viaB, "10.244.4.0/24 via 172.30.0.4 dev eth0 proto 77")
 	expectMetrics(map[string]float64{"podnet_routes_desired": 3, "podnet_routes_programmed": 3, "podnet_nodes_skipped": 0})
 
 	// Both listeners serve the handler; unknown paths are 404.
@@ -502,15 +505,15 @@ func TestHealthAndMetrics(t *testing.T) {
 func TestVXLANAndCleanup(t *testing.T) {
 	c := newCluster(t)
 	c.grantRBAC()
-	a := c.addNode("node-a", "10.77.0.1")
-	b := c.addNode("node-b", "10.77.0.2")
+	a := c.addNode("node-a", "172.30.0.1")
+	b := c.addNode("node-b", "172.30.0.2")
 	c.createNode("node-a", a.ip, "10.244.1.0/24")
 	c.createNode("node-b", b.ip, "10.244.2.0/24")
 	// A "pod" address on each node, inside its PodCIDR.
 	a.addPodAddr("10.244.1.5")
 	b.addPodAddr("10.244.2.5")
 	nodes := []*node{a, b}
-	before := map[*node]snapshot{}
+	before := map[*node]tcluster.Snapshot{}
 	fwdBefore := map[*node]string{}
 	for _, n := range nodes {
 		before[n] = n.stableSnapshot()
@@ -536,23 +539,23 @@ func TestVXLANAndCleanup(t *testing.T) {
 		got  []string
 		line string
 	}{
-		{"link", s.Links, "podnet.vxlan type vxlan mtu 1350 up mac 0e:70:0a:4d:00:01 vni 4096 port 4789"},
+		{"link", s.Links, "podnet.vxlan type vxlan mtu 1350 up mac 0e:70:ac:1e:00:01 vni 4096 port 4789"},
 		{"addr", s.Addrs, "podnet.vxlan 10.244.1.0/32 scope 0"},
-		{"neigh", s.Neighs, "10.244.2.0 dev podnet.vxlan lladdr 0e:70:0a:4d:00:02 permanent"},
+		{"neigh", s.Neighs, "10.244.2.0 dev podnet.vxlan lladdr 0e:70:ac:1e:00:02 permanent"},
 		{"nft", s.NFT, "table inet podnet"},
-		{"nft", s.NFT, "chain inet podnet postrouting"},
+		{"nft", s.NFT, "  chain postrouting hook 4 priority 100"},
 	} {
 		if !slices.Contains(want.got, want.line) {
 			t.Errorf("%s %q missing in node-a:\n\t%s", want.what, want.line, strings.Join(want.got, "\n\t"))
 		}
 	}
-	if fdb := vxlanFDB(t, a); !slices.Equal(fdb, []string{"0e:70:0a:4d:00:02 dst 10.77.0.2"}) {
+	if fdb := vxlanFDB(t, a); !slices.Equal(fdb, []string{"0e:70:ac:1e:00:02 dst 172.30.0.2"}) {
 		t.Errorf("podnet.vxlan FDB of node-a: %q", fdb)
 	}
 
 	// Pod to pod across the overlay.
 	start := time.Now()
-	eventually(t, changeT, "ping 10.244.1.5 -> 10.244.2.5 over VXLAN", func() error { return a.ping("10.244.1.5", "10.244.2.5") })
+	nettest.Eventually(t, changeT, "ping 10.244.1.5 -> 10.244.2.5 over VXLAN", func() error { return a.ping("10.244.1.5", "10.244.2.5") })
 	t.Logf("MEASURE first pod-to-pod ping over VXLAN answered after %s", time.Since(start).Round(time.Millisecond))
 
 	// podnet.vxlan deleted by hand (its routes go with it, without a
@@ -567,21 +570,21 @@ func TestVXLANAndCleanup(t *testing.T) {
 	})
 	start = time.Now()
 	a.expectRoutes(resync+3*time.Second, daemons[a], bhA, "10.244.2.0/24 via 10.244.2.0 dev podnet.vxlan proto 77 onlink")
-	eventually(t, changeT, "ping over the re-created podnet.vxlan", func() error { return a.ping("10.244.1.5", "10.244.2.5") })
+	nettest.Eventually(t, changeT, "ping over the re-created podnet.vxlan", func() error { return a.ping("10.244.1.5", "10.244.2.5") })
 	t.Logf("MEASURE podnet.vxlan deleted -> device, routes and pod-to-pod traffic back after %s", time.Since(start).Round(time.Millisecond))
-	if fdb := vxlanFDB(t, a); !slices.Equal(fdb, []string{"0e:70:0a:4d:00:02 dst 10.77.0.2"}) {
+	if fdb := vxlanFDB(t, a); !slices.Equal(fdb, []string{"0e:70:ac:1e:00:02 dst 172.30.0.2"}) {
 		t.Errorf("podnet.vxlan FDB of node-a after re-creation: %q", fdb)
 	}
 	noChurn(t, resync+resync/2, daemons[a], daemons[b])
 
 	// SIGTERM: the daemons exit, the dataplane stays.
-	running := map[*node]snapshot{}
+	running := map[*node]tcluster.Snapshot{}
 	for _, n := range nodes {
 		running[n] = n.snapshot()
 		daemons[n].stop()
 	}
 	for _, n := range nodes {
-		if d := running[n].diff(n.snapshot()); d != "" {
+		if d := running[n].Diff(n.snapshot()); d != "" {
 			t.Errorf("%s changed after SIGTERM (routes must stay):\n%s", n.name, d)
 		}
 		if _, err := n.state(); err != nil {
@@ -595,19 +598,12 @@ func TestVXLANAndCleanup(t *testing.T) {
 	// --cleanup (twice: it is idempotent) restores the recorded state.
 	for _, n := range nodes {
 		for i := range 2 {
-			p := runInNS(t, n.ns, filepath.Join(n.dir, "cleanup.log"), c.bin, "--cleanup", "--state-dir="+n.stateDir)
-			select {
-			case <-p.done:
-			case <-time.After(10 * time.Second):
-				_ = p.cmd.Process.Kill()
-				t.Fatalf("%s: podnet-routed --cleanup hangs", n.name)
-			}
-			if p.err != nil {
-				t.Fatalf("%s: podnet-routed --cleanup (run %d): %v\n%s", n.name, i+1, p.err, tail(p.logPath, 20))
+			if out, err := n.m.Cleanup(context.Background()); err != nil {
+				t.Fatalf("%s: podnet-routed --cleanup (run %d): %v\n%s", n.name, i+1, err, out)
 			}
 		}
 		after := n.snapshot()
-		if d := before[n].diff(after); d != "" {
+		if d := before[n].Diff(after); d != "" {
 			t.Errorf("%s after --cleanup differs from before podnet-routed (- before, + after):\n%s", n.name, d)
 		}
 		if _, err := os.Stat(filepath.Join(n.stateDir, nodestate.FileName)); !errors.Is(err, os.ErrNotExist) {

@@ -6,7 +6,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,13 +17,13 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
-	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/podnet/podnet/internal/nodestate"
+	"github.com/podnet/podnet/test/cluster"
 	"github.com/podnet/podnet/test/kapi"
 	"github.com/podnet/podnet/test/nettest"
 )
@@ -219,16 +218,7 @@ func bindManifestRole(t *testing.T, client kubernetes.Interface) {
 
 func createNode(t *testing.T, client kubernetes.Interface, name, ip, cidr string) {
 	t.Helper()
-	ctx := context.Background()
-	n, err := client.CoreV1().Nodes().Create(ctx, &corev1.Node{
-		ObjectMeta: metav1.ObjectMeta{Name: name},
-		Spec:       corev1.NodeSpec{PodCIDR: cidr, PodCIDRs: []string{cidr}},
-	}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	n.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: ip}}
-	if _, err := client.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{}); err != nil {
+	if err := cluster.CreateNode(context.Background(), client, name, ip, cidr); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -323,30 +313,12 @@ func (r *restricted) stop() {
 }
 
 // readyz asks podnet-routed's /readyz inside the node netns and returns
-// the HTTP status (0 when it does not answer). The connection is made on
-// a thread inside the netns.
+// the HTTP status (0 when it does not answer).
 func readyz(t *testing.T, node ns.NetNS) int {
 	t.Helper()
-	var conn net.Conn
-	_ = node.Do(func(ns.NetNS) error {
-		var err error
-		conn, err = net.DialTimeout("tcp", "127.0.0.1:19099", time.Second)
-		return err
-	})
-	if conn == nil {
-		return 0
-	}
-	defer conn.Close()
-	_ = conn.SetDeadline(time.Now().Add(2 * time.Second))
-	fmt.Fprint(conn, "GET /readyz HTTP/1.0\r\nHost: x\r\n\r\n")
-	line, err := bufio.NewReader(conn).ReadString('\n')
+	code, _, err := nettest.GetIn(node, "http://127.0.0.1:19099/readyz")
 	if err != nil {
 		return 0
-	}
-	var code int
-	fmt.Sscanf(line, "HTTP/1.0 %d", &code)
-	if code == 0 {
-		fmt.Sscanf(line, "HTTP/1.1 %d", &code)
 	}
 	return code
 }
@@ -356,44 +328,5 @@ func readyz(t *testing.T, node ns.NetNS) int {
 // listens). It returns the address inside the netns.
 func startProxy(t *testing.T, node ns.NetNS, target string) string {
 	t.Helper()
-	var ln net.Listener
-	if err := node.Do(func(ns.NetNS) error {
-		var err error
-		ln, err = net.Listen("tcp", "127.0.0.1:0")
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var conns []net.Conn
-	go func() {
-		for {
-			down, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			up, err := net.DialTimeout("tcp", target, 2*time.Second)
-			if err != nil {
-				down.Close()
-				continue
-			}
-			mu.Lock()
-			conns = append(conns, down, up)
-			mu.Unlock()
-			wg.Add(2)
-			go func() { defer wg.Done(); _, _ = io.Copy(up, down); up.Close() }()
-			go func() { defer wg.Done(); _, _ = io.Copy(down, up); down.Close() }()
-		}
-	}()
-	t.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		for _, c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
-	})
-	return ln.Addr().String()
+	return nettest.Forward(t, node, "127.0.0.1:0", target, nil).Addr()
 }

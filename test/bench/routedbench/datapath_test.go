@@ -2,10 +2,10 @@
 
 package routedbench
 
-// Data path (issue 8 §5): two node netns on one L2 underlay (a bridge in
-// its own netns, MTU 1500), podnet-routed in each (--encap=none, then
-// --encap=vxlan), one pod per node attached by the podnet plugin with
-// podnet-ipam (usePodCidr) through libcni. iperf3 (TCP, one stream) pod to
+// Data path (issue 8 §5): a two-node test/cluster per mode (--encap=none,
+// then --encap=vxlan: node netns on one L2 underlay, MTU 1500,
+// podnet-routed in each), one pod per node attached through libcni with
+// the shipped conflist (podnet + podnet-ipam, usePodCidr). iperf3 (TCP, one stream) pod to
 // pod across the nodes, and node to node over the same underlay, taking
 // turns, -reps times per mode. Then the MTU: a don't-fragment ping that
 // fills the pod MTU crosses the nodes, one byte more fails, and no netns
@@ -13,6 +13,8 @@ package routedbench
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -23,13 +25,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/plugins/pkg/ns"
-	"github.com/vishvananda/netlink"
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/podnet/podnet/internal/nodestate"
+	"github.com/podnet/podnet/test/cluster"
 	"github.com/podnet/podnet/test/kapi"
 	"github.com/podnet/podnet/test/nettest"
 )
@@ -60,86 +58,52 @@ type datapathResult struct {
 	Modes    []modeResult `json:"modes"`
 }
 
-type dpNode struct {
-	name     string
-	ip       string
-	podCIDR  string
-	node     *nettest.Node
-	stateDir string
-	rt       *nettest.Runtime
-}
-
 func TestDatapath(t *testing.T) {
 	out := benchOut(t)
 	if _, err := exec.LookPath("iperf3"); err != nil {
 		t.Fatal("iperf3 not installed (Debian package iperf3; scripts/bench.sh installs it)")
 	}
 	dur, omit, reps := envInt("PODNET_BENCH_IPERF_SECONDS", 3), 1, envInt("PODNET_BENCH_IPERF_REPS", 3)
-	bin := nettest.BinDir(t, "podnet", "podnet-ipam", "podnet-routed")
 	ver, _ := exec.Command("iperf3", "--version").Output()
 	res := datapathResult{Started: time.Now().UTC(), Duration: dur, Omit: omit, Iperf: strings.SplitN(string(ver), "\n", 2)[0]}
-
-	api := kapi.Start(t)
-	client := api.Client()
-	kubeconfig := api.Kubeconfig(kapi.AdminUser, "")
-	underlay := newUnderlay(t)
-	var nodes []*dpNode
-	for i := 1; i <= 2; i++ {
-		n := &dpNode{name: fmt.Sprintf("dp-node%d", i), ip: fmt.Sprintf("172.31.0.%d", i), podCIDR: fmt.Sprintf("10.244.%d.0/24", i), node: nettest.NewNode(t)}
-		n.stateDir = filepath.Join(t.TempDir(), "state")
-		plug(t, underlay, "br0", n.node.NS, "ul0", n.ip+"/24", i)
-		apiForward(t, n.node.NS, api.Port)
-		obj := &corev1.Node{
-			ObjectMeta: metav1.ObjectMeta{Name: n.name},
-			Spec:       corev1.NodeSpec{PodCIDR: n.podCIDR, PodCIDRs: []string{n.podCIDR}},
-			Status:     corev1.NodeStatus{Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: n.ip}}},
-		}
-		if _, err := client.CoreV1().Nodes().Create(context.Background(), obj, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-		conflist := fmt.Sprintf(`{"cniVersion":"1.0.0","name":"podnet","plugins":[{"type":"podnet","stateDir":%q,`+
-			`"ipam":{"type":"podnet-ipam","ranges":[[{"subnet":"usePodCidr"}]],"dataDir":%q}}]}`, n.stateDir, filepath.Join(t.TempDir(), "ipam"))
-		n.rt = nettest.NewRuntime(t, n.node, conflist, bin)
-		nodes = append(nodes, n)
-	}
-
 	for _, encap := range []string{"none", "vxlan"} {
 		t.Run(encap, func(t *testing.T) {
-			res.Modes = append(res.Modes, measureMode(t, encap, bin, kubeconfig, underlay, nodes, dur, omit, reps))
+			res.Modes = append(res.Modes, measureMode(t, encap, dur, omit, reps))
 		})
 	}
 	res.Seconds = time.Since(res.Started).Seconds()
 	writeJSON(t, filepath.Join(out, "datapath.json"), res)
 }
 
-func measureMode(t *testing.T, encap, bin, kubeconfig string, underlay ns.NetNS, nodes []*dpNode, dur, omit, reps int) modeResult {
+// measureMode brings up a two-node test/cluster in mode encap (a real
+// kube-apiserver, podnet-routed per node, pods attached through libcni
+// with the shipped conflist) and measures its data path; the cluster goes
+// when the subtest ends.
+func measureMode(t *testing.T, encap string, dur, omit, reps int) modeResult {
 	mr := modeResult{Encap: encap, FragDelta: map[string]string{}}
-	var daemons []*proc
-	for _, n := range nodes {
-		daemons = append(daemons, startInNS(t, n.node.NS, filepath.Join(t.TempDir(), "routed.log"), filepath.Join(bin, "podnet-routed"),
-			"--kubeconfig="+kubeconfig, "--node-name="+n.name, "--encap="+encap, "--cluster-cidr=10.244.0.0/16",
-			"--state-dir="+n.stateDir, "--health-addr=", "--metrics-addr=", "--resync-interval=1h"))
+	id := make([]byte, 3)
+	_, _ = rand.Read(id)
+	c, err := cluster.Up(context.Background(), cluster.Config{
+		Name:     "pnbench-" + hex.EncodeToString(id),
+		WorkDir:  t.TempDir(),
+		RepoRoot: nettest.RepoRoot(t),
+		BinDir:   nettest.BinDir(t, "podnet", "podnet-ipam", "podnet-routed"),
+		KapiDir:  kapi.BinDir(t),
+		Encap:    encap,
+		Nodes:    2,
+		Resync:   time.Hour,
+		Logf:     t.Logf,
+	})
+	if err != nil {
+		t.Fatalf("cluster up: %v", err)
 	}
-	// Wait for node.json of this mode on both nodes and the route to the
-	// other node's PodCIDR.
-	for i, n := range nodes {
-		poll(t, 20*time.Second, n.name+" node.json and routes", func() error {
-			if err := daemons[i].alive(); err != nil {
-				t.Fatal(err)
-			}
-			st, err := nodestate.Read(n.stateDir)
-			if err != nil {
-				return err
-			}
-			if st.Encap != encap {
-				return fmt.Errorf("node.json encap %q", st.Encap)
-			}
-			if c, err := podnetRouteCount(n.node.NS); err != nil || c < 2 {
-				return fmt.Errorf("%d podnet routes (%v)", c, err)
-			}
-			return nil
-		})
-	}
+	t.Cleanup(func() {
+		if err := c.Down(); err != nil {
+			t.Errorf("teardown: %v", err)
+		}
+	})
+	nodes := c.Nodes
+
 	// One pod per node.
 	type pod struct {
 		ns  ns.NetNS
@@ -147,38 +111,26 @@ func measureMode(t *testing.T, encap, bin, kubeconfig string, underlay ns.NetNS,
 		mtu int
 	}
 	var pods []pod
-	var podRTs []*libcni.RuntimeConf
-	for i, n := range nodes {
-		p := pod{ns: nettest.NewNetNS(t)}
-		rt := nettest.RuntimeConf(fmt.Sprintf("dp-%s-%d", encap, i), p.ns, "eth0")
-		r, err := n.rt.Add(rt)
+	for _, n := range nodes {
+		p, err := n.AddPod(context.Background(), "")
 		if err != nil {
-			t.Fatalf("ADD on %s: %v", n.name, err)
+			t.Fatal(err)
 		}
-		podRTs = append(podRTs, rt)
-		for _, ip := range r.IPs {
-			if ip.Address.IP.To4() != nil {
-				p.ip = ip.Address.IP.String()
-			}
+		mtu, err := p.MTU()
+		if err != nil {
+			t.Fatal(err)
 		}
-		do(t, p.ns, func() error {
-			l, err := netlink.LinkByName("eth0")
-			if err == nil {
-				p.mtu = l.Attrs().MTU
-			}
-			return err
-		})
-		pods = append(pods, p)
+		pods = append(pods, pod{ns: p.NS.NetNS, ip: p.IP.String(), mtu: mtu})
 	}
 	mr.PodMTU = pods[0].mtu
 	poll(t, 20*time.Second, "first pod->pod ping", func() error { return ping(pods[0].ns, pods[1].ip, "-c1", "-W1") })
 
-	netnsOnPath := map[string]ns.NetNS{"node1": nodes[0].node.NS, "node2": nodes[1].node.NS, "pod1": pods[0].ns, "pod2": pods[1].ns, "underlay": underlay}
+	netnsOnPath := map[string]ns.NetNS{"node1": nodes[0].NS.NetNS, "node2": nodes[1].NS.NetNS, "pod1": pods[0].ns, "pod2": pods[1].ns, "underlay": c.Underlay.NetNS}
 	before := map[string]map[string]int{}
 	for name, n := range netnsOnPath {
 		before[name] = fragCounters(t, n)
 	}
-	srvNode := startIperfServer(t, nodes[1].node.NS, nodes[1].ip)
+	srvNode := startIperfServer(t, nodes[1].NS.NetNS, nodes[1].IP.String())
 	srvPod := startIperfServer(t, pods[1].ns, pods[1].ip)
 	for rep := 1; rep <= reps; rep++ {
 		order := []string{"node", "pod"}
@@ -188,7 +140,7 @@ func measureMode(t *testing.T, encap, bin, kubeconfig string, underlay ns.NetNS,
 		for _, path := range order {
 			var r iperfRun
 			if path == "node" {
-				r = iperf(t, nodes[0].node.NS, nodes[1].ip, srvNode, dur, omit)
+				r = iperf(t, nodes[0].NS.NetNS, nodes[1].IP.String(), srvNode, dur, omit)
 			} else {
 				r = iperf(t, pods[0].ns, pods[1].ip, srvPod, dur, omit)
 			}
@@ -216,61 +168,21 @@ func measureMode(t *testing.T, encap, bin, kubeconfig string, underlay ns.NetNS,
 			mr.FragDelta[name] = strings.Join(moved, " ")
 		}
 	}
-	// The pods go, the daemons stop, and --cleanup leaves the nodes as
-	// they were for the next mode.
-	for i, n := range nodes {
-		if err := n.rt.Del(podRTs[i]); err != nil {
-			t.Errorf("DEL on %s: %v", n.name, err)
-		}
-	}
-	for _, d := range daemons {
-		d.stop()
-	}
-	for _, n := range nodes {
-		cleanupNode(t, bin, n)
-	}
 	return mr
-}
-
-// cleanupNode runs podnet-routed --cleanup in a node.
-func cleanupNode(t *testing.T, bin string, n *dpNode) {
-	p := startInNS(t, n.node.NS, filepath.Join(t.TempDir(), "cleanup.log"), filepath.Join(bin, "podnet-routed"), "--cleanup", "--state-dir="+n.stateDir)
-	select {
-	case <-p.done:
-	case <-time.After(20 * time.Second):
-		t.Fatalf("%s: podnet-routed --cleanup hangs", n.name)
-	}
-	if p.err != nil {
-		t.Fatalf("%s: --cleanup: %v\n%s", n.name, p.err, tail(p.log, 10))
-	}
 }
 
 func poll(t *testing.T, limit time.Duration, what string, f func() error) {
 	t.Helper()
-	deadline := time.Now().Add(limit)
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not after %v: %v", what, limit, err)
-		}
-		time.Sleep(100 * time.Millisecond)
+	if err := nettest.Poll(context.Background(), limit, 100*time.Millisecond, f); err != nil {
+		t.Fatalf("%s: not after %v: %v", what, limit, err)
 	}
 }
 
 func ping(n ns.NetNS, dst string, args ...string) error {
-	var out []byte
-	var runErr error
-	_ = n.Do(func(ns.NetNS) error {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		out, runErr = exec.CommandContext(ctx, "ping", append(args, dst)...).CombinedOutput()
-		return nil
-	})
-	if runErr != nil {
-		return fmt.Errorf("ping %s %s: %v: %s", strings.Join(args, " "), dst, runErr, strings.TrimSpace(string(out)))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if out, err := nettest.ExecIn(ctx, n, "ping", append(args, dst)...); err != nil {
+		return fmt.Errorf("ping %s %s: %v: %s", strings.Join(args, " "), dst, err, strings.TrimSpace(out))
 	}
 	return nil
 }
@@ -322,7 +234,7 @@ func fragCounters(t *testing.T, n ns.NetNS) map[string]int {
 func startIperfServer(t *testing.T, n ns.NetNS, ip string) int {
 	t.Helper()
 	port := 5201
-	startInNS(t, n, filepath.Join(t.TempDir(), "iperf3-server.log"), mustLook(t, "iperf3"), "-s", "-B", ip, "-p", strconv.Itoa(port))
+	nettest.StartProcT(t, n, filepath.Join(t.TempDir(), "iperf3-server.log"), mustLook(t, "iperf3"), "-s", "-B", ip, "-p", strconv.Itoa(port))
 	return port
 }
 

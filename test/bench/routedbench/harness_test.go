@@ -1,31 +1,23 @@
 //go:build bench
 
 // Package routedbench holds the podnet-routed and data-path benchmarks of
-// `make bench` (issue 8 §4-§5, issue 5 "Must show" 7): podnet-routed
-// against a real kube-apiserver + etcd (test/kapi), running in node netns
-// that reach the API server through an in-process TCP forwarder, the same
-// approach as test/routed. They are tests only so that they can use the
-// test harnesses; they assert almost nothing, write their raw numbers as
-// JSON into $PODNET_BENCH_OUT for bench/report, and skip when it is unset
-// (so `go test ./...` does not run them).
+// `make bench` (issue 8 §4-§5, issue 5 "Must show" 7), built only with
+// the build tag bench: podnet-routed against a real kube-apiserver + etcd
+// (test/kapi) at scale, in a node netns that reaches the API server
+// through a forwarder (test/nettest), and the data path on a two-node
+// test/cluster. They are tests only so that they can use the test
+// harnesses; they assert almost nothing, write their raw numbers as JSON
+// into $PODNET_BENCH_OUT for bench/report, and fail when it is unset.
 package routedbench
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
-	"net"
-	"net/http"
 	"os"
-	"os/exec"
-	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -90,242 +82,6 @@ func fastClient(t *testing.T, api *kapi.Server) kubernetes.Interface {
 	return c
 }
 
-func do(t *testing.T, n ns.NetNS, f func() error) {
-	t.Helper()
-	if err := n.Do(func(ns.NetNS) error { return f() }); err != nil {
-		t.Fatal(err)
-	}
-}
-
-func linkUp(name string) error {
-	l, err := netlink.LinkByName(name)
-	if err != nil {
-		return fmt.Errorf("link %s: %w", name, err)
-	}
-	return netlink.LinkSetUp(l)
-}
-
-// plug connects target to the bridge br of the underlay netns with a veth
-// whose target end is ifName with addr (CIDR), MTU 1500.
-func plug(t *testing.T, underlay ns.NetNS, br string, target ns.NetNS, ifName, addr string, seq int) {
-	t.Helper()
-	brSide, tmp := fmt.Sprintf("ul%d", seq), fmt.Sprintf("ul%dp", seq)
-	do(t, underlay, func() error {
-		b, err := netlink.LinkByName(br)
-		if err != nil {
-			return err
-		}
-		veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: brSide, MTU: 1500, MasterIndex: b.Attrs().Index}, PeerName: tmp, PeerMTU: 1500,
-			PeerNamespace: netlink.NsFd(int(target.Fd()))}
-		if err := netlink.LinkAdd(veth); err != nil {
-			return fmt.Errorf("add veth %s: %w", brSide, err)
-		}
-		return linkUp(brSide)
-	})
-	do(t, target, func() error {
-		if err := linkUp("lo"); err != nil {
-			return err
-		}
-		l, err := netlink.LinkByName(tmp)
-		if err != nil {
-			return err
-		}
-		if err := netlink.LinkSetName(l, ifName); err != nil {
-			return err
-		}
-		a, err := netlink.ParseAddr(addr)
-		if err != nil {
-			return err
-		}
-		if err := netlink.AddrAdd(l, a); err != nil {
-			return fmt.Errorf("add %s: %w", addr, err)
-		}
-		return netlink.LinkSetUp(l)
-	})
-}
-
-// newUnderlay creates a netns holding one bridge, br0, MTU 1500.
-func newUnderlay(t *testing.T) ns.NetNS {
-	t.Helper()
-	u := nettest.NewNetNS(t)
-	do(t, u, func() error {
-		if err := linkUp("lo"); err != nil {
-			return err
-		}
-		if err := netlink.LinkAdd(&netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: "br0", MTU: 1500}}); err != nil {
-			return err
-		}
-		return linkUp("br0")
-	})
-	return u
-}
-
-// apiForward listens on 127.0.0.1:port inside netns and forwards every
-// connection to the same address in the machine's netns, where the API
-// server listens: the kubeconfig kapi writes works unchanged in the node.
-func apiForward(t *testing.T, netns ns.NetNS, port int) {
-	t.Helper()
-	var l net.Listener
-	do(t, netns, func() error {
-		var err error
-		l, err = net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
-		return err
-	})
-	var mu sync.Mutex
-	conns := map[net.Conn]bool{}
-	closed := false
-	track := func(c net.Conn) bool {
-		mu.Lock()
-		defer mu.Unlock()
-		if closed {
-			return false
-		}
-		conns[c] = true
-		return true
-	}
-	go func() {
-		for {
-			in, err := l.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				// A goroutine not locked to a netns thread: dials from the
-				// machine's netns.
-				out, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", port), 5*time.Second)
-				if err != nil {
-					in.Close()
-					return
-				}
-				if !track(in) || !track(out) {
-					in.Close()
-					out.Close()
-					return
-				}
-				done := make(chan struct{}, 2)
-				go func() { _, _ = io.Copy(out, in); done <- struct{}{} }()
-				go func() { _, _ = io.Copy(in, out); done <- struct{}{} }()
-				<-done
-				in.Close()
-				out.Close()
-			}()
-		}
-	}()
-	t.Cleanup(func() {
-		l.Close()
-		mu.Lock()
-		closed = true
-		for c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-	})
-}
-
-// proc is a process started inside a netns.
-type proc struct {
-	cmd  *exec.Cmd
-	log  string
-	done chan struct{}
-	err  error
-}
-
-// startInNS starts bin inside netns. The fork happens on a thread locked
-// into the netns that stays locked (and alive) until the child is reaped,
-// so that Pdeathsig fires only if the test binary dies.
-func startInNS(t *testing.T, netns ns.NetNS, logPath, bin string, args ...string) *proc {
-	t.Helper()
-	logf, err := os.Create(logPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(bin, args...)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	p := &proc{cmd: cmd, log: logPath, done: make(chan struct{})}
-	started := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread dies with the goroutine
-		if err := netns.Set(); err != nil {
-			started <- err
-			return
-		}
-		if err := cmd.Start(); err != nil {
-			started <- err
-			return
-		}
-		started <- nil
-		p.err = cmd.Wait()
-		logf.Close()
-		close(p.done)
-	}()
-	if err := <-started; err != nil {
-		logf.Close()
-		t.Fatalf("start %s: %v", bin, err)
-	}
-	t.Cleanup(func() { p.stop() })
-	return p
-}
-
-// stop sends SIGTERM, and SIGKILL after 10 s.
-func (p *proc) stop() {
-	select {
-	case <-p.done:
-		return
-	default:
-	}
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.done:
-	case <-time.After(10 * time.Second):
-		_ = p.cmd.Process.Kill()
-		<-p.done
-	}
-}
-
-func (p *proc) alive() error {
-	select {
-	case <-p.done:
-		return fmt.Errorf("%s exited: %v\n%s", filepath.Base(p.cmd.Path), p.err, tail(p.log, 20))
-	default:
-		return nil
-	}
-}
-
-func tail(path string, n int) string {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return err.Error()
-	}
-	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
-}
-
-// logTime returns the time of the first JSON log record of p whose msg is
-// msg (slog's own timestamp, same clock as the benchmark's).
-func (p *proc) logTime(msg string) (time.Time, bool) {
-	f, err := os.Open(p.log)
-	if err != nil {
-		return time.Time{}, false
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		var rec struct {
-			Time time.Time `json:"time"`
-			Msg  string    `json:"msg"`
-		}
-		if json.Unmarshal(sc.Bytes(), &rec) == nil && rec.Msg == msg {
-			return rec.Time, true
-		}
-	}
-	return time.Time{}, false
-}
-
 // memKiB returns VmRSS and VmHWM of pid in KiB.
 func memKiB(pid int) (rss, hwm int) {
 	st := procStatus(pid)
@@ -350,40 +106,30 @@ func procStatus(pid int) map[string]int {
 	return out
 }
 
+// do runs f inside netns and fails the test on error.
+func do(t *testing.T, n ns.NetNS, f func() error) { t.Helper(); nettest.Do(t, n, f) }
+
 // httpGet fetches http://addr+path from inside netns.
 func httpGet(netns ns.NetNS, addr, path string) (string, error) {
-	tr := &http.Transport{
-		DisableKeepAlives: true,
-		DialContext: func(ctx context.Context, network, a string) (net.Conn, error) {
-			var c net.Conn
-			err := netns.Do(func(ns.NetNS) error {
-				var err error
-				c, err = (&net.Dialer{Timeout: 2 * time.Second}).DialContext(ctx, network, a)
-				return err
-			})
-			return c, err
-		},
-	}
-	defer tr.CloseIdleConnections()
-	resp, err := (&http.Client{Transport: tr, Timeout: 5 * time.Second}).Get("http://" + addr + path)
-	if err != nil {
-		return "", err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	return string(b), err
+	_, body, err := nettest.GetIn(netns, "http://"+addr+path)
+	return body, err
 }
 
 // metric returns the value of an unlabelled series in a /metrics body.
 func metric(body, name string) (float64, bool) {
-	for _, line := range strings.Split(body, "\n") {
-		f := strings.Fields(line)
-		if len(f) == 2 && f[0] == name {
-			v, err := strconv.ParseFloat(f[1], 64)
-			return v, err == nil
-		}
+	m, err := nettest.ParseMetrics(body)
+	v, ok := m[name]
+	return v, err == nil && ok
+}
+
+// freePort returns a free TCP port on the loopback of netns.
+func freePort(t *testing.T, netns ns.NetNS) int {
+	t.Helper()
+	port, err := nettest.FreePort(netns)
+	if err != nil {
+		t.Fatal(err)
 	}
-	return 0, false
+	return port
 }
 
 // ---- route watching ----
@@ -448,21 +194,6 @@ func podnetRouteCount(netns ns.NetNS) (int, error) {
 		return err
 	})
 	return n, err
-}
-
-// freePort returns a free TCP port on the loopback of netns.
-func freePort(t *testing.T, netns ns.NetNS) int {
-	t.Helper()
-	var port int
-	do(t, netns, func() error {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return err
-		}
-		port = l.Addr().(*net.TCPAddr).Port
-		return l.Close()
-	})
-	return port
 }
 
 // ---- VXLAN FDB watching ----

@@ -50,6 +50,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 
+	"github.com/podnet/podnet/test/cluster"
 	"github.com/podnet/podnet/test/kapi"
 	"github.com/podnet/podnet/test/nettest"
 )
@@ -240,9 +241,16 @@ func measureScale(t *testing.T, api *kapi.Server, bin, kubeconfig string, client
 	// The node: ul0 = selfIP/16 on a veth whose peer is a port of an
 	// underlay bridge, so ul0 has carrier and the /16 is on-link.
 	node := nettest.NewNode(t).NS
-	underlay := newUnderlay(t)
-	plug(t, underlay, "br0", node, "ul0", fmt.Sprintf("%s/%d", selfIP, underlayBits), 1)
-	apiForward(t, node, api.Port)
+	underlay := nettest.NewNetNS(t)
+	if err := cluster.AddBridge(underlay, "br0", 1500); err != nil {
+		t.Fatal(err)
+	}
+	self := netip.MustParsePrefix(fmt.Sprintf("%s/%d", selfIP, underlayBits))
+	if err := cluster.Plug(underlay, node, cluster.Port{Bridge: "br0", BrSide: "ul1", IfName: "ul0", Addr: self}); err != nil {
+		t.Fatal(err)
+	}
+	apiAddr := fmt.Sprintf("127.0.0.1:%d", api.Port)
+	nettest.Forward(t, node, apiAddr, apiAddr, nil)
 	w := watchRoutes(t, node)
 	var fdbs chan fdbEvent
 	if sr.Mode == "vxlan" {
@@ -254,7 +262,7 @@ func measureScale(t *testing.T, api *kapi.Server, bin, kubeconfig string, client
 	logPath := filepath.Join(t.TempDir(), "podnet-routed.log")
 
 	started := time.Now()
-	d := startInNS(t, node, logPath, bin,
+	d := nettest.StartProcT(t, node, logPath, bin,
 		"--kubeconfig="+kubeconfig, "--node-name="+nodeName(0), "--encap="+sr.Mode,
 		"--cluster-cidr="+benchClusterCIDR, "--state-dir="+stateDir, "--resync-interval=1h",
 		"--health-addr="+addr, "--metrics-addr="+addr, "--log-level=info")
@@ -282,7 +290,7 @@ func measureScale(t *testing.T, api *kapi.Server, bin, kubeconfig string, client
 			}
 			sr.Polled = true
 		case <-poll.C:
-			if err := d.alive(); err != nil {
+			if err := d.Alive(); err != nil {
 				t.Fatal(err)
 			}
 			if sr.Polled {
@@ -292,7 +300,7 @@ func measureScale(t *testing.T, api *kapi.Server, bin, kubeconfig string, client
 			}
 		case <-deadline:
 			c, _ := podnetRouteCount(node)
-			t.Fatalf("%d routes after 5 min, want %d\n%s", c, sr.Routes, tail(logPath, 20))
+			t.Fatalf("%d routes after 5 min, want %d\n%s", c, sr.Routes, nettest.Tail(logPath, 20))
 		}
 	}
 	if c, err := podnetRouteCount(node); err != nil || c != sr.Routes {
@@ -306,27 +314,27 @@ func measureScale(t *testing.T, api *kapi.Server, bin, kubeconfig string, client
 			break
 		}
 		if time.Since(allAt) > 5*time.Minute {
-			t.Fatalf("%d FDB entries (err %v), want %d\n%s", c, err, sr.FDBs, tail(logPath, 20))
+			t.Fatalf("%d FDB entries (err %v), want %d\n%s", c, err, sr.FDBs, nettest.Tail(logPath, 20))
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	sr.CPUSyncS = cpuSeconds(d.cmd.Process.Pid)
-	syncAt, ok := d.logTime("node informer synced")
+	sr.CPUSyncS = cpuSeconds(d.Cmd.Process.Pid)
+	syncAt, ok := d.LogTime("node informer synced")
 	if !ok {
-		t.Fatalf("no \"node informer synced\" record\n%s", tail(logPath, 20))
+		t.Fatalf("no \"node informer synced\" record\n%s", nettest.Tail(logPath, 20))
 	}
 	sr.StartToSyncS = syncAt.Sub(started).Seconds()
 	sr.SyncToRoutesS = allAt.Sub(syncAt).Seconds()
 	sr.StartToRoutesS = allAt.Sub(started).Seconds()
 	// "routes applied" is logged once the initial apply returns.
 	for i := 0; i < 100; i++ {
-		if at, ok := d.logTime("routes applied"); ok {
+		if at, ok := d.LogTime("routes applied"); ok {
 			sr.SyncToAppliedS = at.Sub(syncAt).Seconds()
 			break
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	sr.RSSAfterSyncKiB, _ = memKiB(d.cmd.Process.Pid)
+	sr.RSSAfterSyncKiB, _ = memKiB(d.Cmd.Process.Pid)
 	t.Logf("%d Nodes %s: start->synced %.3fs, synced->%d routes in the kernel %.3fs (daemon's \"routes applied\" %.3fs), RSS %d KiB, CPU %.2fs",
 		sr.Nodes, sr.Mode, sr.StartToSyncS, sr.Routes, sr.SyncToRoutesS, sr.SyncToAppliedS, sr.RSSAfterSyncKiB, sr.CPUSyncS)
 
@@ -462,10 +470,10 @@ drainAll:
 		sr.NoopFDBMsgs++
 	}
 
-	sr.RSSKiB, sr.HWMKiB = memKiB(d.cmd.Process.Pid)
-	st := procStatus(d.cmd.Process.Pid)
+	sr.RSSKiB, sr.HWMKiB = memKiB(d.Cmd.Process.Pid)
+	st := procStatus(d.Cmd.Process.Pid)
 	sr.RSSAnonKiB, sr.RSSFileKiB = st["RssAnon:"], st["RssFile:"]
-	sr.CPUS = cpuSeconds(d.cmd.Process.Pid)
+	sr.CPUS = cpuSeconds(d.Cmd.Process.Pid)
 	if body, err := httpGet(node, addr, "/metrics"); err == nil {
 		sr.MetricRoutes, _ = metric(body, "podnet_routes_programmed")
 	}
@@ -484,12 +492,12 @@ drainAll:
 		}
 	}
 	sr.APIWatchesOpen = watching - watchingBefore
-	if err := d.alive(); err != nil {
+	if err := d.Alive(); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("%d Nodes %s: %d updates under %d other changes, median %.1f ms, %d timeouts; RSS %d KiB (peak %d KiB), CPU %.2fs; podnet_routes_programmed %v; no-op full apply: %d applies, %d route messages; API requests on nodes %v, %d watches open",
 		sr.Nodes, sr.Mode, len(sr.UpdateMs), sr.Churned, median(sr.UpdateMs), sr.UpdateTimeouts, sr.RSSKiB, sr.HWMKiB, sr.CPUS, sr.MetricRoutes, sr.NoopApplies, sr.NoopRouteMsgs, sr.APIRequests, sr.APIWatchesOpen)
-	d.stop()
+	_ = d.Stop(10 * time.Second)
 	if keep := os.Getenv("PODNET_BENCH_KEEP_LOGS"); keep != "" { // a directory
 		if b, err := os.ReadFile(logPath); err == nil {
 			_ = os.WriteFile(filepath.Join(keep, fmt.Sprintf("podnet-routed-%d-%s.log", sr.Nodes, sr.Mode)), b, 0o644)

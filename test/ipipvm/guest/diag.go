@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -8,6 +9,8 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/containernetworking/plugins/pkg/ns"
+
+	"github.com/podnet/podnet/test/nettest"
 )
 
 // diagnose prints what a failure needs to be understood from the console
@@ -21,7 +24,9 @@ func (g *guest) diagnose() {
 		if n == nil {
 			out, err = exec.Command(args[0], args[1:]...).CombinedOutput()
 		} else {
-			out, err = runIn(n, exec.Command(args[0], args[1:]...))
+			var o string
+			o, err = nettest.ExecIn(context.Background(), n, args[0], args[1:]...)
+			out = []byte(o)
 		}
 		fmt.Printf("--- diag %s: %s", title, strings.Join(args, " "))
 		if err != nil {

@@ -10,6 +10,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -24,6 +25,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 
 	"github.com/podnet/podnet/test/ipipvm/vmconf"
+	"github.com/podnet/podnet/test/nettest"
 )
 
 // Underlay and pod-side constants.
@@ -47,7 +49,7 @@ type node struct {
 	mac      net.HardwareAddr // of its QEMU NIC
 	stateDir string
 
-	routed   *routedProc
+	routed   *nettest.Proc
 	podIP    netip.Addr // once the pod exists
 	hostVeth string
 }
@@ -155,17 +157,10 @@ func (g *guest) load() error {
 
 // waitFor polls check every 200 ms until it returns nil or limit passes.
 func waitFor(limit time.Duration, check func() error) error {
-	end := time.Now().Add(limit)
-	for {
-		err := check()
-		if err == nil {
-			return nil
-		}
-		if time.Now().After(end) {
-			return fmt.Errorf("after %s: %w", limit, err)
-		}
-		time.Sleep(200 * time.Millisecond)
+	if err := nettest.Poll(context.Background(), limit, 200*time.Millisecond, check); err != nil {
+		return fmt.Errorf("after %s: %w", limit, err)
 	}
+	return nil
 }
 
 func (g *guest) byName(name string) *node {

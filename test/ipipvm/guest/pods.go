@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -22,6 +23,7 @@ import (
 	"github.com/podnet/podnet/internal/contract"
 	"github.com/podnet/podnet/plugins/veth"
 	"github.com/podnet/podnet/test/ipipvm/vmconf"
+	"github.com/podnet/podnet/test/nettest"
 )
 
 // netConf is the podnet network config for n, as a runtime would pass it:
@@ -139,12 +141,13 @@ func (g *guest) addPods() error {
 // ping sends count echo requests from src's pod to dst's pod and waits
 // up to wait seconds for the last reply.
 func (g *guest) ping(src, dst *node, count, wait int) error {
-	cmd := exec.Command("ping", "-c", strconv.Itoa(count), "-A", "-W", strconv.Itoa(wait), dst.podIP.String())
-	out, err := runIn(src.podNS, cmd)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(count+wait+10)*time.Second)
+	defer cancel()
+	out, err := nettest.ExecIn(ctx, src.podNS, "ping", "-c", strconv.Itoa(count), "-A", "-W", strconv.Itoa(wait), dst.podIP.String())
 	if err != nil {
-		return fmt.Errorf("ping %s (%s) -> %s (%s): %v: %s", src.podName, src.podIP, dst.podName, dst.podIP, err, strings.TrimSpace(string(out)))
+		return fmt.Errorf("ping %s (%s) -> %s (%s): %v: %s", src.podName, src.podIP, dst.podName, dst.podIP, err, strings.TrimSpace(out))
 	}
-	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	lines := strings.Split(strings.TrimSpace(out), "\n")
 	g.logf("ping %s -> %s: %s", src.podName, dst.podName, lines[len(lines)-1])
 	return nil
 }

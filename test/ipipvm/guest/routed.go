@@ -2,16 +2,12 @@ package main
 
 import (
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
@@ -22,24 +18,8 @@ import (
 	"github.com/podnet/podnet/internal/contract"
 	"github.com/podnet/podnet/internal/nodestate"
 	"github.com/podnet/podnet/test/ipipvm/vmconf"
+	"github.com/podnet/podnet/test/nettest"
 )
-
-// routedProc is one podnet-routed process running in a node netns.
-type routedProc struct {
-	cmd  *exec.Cmd
-	log  string
-	done chan struct{}
-	err  error // valid once done is closed
-}
-
-func (r *routedProc) exited() bool {
-	select {
-	case <-r.done:
-		return true
-	default:
-		return false
-	}
-}
 
 // startRouted starts podnet-routed --encap=ipip in every node netns, as a
 // DaemonSet pod with hostNetwork would run on each node.
@@ -49,10 +29,6 @@ func (g *guest) startRouted() error {
 	}
 	for _, n := range g.nodes {
 		logPath := filepath.Join("/run/ipipvm", "routed-"+n.Name+".log")
-		f, err := os.Create(logPath)
-		if err != nil {
-			return err
-		}
 		args := []string{
 			"--kubeconfig=" + vmconf.KubeconfigPath,
 			"--node-name=" + n.Name,
@@ -64,16 +40,12 @@ func (g *guest) startRouted() error {
 			"--resync-interval=3s", // several full resyncs (repair + prune) during the run
 			"--log-level=debug",
 		}
-		cmd := exec.Command(filepath.Join(vmconf.BinDir, "podnet-routed"), args...)
-		cmd.Stdout, cmd.Stderr = f, f
-		if err := startIn(n.netns, cmd); err != nil {
-			f.Close()
-			return fmt.Errorf("%s: start podnet-routed: %w", n.Name, err)
+		r, err := nettest.StartProc(n.netns, false, logPath, filepath.Join(vmconf.BinDir, "podnet-routed"), args...)
+		if err != nil {
+			return fmt.Errorf("%s: %w", n.Name, err)
 		}
-		r := &routedProc{cmd: cmd, log: logPath, done: make(chan struct{})}
-		go func() { r.err = cmd.Wait(); f.Close(); close(r.done) }()
 		n.routed = r
-		g.logf("%s: podnet-routed pid %d: %s", n.Name, cmd.Process.Pid, strings.Join(args, " "))
+		g.logf("%s: podnet-routed pid %d: %s", n.Name, r.Cmd.Process.Pid, strings.Join(args, " "))
 		if n == g.nodes[0] {
 			// The first podnet-routed creates tunl0, which makes the kernel
 			// load ipip through /sbin/modprobe. The others start once that
@@ -82,8 +54,8 @@ func (g *guest) startRouted() error {
 			// EOPNOTSUPP (ErrNoIPIP), apparently because busybox modprobe
 			// treats a module that is still loading as loaded.
 			if err := waitFor(20*time.Second, func() error {
-				if r.exited() {
-					return fmt.Errorf("podnet-routed exited: %v", r.err)
+				if r.Exited() {
+					return fmt.Errorf("podnet-routed exited: %v", r.Err())
 				}
 				return moduleLive("ipip")
 			}); err != nil {
@@ -113,7 +85,7 @@ func moduleLive(name string) error {
 	return fmt.Errorf("module %s not loaded", name)
 }
 
-// wantRoutes is n's routes with podnet's protocol, in formatRoute's form:
+// wantRoutes is n's routes with podnet's protocol, in nettest.FormatRoute's form:
 // from podnet-routed, each other node's PodCIDR via its InternalIP over
 // tunl0 (onlink: the next hop is not on tunl0's subnet) and a blackhole for
 // n's own; from the plugin, once the pod exists, its host route.
@@ -145,8 +117,12 @@ func podnetRoutes(n *node) ([]string, error) {
 		if err != nil {
 			return err
 		}
+		names, err := nettest.LinkIndexNames()
+		if err != nil {
+			return err
+		}
 		for _, r := range routes {
-			out = append(out, formatRoute(r))
+			out = append(out, nettest.FormatRoute(r, names, false))
 		}
 		return nil
 	})
@@ -154,35 +130,12 @@ func podnetRoutes(n *node) ([]string, error) {
 	return out, err
 }
 
-func formatRoute(r netlink.Route) string {
-	dst := "default"
-	if r.Dst != nil {
-		dst = r.Dst.String()
-	}
-	if r.Type == unix.RTN_BLACKHOLE {
-		return fmt.Sprintf("blackhole %s proto %d", dst, r.Protocol)
-	}
-	dev := fmt.Sprintf("if%d", r.LinkIndex)
-	if l, err := netlink.LinkByIndex(r.LinkIndex); err == nil {
-		dev = l.Attrs().Name
-	}
-	s := dst
-	if r.Gw != nil {
-		s += " via " + r.Gw.String()
-	}
-	s += fmt.Sprintf(" dev %s proto %d", dev, r.Protocol)
-	if r.Flags&int(netlink.FLAG_ONLINK) != 0 {
-		s += " onlink"
-	}
-	return s
-}
-
 // waitRoutes waits until n's podnet routes are exactly want.
 func (g *guest) waitRoutes(n *node, want []string, limit time.Duration) error {
 	var have []string
 	err := waitFor(limit, func() error {
-		if n.routed.exited() {
-			return fmt.Errorf("podnet-routed exited: %v", n.routed.err)
+		if n.routed.Exited() {
+			return fmt.Errorf("podnet-routed exited: %v", n.routed.Err())
 		}
 		var err error
 		if have, err = podnetRoutes(n); err != nil {
@@ -250,7 +203,7 @@ func (g *guest) waitAllRoutes() error {
 }
 
 func (g *guest) routedReady(n *node) error {
-	c := &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{DialContext: dialIn(n.netns)}}
+	c := nettest.HTTPClient(n.netns, 3*time.Second)
 	return waitFor(10*time.Second, func() error {
 		resp, err := c.Get("http://" + routedHealth + "/readyz")
 		if err != nil {
@@ -300,26 +253,14 @@ func (g *guest) repair() error {
 
 // routedMetrics scrapes n's podnet-routed /metrics (unlabelled samples).
 func (g *guest) routedMetrics(n *node) (map[string]float64, error) {
-	c := &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{DialContext: dialIn(n.netns)}}
-	resp, err := c.Get("http://" + routedHealth + "/metrics")
+	code, body, err := nettest.GetIn(n.netns, "http://"+routedHealth+"/metrics")
 	if err != nil {
 		return nil, err
 	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return nil, err
+	if code != http.StatusOK {
+		return nil, fmt.Errorf("/metrics: HTTP %d", code)
 	}
-	out := map[string]float64{}
-	for _, line := range strings.Split(string(body), "\n") {
-		f := strings.Fields(line)
-		if len(f) == 2 && !strings.HasPrefix(f[0], "#") && !strings.Contains(f[0], "{") {
-			if v, err := strconv.ParseFloat(f[1], 64); err == nil {
-				out[f[0]] = v
-			}
-		}
-	}
-	return out, nil
+	return nettest.ParseMetrics(body)
 }
 
 // deleteNode deletes a Node through the API server: the other nodes'
@@ -364,17 +305,10 @@ func (g *guest) deleteNode() error {
 // stopRouted stops every podnet-routed still running with SIGTERM.
 func (g *guest) stopRouted() {
 	for _, n := range g.nodes {
-		if n.routed == nil || n.routed.exited() {
+		if n.routed == nil || n.routed.Exited() {
 			continue
 		}
-		_ = n.routed.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-n.routed.done:
-			g.logf("%s: podnet-routed stopped: %v", n.Name, errOrOK(n.routed.err))
-		case <-time.After(5 * time.Second):
-			_ = n.routed.cmd.Process.Kill()
-			g.logf("%s: podnet-routed killed after 5 s", n.Name)
-		}
+		g.logf("%s: podnet-routed stopped: %v", n.Name, errOrOK(n.routed.Stop(5*time.Second)))
 	}
 }
 
@@ -389,13 +323,5 @@ func routedLogTail(n *node) string {
 	if n.routed == nil {
 		return "(not started)"
 	}
-	data, err := os.ReadFile(n.routed.log)
-	if err != nil {
-		return err.Error()
-	}
-	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
-	if len(lines) > routedLogLines {
-		lines = lines[len(lines)-routedLogLines:]
-	}
-	return strings.Join(lines, "\n")
+	return nettest.Tail(n.routed.Log, routedLogLines)
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/podnet/podnet/test/ipipvm/vmconf"
+	"github.com/podnet/podnet/test/nettest"
 )
 
 const bridgeName = "underlay"
@@ -40,12 +41,16 @@ func (g *guest) setupNodes() error {
 	}
 	for _, n := range g.nodes {
 		var err error
-		if n.netns, err = newNamedNetNS(n.Name); err != nil {
+		nodeNS, err := nettest.NewNamedNetNS(n.Name)
+		if err != nil {
 			return err
 		}
-		if n.podNS, err = newNamedNetNS(n.podName); err != nil {
+		n.netns = nodeNS.NetNS
+		podNS, err := nettest.NewNamedNetNS(n.podName)
+		if err != nil {
 			return err
 		}
+		n.podNS = podNS.NetNS
 		if err := g.moveMgmtNIC(n); err != nil {
 			return err
 		}
@@ -146,7 +151,7 @@ func (g *guest) apiClient(from ns.NetNS) (*http.Client, error) {
 	return &http.Client{
 		Timeout: 5 * time.Second,
 		Transport: &http.Transport{
-			DialContext:     dialIn(from),
+			DialContext:     nettest.DialIn(from),
 			TLSClientConfig: &tls.Config{RootCAs: pool},
 		},
 	}, nil
