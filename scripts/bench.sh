@@ -34,6 +34,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 started=$(date +%s)
+# the code measured: the tree as it is before this run writes its results
+rev=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+if [ -n "$(git status --porcelain 2>/dev/null)" ]; then rev="$rev (with uncommitted changes)"; fi
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 if [ "${BENCH_QUICK:-0}" = 1 ]; then
 	# Written elsewhere, so that a smoke run never overwrites the report.
@@ -115,8 +118,6 @@ jstr() { # a JSON string
 }
 cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)
 mem=$(awk '/^MemTotal/ {printf "%.1f", $2/1048576}' /proc/meminfo)
-rev=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
-if [ -n "$(git status --porcelain 2>/dev/null)" ]; then rev="$rev (with uncommitted changes)"; fi
 plugins=$(go version -m "$tools/ptp" | awk '$1 == "mod" && $2 == "github.com/containernetworking/plugins" {print $3}')
 stages_out=$(
 	IFS=,

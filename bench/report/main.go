@@ -134,7 +134,7 @@ func (r *report) header(m *metaData, err error, in string) {
 	r.f("# podnet benchmark report\n\n")
 	r.f("podnet against the reference plugins (containernetworking/plugins %s) on one machine, in one invocation. ", orDash(m.CNIPlugins))
 	r.f("The machine is shared and noisy, so the configurations take turns (the order rotates every repetition) and the report gives medians and A/B ratios; a lone absolute time means little here. ")
-	r.f("Issue 8 has the workloads and targets; issue 5 (\"Must show\" 7) has the podnet-routed part.\n\n")
+	r.f("Issue 8 has the plugin workloads and targets, issue 14 the podnet-routed ones.\n\n")
 	if err != nil {
 		r.f("(meta.json missing: %v)\n\n", err)
 		return
@@ -177,7 +177,7 @@ func orDash(s string) string {
 
 func (r *report) targetSection(ts []target) {
 	r.f("## Targets\n\n")
-	r.f("Goals from issue 8, not assertions. Ratios are podnet ÷ reference, the median over the repetitions (each repetition's runs were back to back).\n\n")
+	r.f("Goals from issues 8 and 14, not assertions. Ratios are podnet ÷ reference, the median over the repetitions (each repetition's runs were back to back).\n\n")
 	r.f("| target | measured | | gap |\n|---|---|---|---|\n")
 	nMet := 0
 	for _, t := range ts {
