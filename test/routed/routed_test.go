@@ -651,3 +651,86 @@ func vxlanFDB(t *testing.T, n *node) []string {
 	slices.Sort(out)
 	return out
 }
+
+// TestNodeEventWritesOnlyItsRoutes: with 40 Nodes programmed, one Node's
+// InternalIP change is one route message in the kernel (its route
+// replaced), and one Node's deletion is one (its route deleted): a Node
+// event does not rewrite the other Nodes' routes, and the periodic
+// resyncs (every 2 s here) that fall in the window write nothing. That it
+// does not re-read them either (no dump) is pinned with a counting fake
+// kernel in routed/dataplane.
+func TestNodeEventWritesOnlyItsRoutes(t *testing.T) {
+	c := newCluster(t)
+	c.grantRBAC()
+	a := c.addNode("node-a", "172.30.0.1")
+	c.createNode("node-a", a.ip, "10.244.1.0/24")
+	want := []string{bhA}
+	for i := 2; i <= 40; i++ {
+		ip := fmt.Sprintf("172.30.0.%d", 100+i)
+		c.createNode(fmt.Sprintf("node-%02d", i), ip, fmt.Sprintf("10.244.%d.0/24", i))
+		want = append(want, fmt.Sprintf("10.244.%d.0/24 via %s dev eth0 proto 77", i, ip))
+	}
+	d := a.startDaemon()
+	a.expectRoutes(syncT, d, want...)
+	d.waitReady(changeT)
+
+	// every main-table route message in node-a's netns from now on
+	type msg struct {
+		del bool
+		dst string
+		gw  string
+	}
+	msgs := make(chan msg, 1024)
+	updates := make(chan netlink.RouteUpdate, 1024)
+	done := make(chan struct{})
+	defer close(done)
+	c.do(a.ns, func() error { return netlink.RouteSubscribe(updates, done) })
+	go func() {
+		for u := range updates {
+			if u.Table != unix.RT_TABLE_MAIN || u.Dst == nil || u.Protocol != contract.RouteProtocol {
+				continue
+			}
+			m := msg{del: u.Type == unix.RTM_DELROUTE, dst: u.Dst.String()}
+			if u.Gw != nil {
+				m.gw = u.Gw.String()
+			}
+			msgs <- m
+		}
+	}()
+	collect := func(what string, first msg) {
+		t.Helper()
+		var got []msg
+		deadline := time.After(changeT)
+		for len(got) == 0 || got[len(got)-1] != first {
+			select {
+			case m := <-msgs:
+				got = append(got, m)
+			case <-deadline:
+				t.Fatalf("%s: route message %+v not seen in %s (saw %+v)", what, first, changeT, got)
+			}
+		}
+		// anything else the event caused comes right after
+		quiet := time.After(time.Second)
+	drain:
+		for {
+			select {
+			case m := <-msgs:
+				got = append(got, m)
+			case <-quiet:
+				break drain
+			}
+		}
+		if len(got) != 1 {
+			t.Errorf("%s: %d route messages %+v, want only %+v", what, len(got), got, first)
+		}
+	}
+
+	c.setNodeIP("node-17", "172.30.0.217")
+	collect("node-17 moved", msg{dst: "10.244.17.0/24", gw: "172.30.0.217"})
+	c.deleteNode("node-23")
+	collect("node-23 deleted", msg{del: true, dst: "10.244.23.0/24", gw: "172.30.0.123"})
+
+	want[16] = "10.244.17.0/24 via 172.30.0.217 dev eth0 proto 77"
+	want = slices.Delete(want, 22, 23)
+	a.expectRoutes(0, d, want...)
+}
