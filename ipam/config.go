@@ -94,7 +94,9 @@ func NodeStatePodCIDRs(dir string) PodCIDRSource {
 	return func() ([]netip.Prefix, error) {
 		st, err := nodestate.Read(dir)
 		if err != nil {
-			if errors.Is(err, nodestate.ErrNotReady) || errors.Is(err, nodestate.ErrNodeUnusable) {
+			// not ErrNodeUnusable: DEL takes ErrPodCIDRUnknown for "nothing
+			// was ever allocated", and this node's PodCIDR was known
+			if errors.Is(err, nodestate.ErrNotReady) {
 				return nil, fmt.Errorf("%w: %v", ErrPodCIDRUnknown, err)
 			}
 			return nil, err

@@ -6,6 +6,7 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/podnet/podnet/internal/contract"
 	"github.com/podnet/podnet/routed/desired"
@@ -46,8 +47,11 @@ func LocalNetwork(cache *RouteCache, dump bool) (desired.Local, error) {
 			return err
 		}
 		cache.table = t
-		for dst := range t.foreign {
+		for dst, proto := range t.foreign {
 			local.Routes = append(local.Routes, dst)
+			if proto == unix.RTPROT_KERNEL {
+				local.Connected = append(local.Connected, dst)
+			}
 		}
 		return nil
 	})

@@ -102,10 +102,23 @@ func (t *prefixTrie) overlap(p netip.Prefix) (netip.Prefix, string, bool) {
 		}
 		n = n.child[bit(p.Addr(), i)]
 	}
+	if n == nil {
+		return netip.Prefix{}, "", false
+	}
+	return t.within(p) // some prefix inside p
+}
+
+// within returns a prefix of the set that lies inside p (or equals it).
+func (t *prefixTrie) within(p netip.Prefix) (netip.Prefix, string, bool) {
+	p = p.Masked()
+	n := t.root(p, false)
+	for i := 0; n != nil && i < p.Bits(); i++ {
+		n = n.child[bit(p.Addr(), i)]
+	}
 	if n == nil || n.below == 0 {
 		return netip.Prefix{}, "", false
 	}
-	for n.count == 0 { // some prefix inside p: walk down to one
+	for n.count == 0 {
 		if c := n.child[0]; c != nil && c.below > 0 {
 			n = c
 		} else {

@@ -62,8 +62,12 @@ type Refusal struct {
 // Nodes with: its own addresses and the routes that are not podnet's.
 // It changes with the node's network (read again on every full apply).
 type Local struct {
-	Addrs  []netip.Addr
-	Routes []netip.Prefix // destinations of the main table's routes of other protocols
+	Addrs []netip.Addr
+	// Routes are the destinations of the main table's routes of other
+	// protocols; Connected those of them the kernel made for an address
+	// (the node's own subnets).
+	Routes    []netip.Prefix
+	Connected []netip.Prefix
 }
 
 // reserved are the ranges no PodCIDR may overlap and no node address may
@@ -403,15 +407,30 @@ func conflicts(n Node, taken *prefixTrie, ips map[netip.Addr]string) (conflictRe
 }
 
 // localChecks are the checks only this node can make: against its own
-// addresses, routes, PodCIDRs and the API server it talks to.
+// addresses, routes, PodCIDRs and the API server it talks to. A PodCIDR
+// route must not take traffic the node sends elsewhere today:
+//   - it may not hold one of the node's addresses;
+//   - it may not equal a route of another protocol (the exclusive create
+//     would fail anyway);
+//   - it may not overlap a connected subnet either way (inside one, it
+//     would cut off part of the node's own L2 neighbours; around one, it
+//     takes the underlay's space).
+//
+// A more specific route of another protocol inside it (an operator's
+// blackhole for one pod address: every PodCIDR lies inside the cluster
+// CIDRs, so such a route is the pod network's) and one around it through
+// a gateway (10.0.0.0/8 via a VPN, the default route) are left alone.
 type localChecks struct {
-	cfg     Config
-	network *prefixTrie // this node's addresses and foreign routes
-	addrs   map[netip.Addr]bool
+	cfg       Config
+	addrs     map[netip.Addr]bool
+	nodeAddrs *prefixTrie // this node's addresses
+	exact     map[netip.Prefix]bool
+	connected *prefixTrie
 }
 
 func newLocalChecks(cfg Config, local Local, self *Node) localChecks {
-	lc := localChecks{cfg: cfg, network: &prefixTrie{}, addrs: map[netip.Addr]bool{}}
+	lc := localChecks{cfg: cfg, addrs: map[netip.Addr]bool{}, nodeAddrs: &prefixTrie{}, exact: map[netip.Prefix]bool{},
+		connected: &prefixTrie{}}
 	var own []netip.Prefix
 	if self != nil {
 		own = self.PodCIDRs
@@ -419,19 +438,41 @@ func newLocalChecks(cfg Config, local Local, self *Node) localChecks {
 	// the pod network's own addresses and routes (a bridge's gateway and
 	// connected route, the VTEP) are not the node's network
 	ours := func(p netip.Prefix) bool { return insideAny(p, own) }
+	usable := func(p netip.Prefix) bool {
+		return p.Bits() > 0 && !p.Addr().IsLinkLocalUnicast() && !p.Addr().IsMulticast() && !ours(p)
+	}
 	for _, a := range local.Addrs {
 		a = a.Unmap()
 		lc.addrs[a] = true
 		if p := netip.PrefixFrom(a, a.BitLen()); !a.IsLinkLocalUnicast() && !ours(p) {
-			lc.network.insert(p, "address "+a.String())
+			lc.nodeAddrs.insert(p, "address "+a.String())
 		}
 	}
 	for _, r := range local.Routes {
-		if r.Bits() > 0 && !r.Addr().IsLinkLocalUnicast() && !r.Addr().IsMulticast() && !ours(r) {
-			lc.network.insert(r, "route "+r.String())
+		if r = r.Masked(); usable(r) {
+			lc.exact[r] = true
+		}
+	}
+	for _, r := range local.Connected {
+		if r = r.Masked(); usable(r) {
+			lc.connected.insert(r, "connected subnet "+r.String())
 		}
 	}
 	return lc
+}
+
+// network says which part of this node's network p would take.
+func (lc localChecks) network(p netip.Prefix) (string, bool) {
+	if _, what, hit := lc.nodeAddrs.within(p); hit {
+		return what, true
+	}
+	if lc.exact[p] {
+		return "route " + p.String() + " (not podnet's)", true
+	}
+	if _, what, hit := lc.connected.overlap(p); hit {
+		return what, true
+	}
+	return "", false
 }
 
 func (lc localChecks) check(n Node, own *prefixTrie) (Refusal, bool) {
@@ -441,7 +482,7 @@ func (lc localChecks) check(n Node, own *prefixTrie) (Refusal, bool) {
 				return refusal(n, OverlapsAPIServer, "PodCIDR %s holds the API server's address %s", p, a)
 			}
 		}
-		if _, what, hit := lc.network.overlap(p); hit {
+		if what, hit := lc.network(p); hit {
 			return refusal(n, OverlapsNodeNetwork, "PodCIDR %s overlaps this node's %s", p, what)
 		}
 		if own != nil {

@@ -34,8 +34,10 @@ func TestValidate(t *testing.T) {
 		APIServers:   []netip.Addr{addr("172.30.9.9")},
 	}
 	local := Local{
-		Addrs:  []netip.Addr{addr("192.168.1.1"), addr("172.30.5.1"), addr("127.0.0.1"), addr("10.244.0.1")},
-		Routes: []netip.Prefix{pfx("0.0.0.0/0"), pfx("192.168.1.0/24"), pfx("172.30.6.0/24"), pfx("10.244.0.0/24")},
+		Addrs: []netip.Addr{addr("192.168.1.1"), addr("172.30.5.1"), addr("127.0.0.1"), addr("10.244.0.1")},
+		Routes: []netip.Prefix{pfx("0.0.0.0/0"), pfx("192.168.1.0/24"), pfx("172.30.6.0/24"), pfx("10.244.0.0/24"),
+			pfx("10.0.0.0/8"), pfx("10.244.7.9/32"), pfx("10.244.8.0/24"), pfx("203.0.113.0/24")},
+		Connected: []netip.Prefix{pfx("192.168.1.0/24"), pfx("172.30.6.0/24")},
 	}
 	good := func() []Node {
 		return []Node{vnode("a", "192.168.1.1", 0, "10.244.0.0/24"), vnode("b", "192.168.1.2", 1, "10.244.5.0/24")}
@@ -61,7 +63,11 @@ func TestValidate(t *testing.T) {
 		{"service CIDR", Node{}, OverlapsServiceCIDR}, // filled below: needs a cluster CIDR over it
 		{"holds the API server", vnode("x", "192.168.1.3", 5, "172.30.9.0/24"), OverlapsAPIServer},
 		{"covers a node address", vnode("x", "192.168.1.3", 5, "172.30.5.0/24"), OverlapsNodeNetwork},
-		{"covers a connected route", vnode("x", "192.168.1.3", 5, "172.30.6.128/25"), OverlapsNodeNetwork},
+		{"inside a connected subnet", vnode("x", "192.168.1.3", 5, "172.30.6.128/25"), OverlapsNodeNetwork},
+		{"around a connected subnet", vnode("x", "192.168.1.3", 5, "172.30.6.0/23"), OverlapsNodeNetwork},
+		{"a route of another protocol on it", vnode("x", "192.168.1.3", 5, "10.244.8.0/24"), OverlapsNodeNetwork},
+		{"a pod blackhole of an operator inside it", vnode("x", "192.168.1.3", 5, "10.244.7.0/24"), ""},
+		{"inside a gateway route (10.0.0.0/8 via a VPN)", vnode("x", "192.168.1.3", 5, "10.244.3.0/24"), ""},
 		{"covers the underlay and more", vnode("x", "192.168.1.3", 5, "172.30.0.0/16"), OverlapsAPIServer},
 		{"inside this node's PodCIDR", vnode("x", "192.168.1.3", 5, "10.244.0.128/25"), OverlapsOwnPodCIDR},
 		{"this node's PodCIDR", vnode("x", "192.168.1.3", 5, "10.244.0.0/24"), OverlapsOwnPodCIDR},
