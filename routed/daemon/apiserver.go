@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -19,7 +20,13 @@ import (
 	"k8s.io/client-go/tools/cache"
 )
 
-// contact records that the API server answered (a list or a watch event).
+// watchEvent records a Node list or watch event: the API server answered.
+func (d *Daemon) watchEvent() {
+	d.lastEvent.Store(time.Now().UnixNano())
+	d.contact()
+}
+
+// contact records that the API server answered.
 func (d *Daemon) contact() {
 	d.lastContact.Store(time.Now().UnixNano())
 	if since := d.unreachableSince.Swap(0); since != 0 {
@@ -27,13 +34,52 @@ func (d *Daemon) contact() {
 	}
 }
 
-// contactAge is the seconds since the last list or watch event.
+// unreachable records that the API server did not answer.
+func (d *Daemon) unreachable(err error) {
+	if d.unreachableSince.CompareAndSwap(0, time.Now().UnixNano()) {
+		d.log.Warn("API server unreachable; routes stay in place", "err", err)
+	}
+}
+
+// contactAge is the seconds since the last Node list or watch event.
 func (d *Daemon) contactAge() float64 {
-	last := d.lastContact.Load()
+	last := d.lastEvent.Load()
 	if last == 0 {
 		return 0
 	}
 	return time.Since(time.Unix(0, last)).Seconds()
+}
+
+// probeAPI asks the API server for /version whenever nothing was heard of
+// it for a third of --apiserver-timeout: a Node watch that has nothing
+// to say and one whose server is gone look alike (client-go retries a
+// refused watch on its own, silently), and a quiet cluster must not look
+// unreachable, nor a dead API server reachable. A busy cluster's watch
+// events make the probe unnecessary, so it costs nothing at scale.
+func (d *Daemon) probeAPI(ctx context.Context, core rest.Interface) {
+	every := min(max(d.cfg.APIServerTimeout/3, time.Second), 20*time.Second)
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if last := d.lastContact.Load(); last != 0 && time.Since(time.Unix(0, last)) < every {
+			continue
+		}
+		pctx, cancel := context.WithTimeout(ctx, every)
+		err := core.Get().AbsPath("/version").Do(pctx).Error()
+		cancel()
+		var answered apierrors.APIStatus
+		switch {
+		case err == nil, errors.As(err, &answered):
+			d.contact() // an answer, even a refusal, is contact
+		case ctx.Err() == nil:
+			d.unreachable(err)
+		}
+	}
 }
 
 // unreachableFor is the seconds since the API server's lists and watches

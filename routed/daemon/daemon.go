@@ -102,9 +102,10 @@ type Daemon struct {
 	selfProblem atomic.Value
 	// the API server: when a watch event or list last arrived, and since
 	// when it has failed (0: it has not)
-	lastContact      atomic.Int64
-	unreachableSince atomic.Int64
-	lastState        nodestate.State
+	lastEvent, lastContact atomic.Int64
+	unreachableSince       atomic.Int64
+	core                   rest.Interface
+	lastState              nodestate.State
 	// lastSelf is this node as the last valid view had it: routes to the
 	// other Nodes keep converging through its underlay while this
 	// node's own Node is bad or gone
@@ -128,13 +129,16 @@ func New(cfg Config, nodes cache.ListerWatcher, log *slog.Logger) *Daemon {
 	return d
 }
 
-// WithAPI makes the daemon post Events about the Nodes it refuses through
-// core (CoreClient) and read the cluster's service ranges from ServiceCIDR
-// objects through serviceCIDRs (ServiceCIDRsListWatch; nil: the flag
-// alone).
-func (d *Daemon) WithAPI(core rest.Interface, serviceCIDRs cache.ListerWatcher) *Daemon {
-	if core != nil {
-		d.events = newEventSink(core, d.cfg.NodeName, d.log)
+// WithAPI makes the daemon probe the API server through core when its
+// watch is quiet, post Events about the Nodes it refuses through events
+// (CoreClient, each with a rate limiter of its own, so that a burst of
+// Events never delays a Node list or watch) and read the cluster's
+// service ranges from ServiceCIDR objects through serviceCIDRs
+// (ServiceCIDRsListWatch; nil: the flag alone).
+func (d *Daemon) WithAPI(core, events rest.Interface, serviceCIDRs cache.ListerWatcher) *Daemon {
+	d.core = core
+	if events != nil {
+		d.events = newEventSink(events, d.cfg.NodeName, d.log)
 	}
 	d.serviceCIDRsLW = serviceCIDRs
 	return d
@@ -253,6 +257,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if d.events != nil {
 		go d.events.run(ctx)
 	}
+	if d.core != nil && d.cfg.APIServerTimeout > 0 {
+		go d.probeAPI(ctx, d.core)
+	}
 	if err := d.watchServiceCIDRs(ctx); err != nil {
 		return err
 	}
@@ -261,8 +268,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	// the API server's reachability: every list and watch event is
 	// contact, every failed list or watch starts (or continues) an outage
 	if err := informer.SetWatchErrorHandler(func(_ *cache.Reflector, err error) {
-		d.unreachableSince.CompareAndSwap(0, time.Now().UnixNano())
-		d.log.Warn("node watch failed; routes stay in place, retrying", "err", err)
+		d.unreachable(err)
 	}); err != nil {
 		return fmt.Errorf("node watch error handler: %w", err)
 	}
@@ -270,7 +276,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	// hundred bytes per Node instead of the whole object (managedFields,
 	// images, conditions, labels)
 	if err := informer.SetTransform(func(obj any) (any, error) {
-		d.contact()
+		d.watchEvent()
 		return SlimNode(obj)
 	}); err != nil {
 		return fmt.Errorf("node informer transform: %w", err)
@@ -555,7 +561,7 @@ func (d *Daemon) applyNodes(lister listersv1.NodeLister) (own, remote error) {
 		delta.AddFDBs = append(delta.AddFDBs, dd.AddFDBs...)
 		delta.DelFDBs = append(delta.DelFDBs, dd.DelFDBs...)
 	}
-	d.refusals.sync(d.plan.Refused(), d.plan.TakeRefusalChanges())
+	d.refusals.sync(d.plan.Refused(), d.plan.TakeRefusalChanges(), nodeExists(lister))
 	d.metrics.RoutesDesired.Set(float64(d.plan.Routes()))
 	d.metrics.NodesSkipped.Set(float64(d.plan.Skipped()))
 	if delta.Empty() {
@@ -622,16 +628,21 @@ func (d *Daemon) apply(lister listersv1.NodeLister, why string) (own, remote err
 	var underlay netlink.Link
 	var errs []error
 	if selfIP.IsValid() {
-		if underlay, err = dataplane.Underlay(selfIP); err != nil {
-			errs = append(errs, err)
-		} else {
-			cfg.Underlay = underlay.Attrs().Name
-		}
+		underlay, err = dataplane.Underlay(selfIP)
+	} else {
+		// this node's Node is gone and nothing is known of it (a
+		// restart meanwhile): the link toward the other nodes
+		underlay, err = dataplane.UnderlayToward(nodeAddrs(nodes, d.cfg.NodeName))
+	}
+	if err != nil {
+		errs = append(errs, err)
+	} else if underlay != nil {
+		cfg.Underlay = underlay.Attrs().Name
 	}
 	plan, st := desired.NewPlan(cfg, local, nodes, dataplane.OnLink)
 	d.plan = plan
 	d.plan.TakeRefusalChanges()
-	d.refusals.sync(st.Refused, nil)
+	d.refusals.sync(st.Refused, nil, nodeExists(lister))
 	d.metrics.NodesSkipped.Set(float64(len(st.Skipped)))
 	for _, s := range st.Skipped {
 		d.log.Debug("node skipped", "node", s.Node, "reason", s.Reason)
@@ -756,6 +767,25 @@ func SlimNode(obj any) (any, error) {
 		slim.Annotations = map[string]string{NodeIPAnnotation: a}
 	}
 	return slim, nil
+}
+
+// nodeExists tells whether the informer holds Node name.
+func nodeExists(lister listersv1.NodeLister) func(string) bool {
+	return func(name string) bool {
+		_, err := lister.Get(name)
+		return err == nil
+	}
+}
+
+// nodeAddrs are the addresses of the Nodes but self.
+func nodeAddrs(nodes []desired.Node, self string) []netip.Addr {
+	var out []netip.Addr
+	for _, n := range nodes {
+		if n.Name != self && n.IP.IsValid() {
+			out = append(out, n.IP)
+		}
+	}
+	return out
 }
 
 func findNode(nodes []desired.Node, name string) *desired.Node {

@@ -40,8 +40,9 @@ func newRefusals(self string, log *slog.Logger, events *eventSink, gauge func(de
 }
 
 // sync reports the refusals of now for the Nodes named (all Nodes when
-// names is nil: after a full apply).
-func (r *refusals) sync(now map[string]desired.Refusal, names []string) {
+// names is nil: after a full apply). exists tells a refused Node that is
+// fixed from one that was deleted.
+func (r *refusals) sync(now map[string]desired.Refusal, names []string, exists func(string) bool) {
 	if names == nil {
 		for name := range r.reported {
 			names = append(names, name)
@@ -67,6 +68,10 @@ func (r *refusals) sync(now map[string]desired.Refusal, names []string) {
 		case !has && had:
 			r.add(was.Reason, -1)
 			delete(r.reported, name)
+			if exists != nil && !exists(name) {
+				r.log.Info("refused node deleted", "node", name, "was", was.Reason)
+				continue
+			}
 			r.log.Info("node accepted", "node", name, "was", was.Reason)
 			r.event(name, corev1.EventTypeNormal, EventNodeAccepted, fmt.Sprintf("Node %s is routed again (it was refused: %s)", name, was.Reason))
 		}

@@ -291,9 +291,12 @@ func foreignIntactOnly(n *node, dst string, want []string) error {
 // TestAPIServerOutage: routes stay while the API server is down; changes
 // made after it is back (and changes missed while the node was cut off)
 // are applied.
+//
+// The outage is visible: past --apiserver-timeout /readyz says the API
+// server is unreachable, and the metrics tell how long.
 func TestAPIServerOutage(t *testing.T) {
 	c, a, _, _ := threeNodes(t)
-	d := a.startDaemon()
+	d := a.startDaemon("--apiserver-timeout=3s")
 	a.expectRoutes(syncT, d, bhA, viaB, viaC)
 	d.waitReady(changeT)
 	before, _ := a.podnetRoutes()
@@ -325,6 +328,13 @@ func TestAPIServerOutage(t *testing.T) {
 	})
 	code, body := d.status("/readyz")
 	t.Logf("API server down for %s: routes unchanged; /readyz %d %q", time.Since(downStart).Round(time.Millisecond), code, body)
+	if code != http.StatusServiceUnavailable || !strings.Contains(body, "API server unreachable") {
+		t.Errorf("API server down for %s (--apiserver-timeout 3s): /readyz %d %q", time.Since(downStart).Round(time.Millisecond), code, body)
+	}
+	if m, err := d.metrics(); err != nil || m["podnet_apiserver_unreachable_seconds"] < 3 || m["podnet_last_watch_event_age_seconds"] < 3 {
+		t.Errorf("API server down: podnet_apiserver_unreachable_seconds %v, podnet_last_watch_event_age_seconds %v (%v)",
+			m["podnet_apiserver_unreachable_seconds"], m["podnet_last_watch_event_age_seconds"], err)
+	}
 
 	if err := c.api.StartAPIServer(); err != nil {
 		t.Fatal(err)
@@ -341,6 +351,10 @@ func TestAPIServerOutage(t *testing.T) {
 	viaD := "10.244.4.0/24 via 172.30.0.4 dev eth0 proto 77"
 	a.expectRoutes(45*time.Second, d, bhA, viaC2, viaD)
 	t.Logf("MEASURE after API server restart: converged %s after the changes", time.Since(start).Round(time.Millisecond))
+	d.waitReady(changeT)
+	if m, err := d.metrics(); err != nil || m["podnet_apiserver_unreachable_seconds"] != 0 {
+		t.Errorf("API server back: podnet_apiserver_unreachable_seconds %v (%v)", m["podnet_apiserver_unreachable_seconds"], err)
+	}
 
 	// Cut node-a off the API server (its watch breaks); change the cluster
 	// meanwhile; reconnect: the missed events are applied.

@@ -103,6 +103,10 @@ func run(argv []string) error {
 	if err != nil {
 		return err
 	}
+	events, err := daemon.CoreClient(restCfg) // a rate limiter of its own
+	if err != nil {
+		return err
+	}
 	svcLW, err := daemon.ServiceCIDRsListWatch(restCfg)
 	if err != nil {
 		return err
@@ -113,7 +117,7 @@ func run(argv []string) error {
 		NodeName: *nodeName, Encap: e, CrossSubnet: *crossSubnet, ClusterCIDRs: cidrs, ServiceCIDRs: svc,
 		APIServers: daemon.APIServerAddrs(ctx, restCfg), Masquerade: *masquerade, MTU: *mtu, StateDir: *stateDir,
 		ResyncInterval: *resync, APIServerTimeout: *apiTimeout, VXLANVNI: *vni, VXLANPort: *port,
-	}, daemon.NodesListWatch(core), log).WithAPI(core, svcLW)
+	}, daemon.NodesListWatch(core), log).WithAPI(core, events, svcLW)
 	for _, addr := range uniq(*healthAddr, *metricsAddr) {
 		srv := &http.Server{Addr: addr, Handler: d.Handler(), ReadHeaderTimeout: 5 * time.Second}
 		go func() {
