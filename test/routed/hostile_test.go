@@ -390,7 +390,9 @@ type hostileCase struct {
 	reason  string
 	by      map[string]string // observer -> reason ("" routed there)
 	noRoute bool
-	via     string // next hop when routed (default spec.ip)
+	// later: created a second after the others (younger than all of them)
+	later bool
+	via   string // next hop when routed (default spec.ip)
 }
 
 // TestHostileNodes: issue 21, "Must show" 1 and 5. Three nodes run
@@ -477,14 +479,15 @@ func TestHostileNodes(t *testing.T) {
 			by: map[string]string{"node-a": "own-node-ip", "node-b": "node-ip-conflict", "node-c": "node-ip-conflict"}},
 		{what: "InternalIP inside the cluster CIDR", spec: nodeSpec{name: "badip", ip: "10.244.99.1", podCIDR: "10.244.62.0/24"}, reason: "invalid-node-ip"},
 		{what: "same PodCIDR as an older Node, name sorting first", spec: nodeSpec{name: "a-thief", ip: "172.30.0.21", podCIDR: "10.244.20.0/24"}, reason: "podcidr-conflict"},
-		{what: "a /23 over an older Node's /24", spec: nodeSpec{name: "a-wide", ip: "172.30.0.22", podCIDR: "10.244.20.0/23"}, reason: "podcidr-conflict"},
+		{what: "a /23 over an older Node's /24", spec: nodeSpec{name: "a-wide", ip: "172.30.0.22", podCIDR: "10.244.20.0/23"}, reason: "podcidr-conflict",
+			later: true}, // younger than a-thief, which it overlaps too
 		{what: "same InternalIP as an older Node", spec: nodeSpec{name: "a-ipdup-new", ip: "172.30.0.60", podCIDR: "10.244.61.0/24"}, reason: "node-ip-conflict"},
 		{what: "node-ip annotation not among its addresses", spec: nodeSpec{name: "ann", ip: "172.30.0.70", extIP: "172.30.0.71", ann: "172.30.0.99", podCIDR: "10.244.70.0/24"}},
 		{what: "PodCIDR held by a foreign route on node-a", spec: nodeSpec{name: "foreign", ip: "172.30.0.80", podCIDR: "10.244.40.0/24"},
 			by: map[string]string{"node-a": "overlaps-node-network"}},
 		{what: "next hop the kernel cannot route to", spec: nodeSpec{name: "unreach", ip: "192.168.77.7", podCIDR: "10.244.41.0/24"}, noRoute: true},
 	}
-	for _, hc := range cases {
+	create := func(hc hostileCase) {
 		// The API server (v1.34) takes every one of these, host bits
 		// and 0.0.0.0/0 included: podnet-routed is the only check.
 		if err := c.tryCreateNode(hc.spec); err != nil {
@@ -503,9 +506,19 @@ func TestHostileNodes(t *testing.T) {
 		}
 		w.nodes[hc.spec.name] = m
 	}
-	// A good Node after them all (and a second later: a refused Node must
-	// not hold a PodCIDR against younger ones).
+	for _, hc := range cases {
+		if !hc.later {
+			create(hc)
+		}
+	}
+	// A second later, the younger ones, and a good Node (a refused Node
+	// must not hold a PodCIDR against younger ones).
 	time.Sleep(1100 * time.Millisecond)
+	for _, hc := range cases {
+		if hc.later {
+			create(hc)
+		}
+	}
 	c.createNode("good-late", "172.30.0.90", "10.244.90.0/24")
 	w.nodes["good-late"] = &mNode{podCIDR: "10.244.90.0/24", via: "172.30.0.90"}
 	for _, obs := range w.observers {
