@@ -392,7 +392,6 @@ type hostileCase struct {
 	noRoute bool
 	// later: created a second after the others (younger than all of them)
 	later bool
-	via   string // next hop when routed (default spec.ip)
 }
 
 // TestHostileNodes: issue 21, "Must show" 1 and 5. Three nodes run
@@ -494,9 +493,6 @@ func TestHostileNodes(t *testing.T) {
 			t.Fatalf("%s (%s): %v", hc.spec.name, hc.what, err)
 		}
 		m := &mNode{podCIDR: hc.spec.podCIDR, via: hc.spec.ip, noRoute: hc.noRoute, refused: map[string]string{}}
-		if hc.via != "" {
-			m.via = hc.via
-		}
 		for _, obs := range w.observers {
 			if r, ok := hc.by[obs]; ok {
 				m.refused[obs] = r
