@@ -94,7 +94,7 @@ func NodeStatePodCIDRs(dir string) PodCIDRSource {
 	return func() ([]netip.Prefix, error) {
 		st, err := nodestate.Read(dir)
 		if err != nil {
-			if errors.Is(err, nodestate.ErrNotReady) {
+			if errors.Is(err, nodestate.ErrNotReady) || errors.Is(err, nodestate.ErrNodeUnusable) {
 				return nil, fmt.Errorf("%w: %v", ErrPodCIDRUnknown, err)
 			}
 			return nil, err

@@ -232,12 +232,18 @@ func TestStaleAndForeignRoutes(t *testing.T) {
 	}
 	nettest.Consistently(t, 2*resync+resync/2, "foreign routes survive resyncs", foreignIntact)
 	a.expectRoutes(0, d, bhA, viaB)
-	if len(d.logLines("apply failed")) == 0 {
-		t.Errorf("the conflict with the foreign route to node-c's PodCIDR is not reported in the log")
+	// the conflict is node-c's alone: it is refused (and said why), the
+	// node stays ready
+	if refused := d.logLines("node refused"); !slices.ContainsFunc(refused, func(l map[string]any) bool {
+		return l["node"] == "node-c" && l["reason"] == "overlaps-node-network"
+	}) {
+		t.Errorf("the conflict with the foreign route to node-c's PodCIDR is not reported in the log: %q", refused)
 	}
 	code, body := d.status("/readyz")
 	m, _ := d.metrics()
-	t.Logf("with a foreign route on node-c's PodCIDR: /readyz %d %q, podnet_apply_errors_total %v", code, body, m["podnet_apply_errors_total"])
+	if code != 200 || m[`podnet_nodes_refused{reason="overlaps-node-network"}`] != 1 {
+		t.Errorf("with a foreign route on node-c's PodCIDR: /readyz %d %q, podnet_nodes_refused %v", code, body, m[`podnet_nodes_refused{reason="overlaps-node-network"}`])
+	}
 
 	// A stale podnet route appearing while running (no netlink event
 	// triggers an apply) is pruned by the periodic resync.
