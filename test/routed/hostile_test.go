@@ -586,8 +586,9 @@ func TestHostileNodes(t *testing.T) {
 		m.refused = nil
 	}
 	// Deleted.
-	for _, name := range []string{"rsv-all", "rsv-half", "outside", "underlay-all", "svc-default", "svc-object",
-		"api-cover", "api-exact", "underlay-part", "addr-cover", "inner", "badip", "hostbits"} {
+	deleted := []string{"rsv-all", "rsv-half", "outside", "underlay-all", "svc-default", "svc-object",
+		"api-cover", "api-exact", "underlay-part", "addr-cover", "inner", "badip", "hostbits"}
+	for _, name := range deleted {
 		c.deleteNode(name)
 		delete(w.nodes, name)
 	}
@@ -645,6 +646,15 @@ func TestHostileNodes(t *testing.T) {
 		return bad
 	})
 	steady(t, resync+resync/2, "steady after the fixes", func() []string { return w.check(ds) })
+
+	// What a refused Node's deletion says (the contract does not say).
+	if evs, err := c.nodeEvents("NodeAccepted"); err == nil {
+		for _, name := range deleted[:2] {
+			for _, e := range evs[name] {
+				t.Logf("refused Node %s deleted: NodeAccepted Event %q", name, e.Message)
+			}
+		}
+	}
 }
 
 // nodeJSON reads node.json as raw JSON (fields the State type may not
