@@ -180,6 +180,9 @@ func (d *Netlink) Setup(self desired.Node, vteps []netip.Prefix) (SetupResult, e
 	v6 := slices.ContainsFunc(self.PodCIDRs, func(p netip.Prefix) bool { return p.Addr().Is6() })
 	d.setSysctls(Sysctls(d.Encap, v6), link, created, &res)
 	if link != nil && devErr == nil {
+		if d.Encap != desired.VXLAN {
+			vteps = nil // tunl0 has no VTEP address
+		}
 		devErr = d.finishDevice(link, vteps, &res)
 	}
 	return res, devErr
@@ -219,7 +222,8 @@ func deviceOf(c Sysctl) string {
 	return parts[3]
 }
 
-// finishDevice gives the tunnel device its VTEP addresses and brings it up.
+// finishDevice gives the tunnel device its VTEP addresses (VXLAN) and
+// brings it up.
 func (d *Netlink) finishDevice(link netlink.Link, vteps []netip.Prefix, res *SetupResult) error {
 	name := link.Attrs().Name
 	for _, v := range vteps {
