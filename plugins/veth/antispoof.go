@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
@@ -323,7 +324,8 @@ func describeKey(set string, key []byte) string {
 }
 
 func isNFTNotFound(err error) bool {
-	return errors.Is(err, unix.ENOENT) || errors.Is(err, os.ErrNotExist)
+	// the nftables library flattens some errors into text (%v)
+	return errors.Is(err, unix.ENOENT) || errors.Is(err, os.ErrNotExist) || strings.Contains(err.Error(), unix.ENOENT.Error())
 }
 
 func familyName(f nftables.TableFamily) string {
