@@ -37,6 +37,8 @@ const (
 	// vethDetached: both ends are down and the pod end renamed; the pair
 	// goes away with the pod netns.
 	vethDetached
+	// vethWasDetached: an earlier DEL detached the pair.
+	vethWasDetached
 	// vethDeleted: the pair was deleted.
 	vethDeleted
 )
@@ -69,7 +71,7 @@ func detachOrDeleteVeth(hostName string, owner Owner, podNS ns.NetNS, ifName str
 	}
 	index := host.Attrs().Index
 	if wasDetached {
-		return vethDetached, index, nil // an earlier DEL did it
+		return vethWasDetached, index, nil
 	}
 	if podNS != nil {
 		detached, err := detachPodEnd(podNS, ifName, owner, index)

@@ -269,7 +269,7 @@ func (p *plugin) del(args *skel.CmdArgs) (err error) {
 		return cniErrorf(types.ErrTryAgainLater, "%v", err)
 	}
 	switch gone {
-	case vethDetached:
+	case vethDetached, vethWasDetached:
 		tr.mark("veth-detach")
 	case vethDeleted:
 		tr.mark("veth-delete")
@@ -279,9 +279,10 @@ func (p *plugin) del(args *skel.CmdArgs) (err error) {
 		}
 		tr.mark("pod-link")
 	}
-	// after the veth is down or gone: its port is never open unguarded
-	if hostIndex > 0 {
-		if err := inv.mode.guard().removePort(hostIndex); err != nil {
+	// after the veth is down or gone, so that its port is never open
+	// unguarded; not when an earlier DEL detached it (and removed them)
+	if gone == vethDetached || gone == vethDeleted {
+		if err := unguard(inv, args, hostIndex); err != nil {
 			return cniErrorf(types.ErrTryAgainLater, "%v", err)
 		}
 		tr.mark("guard")
@@ -293,6 +294,36 @@ func (p *plugin) del(args *skel.CmdArgs) (err error) {
 	}
 	tr.mark("ipam")
 	return nil
+}
+
+// unguard removes the pod filter's elements of the attachment whose host
+// veth had index hostIndex: exactly those of prevResult when there is one
+// (one transaction), else whatever the sets hold for the index.
+func unguard(inv *invocation, args *skel.CmdArgs, hostIndex int) error {
+	g := inv.mode.guard()
+	if inv.conf.PrevResult == nil {
+		return g.removePort(hostIndex)
+	}
+	prev, err := current.NewResultFromResult(inv.conf.PrevResult)
+	if err != nil {
+		return g.removePort(hostIndex)
+	}
+	port := guardedPort{index: hostIndex}
+	for i, iface := range prev.Interfaces {
+		if iface.Name != args.IfName || iface.Sandbox != args.Netns {
+			continue
+		}
+		port.mac, _ = net.ParseMAC(iface.Mac)
+		for _, c := range prev.IPs {
+			if c.Interface != nil && *c.Interface == i {
+				port.ips = append(port.ips, c.Address.IP)
+			}
+		}
+	}
+	if len(port.ips) == 0 {
+		return g.removePort(hostIndex)
+	}
+	return g.removeExact(port)
 }
 
 // check compares the pod and the host side with prevResult.

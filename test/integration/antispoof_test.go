@@ -679,20 +679,27 @@ func ruleHandle(t *testing.T, node *nettest.Node, fam nftables.TableFamily, comm
 }
 
 // TestPodFilterLifecycle: ADD writes exactly the pod's elements (host veth
-// index with its addresses, and its MAC on the bridge); CHECK finds a
-// deleted or edited rule and a missing element; the next ADD writes the
-// chain again as it was; DEL removes the pod's elements and no other; GC
-// removes those of a host veth that is gone.
+// index with its addresses, and its MAC on the bridge) and leaves an intact
+// chain alone; CHECK finds a deleted or edited rule and a missing element;
+// the next ADD writes the chain again as it was; DEL removes the pod's
+// elements and no other, with prevResult and without; GC removes those of
+// a host veth that is gone.
 func TestPodFilterLifecycle(t *testing.T) {
 	for _, m := range spoofModes {
 		t.Run(m.name, func(t *testing.T) {
 			rt := m.runtime(t, 44, true, nil)
+			fam := famName(m.family)
 			p1 := addSpoofPod(t, rt, "life-1")
+			withHandles := nftCLI(t, rt.Node, "-a", "list", "chain", fam, contract.PodFilterTable, "prerouting")
 			p2 := addSpoofPod(t, rt, "life-2")
 			if got, want := filterOf(t, rt.Node), append(m.wantElements(p1), m.wantElements(p2)...); !sameElements(got, want) {
 				t.Fatalf("pod filter after two ADDs = %v, want %v", got, want)
 			}
-			fam := famName(m.family)
+			// an intact chain is left alone (same rule handles): ADD then
+			// only adds elements, and pays for no rule change
+			if got := nftCLI(t, rt.Node, "-a", "list", "chain", fam, contract.PodFilterTable, "prerouting"); got != withHandles {
+				t.Errorf("the second ADD wrote the intact chain again:\n%s\nwas:\n%s", got, withHandles)
+			}
 			chain := nftCLI(t, rt.Node, "list", "chain", fam, contract.PodFilterTable, "prerouting")
 
 			// someone deletes one rule and turns another's drop into accept
@@ -755,6 +762,8 @@ func TestPodFilterLifecycle(t *testing.T) {
 			if got := elemsOfIndex(elems, p3.hostIdx); !sameElements(got, wantP3) {
 				t.Errorf("elements of the live pod after GC = %v, want %v", got, wantP3)
 			}
+			// without prevResult, DEL finds the elements by the host veth
+			rt.ForgetCache(t)
 			if err := rt.Del(p3.RT); err != nil {
 				t.Fatalf("DEL: %v", err)
 			}
