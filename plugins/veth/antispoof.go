@@ -196,7 +196,11 @@ func (g guard) install(p guardedPort) error {
 		err = g.flushInstall(c, p, true)
 	}
 	if err != nil {
-		return fmt.Errorf("write nftables table %s %s for host veth index %d: %w", familyName(g.family), contract.PodFilterTable, p.index, err)
+		hint := ""
+		if isNFTNotFound(err) {
+			hint = " (the kernel lacks a part of nf_tables the filter needs: the " + familyName(g.family) + " family, or the modules nft_objref, nft_counter)"
+		}
+		return fmt.Errorf("write nftables table %s %s for host veth index %d%s: %w", familyName(g.family), contract.PodFilterTable, p.index, hint, err)
 	}
 	return nil
 }
