@@ -356,6 +356,25 @@ func pruneGuard(g guard) error {
 	return err
 }
 
+// DeletePodFilter deletes the pod filter's tables (both families) from the
+// calling thread's netns, elements and counters with them; a missing table
+// is fine. It is for uninstalling podnet from a node: every pod left there
+// is then unfiltered.
+func DeletePodFilter() error {
+	c, err := newNFT()
+	if err != nil {
+		return err
+	}
+	defer c.CloseLasting()
+	for _, g := range []guard{routedGuard, bridgedGuard} {
+		c.DelTable(g.table())
+		if err := c.Flush(); err != nil && !isNFTNotFound(err) {
+			return fmt.Errorf("delete nftables table %s %s: %w", familyName(g.family), contract.PodFilterTable, err)
+		}
+	}
+	return nil
+}
+
 // verify says what of p's filter is missing: the chain's rules (as many as
 // install writes) and p's elements.
 func (g guard) verify(p guardedPort) error {
