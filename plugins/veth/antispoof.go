@@ -61,12 +61,14 @@ import (
 // changed, the table deleted), by the table, sets and counters (kept when
 // they exist) and the chain flushed and written again. So every ADD repairs
 // the filter and never duplicates a rule, and the common ADD pays for no
-// rule change: on this kernel a transaction that changes a base chain or
-// its rules waits for an RCU grace period (about 12 ms), one that only adds
-// elements takes about 0.1 ms. DEL removes the elements of the attachment's
+// rule change: after a transaction that removes rules (or updates the base
+// chain) the plugin's exit waits for an RCU grace period (about 12 ms: the
+// kernel holds the next close of an nftables socket until what was removed
+// is freed), while one that only adds elements takes about 0.1 ms. DEL removes the elements of the attachment's
 // host veth (exactly those of prevResult in one transaction, else found by
-// listing the sets), GC those of every interface index that no longer
-// exists, CHECK looks for the pod's elements and the chain's rules.
+// listing the sets; see drop for how), GC those of every interface index
+// that no longer exists, CHECK looks for the pod's elements and the
+// chain's rules.
 
 // Set names of the pod filter.
 const (
@@ -121,10 +123,10 @@ func (g guard) chain(t *nftables.Table) *nftables.Chain {
 // sets are the filter's sets, ports first.
 func (g guard) sets(t *nftables.Table) []*nftables.Set {
 	concat := func(name string, second nftables.SetDatatype) *nftables.Set {
-		return &nftables.Set{Table: t, Name: name, KeyType: nftables.MustConcatSetType(nftables.TypeIFIndex, second), Concatenation: true}
+		return &nftables.Set{Table: t, Name: name, KeyType: nftables.MustConcatSetType(nftables.TypeIFIndex, second), Concatenation: true, HasTimeout: true}
 	}
 	s := []*nftables.Set{
-		{Table: t, Name: setPorts, KeyType: nftables.TypeIFIndex, KeyByteOrder: binaryutil.NativeEndian},
+		{Table: t, Name: setPorts, KeyType: nftables.TypeIFIndex, KeyByteOrder: binaryutil.NativeEndian, HasTimeout: true},
 		concat(setAddrs4, nftables.TypeIPAddr),
 		concat(setAddrs6, nftables.TypeIP6Addr),
 	}
@@ -261,16 +263,17 @@ func (g guard) intact(c *nftables.Conn) (bool, error) {
 	return true, nil
 }
 
-// remove deletes, in one transaction, every element of the filter's sets
-// whose interface index drop selects, and returns how many. A missing table
-// or set holds nothing to remove. It lists every set: its cost grows with
-// the pods of the node.
-func (g guard) remove(drop func(index int) bool) (int, error) {
+// remove removes (see drop) every element of the filter's sets whose
+// interface index selects, and returns how many. A missing table or set
+// holds nothing to remove. It lists every set: its cost grows with the
+// pods of the node.
+func (g guard) remove(selects func(index int) bool) (int, error) {
 	c, err := newNFT()
 	if err != nil {
 		return 0, err
 	}
 	defer c.CloseLasting()
+	gone := map[string][]nftables.SetElement{}
 	n := 0
 	for _, s := range g.sets(g.table()) {
 		elems, err := c.GetSetElements(s)
@@ -280,61 +283,195 @@ func (g guard) remove(drop func(index int) bool) (int, error) {
 			}
 			return 0, fmt.Errorf("list nftables set %s %s/%s: %w", familyName(g.family), contract.PodFilterTable, s.Name, err)
 		}
-		var gone []nftables.SetElement
 		for _, e := range elems {
-			if i, ok := keyIndex(e.Key); ok && drop(i) {
-				gone = append(gone, nftables.SetElement{Key: e.Key})
+			if i, ok := keyIndex(e.Key); ok && selects(i) {
+				gone[s.Name] = append(gone[s.Name], nftables.SetElement{Key: e.Key})
+				n++
 			}
 		}
-		if len(gone) == 0 {
-			continue
-		}
-		if err := c.SetDeleteElements(s, gone); err != nil {
-			return 0, fmt.Errorf("nftables set %s: %w", s.Name, err)
-		}
-		n += len(gone)
 	}
 	if n == 0 {
 		return 0, nil
 	}
-	if err := c.Flush(); err != nil {
-		return 0, fmt.Errorf("delete elements from nftables table %s %s: %w", familyName(g.family), contract.PodFilterTable, err)
+	if err := g.drop(gone); err != nil && !errors.Is(err, errNotAllThere) {
+		return 0, err // errNotAllThere: someone else removed some meanwhile
 	}
 	return n, nil
 }
 
-// removePort deletes the elements of the host veth index.
+// removePort removes the elements of the host veth index.
 func (g guard) removePort(index int) error {
 	_, err := g.remove(func(i int) bool { return i == index })
 	return err
 }
 
-// removeExact deletes p's elements in one transaction, without listing
-// the sets. When one of them is missing (a pod of an older podnet, a
-// prevResult that is not what ADD wrote) the transaction fails as a whole
-// and removePort finds what there is.
+// removeExact removes p's elements without listing the sets. When they
+// are not all there (a pod of an older podnet, a prevResult that is not
+// what ADD wrote) removePort finds what there is.
 func (g guard) removeExact(p guardedPort) error {
+	err := g.drop(g.elements(p))
+	if errors.Is(err, errNotAllThere) {
+		return g.removePort(p.index)
+	}
+	return err
+}
+
+// errNotAllThere: an element to delete was not in its set.
+var errNotAllThere = errors.New("not every element is in its set")
+
+// expiry is the timeout drop gives the elements it removes.
+const expiry = time.Millisecond
+
+// timeoutUpdates says whether drop tries timeouts first; tests turn it off
+// to take the path of kernels without element timeout updates.
+var timeoutUpdates = true
+
+// drop takes elements (by set name; each set's elements of one interface
+// index or more, ports included) out of the filter. Deleting elements
+// would make the plugin's exit wait: after a transaction that deletes
+// elements, the kernel holds the next close of an nftables socket in the
+// netns until an RCU grace period has passed (10-15 ms, and with
+// concurrent DELs several of them, up to 70 ms measured). So drop first
+// gives them a timeout of 1 ms (the sets have the timeout flag; ADD's
+// elements have none): they stop matching at once and the kernel's set
+// garbage collection frees them, with no wait. Older kernels (element
+// timeout updates came in Linux 6.1x) silently keep an existing element's
+// missing timeout; drop sees it (the ports element still there, without a
+// timeout) and deletes them, waiting as above.
+func (g guard) drop(elems map[string][]nftables.SetElement) error {
 	c, err := newNFT()
 	if err != nil {
 		return err
 	}
 	defer c.CloseLasting()
-	elems := g.elements(p)
-	for _, s := range g.sets(g.table()) {
-		if len(elems[s.Name]) == 0 {
+	sets := g.sets(g.table())
+	for _, s := range sets {
+		if !timeoutUpdates {
+			break
+		}
+		var timed []nftables.SetElement
+		for _, e := range elems[s.Name] {
+			timed = append(timed, nftables.SetElement{Key: e.Key, Timeout: expiry})
+		}
+		if len(timed) == 0 {
 			continue
 		}
-		if err := c.SetDeleteElements(s, elems[s.Name]); err != nil {
+		if err := c.SetAddElements(s, timed); err != nil {
 			return fmt.Errorf("nftables set %s: %w", s.Name, err)
 		}
 	}
-	if c.Flush() == nil {
-		return nil
+	where := familyName(g.family) + " " + contract.PodFilterTable
+	switch err := c.Flush(); {
+	case err != nil && isNFTNotFound(err):
+		return nil // no table or set: nothing to remove
+	case err == nil && len(elems[setPorts]) > 0:
+		found, timed, err := getElement(g.family, setPorts, elems[setPorts][0].Key)
+		if err != nil {
+			return fmt.Errorf("nftables table %s: %w", where, err)
+		}
+		if !found || timed {
+			return nil // expired already, or will in 1 ms
+		}
 	}
-	return g.removePort(p.index)
+	// the timeouts did not take (or failed): delete
+	for _, s := range sets {
+		if len(elems[s.Name]) > 0 {
+			if err := c.SetDeleteElements(s, elems[s.Name]); err != nil {
+				return fmt.Errorf("nftables set %s: %w", s.Name, err)
+			}
+		}
+	}
+	if err := c.Flush(); err != nil {
+		if isNFTNotFound(err) {
+			return errNotAllThere
+		}
+		return fmt.Errorf("delete elements from nftables table %s: %w", where, err)
+	}
+	return nil
 }
 
-// prune deletes the elements of every interface index not in live (the
+// getElement looks key up in set of the filter (one request, no dump):
+// found is false when it is not there (or has expired), timed when it has
+// a timeout.
+func getElement(fam nftables.TableFamily, set string, key []byte) (found, timed bool, err error) {
+	conn, err := netlink.Dial(unix.NETLINK_NETFILTER, nil)
+	if err != nil {
+		return false, false, fmt.Errorf("netlink: %w", err)
+	}
+	defer conn.Close()
+	if err := conn.SetDeadline(time.Now().Add(nftTimeout)); err != nil {
+		return false, false, err
+	}
+	keyAttr, err := netlink.MarshalAttributes([]netlink.Attribute{{Type: unix.NFTA_DATA_VALUE, Data: key}})
+	if err != nil {
+		return false, false, err
+	}
+	elem, err := netlink.MarshalAttributes([]netlink.Attribute{{Type: unix.NLA_F_NESTED | unix.NFTA_SET_ELEM_KEY, Data: keyAttr}})
+	if err != nil {
+		return false, false, err
+	}
+	list, err := netlink.MarshalAttributes([]netlink.Attribute{{Type: unix.NLA_F_NESTED | unix.NFTA_LIST_ELEM, Data: elem}})
+	if err != nil {
+		return false, false, err
+	}
+	data, err := netlink.MarshalAttributes([]netlink.Attribute{
+		{Type: unix.NFTA_SET_ELEM_LIST_TABLE, Data: []byte(contract.PodFilterTable + "\x00")},
+		{Type: unix.NFTA_SET_ELEM_LIST_SET, Data: []byte(set + "\x00")},
+		{Type: unix.NLA_F_NESTED | unix.NFTA_SET_ELEM_LIST_ELEMENTS, Data: list},
+	})
+	if err != nil {
+		return false, false, err
+	}
+	msgs, err := conn.Execute(netlink.Message{
+		Header: netlink.Header{Type: netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_GETSETELEM), Flags: netlink.Request},
+		Data:   append([]byte{byte(fam), unix.NFNETLINK_V0, 0, 0}, data...),
+	})
+	if err != nil {
+		if isNFTNotFound(err) {
+			return false, false, nil
+		}
+		return false, false, fmt.Errorf("get element of set %s: %w", set, err)
+	}
+	for _, m := range msgs {
+		if len(m.Data) < 4 {
+			continue
+		}
+		found = true
+		timed = timed || hasTimeout(m.Data[4:])
+	}
+	return found, timed, nil
+}
+
+// hasTimeout reports whether a NEWSETELEM message's attributes carry an
+// element with a timeout or an expiration.
+func hasTimeout(b []byte) bool {
+	ad, err := netlink.NewAttributeDecoder(b)
+	if err != nil {
+		return false
+	}
+	timed := false
+	for ad.Next() {
+		if ad.Type() != unix.NFTA_SET_ELEM_LIST_ELEMENTS {
+			continue
+		}
+		ad.Nested(func(list *netlink.AttributeDecoder) error {
+			for list.Next() {
+				list.Nested(func(e *netlink.AttributeDecoder) error {
+					for e.Next() {
+						if t := e.Type(); t == unix.NFTA_SET_ELEM_TIMEOUT || t == unix.NFTA_SET_ELEM_EXPIRATION {
+							timed = true
+						}
+					}
+					return nil
+				})
+			}
+			return nil
+		})
+	}
+	return timed
+}
+
+// prune removes the elements of every interface index not in live (the
 // indexes of the node's links).
 func (g guard) prune(live map[int]bool) (int, error) {
 	return g.remove(func(i int) bool { return !live[i] })

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/containernetworking/cni/pkg/skel"
 	current "github.com/containernetworking/cni/pkg/types/100"
@@ -218,6 +219,15 @@ func (e *addEnv) assertClean(t *testing.T, when string) {
 	}
 	if len(s.reservations) > 0 {
 		t.Errorf("%s: host-local reservations left: %v", when, s.reservations)
+	}
+	// the elements removed get a timeout of 1 ms where the kernel can (see
+	// guard.drop): give them a moment to leave the sets
+	for deadline := time.Now().Add(2 * time.Second); len(s.guard) > 0 && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+		var err error
+		if s.guard, err = nettest.PodFilterElements(e.node.NS); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if len(s.guard) > 0 {
 		t.Errorf("%s: pod filter elements left: %v", when, s.guard)

@@ -153,6 +153,21 @@ func filterOf(t *testing.T, node *nettest.Node) []nettest.PodFilterElement {
 	return elems
 }
 
+// filterSettles returns the pod filter once ok accepts it (DEL and GC give
+// the elements they remove a timeout of 1 ms where the kernel can, so they
+// leave the sets a moment after the verb), or after 2 s whatever it is.
+func filterSettles(t *testing.T, node *nettest.Node, ok func([]nettest.PodFilterElement) bool) []nettest.PodFilterElement {
+	t.Helper()
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		elems := filterOf(t, node)
+		if ok(elems) || time.Now().After(deadline) {
+			return elems
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 func elemsOfIndex(elems []nettest.PodFilterElement, index int) []nettest.PodFilterElement {
 	var out []nettest.PodFilterElement
 	for _, e := range elems {
@@ -730,7 +745,7 @@ func TestPodFilterLifecycle(t *testing.T) {
 			if err := rt.Del(p1.RT); err != nil {
 				t.Fatalf("DEL: %v", err)
 			}
-			elems := filterOf(t, rt.Node)
+			elems := filterSettles(t, rt.Node, func(e []nettest.PodFilterElement) bool { return len(elemsOfIndex(e, p1.hostIdx)) == 0 })
 			if left := elemsOfIndex(elems, p1.hostIdx); len(left) > 0 {
 				t.Errorf("elements of the deleted pod left: %v", left)
 			}
@@ -754,7 +769,7 @@ func TestPodFilterLifecycle(t *testing.T) {
 			if err := rt.GC(valid); err != nil {
 				t.Fatalf("GC: %v", err)
 			}
-			elems = filterOf(t, rt.Node)
+			elems = filterSettles(t, rt.Node, func(e []nettest.PodFilterElement) bool { return len(elemsOfIndex(e, p2.hostIdx)) == 0 })
 			if left := elemsOfIndex(elems, p2.hostIdx); len(left) > 0 {
 				t.Errorf("GC left the elements of a host veth that is gone: %v", left)
 			}
@@ -767,7 +782,7 @@ func TestPodFilterLifecycle(t *testing.T) {
 			if err := rt.Del(p3.RT); err != nil {
 				t.Fatalf("DEL: %v", err)
 			}
-			if elems := filterOf(t, rt.Node); len(elems) > 0 {
+			if elems := filterSettles(t, rt.Node, func(e []nettest.PodFilterElement) bool { return len(e) == 0 }); len(elems) > 0 {
 				t.Errorf("elements left after the last DEL: %v", elems)
 			}
 		})
