@@ -181,7 +181,7 @@ func (p *plugin) add(args *skel.CmdArgs) (err error) {
 	rollback.push(func() error {
 		_, err := deleteHostVeth(spec.HostName, inv.owner)
 		// after the veth, so that no live port is ever left unguarded
-		return errors.Join(err, g.removePort(port.index))
+		return errors.Join(err, g.removeExact(port))
 	})
 	tr.mark("veth")
 	if err = p.step("veth"); err != nil {
