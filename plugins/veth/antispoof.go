@@ -59,16 +59,17 @@ import (
 // transaction: the pod's elements, preceded, when the chain is not exactly
 // what podnet writes (first pod of the node, a rule deleted, inserted or
 // changed, the table deleted), by the table, sets and counters (kept when
-// they exist) and the chain flushed and written again. So every ADD repairs
-// the filter and never duplicates a rule, and the common ADD pays for no
-// rule change: after a transaction that removes rules (or updates the base
-// chain) the plugin's exit waits for an RCU grace period (about 12 ms: the
-// kernel holds the next close of an nftables socket until what was removed
-// is freed), while one that only adds elements takes about 0.1 ms. DEL removes the elements of the attachment's
-// host veth (exactly those of prevResult in one transaction, else found by
-// listing the sets; see drop for how), GC those of every interface index
-// that no longer exists, CHECK looks for the pod's elements and the
-// chain's rules.
+// they exist) and the chain flushed and written again. So every ADD
+// repairs the filter and never duplicates a rule, and the common ADD pays
+// for no rule change: after a transaction that removes rules (or updates
+// the base chain) the plugin's exit waits for an RCU grace period (about
+// 12 ms: the kernel holds the next close of an nftables socket until what
+// was removed is freed), while one that only adds elements takes about
+// 0.1 ms. DEL removes the elements of the attachment's host veth (those of
+// prevResult, else found by listing the sets; drop says how), GC those of
+// every interface index that no longer exists, CHECK looks for the pod's
+// elements and the chain's rules. The sets have the timeout flag (ADD's
+// elements have no timeout; drop gives one).
 
 // Set names of the pod filter.
 const (
