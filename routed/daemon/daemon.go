@@ -210,6 +210,7 @@ func NewMetrics() *Metrics {
 		func() float64 { return call(m.contactAge) })
 	unreachable := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "podnet_apiserver_unreachable_seconds", Help: "Seconds the API server has been out of reach (0: reachable)."},
 		func() float64 { return call(m.unreachableFor) })
+	m.Registry.MustRegister(newPodFilterCollector())
 	m.Registry.MustRegister(m.RoutesDesired, m.RoutesProgramed, m.ApplySeconds, m.Repairs, m.Errors, m.NodesSkipped, m.NodesRefused, age, unreachable, m.ObjectRepairs, m.SysctlErrors)
 	return m
 }
