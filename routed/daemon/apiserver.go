@@ -14,8 +14,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 )
@@ -119,20 +117,9 @@ func APIServerAddrs(ctx context.Context, cfg *rest.Config) []netip.Addr {
 // ServiceCIDRsListWatch lists and watches ServiceCIDR objects
 // (networking.k8s.io/v1), the cluster's service ranges.
 func ServiceCIDRsListWatch(cfg *rest.Config) (cache.ListerWatcher, error) {
-	scheme := runtime.NewScheme()
-	if err := networkingv1.AddToScheme(scheme); err != nil {
-		return nil, fmt.Errorf("networking/v1 scheme: %w", err)
-	}
-	c := rest.CopyConfig(cfg)
-	c.APIPath = "/apis"
-	c.GroupVersion = &networkingv1.SchemeGroupVersion
-	c.NegotiatedSerializer = serializer.NewCodecFactory(scheme).WithoutConversion()
-	if c.UserAgent == "" {
-		c.UserAgent = "podnet-routed"
-	}
-	rc, err := rest.RESTClientFor(c)
+	rc, err := restClient(cfg, "/apis", networkingv1.SchemeGroupVersion, networkingv1.AddToScheme, false)
 	if err != nil {
-		return nil, fmt.Errorf("kubernetes client: %w", err)
+		return nil, err
 	}
 	return cache.NewListWatchFromClient(rc, "servicecidrs", metav1.NamespaceAll, fields.Everything()), nil
 }

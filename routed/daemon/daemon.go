@@ -26,6 +26,7 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 	listersv1 "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/rest"
@@ -151,15 +152,22 @@ func (d *Daemon) WithAPI(core, events rest.Interface, serviceCIDRs cache.ListerW
 // and JSON costs several times the CPU and garbage to decode a large
 // Node list.
 func CoreClient(cfg *rest.Config) (rest.Interface, error) {
+	return restClient(cfg, "/api", corev1.SchemeGroupVersion, corev1.AddToScheme, true)
+}
+
+// restClient is a REST client of one API group version, its scheme alone.
+func restClient(cfg *rest.Config, apiPath string, gv schema.GroupVersion, addToScheme func(*runtime.Scheme) error, protobuf bool) (rest.Interface, error) {
 	scheme := runtime.NewScheme()
-	if err := corev1.AddToScheme(scheme); err != nil {
-		return nil, fmt.Errorf("core/v1 scheme: %w", err)
+	if err := addToScheme(scheme); err != nil {
+		return nil, fmt.Errorf("%s scheme: %w", gv, err)
 	}
 	c := rest.CopyConfig(cfg)
-	c.APIPath = "/api"
-	c.GroupVersion = &corev1.SchemeGroupVersion
-	c.ContentType = runtime.ContentTypeProtobuf
-	c.AcceptContentTypes = runtime.ContentTypeProtobuf + "," + runtime.ContentTypeJSON
+	c.APIPath = apiPath
+	c.GroupVersion = &gv
+	if protobuf {
+		c.ContentType = runtime.ContentTypeProtobuf
+		c.AcceptContentTypes = runtime.ContentTypeProtobuf + "," + runtime.ContentTypeJSON
+	}
 	c.NegotiatedSerializer = serializer.NewCodecFactory(scheme).WithoutConversion()
 	if c.UserAgent == "" {
 		c.UserAgent = "podnet-routed"
