@@ -61,7 +61,7 @@ type Daemon struct {
 	nodesLW cache.ListerWatcher
 	log     *slog.Logger
 	dp      *dataplane.Netlink
-	nat     dataplane.NAT
+	table   dataplane.Table
 	routes  dataplane.RouteCache
 	metrics *Metrics
 	kick    chan struct{}
@@ -91,6 +91,7 @@ func New(cfg Config, nodes cache.ListerWatcher, log *slog.Logger) *Daemon {
 		nodesLW: nodes,
 		log:     log,
 		dp:      &dataplane.Netlink{Encap: cfg.Encap, VNI: cfg.VXLANVNI, Port: cfg.VXLANPort, MTU: cfg.MTU, Log: log},
+		table:   dataplane.Table{Log: log},
 		metrics: NewMetrics(),
 		kick:    make(chan struct{}, 1),
 	}
@@ -131,6 +132,7 @@ type Metrics struct {
 	Repairs         prometheus.Counter
 	Errors          prometheus.Counter
 	NodesSkipped    prometheus.Gauge
+	TunnelDropped   prometheus.CounterFunc
 }
 
 // NewMetrics registers the metrics in a fresh registry.
@@ -143,9 +145,24 @@ func NewMetrics() *Metrics {
 		Repairs:         prometheus.NewCounter(prometheus.CounterOpts{Name: "podnet_route_repairs_total", Help: "Applies that changed the kernel after a podnet route was removed by someone else."}),
 		Errors:          prometheus.NewCounter(prometheus.CounterOpts{Name: "podnet_apply_errors_total", Help: "Applies that failed."}),
 		NodesSkipped:    prometheus.NewGauge(prometheus.GaugeOpts{Name: "podnet_nodes_skipped", Help: "Nodes without PodCIDR or address, not routed yet."}),
+		TunnelDropped: prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "podnet_tunnel_dropped_total",
+			Help: "Encapsulated packets dropped: not from a Node, from a pod, or carrying a forged or transit inner packet (nft counter tunnel_dropped)."},
+			tunnelDropped()),
 	}
-	m.Registry.MustRegister(m.RoutesDesired, m.RoutesProgramed, m.ApplySeconds, m.Repairs, m.Errors, m.NodesSkipped)
+	m.Registry.MustRegister(m.RoutesDesired, m.RoutesProgramed, m.ApplySeconds, m.Repairs, m.Errors, m.NodesSkipped, m.TunnelDropped)
 	return m
+}
+
+// tunnelDropped reads the tunnel filter's drop counter for a scrape; a
+// failed read answers the last value read.
+func tunnelDropped() func() float64 {
+	var last atomic.Uint64
+	return func() float64 {
+		if v, err := dataplane.TunnelDropped(); err == nil {
+			last.Store(v)
+		}
+		return float64(last.Load())
+	}
 }
 
 // Handler serves /healthz, /readyz and /metrics.
@@ -453,6 +470,10 @@ func (d *Daemon) applyNodes(lister listersv1.NodeLister) error {
 		delta.DelNeighbors = append(delta.DelNeighbors, dd.DelNeighbors...)
 		delta.AddFDBs = append(delta.AddFDBs, dd.AddFDBs...)
 		delta.DelFDBs = append(delta.DelFDBs, dd.DelFDBs...)
+		delta.AddPeers = append(delta.AddPeers, dd.AddPeers...)
+		delta.DelPeers = append(delta.DelPeers, dd.DelPeers...)
+		delta.AddRemote = append(delta.AddRemote, dd.AddRemote...)
+		delta.DelRemote = append(delta.DelRemote, dd.DelRemote...)
 	}
 	d.metrics.RoutesDesired.Set(float64(d.plan.Routes()))
 	d.metrics.NodesSkipped.Set(float64(d.plan.Skipped()))
@@ -460,6 +481,10 @@ func (d *Daemon) applyNodes(lister listersv1.NodeLister) error {
 		return nil
 	}
 	var errs []error
+	// the tunnel filter takes a new Node's packets before its route exists
+	if err := d.table.AddPeers(delta.AddPeers, delta.AddRemote); err != nil {
+		errs = append(errs, err)
+	}
 	changed := 0
 	if len(delta.Upsert)+len(delta.Remove) > 0 { // a VXLAN Node's move changes its FDB entry only
 		var programmed int
@@ -474,6 +499,10 @@ func (d *Daemon) applyNodes(lister listersv1.NodeLister) error {
 		if err := dataplane.ApplyVXLANDelta(delta.SetNeighbors, delta.DelNeighbors, delta.AddFDBs, delta.DelFDBs); err != nil {
 			errs = append(errs, err)
 		}
+	}
+	// and drops a gone Node's only once its route is gone
+	if err := d.table.RemovePeers(delta.DelPeers, delta.DelRemote); err != nil {
+		errs = append(errs, err)
 	}
 	d.log.Debug("routes applied", "trigger", "node", "nodes", len(names), "changed", changed, "routes", d.plan.Routes())
 	if len(errs) > 0 {
@@ -519,6 +548,14 @@ func (d *Daemon) apply(lister listersv1.NodeLister, why string) error {
 	// node from working: the other steps still run and the errors are
 	// reported together.
 	var errs []error
+	// The nft table (masquerade, tunnel filter) before the routes: a new
+	// Node's packets are let in before its route exists.
+	spec := dataplane.TableSpec{Masquerade: d.cfg.Masquerade, LocalPodCIDRs: st.Self.PodCIDRs, ClusterCIDRs: d.cfg.ClusterCIDRs,
+		Encap: d.cfg.Encap, VXLANPort: d.cfg.VXLANPort}
+	spec.Peers, spec.RemotePodCIDRs = plan.Peers()
+	if _, err := d.table.Apply(spec, why == "periodic resync"); err != nil {
+		errs = append(errs, err)
+	}
 	// A Node event and a repair trust the routes cache (no dump: their
 	// cost must not grow with the cluster); the initial sync, the
 	// periodic resync and link changes read the table again.
@@ -529,11 +566,6 @@ func (d *Daemon) apply(lister listersv1.NodeLister, why string) error {
 	d.metrics.RoutesProgramed.Set(float64(programmed))
 	if d.cfg.Encap == desired.VXLAN {
 		if err := dataplane.ApplyVXLANPeers(st.Neighbors, st.FDBs); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	if d.cfg.Masquerade {
-		if err := d.nat.Apply(st.Self.PodCIDRs, d.cfg.ClusterCIDRs, why == "periodic resync"); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -630,7 +662,7 @@ func findNode(nodes []desired.Node, name string) *desired.Node {
 // VXLAN device, the nft table and the node state file.
 func Cleanup(stateDir string) error {
 	var errs []error
-	errs = append(errs, dataplane.Cleanup(), dataplane.DeleteNAT())
+	errs = append(errs, dataplane.Cleanup(), dataplane.DeleteTable())
 	if err := nodestate.Remove(stateDir); err != nil {
 		errs = append(errs, err)
 	}

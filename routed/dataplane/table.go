@@ -1,0 +1,339 @@
+package dataplane
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
+	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/podnet/podnet/internal/contract"
+)
+
+// nftTimeout bounds one nftables transaction. The nftables library waits
+// for one acknowledgement per message of a batch; when the kernel aborts
+// a batch and answers once (seen while several netns load nf_tables'
+// modules at the same moment, in a VM), that wait never ends and the
+// daemon would stop (no node state written, no resync). With a deadline
+// the transaction fails, the error is reported, and the next resync
+// retries.
+const nftTimeout = 10 * time.Second
+
+// newNFT opens an nftables connection whose reads and writes give up
+// after nftTimeout.
+func newNFT() (*nftables.Conn, error) {
+	return nftables.New(nftables.WithSockOptions(func(c *netlink.Conn) error {
+		return c.SetDeadline(time.Now().Add(nftTimeout))
+	}))
+}
+
+func podnetTable() *nftables.Table {
+	return &nftables.Table{Family: nftables.TableFamilyINet, Name: contract.NFTable}
+}
+
+// Table keeps podnet-routed's one nft table, `inet podnet` (see
+// tablerules.go for its content), in line with a TableSpec:
+//   - Apply writes the whole table in one transaction (add, delete,
+//     re-create) when the spec changed, or, with verify, when what the
+//     kernel holds is not what was written (someone deleted or edited the
+//     table, a chain, a rule, a set, an element);
+//   - AddPeers and RemovePeers change the tunnel filter's sets by their
+//     elements only, one transaction each, for a Node event.
+//
+// There is no table at all when the spec wants neither masquerade nor a
+// tunnel filter. The zero Table is ready; it is safe for concurrent use.
+type Table struct {
+	Log *slog.Logger
+
+	mu sync.Mutex
+	// spec is what the kernel holds (canonical): the last full write and
+	// the deltas since. nil: not known (nothing written yet, or a write
+	// failed), so the next Apply writes everything.
+	spec *TableSpec
+	// written is the table's structure (tableStructure) read back after
+	// the last full write: what verify compares the kernel's with.
+	written []string
+}
+
+func (t *Table) log() *slog.Logger {
+	if t.Log == nil {
+		return slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	return t.Log
+}
+
+// Apply makes the table spec's: a full, atomic write when spec differs
+// from what was written last, or, with verify, when the kernel's table
+// differs from it in any way (structure or set elements). repaired says
+// that verify found the kernel's table changed behind podnet-routed's
+// back and wrote it again.
+func (t *Table) Apply(spec TableSpec, verify bool) (repaired bool, err error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	want := spec.canonical()
+	why := ""
+	if t.spec != nil && t.spec.equal(want) {
+		if !verify {
+			return false, nil
+		}
+		why, err = t.differs(want)
+		if err != nil {
+			why = err.Error()
+		}
+		if why == "" {
+			return false, nil
+		}
+	}
+	if err := t.write(want); err != nil {
+		t.spec, t.written = nil, nil
+		return false, err
+	}
+	if why != "" {
+		t.log().Info("nft table repaired", "table", "inet "+contract.NFTable, "why", why)
+	}
+	return why != "", nil
+}
+
+// write replaces the table with want's in one transaction, then reads
+// back its structure for verify.
+func (t *Table) write(want TableSpec) error {
+	c, err := newNFT()
+	if err != nil {
+		return fmt.Errorf("nftables: %w", err)
+	}
+	if want.empty() {
+		if err := deleteTable(c); err != nil {
+			return err
+		}
+		t.spec, t.written = &want, nil
+		return nil
+	}
+	def := buildTable(want)
+	table := podnetTable()
+	var kept expr.Counter
+	if def.counter {
+		// the counter outlives the rewrite: podnet_tunnel_dropped_total
+		// must not go back to 0 because a Node came or went
+		kept, _, _ = readCounter(c)
+	}
+	c.AddTable(table)
+	c.DelTable(table)
+	c.AddTable(table)
+	if def.counter {
+		c.AddObj(&nftables.NamedObj{Table: table, Name: CounterTunnelDropped, Type: nftables.ObjTypeCounter, Obj: &kept})
+	}
+	ids := map[string]uint32{}
+	for _, d := range def.sets {
+		s := d.set(table)
+		if err := c.AddSet(s, d.elems); err != nil {
+			return fmt.Errorf("nftables set %s: %w", d.name, err)
+		}
+		ids[s.Name] = s.ID
+	}
+	chains := map[string]*nftables.Chain{}
+	for _, d := range def.chains {
+		ch := d.chain
+		ch.Table = table
+		chains[ch.Name] = c.AddChain(&ch)
+	}
+	for _, d := range def.chains {
+		for _, r := range d.rules {
+			for _, e := range r {
+				if l, ok := e.(*expr.Lookup); ok {
+					l.SetID = ids[l.SetName]
+				}
+			}
+			c.AddRule(&nftables.Rule{Table: table, Chain: chains[d.chain.Name], Exprs: r})
+		}
+	}
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("write nftables table %s: %w", contract.NFTable, err)
+	}
+	written, err := tableStructure()
+	if err != nil {
+		return fmt.Errorf("read back nftables table %s: %w", contract.NFTable, err)
+	}
+	if written == nil {
+		return fmt.Errorf("nftables table %s gone right after it was written", contract.NFTable)
+	}
+	t.spec, t.written = &want, written
+	return nil
+}
+
+// differs compares the kernel's table with what was written for want and
+// says how it differs ("" when it does not).
+func (t *Table) differs(want TableSpec) (string, error) {
+	have, err := tableStructure()
+	if err != nil {
+		return "", err
+	}
+	if want.empty() {
+		if have != nil {
+			return "table present, none wanted", nil
+		}
+		return "", nil
+	}
+	if have == nil {
+		return "table missing", nil
+	}
+	if d := structureDiff(t.written, have); d != "" {
+		return d, nil
+	}
+	c, err := newNFT()
+	if err != nil {
+		return "", fmt.Errorf("nftables: %w", err)
+	}
+	table := podnetTable()
+	for _, d := range buildTable(want).sets {
+		got, err := c.GetSetElements(d.set(table))
+		if err != nil {
+			return fmt.Sprintf("set %s: %v", d.name, err), nil
+		}
+		if diff := elementsDiff(d.elems, got); diff != "" {
+			return fmt.Sprintf("set %s: %s", d.name, diff), nil
+		}
+	}
+	return "", nil
+}
+
+// AddPeers adds remote Nodes (their addresses and PodCIDRs) to the tunnel
+// filter's sets, in one transaction: call it before their routes are
+// written, so that their first packets are not dropped.
+func (t *Table) AddPeers(peers []netip.Addr, cidrs []netip.Prefix) error {
+	if len(peers)+len(cidrs) == 0 {
+		return nil
+	}
+	return t.change(func(s *TableSpec) {
+		s.Peers = append(slices.Clone(s.Peers), peers...)
+		s.RemotePodCIDRs = append(slices.Clone(s.RemotePodCIDRs), cidrs...)
+	})
+}
+
+// RemovePeers removes remote Nodes from the tunnel filter's sets, in one
+// transaction: call it after their routes are removed.
+func (t *Table) RemovePeers(peers []netip.Addr, cidrs []netip.Prefix) error {
+	if len(peers)+len(cidrs) == 0 {
+		return nil
+	}
+	gonePeers, goneCIDRs := sortedAddrs(peers), sortedPrefixes(cidrs)
+	return t.change(func(s *TableSpec) {
+		s.Peers = slices.DeleteFunc(slices.Clone(s.Peers), func(a netip.Addr) bool { return slices.Contains(gonePeers, a) })
+		s.RemotePodCIDRs = slices.DeleteFunc(slices.Clone(s.RemotePodCIDRs), func(p netip.Prefix) bool { return slices.Contains(goneCIDRs, p) })
+	})
+}
+
+// change applies edit to the spec the kernel holds and writes the
+// elements that differ, in one transaction. With no table written yet (or
+// no tunnel filter) there is nothing to change: the next Apply writes it
+// whole.
+func (t *Table) change(edit func(*TableSpec)) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.spec == nil || !t.spec.tunnel() {
+		return nil
+	}
+	next := *t.spec
+	edit(&next)
+	next = next.canonical()
+	c, err := newNFT()
+	if err != nil {
+		return fmt.Errorf("nftables: %w", err)
+	}
+	table := podnetTable()
+	before, after := tunnelSets(*t.spec), tunnelSets(next)
+	writes := 0
+	for i := range after {
+		del, add := elementChanges(before[i].elems, after[i].elems)
+		s := after[i].set(table)
+		if len(del) > 0 {
+			if err := c.SetDeleteElements(s, del); err != nil {
+				return fmt.Errorf("nftables set %s: %w", s.Name, err)
+			}
+			writes++
+		}
+		if len(add) > 0 {
+			if err := c.SetAddElements(s, add); err != nil {
+				return fmt.Errorf("nftables set %s: %w", s.Name, err)
+			}
+			writes++
+		}
+	}
+	if writes > 0 {
+		if err := c.Flush(); err != nil {
+			// the kernel's sets are not known any more: the next Apply
+			// writes the whole table
+			t.spec, t.written = nil, nil
+			return fmt.Errorf("update nftables table %s's peers: %w", contract.NFTable, err)
+		}
+	}
+	t.spec = &next
+	return nil
+}
+
+// TunnelDropped is the number of encapsulated packets the table dropped
+// (its counter tunnel_dropped): 0 without a table.
+func TunnelDropped() (uint64, error) {
+	c, err := newNFT()
+	if err != nil {
+		return 0, fmt.Errorf("nftables: %w", err)
+	}
+	v, found, err := readCounter(c)
+	if err != nil || !found {
+		return 0, err
+	}
+	return v.Packets, nil
+}
+
+// readCounter reads the table's counter; found is false without one.
+func readCounter(c *nftables.Conn) (expr.Counter, bool, error) {
+	o, err := c.GetObject(&nftables.NamedObj{Table: podnetTable(), Name: CounterTunnelDropped, Type: nftables.ObjTypeCounter})
+	if isNFTNotFound(err) {
+		return expr.Counter{}, false, nil
+	}
+	if err != nil {
+		return expr.Counter{}, false, fmt.Errorf("read nftables counter %s: %w", CounterTunnelDropped, err)
+	}
+	if n, ok := o.(*nftables.NamedObj); ok {
+		if v, ok := n.Obj.(*expr.Counter); ok {
+			return *v, true, nil
+		}
+	}
+	return expr.Counter{}, false, fmt.Errorf("nftables object %s is not a counter", CounterTunnelDropped)
+}
+
+func isNFTNotFound(err error) bool {
+	return err != nil && (errors.Is(err, unix.ENOENT) || strings.Contains(err.Error(), "no such file"))
+}
+
+// DeleteTable removes podnet's table; a missing table is fine.
+func DeleteTable() error {
+	c, err := newNFT()
+	if err != nil {
+		return fmt.Errorf("nftables: %w", err)
+	}
+	return deleteTable(c)
+}
+
+func deleteTable(c *nftables.Conn) error {
+	tables, err := c.ListTablesOfFamily(nftables.TableFamilyINet)
+	if err != nil {
+		return fmt.Errorf("list nftables tables: %w", err)
+	}
+	if !slices.ContainsFunc(tables, func(t *nftables.Table) bool { return t.Name == contract.NFTable }) {
+		return nil
+	}
+	c.DelTable(podnetTable())
+	if err := c.Flush(); err != nil && !isNFTNotFound(err) {
+		return fmt.Errorf("delete nftables table %s: %w", contract.NFTable, err)
+	}
+	return nil
+}

@@ -1,0 +1,187 @@
+package desired
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"net/netip"
+	"testing"
+)
+
+// peerSets is the tunnel filter's sets as a dataplane in memory holds
+// them: a NewPlan's Peers, then each Update's changes.
+type peerSets struct {
+	peers map[netip.Addr]bool
+	cidrs map[netip.Prefix]bool
+}
+
+func loadPeers(p *Plan) peerSets {
+	s := peerSets{peers: map[netip.Addr]bool{}, cidrs: map[netip.Prefix]bool{}}
+	peers, cidrs := p.Peers()
+	for _, a := range peers {
+		s.peers[a] = true
+	}
+	for _, c := range cidrs {
+		s.cidrs[c] = true
+	}
+	return s
+}
+
+func (s peerSets) apply(t *testing.T, step string, d Delta) {
+	t.Helper()
+	for _, a := range d.AddPeers {
+		if s.peers[a] {
+			t.Fatalf("%s: peer %s added twice", step, a)
+		}
+		s.peers[a] = true
+	}
+	for _, c := range d.AddRemote {
+		s.cidrs[c] = true
+	}
+	for _, a := range d.DelPeers {
+		if !s.peers[a] {
+			t.Fatalf("%s: peer %s removed but not there", step, a)
+		}
+		delete(s.peers, a)
+	}
+	for _, c := range d.DelRemote {
+		delete(s.cidrs, c)
+	}
+}
+
+func (s peerSets) equal(o peerSets) error {
+	if len(s.peers) != len(o.peers) || len(s.cidrs) != len(o.cidrs) {
+		return fmt.Errorf("%d peers, %d PodCIDRs; want %d, %d", len(s.peers), len(s.cidrs), len(o.peers), len(o.cidrs))
+	}
+	for a := range o.peers {
+		if !s.peers[a] {
+			return fmt.Errorf("peer %s missing", a)
+		}
+	}
+	for c := range o.cidrs {
+		if !s.cidrs[c] {
+			return fmt.Errorf("PodCIDR %s missing", c)
+		}
+	}
+	return nil
+}
+
+// The tunnel filter's peers follow Node events: after any sequence of
+// Updates, the sets patched by each Delta's AddPeers/DelPeers and
+// AddRemote/DelRemote equal those of a plan computed from scratch, a peer
+// is never added twice nor removed when absent (two Nodes with one
+// address), and every route Compute wants has its PodCIDR and next hop
+// (IPIP) in them.
+func TestPlanPeersFollowUpdates(t *testing.T) {
+	for _, cfg := range []Config{
+		{Self: "n00", Encap: IPIP, Underlay: underlay},
+		{Self: "n00", Encap: VXLAN, Underlay: underlay},
+		{Self: "n00", Encap: VXLAN, CrossSubnet: true, Underlay: underlay},
+	} {
+		t.Run(fmt.Sprintf("%s-cross%v", cfg.Encap, cfg.CrossSubnet), func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(2, uint64(len(cfg.Encap))))
+			nodes := map[string]Node{}
+			randomNode := func(name string) Node {
+				n := Node{Name: name}
+				if rng.IntN(10) > 0 {
+					// few addresses: Nodes share one now and then
+					n.IP = netip.AddrFrom4([4]byte{192, 168, byte(rng.IntN(2)), byte(1 + rng.IntN(10))})
+				}
+				if rng.IntN(10) > 0 {
+					n.PodCIDRs = append(n.PodCIDRs, netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 244, byte(rng.IntN(40)), 0}), 24))
+				}
+				return n
+			}
+			list := func() []Node {
+				var out []Node
+				for _, n := range nodes {
+					out = append(out, n)
+				}
+				return out
+			}
+			onLink := func(ip netip.Addr) bool { return ip.As4()[2] == 0 }
+			for i := 0; i < 8; i++ {
+				name := fmt.Sprintf("n%02d", i)
+				nodes[name] = randomNode(name)
+			}
+			plan, _ := NewPlan(cfg, list(), onLink)
+			sets := loadPeers(plan)
+			patched, moved := 0, 0
+			for step := 0; step < 2000; step++ {
+				name := fmt.Sprintf("n%02d", 1+rng.IntN(13))
+				var cur *Node
+				if rng.IntN(5) == 0 {
+					delete(nodes, name)
+				} else {
+					n := randomNode(name)
+					nodes[name] = n
+					cur = &n
+				}
+				at := fmt.Sprintf("step %d (%s)", step, name)
+				d, ok := plan.Update(name, cur)
+				if ok {
+					patched++
+					if len(d.AddPeers)+len(d.DelPeers) > 0 {
+						moved++
+					}
+					sets.apply(t, at, d)
+				} else {
+					plan, _ = NewPlan(cfg, list(), onLink)
+					sets = loadPeers(plan)
+				}
+				fresh, st := NewPlan(cfg, list(), onLink)
+				if err := sets.equal(loadPeers(fresh)); err != nil {
+					t.Fatalf("%s: %v", at, err)
+				}
+				for _, r := range st.Routes {
+					if r.Kind == Blackhole {
+						continue
+					}
+					if !sets.cidrs[r.Dst] {
+						t.Fatalf("%s: route %s: PodCIDR not in the filter's remote set", at, r)
+					}
+					if r.Dev == TunnelDevice && !sets.peers[r.Gw] {
+						t.Fatalf("%s: route %s: next hop not in the filter's peers", at, r)
+					}
+				}
+			}
+			if patched < 500 || moved < 100 {
+				t.Fatalf("patched %d, moved peers %d of 2000 steps: the random cluster does not exercise the deltas", patched, moved)
+			}
+		})
+	}
+}
+
+// A Node that moves to another address: the new address is added and the
+// old one removed in the same delta, and its PodCIDR is not touched; a
+// Node deleted takes its address and PodCIDR with it, unless another Node
+// routes through the same address.
+func TestPlanPeersDelta(t *testing.T) {
+	cfg := Config{Self: "a", Encap: IPIP, Underlay: underlay}
+	b := Node{Name: "b", PodCIDRs: prefixes("10.244.1.0/24"), IP: addr("192.168.1.2")}
+	c := Node{Name: "c", PodCIDRs: prefixes("10.244.2.0/24"), IP: addr("192.168.1.3")}
+	self := Node{Name: "a", PodCIDRs: prefixes("10.244.0.0/24"), IP: addr("192.168.1.1")}
+	plan, _ := NewPlan(cfg, []Node{self, b, c}, never)
+
+	moved := b
+	moved.IP = addr("192.168.1.9")
+	d, ok := plan.Update("b", &moved)
+	if !ok || fmt.Sprint(d.AddPeers, d.DelPeers, d.AddRemote, d.DelRemote) != "[192.168.1.9] [192.168.1.2] [] []" {
+		t.Fatalf("b moved: ok %v, peers +%v -%v, PodCIDRs +%v -%v", ok, d.AddPeers, d.DelPeers, d.AddRemote, d.DelRemote)
+	}
+	// c takes b's address too (a misconfiguration the validation refuses):
+	// deleting b then keeps the address, deleting c too removes it
+	shared := c
+	shared.IP = moved.IP
+	if d, ok = plan.Update("c", &shared); !ok || fmt.Sprint(d.AddPeers, d.DelPeers) != "[] [192.168.1.3]" {
+		t.Fatalf("c moved onto b's address: ok %v, peers +%v -%v", ok, d.AddPeers, d.DelPeers)
+	}
+	if d, ok = plan.Update("b", nil); !ok || fmt.Sprint(d.AddPeers, d.DelPeers, d.DelRemote) != "[] [] [10.244.1.0/24]" {
+		t.Fatalf("b deleted: ok %v, peers +%v -%v, PodCIDRs -%v", ok, d.AddPeers, d.DelPeers, d.DelRemote)
+	}
+	if d, ok = plan.Update("c", nil); !ok || fmt.Sprint(d.DelPeers, d.DelRemote) != "[192.168.1.9] [10.244.2.0/24]" {
+		t.Fatalf("c deleted: ok %v, peers -%v, PodCIDRs -%v", ok, d.DelPeers, d.DelRemote)
+	}
+	if peers, cidrs := plan.Peers(); len(peers)+len(cidrs) != 0 {
+		t.Fatalf("no remote Node left, Peers() = %v %v", peers, cidrs)
+	}
+}
