@@ -28,12 +28,55 @@ import (
 // retries.
 const nftTimeout = 10 * time.Second
 
+// nftSendBuffer is the send buffer of an nftables connection: a whole
+// transaction is one sendmsg, and the table of a 10,000-Node cluster is
+// about 1 MiB (the kernel's default buffer takes 200 KiB). It is a limit,
+// not an allocation.
+const nftSendBuffer = 16 << 20
+
+// setElementsPerMessage bounds the elements of one message: their list is
+// one netlink attribute, whose length is 16 bits (an IPv6 interval
+// element takes about 40 bytes).
+const setElementsPerMessage = 1000
+
 // newNFT opens an nftables connection whose reads and writes give up
-// after nftTimeout.
+// after nftTimeout, with room for a large transaction.
 func newNFT() (*nftables.Conn, error) {
 	return nftables.New(nftables.WithSockOptions(func(c *netlink.Conn) error {
-		return c.SetDeadline(time.Now().Add(nftTimeout))
+		if err := c.SetDeadline(time.Now().Add(nftTimeout)); err != nil {
+			return err
+		}
+		rc, err := c.SyscallConn()
+		if err != nil {
+			return err
+		}
+		var serr error
+		if err := rc.Control(func(fd uintptr) {
+			// FORCE passes net.core.wmem_max (CAP_NET_ADMIN, which
+			// writing nftables needs anyway); else as much as allowed
+			if serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, nftSendBuffer); serr != nil {
+				serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUF, nftSendBuffer)
+			}
+		}); err != nil {
+			return err
+		}
+		return serr
 	}))
+}
+
+// addElements queues adding (or, with del, deleting) elems to set s, in
+// messages of at most setElementsPerMessage elements.
+func addElements(c *nftables.Conn, s *nftables.Set, elems []nftables.SetElement, del bool) error {
+	for chunk := range slices.Chunk(elems, setElementsPerMessage) {
+		op := c.SetAddElements
+		if del {
+			op = c.SetDeleteElements
+		}
+		if err := op(s, chunk); err != nil {
+			return fmt.Errorf("nftables set %s: %w", s.Name, err)
+		}
+	}
+	return nil
 }
 
 func podnetTable() *nftables.Table {
@@ -62,6 +105,8 @@ type Table struct {
 	// written is the table's structure (tableStructure) read back after
 	// the last full write: what verify compares the kernel's with.
 	written []string
+	// nested: spec's RemotePodCIDRs overlap (see change)
+	nested bool
 }
 
 func (t *Table) log() *slog.Logger {
@@ -134,8 +179,11 @@ func (t *Table) write(want TableSpec) error {
 	ids := map[string]uint32{}
 	for _, d := range def.sets {
 		s := d.set(table)
-		if err := c.AddSet(s, d.elems); err != nil {
+		if err := c.AddSet(s, nil); err != nil {
 			return fmt.Errorf("nftables set %s: %w", d.name, err)
+		}
+		if err := addElements(c, s, d.elems, false); err != nil {
+			return err
 		}
 		ids[s.Name] = s.ID
 	}
@@ -165,7 +213,7 @@ func (t *Table) write(want TableSpec) error {
 	if written == nil {
 		return fmt.Errorf("nftables table %s gone right after it was written", contract.NFTable)
 	}
-	t.spec, t.written = &want, written
+	t.spec, t.written, t.nested = &want, written, nested(want.RemotePodCIDRs)
 	return nil
 }
 
@@ -209,63 +257,105 @@ func (t *Table) differs(want TableSpec) (string, error) {
 // filter's sets, in one transaction: call it before their routes are
 // written, so that their first packets are not dropped.
 func (t *Table) AddPeers(peers []netip.Addr, cidrs []netip.Prefix) error {
-	if len(peers)+len(cidrs) == 0 {
-		return nil
-	}
-	return t.change(func(s *TableSpec) {
-		s.Peers = append(slices.Clone(s.Peers), peers...)
-		s.RemotePodCIDRs = append(slices.Clone(s.RemotePodCIDRs), cidrs...)
-	})
+	return t.change(sortedAddrs(peers), sortedPrefixes(cidrs), nil, nil)
 }
 
 // RemovePeers removes remote Nodes from the tunnel filter's sets, in one
 // transaction: call it after their routes are removed.
 func (t *Table) RemovePeers(peers []netip.Addr, cidrs []netip.Prefix) error {
-	if len(peers)+len(cidrs) == 0 {
-		return nil
-	}
-	gonePeers, goneCIDRs := sortedAddrs(peers), sortedPrefixes(cidrs)
-	return t.change(func(s *TableSpec) {
-		s.Peers = slices.DeleteFunc(slices.Clone(s.Peers), func(a netip.Addr) bool { return slices.Contains(gonePeers, a) })
-		s.RemotePodCIDRs = slices.DeleteFunc(slices.Clone(s.RemotePodCIDRs), func(p netip.Prefix) bool { return slices.Contains(goneCIDRs, p) })
-	})
+	return t.change(nil, nil, sortedAddrs(peers), sortedPrefixes(cidrs))
 }
 
-// change applies edit to the spec the kernel holds and writes the
-// elements that differ, in one transaction. With no table written yet (or
-// no tunnel filter) there is nothing to change: the next Apply writes it
-// whole.
-func (t *Table) change(edit func(*TableSpec)) error {
+// change adds and removes peers and PodCIDRs in the spec the kernel holds
+// and writes the elements that change, in one transaction. With no table
+// written yet (or no tunnel filter) there is nothing to change: the next
+// Apply writes it whole. Its cost is that of the change (a binary search
+// per item), not of the cluster, unless PodCIDRs overlap (the validation
+// refuses that): then the sets are compared whole.
+func (t *Table) change(addPeers []netip.Addr, addCIDRs []netip.Prefix, delPeers []netip.Addr, delCIDRs []netip.Prefix) error {
+	if len(addPeers)+len(addCIDRs)+len(delPeers)+len(delCIDRs) == 0 {
+		return nil
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.spec == nil || !t.spec.tunnel() {
 		return nil
 	}
-	next := *t.spec
-	edit(&next)
-	next = next.canonical()
 	c, err := newNFT()
 	if err != nil {
 		return fmt.Errorf("nftables: %w", err)
 	}
 	table := podnetTable()
-	before, after := tunnelSets(*t.spec), tunnelSets(next)
+	sets := map[string]*nftables.Set{}
+	set := func(base string, v6 bool) *nftables.Set {
+		name := setName(base, v6)
+		if sets[name] == nil {
+			sets[name] = setDef{name: name, v6: v6, interval: base != setPeers}.set(table)
+		}
+		return sets[name]
+	}
+	type op struct {
+		s    *nftables.Set
+		e    []nftables.SetElement
+		del  bool
+		prio int // deletions first: a freed interval may be taken again
+	}
+	var ops []op
+	next, ok := *t.spec, true
+	next.Peers, next.RemotePodCIDRs = slices.Clone(next.Peers), slices.Clone(next.RemotePodCIDRs)
+	for _, a := range delPeers {
+		if i, found := slices.BinarySearchFunc(next.Peers, a, netip.Addr.Compare); found {
+			next.Peers = slices.Delete(next.Peers, i, i+1)
+			ops = append(ops, op{set(setPeers, a.Is6()), addrElements([]netip.Addr{a}, a.Is6()), true, 0})
+		}
+	}
+	for _, p := range delCIDRs {
+		i, found := slices.BinarySearchFunc(next.RemotePodCIDRs, p, comparePrefixes)
+		if !found {
+			continue
+		}
+		if (i > 0 && next.RemotePodCIDRs[i-1].Overlaps(p)) || (i+1 < len(next.RemotePodCIDRs) && next.RemotePodCIDRs[i+1].Overlaps(p)) {
+			ok = false
+		}
+		next.RemotePodCIDRs = slices.Delete(next.RemotePodCIDRs, i, i+1)
+		ops = append(ops, op{set(setRemote, p.Addr().Is6()), intervalElements([]netip.Prefix{p}, p.Addr().Is6()), true, 0})
+	}
+	for _, a := range addPeers {
+		if i, found := slices.BinarySearchFunc(next.Peers, a, netip.Addr.Compare); !found {
+			next.Peers = slices.Insert(next.Peers, i, a)
+			ops = append(ops, op{set(setPeers, a.Is6()), addrElements([]netip.Addr{a}, a.Is6()), false, 1})
+		}
+	}
+	for _, p := range addCIDRs {
+		i, found := slices.BinarySearchFunc(next.RemotePodCIDRs, p, comparePrefixes)
+		if found {
+			continue
+		}
+		if (i > 0 && next.RemotePodCIDRs[i-1].Overlaps(p)) || (i < len(next.RemotePodCIDRs) && next.RemotePodCIDRs[i].Overlaps(p)) {
+			ok = false
+		}
+		next.RemotePodCIDRs = slices.Insert(next.RemotePodCIDRs, i, p)
+		ops = append(ops, op{set(setRemote, p.Addr().Is6()), intervalElements([]netip.Prefix{p}, p.Addr().Is6()), false, 1})
+	}
+	if !ok || t.nested {
+		// overlapping PodCIDRs: an interval set holds the outer one only
+		// (intervalElements), so compare the sets whole
+		ops = nil
+		before, after := tunnelSets(*t.spec), tunnelSets(next)
+		for i := range after {
+			del, add := elementChanges(before[i].elems, after[i].elems)
+			s := after[i].set(table)
+			ops = append(ops, op{s, del, true, 0}, op{s, add, false, 1})
+		}
+	}
+	slices.SortStableFunc(ops, func(a, b op) int { return a.prio - b.prio })
 	writes := 0
-	for i := range after {
-		del, add := elementChanges(before[i].elems, after[i].elems)
-		s := after[i].set(table)
-		if len(del) > 0 {
-			if err := c.SetDeleteElements(s, del); err != nil {
-				return fmt.Errorf("nftables set %s: %w", s.Name, err)
-			}
-			writes++
+	for _, o := range ops {
+		if err := addElements(c, o.s, o.e, o.del); err != nil {
+			t.spec, t.written = nil, nil
+			return err
 		}
-		if len(add) > 0 {
-			if err := c.SetAddElements(s, add); err != nil {
-				return fmt.Errorf("nftables set %s: %w", s.Name, err)
-			}
-			writes++
-		}
+		writes += len(o.e)
 	}
 	if writes > 0 {
 		if err := c.Flush(); err != nil {
@@ -275,8 +365,19 @@ func (t *Table) change(edit func(*TableSpec)) error {
 			return fmt.Errorf("update nftables table %s's peers: %w", contract.NFTable, err)
 		}
 	}
-	t.spec = &next
+	t.spec, t.nested = &next, nested(next.RemotePodCIDRs)
 	return nil
+}
+
+// nested tells whether any of prefixes (sorted) overlap: then one of them
+// overlaps the next.
+func nested(prefixes []netip.Prefix) bool {
+	for i := 1; i < len(prefixes); i++ {
+		if prefixes[i-1].Overlaps(prefixes[i]) {
+			return true
+		}
+	}
+	return false
 }
 
 // TunnelDropped is the number of encapsulated packets the table dropped

@@ -234,6 +234,35 @@ func TestNFTTableRepairByContent(t *testing.T) {
 		t.Error("verify after RemovePeers repaired")
 	}
 
+	// Overlapping PodCIDRs (the validation refuses them; the table must
+	// still take them): an interval set holds the outer one only.
+	inner, outer := netip.MustParsePrefix("10.244.2.128/25"), netip.MustParsePrefix("10.244.2.0/24")
+	peersDo := func(add bool, p netip.Prefix) {
+		t.Helper()
+		nettest.Do(t, netns, func() error {
+			if add {
+				return table.AddPeers(nil, []netip.Prefix{p})
+			}
+			return table.RemovePeers(nil, []netip.Prefix{p})
+		})
+	}
+	peersDo(true, inner)
+	if got := listing(); got != written {
+		t.Fatalf("after AddPeers of %s inside %s:\n%s", inner, outer, got)
+	}
+	peersDo(false, outer)
+	if flat := strings.Join(strings.Fields(listing()), " "); !strings.Contains(flat, "{ 10.244.2.128/25, 10.244.3.0/24 }") {
+		t.Fatalf("after RemovePeers of %s, %s must be in remote4:\n%s", outer, inner, listing())
+	}
+	peersDo(true, outer)
+	peersDo(false, inner)
+	if got := listing(); got != written {
+		t.Fatalf("after the overlapping PodCIDRs are gone:\n%s\nwant:\n%s", got, written)
+	}
+	if apply(spec, true) {
+		t.Error("verify after overlapping PodCIDRs repaired")
+	}
+
 	// Nothing to do (no masquerade, no tunnel): no table at all, and one
 	// made by someone else goes at the next verify.
 	apply(dataplane.TableSpec{Encap: desired.None}, false)
