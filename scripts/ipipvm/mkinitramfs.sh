@@ -23,7 +23,9 @@ kver=$(ls "$kdir/lib/modules")
 mods=$kdir/lib/modules/$kver
 # crc32c_generic: libcrc32c (nf_tables, nf_conntrack) needs a crc32c
 # implementation, a soft dependency modules.dep does not list.
-modules=${IPIPVM_MODULES:-"ipip veth bridge e1000 nft_chain_nat nft_masq crc32c_generic"}
+# nft_fib_inet, nft_objref: podnet-routed's tunnel filter (fib daddr type
+# local, its named drop counter).
+modules=${IPIPVM_MODULES:-"ipip veth bridge e1000 nft_chain_nat nft_masq nft_fib_inet nft_objref crc32c_generic"}
 load=${IPIPVM_LOAD:-"e1000"}
 busybox=$(command -v busybox || true)
 [ -n "$busybox" ] || { echo "busybox missing: apt-get install busybox-static" >&2; exit 1; }
