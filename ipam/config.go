@@ -94,6 +94,8 @@ func NodeStatePodCIDRs(dir string) PodCIDRSource {
 	return func() ([]netip.Prefix, error) {
 		st, err := nodestate.Read(dir)
 		if err != nil {
+			// not ErrNodeUnusable: DEL takes ErrPodCIDRUnknown for "nothing
+			// was ever allocated", and this node's PodCIDR was known
 			if errors.Is(err, nodestate.ErrNotReady) {
 				return nil, fmt.Errorf("%w: %v", ErrPodCIDRUnknown, err)
 			}

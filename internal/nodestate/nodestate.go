@@ -24,6 +24,27 @@ type State struct {
 	PodCIDRs []string `json:"podCIDRs,omitempty"`
 	MTU      int      `json:"mtu,omitempty"`
 	Encap    string   `json:"encap,omitempty"`
+	// Error, when set, says why this node cannot host pods now (its Node
+	// object is deleted, has no PodCIDR, or was refused): Read returns it
+	// as an error wrapping ErrNodeUnusable.
+	Error string `json:"error,omitempty"`
+}
+
+// ErrNodeUnusable is returned by Read when podnet-routed wrote why this
+// node cannot host pods now.
+var ErrNodeUnusable = errors.New("podnet-routed reports this node cannot host pods")
+
+// Equal tells whether s and o say the same.
+func (s *State) Equal(o *State) bool {
+	return s.NodeName == o.NodeName && s.MTU == o.MTU && s.Encap == o.Encap && s.Error == o.Error &&
+		len(s.PodCIDRs) == len(o.PodCIDRs) && func() bool {
+		for i := range s.PodCIDRs {
+			if s.PodCIDRs[i] != o.PodCIDRs[i] {
+				return false
+			}
+		}
+		return true
+	}()
 }
 
 // ErrNotReady is returned by Read when the state file does not exist yet.
@@ -38,8 +59,18 @@ func Path(dir string) string {
 }
 
 // Read loads the state file from dir. A missing file yields an error wrapping
-// ErrNotReady; every other error names the file.
+// ErrNotReady, a file that says the node cannot host pods one wrapping
+// ErrNodeUnusable with the reason; every other error names the file.
 func Read(dir string) (*State, error) {
+	s, err := ReadFile(dir)
+	if err == nil && s.Error != "" {
+		return nil, fmt.Errorf("%s: %w: %s", Path(dir), ErrNodeUnusable, s.Error)
+	}
+	return s, err
+}
+
+// ReadFile loads the state file from dir as it is, Error included.
+func ReadFile(dir string) (*State, error) {
 	p := Path(dir)
 	data, err := os.ReadFile(p)
 	if errors.Is(err, os.ErrNotExist) {

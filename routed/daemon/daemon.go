@@ -12,7 +12,6 @@ import (
 	"net/http"
 	"net/netip"
 	"runtime/debug"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -43,33 +42,47 @@ const NodeIPAnnotation = "podnet.io/node-ip"
 
 // Config is the daemon's configuration (from flags).
 type Config struct {
-	NodeName       string
-	Encap          desired.Encap
-	CrossSubnet    bool
-	ClusterCIDRs   []netip.Prefix
+	NodeName     string
+	Encap        desired.Encap
+	CrossSubnet  bool
+	ClusterCIDRs []netip.Prefix
+	// ServiceCIDRs are the service ranges from the flag; the ServiceCIDR
+	// objects of the API add theirs where they can be read.
+	ServiceCIDRs []netip.Prefix
+	// APIServers are the addresses this node reaches the API server at:
+	// no PodCIDR may hold one.
+	APIServers     []netip.Addr
 	Masquerade     bool
 	MTU            int
 	StateDir       string
 	ResyncInterval time.Duration
-	VXLANVNI       int
-	VXLANPort      int
+	// APIServerTimeout is how long the API server may be out of reach
+	// before /readyz says so (0: never).
+	APIServerTimeout time.Duration
+	VXLANVNI         int
+	VXLANPort        int
 }
 
 // Daemon reconciles the node's dataplane with the Nodes of the cluster.
 type Daemon struct {
 	cfg     Config
 	nodesLW cache.ListerWatcher
-	log     *slog.Logger
-	dp      *dataplane.Netlink
-	table   dataplane.Table
-	routes  dataplane.RouteCache
-	metrics *Metrics
-	kick    chan struct{}
+	// serviceCIDRsLW lists and watches ServiceCIDR objects (nil: the flag
+	// alone); events posts Events about refused Nodes (nil: none)
+	serviceCIDRsLW cache.ListerWatcher
+	events         *eventSink
+	log            *slog.Logger
+	dp             *dataplane.Netlink
+	table          dataplane.Table
+	routes         dataplane.RouteCache
+	metrics        *Metrics
+	kick           chan struct{}
+	refusals       *refusals
 
 	// plan is the desired state of the last full apply, kept per Node: a
 	// Node event patches it and applies the difference. nil: the next
-	// event computes everything (nothing applied yet, this node not
-	// ready, the last apply failed).
+	// event computes everything (nothing applied yet, the last apply
+	// failed).
 	plan *desired.Plan
 	// dirty holds the names of the Nodes changed since the last apply,
 	// pending the other reasons to apply ("repair", "link change")
@@ -78,15 +91,31 @@ type Daemon struct {
 	dirty   map[string]struct{}
 	pending map[string]bool
 
+	// service ranges read from ServiceCIDR objects
+	svcMu      sync.Mutex
+	svcFromAPI []netip.Prefix
+
 	synced      atomic.Bool
 	lastApplyOK atomic.Bool
-	lastState   nodestate.State
+	// selfProblem says why this node's own Node cannot be used ("": it
+	// can); readyz reports it
+	selfProblem atomic.Value
+	// the API server: when a watch event or list last arrived, and since
+	// when it has failed (0: it has not)
+	lastEvent, lastContact atomic.Int64
+	unreachableSince       atomic.Int64
+	core                   rest.Interface
+	lastState              nodestate.State
+	// lastSelf is this node as the last valid view had it: routes to the
+	// other Nodes keep converging through its underlay while this
+	// node's own Node is bad or gone
+	lastSelf *desired.Node
 }
 
 // New builds a daemon that lists and watches Nodes through nodes (see
 // NodesListWatch).
 func New(cfg Config, nodes cache.ListerWatcher, log *slog.Logger) *Daemon {
-	return &Daemon{
+	d := &Daemon{
 		cfg:     cfg,
 		nodesLW: nodes,
 		log:     log,
@@ -95,14 +124,33 @@ func New(cfg Config, nodes cache.ListerWatcher, log *slog.Logger) *Daemon {
 		metrics: NewMetrics(),
 		kick:    make(chan struct{}, 1),
 	}
+	d.selfProblem.Store("")
+	d.metrics.contactAge = d.contactAge
+	d.metrics.unreachableFor = d.unreachableFor
+	return d
 }
 
-// NodesListWatch lists and watches the cluster's Nodes through a REST
-// client that knows core/v1 and nothing else, in protobuf: the typed
-// clientset and informer factory would link every API group into the
-// binary (its pages are most of the daemon's resident memory), and JSON
-// costs several times the CPU and garbage to decode a large Node list.
-func NodesListWatch(cfg *rest.Config) (cache.ListerWatcher, error) {
+// WithAPI makes the daemon probe the API server through core when its
+// watch is quiet, post Events about the Nodes it refuses through events
+// (CoreClient, each with a rate limiter of its own, so that a burst of
+// Events never delays a Node list or watch) and read the cluster's
+// service ranges from ServiceCIDR objects through serviceCIDRs
+// (ServiceCIDRsListWatch; nil: the flag alone).
+func (d *Daemon) WithAPI(core, events rest.Interface, serviceCIDRs cache.ListerWatcher) *Daemon {
+	d.core = core
+	if events != nil {
+		d.events = newEventSink(events, d.cfg.NodeName, d.log)
+	}
+	d.serviceCIDRsLW = serviceCIDRs
+	return d
+}
+
+// CoreClient is a REST client of core/v1 and nothing else, in protobuf:
+// the typed clientset and informer factory would link every API group
+// into the binary (its pages are most of the daemon's resident memory),
+// and JSON costs several times the CPU and garbage to decode a large
+// Node list.
+func CoreClient(cfg *rest.Config) (rest.Interface, error) {
 	scheme := runtime.NewScheme()
 	if err := corev1.AddToScheme(scheme); err != nil {
 		return nil, fmt.Errorf("core/v1 scheme: %w", err)
@@ -120,7 +168,12 @@ func NodesListWatch(cfg *rest.Config) (cache.ListerWatcher, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes client: %w", err)
 	}
-	return cache.NewListWatchFromClient(rc, "nodes", metav1.NamespaceAll, fields.Everything()), nil
+	return rc, nil
+}
+
+// NodesListWatch lists and watches the cluster's Nodes through core.
+func NodesListWatch(core rest.Interface) cache.ListerWatcher {
+	return cache.NewListWatchFromClient(core, "nodes", metav1.NamespaceAll, fields.Everything())
 }
 
 // Metrics are the daemon's Prometheus metrics, in their own registry.
@@ -132,7 +185,10 @@ type Metrics struct {
 	Repairs         prometheus.Counter
 	Errors          prometheus.Counter
 	NodesSkipped    prometheus.Gauge
+	NodesRefused    *prometheus.GaugeVec
 	TunnelDropped   prometheus.CounterFunc
+
+	contactAge, unreachableFor func() float64
 }
 
 // NewMetrics registers the metrics in a fresh registry.
@@ -149,8 +205,20 @@ func NewMetrics() *Metrics {
 			Help: "Encapsulated packets dropped: not from a Node, from a pod, or carrying a forged or transit inner packet (nft counter tunnel_dropped)."},
 			tunnelDropped()),
 	}
-	m.Registry.MustRegister(m.RoutesDesired, m.RoutesProgramed, m.ApplySeconds, m.Repairs, m.Errors, m.NodesSkipped, m.TunnelDropped)
+	m.NodesRefused = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "podnet_nodes_refused", Help: "Nodes refused by validation (no route to them), by reason."}, []string{"reason"})
+	age := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "podnet_last_watch_event_age_seconds", Help: "Seconds since the last Node watch event or list from the API server."},
+		func() float64 { return call(m.contactAge) })
+	unreachable := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "podnet_apiserver_unreachable_seconds", Help: "Seconds the API server has been out of reach (0: reachable)."},
+		func() float64 { return call(m.unreachableFor) })
+	m.Registry.MustRegister(m.RoutesDesired, m.RoutesProgramed, m.ApplySeconds, m.Repairs, m.Errors, m.NodesSkipped, m.NodesRefused, age, unreachable, m.TunnelDropped)
 	return m
+}
+
+func call(f func() float64) float64 {
+	if f == nil {
+		return 0
+	}
+	return f()
 }
 
 // tunnelDropped reads the tunnel filter's drop counter for a scrape; a
@@ -174,8 +242,16 @@ func (d *Daemon) Handler() http.Handler {
 			http.Error(w, "node informer not synced", http.StatusServiceUnavailable)
 			return
 		}
+		if p := d.selfProblem.Load().(string); p != "" {
+			http.Error(w, p, http.StatusServiceUnavailable)
+			return
+		}
+		if t := d.cfg.APIServerTimeout; t > 0 && d.unreachableFor() > t.Seconds() {
+			http.Error(w, fmt.Sprintf("API server unreachable for %.0fs (more than --apiserver-timeout %s)", d.unreachableFor(), t), http.StatusServiceUnavailable)
+			return
+		}
 		if !d.lastApplyOK.Load() {
-			http.Error(w, "last apply failed or not done yet", http.StatusServiceUnavailable)
+			http.Error(w, "the last apply of this node's own devices, blackhole or node.json failed, or none was done yet (see the log)", http.StatusServiceUnavailable)
 			return
 		}
 		fmt.Fprintln(w, "ok")
@@ -192,12 +268,34 @@ func (d *Daemon) Run(ctx context.Context) error {
 			return err
 		}
 	}
+	d.refusals = newRefusals(d.cfg.NodeName, d.log, d.events, func(r desired.Reason, n int) {
+		d.metrics.NodesRefused.WithLabelValues(string(r)).Set(float64(n))
+	})
+	if d.events != nil {
+		go d.events.run(ctx)
+	}
+	if d.core != nil && d.cfg.APIServerTimeout > 0 {
+		go d.probeAPI(ctx, d.core)
+	}
+	if err := d.watchServiceCIDRs(ctx); err != nil {
+		return err
+	}
 	informer := cache.NewSharedIndexInformer(d.nodesLW, &corev1.Node{}, 0, cache.Indexers{})
 	lister := listersv1.NewNodeLister(informer.GetIndexer())
+	// the API server's reachability: every list and watch event is
+	// contact, every failed list or watch starts (or continues) an outage
+	if err := informer.SetWatchErrorHandler(func(_ *cache.Reflector, err error) {
+		d.unreachable(err)
+	}); err != nil {
+		return fmt.Errorf("node watch error handler: %w", err)
+	}
 	// keep only what FromNode reads: the informer's store then holds a few
 	// hundred bytes per Node instead of the whole object (managedFields,
 	// images, conditions, labels)
-	if err := informer.SetTransform(SlimNode); err != nil {
+	if err := informer.SetTransform(func(obj any) (any, error) {
+		d.watchEvent()
+		return SlimNode(obj)
+	}); err != nil {
 		return fmt.Errorf("node informer transform: %w", err)
 	}
 	if _, err := informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
@@ -297,7 +395,7 @@ func (d *Daemon) takePending() string {
 	defer d.dirtyMu.Unlock()
 	p := d.pending
 	d.pending = nil
-	for _, why := range []string{"link change", "repair", "node"} {
+	for _, why := range []string{"link change", "repair", "service cidrs", "node"} {
 		if p[why] {
 			return why
 		}
@@ -412,19 +510,28 @@ func watch[U any](ctx context.Context, log *slog.Logger, what string, first chan
 }
 
 // reconcile computes the desired state from the lister and applies it.
+// A failure that concerns one remote Node (its route cannot be written)
+// is logged and counted, and retried by the next full apply, but leaves
+// the node ready: only this node's own part (its devices, blackhole and
+// node.json) decides readiness.
 func (d *Daemon) reconcile(lister listersv1.NodeLister, why string) {
 	start := time.Now()
-	var err error
+	var own, remote error
 	if why == "node" {
-		err = d.applyNodes(lister)
+		own, remote = d.applyNodes(lister)
 	} else {
-		err = d.apply(lister, why)
+		own, remote = d.apply(lister, why)
 	}
 	d.metrics.ApplySeconds.Observe(time.Since(start).Seconds())
-	if err != nil {
+	if own != nil || remote != nil {
 		d.metrics.Errors.Inc()
+	}
+	if remote != nil {
+		d.log.Error("some routes could not be applied; retried on the next resync", "trigger", why, "err", remote)
+	}
+	if own != nil {
 		d.lastApplyOK.Store(false)
-		d.log.Error("apply failed", "trigger", why, "err", err)
+		d.log.Error("apply failed", "trigger", why, "err", own)
 		return
 	}
 	d.lastApplyOK.Store(true)
@@ -441,9 +548,9 @@ func (d *Daemon) reconcile(lister listersv1.NodeLister, why string) {
 // applyNodes applies the Nodes changed since the last apply: each one
 // patches the plan, and only the routes (and VXLAN entries) that change
 // are written, from the routes cache. Whatever the plan cannot patch one
-// Node at a time (this node, a PodCIDR claimed twice, no plan yet) and
-// any failure fall back to the full apply.
-func (d *Daemon) applyNodes(lister listersv1.NodeLister) error {
+// Node at a time (this node, a Node in a conflict, no plan yet) falls
+// back to the full apply.
+func (d *Daemon) applyNodes(lister listersv1.NodeLister) (own, remote error) {
 	names := d.takeDirty()
 	if d.plan == nil {
 		return d.apply(lister, "node")
@@ -458,7 +565,7 @@ func (d *Daemon) applyNodes(lister listersv1.NodeLister) error {
 			n = &dn
 		case apierrors.IsNotFound(err): // deleted
 		default:
-			return fmt.Errorf("get node %s from the informer: %w", name, err)
+			return nil, fmt.Errorf("get node %s from the informer: %w", name, err)
 		}
 		dd, ok := d.plan.Update(name, n)
 		if !ok {
@@ -475,10 +582,11 @@ func (d *Daemon) applyNodes(lister listersv1.NodeLister) error {
 		delta.AddRemote = append(delta.AddRemote, dd.AddRemote...)
 		delta.DelRemote = append(delta.DelRemote, dd.DelRemote...)
 	}
+	d.refusals.sync(d.plan.Refused(), d.plan.TakeRefusalChanges(), nodeExists(lister))
 	d.metrics.RoutesDesired.Set(float64(d.plan.Routes()))
 	d.metrics.NodesSkipped.Set(float64(d.plan.Skipped()))
 	if delta.Empty() {
-		return nil
+		return nil, nil
 	}
 	var errs []error
 	// the tunnel filter takes a new Node's packets before its route exists
@@ -508,130 +616,179 @@ func (d *Daemon) applyNodes(lister listersv1.NodeLister) error {
 	if len(errs) > 0 {
 		d.plan = nil // the next event applies everything again
 	}
-	return errors.Join(errs...)
+	return nil, errors.Join(errs...)
 }
 
-func (d *Daemon) apply(lister listersv1.NodeLister, why string) error {
+// apply judges every Node again and makes the whole dataplane match:
+// routes (pruning the ones no valid Node wants), the tunnel device,
+// VXLAN entries, the nft table and node.json. Its own part fails (own)
+// only for what this node itself needs; a route that cannot be written
+// is reported in remote.
+func (d *Daemon) apply(lister listersv1.NodeLister, why string) (own, remote error) {
 	d.plan = nil
 	// every Node is read below: what changed until now is covered
 	d.takeDirty()
 	objs, err := lister.List(labels.Everything())
 	if err != nil {
-		return fmt.Errorf("list nodes: %w", err)
+		return fmt.Errorf("list nodes: %w", err), nil
 	}
 	nodes := make([]desired.Node, 0, len(objs))
 	for _, o := range objs {
 		nodes = append(nodes, FromNode(o))
 	}
-	cfg := desired.Config{Self: d.cfg.NodeName, Encap: d.cfg.Encap, CrossSubnet: d.cfg.CrossSubnet}
-	var underlay netlink.Link
+	// A Node event and a repair trust the routes cache (no dump: their
+	// cost must not grow with the cluster); the initial sync, the
+	// periodic resync and link changes read the table again.
+	dump := why != "node" && why != "repair"
+	local, err := dataplane.LocalNetwork(&d.routes, dump)
+	if err != nil {
+		return err, nil
+	}
+	cfg := desired.Config{Self: d.cfg.NodeName, Encap: d.cfg.Encap, CrossSubnet: d.cfg.CrossSubnet,
+		ClusterCIDRs: d.cfg.ClusterCIDRs, ServiceCIDRs: d.serviceCIDRs(), APIServers: d.cfg.APIServers}
+	// the underlay: this node's address's link, or the last one known
+	// while this node's Node is bad or gone
+	selfIP := netip.Addr{}
 	if self := findNode(nodes, d.cfg.NodeName); self != nil && self.IP.IsValid() {
-		if underlay, err = dataplane.Underlay(self.IP); err != nil {
-			return err
-		}
+		selfIP = self.IP
+	} else if d.lastSelf != nil {
+		selfIP = d.lastSelf.IP
+	}
+	var underlay netlink.Link
+	var errs []error
+	if selfIP.IsValid() {
+		underlay, err = dataplane.Underlay(selfIP)
+	} else {
+		// this node's Node is gone and nothing is known of it (a
+		// restart meanwhile): the link toward the other nodes
+		underlay, err = dataplane.UnderlayToward(nodeAddrs(nodes, d.cfg.NodeName))
+	}
+	if err != nil {
+		errs = append(errs, err)
+	} else if underlay != nil {
 		cfg.Underlay = underlay.Attrs().Name
 	}
-	plan, st := desired.NewPlan(cfg, nodes, dataplane.OnLink)
+	plan, st := desired.NewPlan(cfg, local, nodes, dataplane.OnLink)
+	d.plan = plan
+	d.plan.TakeRefusalChanges()
+	d.refusals.sync(st.Refused, nil, nodeExists(lister))
 	d.metrics.NodesSkipped.Set(float64(len(st.Skipped)))
 	for _, s := range st.Skipped {
 		d.log.Debug("node skipped", "node", s.Node, "reason", s.Reason)
 	}
-	if st.Self == nil || underlay == nil {
-		return fmt.Errorf("this node (%q) has no PodCIDR or address yet: nothing applied", d.cfg.NodeName)
-	}
-	if err := d.dp.Setup(*st.Self, st.VTEPs); err != nil {
-		return err
+	d.setSelfProblem(st.SelfProblem)
+	if st.Self != nil {
+		self := *st.Self
+		d.lastSelf = &self
+		if underlay != nil {
+			if err := d.dp.Setup(self, st.VTEPs); err != nil {
+				errs = append(errs, err)
+			}
+		}
 	}
 	d.metrics.RoutesDesired.Set(float64(len(st.Routes)))
 	// One route that cannot be installed (a foreign route holding a remote
 	// PodCIDR, a gateway not reachable yet) must not keep the rest of the
 	// node from working: the other steps still run and the errors are
 	// reported together.
-	var errs []error
+	var remoteErrs []error
 	// The nft table (masquerade, tunnel filter) before the routes: a new
-	// Node's packets are let in before its route exists.
-	spec := dataplane.TableSpec{Masquerade: d.cfg.Masquerade, LocalPodCIDRs: st.Self.PodCIDRs, ClusterCIDRs: d.cfg.ClusterCIDRs,
+	// Node's packets are let in before its route exists. While this
+	// node's own Node cannot be used, its last PodCIDRs (its pods are
+	// still there) and the peers keep following the other Nodes.
+	spec := dataplane.TableSpec{Masquerade: d.cfg.Masquerade, ClusterCIDRs: d.cfg.ClusterCIDRs,
 		Encap: d.cfg.Encap, VXLANPort: d.cfg.VXLANPort}
+	if d.lastSelf != nil {
+		spec.LocalPodCIDRs = d.lastSelf.PodCIDRs
+	}
 	spec.Peers, spec.RemotePodCIDRs = plan.Peers()
 	if _, err := d.table.Apply(spec, why == "periodic resync"); err != nil {
 		errs = append(errs, err)
 	}
-	// A Node event and a repair trust the routes cache (no dump: their
-	// cost must not grow with the cluster); the initial sync, the
-	// periodic resync and link changes read the table again.
-	changed, programmed, err := dataplane.ApplyRoutes(st.Routes, &d.routes, why != "node" && why != "repair")
+	// (LocalNetwork read the table just now when dump)
+	changed, programmed, err := dataplane.ApplyRoutes(st.Routes, &d.routes, false)
 	if err != nil {
-		errs = append(errs, err)
+		remoteErrs = append(remoteErrs, err)
 	}
 	d.metrics.RoutesProgramed.Set(float64(programmed))
-	if d.cfg.Encap == desired.VXLAN {
+	if d.cfg.Encap == desired.VXLAN && underlay != nil {
 		if err := dataplane.ApplyVXLANPeers(st.Neighbors, st.FDBs); err != nil {
-			errs = append(errs, err)
+			remoteErrs = append(remoteErrs, err)
 		}
 	}
-	if err := d.writeState(st.Self, d.dp.OverlayMTU(underlay)); err != nil {
+	if err := d.writeState(st.Self, st.SelfProblem, underlay); err != nil {
 		errs = append(errs, err)
 	}
 	if changed > 0 {
 		if why == "repair" {
 			d.metrics.Repairs.Inc()
 		}
-		d.log.Info("routes applied", "trigger", why, "changed", changed, "routes", len(st.Routes), "skipped", len(st.Skipped))
+		d.log.Info("routes applied", "trigger", why, "changed", changed, "routes", len(st.Routes), "skipped", len(st.Skipped), "refused", len(st.Refused))
 	}
-	if len(errs) == 0 {
-		d.plan = plan
+	if len(remoteErrs) > 0 {
+		d.plan = nil // the next Node event applies everything again
 	}
-	return errors.Join(errs...)
+	return errors.Join(errs...), errors.Join(remoteErrs...)
 }
 
-func (d *Daemon) writeState(self *desired.Node, mtu int) error {
-	st := nodestate.State{NodeName: self.Name, MTU: mtu, Encap: string(d.cfg.Encap)}
-	for _, p := range self.PodCIDRs {
-		st.PodCIDRs = append(st.PodCIDRs, p.String())
+func (d *Daemon) setSelfProblem(p string) {
+	if old := d.selfProblem.Swap(p); old != p {
+		if p != "" {
+			d.log.Error("this node's own Node cannot be used: no blackhole, node.json says why; routes to the other Nodes keep converging", "problem", p)
+		} else if old != nil && old != "" {
+			d.log.Info("this node's own Node is usable again")
+		}
 	}
-	if slices.Equal(st.PodCIDRs, d.lastState.PodCIDRs) && st.MTU == d.lastState.MTU && st.Encap == d.lastState.Encap && st.NodeName == d.lastState.NodeName {
+}
+
+// writeState publishes this node's PodCIDRs and MTU in node.json for the
+// plugins, or, while this node's own Node cannot be used, why not (the
+// plugins then refuse ADD with that text). It compares with the file on
+// disk, so a node.json someone deleted or edited is written again.
+func (d *Daemon) writeState(self *desired.Node, problem string, underlay netlink.Link) error {
+	st := nodestate.State{NodeName: d.cfg.NodeName, Encap: string(d.cfg.Encap)}
+	if self != nil {
+		for _, p := range self.PodCIDRs {
+			st.PodCIDRs = append(st.PodCIDRs, p.String())
+		}
+	} else {
+		st.Error = problem
+	}
+	if underlay != nil {
+		st.MTU = d.dp.OverlayMTU(underlay)
+	} else {
+		st.MTU = d.lastState.MTU
+	}
+	if cur, err := nodestate.ReadFile(d.cfg.StateDir); err == nil && cur.Equal(&st) {
+		d.lastState = st
 		return nil
 	}
 	if err := nodestate.Write(d.cfg.StateDir, &st); err != nil {
 		return err
 	}
 	d.lastState = st
-	d.log.Info("node state written", "path", nodestate.Path(d.cfg.StateDir), "podCIDRs", st.PodCIDRs, "mtu", mtu)
+	d.log.Info("node state written", "path", nodestate.Path(d.cfg.StateDir), "podCIDRs", st.PodCIDRs, "mtu", st.MTU, "error", st.Error)
 	return nil
 }
 
-// FromNode extracts what routing needs from a Node.
+// FromNode extracts what routing needs from a Node (desired.ParseNode
+// judges the fields).
 func FromNode(n *corev1.Node) desired.Node {
-	out := desired.Node{Name: n.Name}
-	cidrs := n.Spec.PodCIDRs
-	if len(cidrs) == 0 && n.Spec.PodCIDR != "" {
-		cidrs = []string{n.Spec.PodCIDR}
-	}
-	for _, c := range cidrs {
-		if p, err := netip.ParsePrefix(c); err == nil {
-			out.PodCIDRs = append(out.PodCIDRs, p.Masked())
-		}
-	}
-	if a, ok := n.Annotations[NodeIPAnnotation]; ok {
-		if ip, err := netip.ParseAddr(a); err == nil {
-			out.IP = ip.Unmap() // ::ffff:a.b.c.d is an IPv4 node
-			return out
-		}
-	}
+	addrs := make([]desired.Address, 0, len(n.Status.Addresses))
 	for _, a := range n.Status.Addresses {
-		if a.Type == corev1.NodeInternalIP {
-			if ip, err := netip.ParseAddr(a.Address); err == nil {
-				out.IP = ip.Unmap()
-				break
-			}
-		}
+		addrs = append(addrs, desired.Address{Internal: a.Type == corev1.NodeInternalIP, Address: a.Address})
 	}
-	return out
+	var annotation *string
+	if a, ok := n.Annotations[NodeIPAnnotation]; ok {
+		annotation = &a
+	}
+	return desired.ParseNode(n.Name, string(n.UID), n.CreationTimestamp.Time, n.Spec.PodCIDR, n.Spec.PodCIDRs, addrs, annotation)
 }
 
 // SlimNode is the node informer's transform: a Node reduced to what
-// FromNode reads (name, PodCIDRs, addresses, the node-ip annotation) plus
-// the identity the informer keeps. Anything else (a tombstone) passes.
+// FromNode reads (name, age, PodCIDRs, addresses, the node-ip
+// annotation) plus the identity the informer keeps. Anything else (a
+// tombstone) passes.
 func SlimNode(obj any) (any, error) {
 	n, ok := obj.(*corev1.Node)
 	if !ok {
@@ -639,7 +796,7 @@ func SlimNode(obj any) (any, error) {
 	}
 	slim := &corev1.Node{
 		TypeMeta:   n.TypeMeta,
-		ObjectMeta: metav1.ObjectMeta{Name: n.Name, UID: n.UID, ResourceVersion: n.ResourceVersion},
+		ObjectMeta: metav1.ObjectMeta{Name: n.Name, UID: n.UID, ResourceVersion: n.ResourceVersion, CreationTimestamp: n.CreationTimestamp},
 		Spec:       corev1.NodeSpec{PodCIDR: n.Spec.PodCIDR, PodCIDRs: n.Spec.PodCIDRs},
 		Status:     corev1.NodeStatus{Addresses: n.Status.Addresses},
 	}
@@ -647,6 +804,25 @@ func SlimNode(obj any) (any, error) {
 		slim.Annotations = map[string]string{NodeIPAnnotation: a}
 	}
 	return slim, nil
+}
+
+// nodeExists tells whether the informer holds Node name.
+func nodeExists(lister listersv1.NodeLister) func(string) bool {
+	return func(name string) bool {
+		_, err := lister.Get(name)
+		return err == nil
+	}
+}
+
+// nodeAddrs are the addresses of the Nodes but self.
+func nodeAddrs(nodes []desired.Node, self string) []netip.Addr {
+	var out []netip.Addr
+	for _, n := range nodes {
+		if n.Name != self && n.IP.IsValid() {
+			out = append(out, n.IP)
+		}
+	}
+	return out
 }
 
 func findNode(nodes []desired.Node, name string) *desired.Node {

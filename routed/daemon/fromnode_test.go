@@ -58,29 +58,39 @@ func TestFromNode(t *testing.T) {
 			want:  desired.Node{Name: "n1", IP: netip.MustParseAddr("192.168.1.2")},
 		},
 		{
-			name:  "PodCIDRs are masked, invalid ones dropped",
-			spec:  corev1.NodeSpec{PodCIDRs: []string{"10.244.1.7/24", "bogus", "fd00:10:244:1::1/64"}},
+			name:  "PodCIDRs with host bits or garbage make the Node invalid",
+			spec:  corev1.NodeSpec{PodCIDRs: []string{"10.244.1.7/24", "bogus", "fd00:10:244:1::/64"}},
 			addrs: []corev1.NodeAddress{internal("192.168.1.2")},
-			want:  desired.Node{Name: "n1", PodCIDRs: pfx("10.244.1.0/24", "fd00:10:244:1::/64"), IP: netip.MustParseAddr("192.168.1.2")},
+			want: desired.Node{Name: "n1", PodCIDRs: pfx("10.244.1.0/24", "fd00:10:244:1::/64"), IP: netip.MustParseAddr("192.168.1.2"),
+				Invalid: `spec.podCIDRs[0] "10.244.1.7/24" has host bits set (the network is 10.244.1.0/24); spec.podCIDRs[1] "bogus" does not parse`},
 		},
 		{
-			name:        "annotation overrides InternalIP",
+			name:        "annotation overrides InternalIP when it is one of the Node's addresses",
 			annotations: map[string]string{NodeIPAnnotation: "10.0.0.2"},
 			spec:        corev1.NodeSpec{PodCIDRs: []string{"10.244.1.0/24"}},
-			addrs:       []corev1.NodeAddress{internal("192.168.1.2")},
+			addrs:       []corev1.NodeAddress{internal("192.168.1.2"), external("10.0.0.2")},
 			want:        desired.Node{Name: "n1", PodCIDRs: pfx("10.244.1.0/24"), IP: netip.MustParseAddr("10.0.0.2")},
 		},
 		{
-			name:        "annotation without any address",
+			name:        "annotation that is not one of the Node's addresses is ignored",
+			annotations: map[string]string{NodeIPAnnotation: "10.0.0.2"},
+			spec:        corev1.NodeSpec{PodCIDRs: []string{"10.244.1.0/24"}},
+			addrs:       []corev1.NodeAddress{internal("192.168.1.2")},
+			want: desired.Node{Name: "n1", PodCIDRs: pfx("10.244.1.0/24"), IP: netip.MustParseAddr("192.168.1.2"),
+				Note: "annotation 10.0.0.2 is not one of the Node's status.addresses: ignored"},
+		},
+		{
+			name:        "annotation without any address is ignored",
 			annotations: map[string]string{NodeIPAnnotation: "fd00:1::2"},
 			spec:        corev1.NodeSpec{PodCIDRs: []string{"fd00:10:244:1::/64"}},
-			want:        desired.Node{Name: "n1", PodCIDRs: pfx("fd00:10:244:1::/64"), IP: netip.MustParseAddr("fd00:1::2")},
+			want: desired.Node{Name: "n1", PodCIDRs: pfx("fd00:10:244:1::/64"),
+				Note: "annotation fd00:1::2 is not one of the Node's status.addresses: ignored"},
 		},
 		{
 			name:        "IPv4-mapped annotation is unmapped",
 			annotations: map[string]string{NodeIPAnnotation: "::ffff:10.0.0.2"},
 			spec:        corev1.NodeSpec{PodCIDRs: []string{"10.244.1.0/24"}},
-			addrs:       []corev1.NodeAddress{internal("192.168.1.2")},
+			addrs:       []corev1.NodeAddress{internal("192.168.1.2"), external("10.0.0.2")},
 			want:        desired.Node{Name: "n1", PodCIDRs: pfx("10.244.1.0/24"), IP: netip.MustParseAddr("10.0.0.2")},
 		},
 		{
@@ -149,6 +159,9 @@ func TestFromNode(t *testing.T) {
 			}
 			before := n.DeepCopy()
 			got := FromNode(n)
+			if tc.want.Note == "" {
+				got.Note = "" // what an ignored annotation says: desired.TestParseNode
+			}
 			if !reflect.DeepEqual(got, tc.want) {
 				t.Errorf("FromNode:\n got  %+v\n want %+v", got, tc.want)
 			}

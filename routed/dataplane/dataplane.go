@@ -61,6 +61,33 @@ func Underlay(nodeIP netip.Addr) (netlink.Link, error) {
 	return nil, fmt.Errorf("no interface in this netns has the node address %s", nodeIP)
 }
 
+// UnderlayToward is the link of the route to the first of addrs that has
+// one without a gateway of podnet's (the underlay when this node's own
+// address is not known); nil when addrs is empty.
+func UnderlayToward(addrs []netip.Addr) (netlink.Link, error) {
+	var errs []error
+	for _, a := range addrs {
+		routes, err := netlink.RouteGet(a.AsSlice())
+		if err != nil || len(routes) == 0 {
+			errs = append(errs, fmt.Errorf("route to %s: %v", a, err))
+			continue
+		}
+		l, err := netlink.LinkByIndex(routes[0].LinkIndex)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("link of the route to %s: %w", a, err))
+			continue
+		}
+		if n := l.Attrs().Name; n == desired.TunnelDevice || n == desired.VXLANDevice {
+			continue
+		}
+		return l, nil
+	}
+	if len(errs) > 0 {
+		return nil, fmt.Errorf("no underlay link toward the other nodes: %w", errors.Join(errs...))
+	}
+	return nil, nil
+}
+
 // OverlayMTU is the MTU pods get: the configured one, else the underlay's
 // minus the encapsulation overhead (cross-subnet nodes may encapsulate, so
 // the overhead applies there too).

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"time"
 )
 
 // Encap is how traffic reaches a remote node's pods.
@@ -56,11 +57,22 @@ func (e Encap) Overhead() int {
 	return 0
 }
 
-// Node is what podnet-routed needs of a Kubernetes Node.
+// Node is what podnet-routed needs of a Kubernetes Node (ParseNode reads
+// it from the object's fields).
 type Node struct {
 	Name     string
-	PodCIDRs []netip.Prefix
-	IP       netip.Addr // InternalIP, or the podnet.io/node-ip annotation
+	PodCIDRs []netip.Prefix // masked; only the ones that parse
+	IP       netip.Addr     // InternalIP, or the podnet.io/node-ip annotation when it is one of the Node's addresses
+	// Created and UID order Nodes for conflicts: the older keeps a
+	// PodCIDR or address that two Nodes claim.
+	Created time.Time
+	UID     string
+	// Invalid says why a PodCIDR of the object could not be taken as
+	// it is (does not parse, host bits set): the Node is refused.
+	Invalid string
+	// Note is a remark on the object that does not refuse it (an
+	// annotation that was ignored), for the log.
+	Note string
 }
 
 // Config is the daemon's configuration as far as desired state goes.
@@ -70,6 +82,12 @@ type Config struct {
 	CrossSubnet bool
 	// Underlay is the device that reaches other nodes directly.
 	Underlay string
+	// What validation holds PodCIDRs against (Validate): every PodCIDR
+	// must lie inside a cluster CIDR, and overlap no service CIDR nor
+	// hold an API server address.
+	ClusterCIDRs []netip.Prefix
+	ServiceCIDRs []netip.Prefix
+	APIServers   []netip.Addr
 }
 
 // Kind says how a route forwards.
@@ -131,27 +149,46 @@ type State struct {
 	// local PodCIDR family: the PodCIDR's network address).
 	VTEPs   []netip.Prefix
 	Skipped []Skip
+	// Refused are the Nodes validation refuses (Validate), by name;
+	// SelfProblem says why this node itself cannot be used ("" when it
+	// can: Self is set).
+	Refused     map[string]Refusal
+	SelfProblem string
 }
 
 // OnLink tells whether a node address is reachable without a gateway on
 // the underlay (decided by the dataplane with a route lookup).
 type OnLink func(netip.Addr) bool
 
-// Compute derives the desired state from the nodes.
+// Compute derives the desired state from the nodes: Validate with
+// nothing known of this node's network, then the routes of the valid
+// Nodes (NewPlan is the same with this node's network).
 func Compute(cfg Config, nodes []Node, onLink OnLink) State {
-	return compute(cfg, nodes, onLink, nil)
+	_, st := NewPlan(cfg, Local{}, nodes, onLink)
+	return st
 }
 
-// compute is Compute, handing each remote node's contribution to each as
-// well (NewPlan keeps them). A destination is one node's: this node's
-// PodCIDRs first, then the nodes in name order; a later node claiming the
-// same PodCIDR (a misconfiguration, or a PodCIDR moving between Nodes) is
-// skipped for it, so that the route does not flip between them.
+// routable is what compute turns into routes: the Nodes v does not
+// refuse (this node only when it is valid; Nodes without a PodCIDR or an
+// address yet stay, for ForNode to report them skipped).
+func routable(cfg Config, v Validation, nodes []Node) []Node {
+	out := make([]Node, 0, len(nodes))
+	for _, n := range nodes {
+		if _, refused := v.Refused[n.Name]; refused || (n.Name == cfg.Self && v.Self == nil) {
+			continue
+		}
+		out = append(out, n)
+	}
+	return out
+}
+
+// compute is the routes of nodes (validated: no two claim a PodCIDR),
+// handing each remote node's contribution to each as well (NewPlan keeps
+// them).
 func compute(cfg Config, nodes []Node, onLink OnLink, each func(string, Contribution)) State {
 	var st State
 	sorted := slices.Clone(nodes)
 	sort.Slice(sorted, func(i, j int) bool { return sorted[i].Name < sorted[j].Name })
-	claimed := map[netip.Prefix]string{}
 	for _, n := range sorted {
 		if n.Name == cfg.Self && len(n.PodCIDRs) > 0 {
 			self := n
@@ -159,12 +196,11 @@ func compute(cfg Config, nodes []Node, onLink OnLink, each func(string, Contribu
 			for _, p := range n.PodCIDRs {
 				st.Routes = append(st.Routes, Route{Dst: p.Masked(), Kind: Blackhole})
 				st.VTEPs = append(st.VTEPs, netip.PrefixFrom(p.Masked().Addr(), p.Addr().BitLen()))
-				claimed[p.Masked()] = n.Name
 			}
 		}
 	}
 	for _, n := range sorted {
-		if n.Name == cfg.Self && st.Self != nil {
+		if n.Name == cfg.Self {
 			continue
 		}
 		c := ForNode(cfg, n, onLink)
@@ -172,11 +208,6 @@ func compute(cfg Config, nodes []Node, onLink OnLink, each func(string, Contribu
 			each(n.Name, c)
 		}
 		for _, r := range c.Routes {
-			if owner, taken := claimed[r.Dst]; taken {
-				st.Skipped = append(st.Skipped, Skip{n.Name, fmt.Sprintf("PodCIDR %s is node %s's too: not routed to %s", r.Dst, owner, n.Name)})
-				continue
-			}
-			claimed[r.Dst] = n.Name
 			st.Routes = append(st.Routes, r)
 			if cfg.Encap == VXLAN && r.Dev == VXLANDevice {
 				i := slices.IndexFunc(c.Neighbors, func(nb Neighbor) bool { return nb.IP == r.Gw })
@@ -251,9 +282,11 @@ func ForNode(cfg Config, n Node, onLink OnLink) Contribution {
 	return c
 }
 
-// Equal tells whether a and b route the same way.
+// Equal tells whether a and b route the same way and are judged the same
+// way.
 func (a Node) Equal(b Node) bool {
-	return a.Name == b.Name && a.IP == b.IP && slices.Equal(a.PodCIDRs, b.PodCIDRs)
+	return a.Name == b.Name && a.IP == b.IP && slices.Equal(a.PodCIDRs, b.PodCIDRs) &&
+		a.Created.Equal(b.Created) && a.UID == b.UID && a.Invalid == b.Invalid && a.Note == b.Note
 }
 
 // sortByDst sorts routes by the text of their destination. Each key is

@@ -128,7 +128,7 @@ func TestComputeEncap(t *testing.T) {
 	}{
 		{
 			name:  "ipip",
-			cfg:   Config{Self: "a", Encap: IPIP, Underlay: underlay},
+			cfg:   Config{ClusterCIDRs: testCluster, Self: "a", Encap: IPIP, Underlay: underlay},
 			nodes: cluster(),
 			want: State{
 				Routes: []Route{
@@ -142,7 +142,7 @@ func TestComputeEncap(t *testing.T) {
 		},
 		{
 			name:  "vxlan",
-			cfg:   Config{Self: "a", Encap: VXLAN, Underlay: underlay},
+			cfg:   Config{ClusterCIDRs: testCluster, Self: "a", Encap: VXLAN, Underlay: underlay},
 			nodes: cluster(),
 			want: State{
 				Routes: []Route{
@@ -159,7 +159,7 @@ func TestComputeEncap(t *testing.T) {
 		},
 		{
 			name:  "none",
-			cfg:   Config{Self: "a", Encap: None, Underlay: underlay},
+			cfg:   Config{ClusterCIDRs: testCluster, Self: "a", Encap: None, Underlay: underlay},
 			nodes: cluster(),
 			want: State{
 				Routes: []Route{
@@ -173,7 +173,7 @@ func TestComputeEncap(t *testing.T) {
 		},
 		{
 			name: "ipip IPv6",
-			cfg:  Config{Self: "a", Encap: IPIP, Underlay: underlay},
+			cfg:  Config{ClusterCIDRs: testCluster, Self: "a", Encap: IPIP, Underlay: underlay},
 			nodes: []Node{
 				{Name: "a", PodCIDRs: prefixes("fd00:10:244::/64"), IP: addr("fd00:1::1")},
 				{Name: "b", PodCIDRs: prefixes("fd00:10:244:1::/64"), IP: addr("fd00:1::2")},
@@ -189,7 +189,7 @@ func TestComputeEncap(t *testing.T) {
 		},
 		{
 			name: "vxlan IPv6",
-			cfg:  Config{Self: "a", Encap: VXLAN, Underlay: underlay},
+			cfg:  Config{ClusterCIDRs: testCluster, Self: "a", Encap: VXLAN, Underlay: underlay},
 			nodes: []Node{
 				{Name: "a", PodCIDRs: prefixes("fd00:10:244::/64"), IP: addr("fd00:1::1")},
 				{Name: "b", PodCIDRs: prefixes("fd00:10:244:1::/64"), IP: addr("fd00:1::2")},
@@ -204,7 +204,7 @@ func TestComputeEncap(t *testing.T) {
 		},
 		{
 			name: "none IPv6",
-			cfg:  Config{Self: "a", Encap: None, Underlay: underlay},
+			cfg:  Config{ClusterCIDRs: testCluster, Self: "a", Encap: None, Underlay: underlay},
 			nodes: []Node{
 				{Name: "a", PodCIDRs: prefixes("fd00:10:244::/64"), IP: addr("fd00:1::1")},
 				{Name: "b", PodCIDRs: prefixes("fd00:10:244:1::/64"), IP: addr("fd00:1::2")},
@@ -217,7 +217,7 @@ func TestComputeEncap(t *testing.T) {
 		},
 		{
 			name:  "self unknown: remote routes only",
-			cfg:   Config{Self: "z", Encap: IPIP, Underlay: underlay},
+			cfg:   Config{ClusterCIDRs: testCluster, Self: "z", Encap: IPIP, Underlay: underlay},
 			nodes: cluster(),
 			want: State{
 				Routes: []Route{
@@ -246,7 +246,7 @@ func TestComputeRouteShape(t *testing.T) {
 	}
 	for _, e := range []Encap{IPIP, VXLAN, None} {
 		t.Run(string(e), func(t *testing.T) {
-			st := Compute(Config{Self: "n01", Encap: e, Underlay: underlay}, nodes, never)
+			st := Compute(Config{ClusterCIDRs: testCluster, Self: "n01", Encap: e, Underlay: underlay}, nodes, never)
 			if len(st.Routes) != len(nodes) {
 				t.Fatalf("%d routes for %d nodes", len(st.Routes), len(nodes))
 			}
@@ -294,7 +294,7 @@ func TestComputeCrossSubnet(t *testing.T) {
 	}{
 		{
 			name:   "ipip: same subnet direct, other subnet tunneled",
-			cfg:    Config{Self: "a", Encap: IPIP, CrossSubnet: true, Underlay: underlay},
+			cfg:    Config{ClusterCIDRs: testCluster, Self: "a", Encap: IPIP, CrossSubnet: true, Underlay: underlay},
 			onLink: sameL2,
 			want: State{
 				Routes: []Route{
@@ -308,7 +308,7 @@ func TestComputeCrossSubnet(t *testing.T) {
 		},
 		{
 			name:   "vxlan: same subnet direct without peer entries, other subnet encapsulated",
-			cfg:    Config{Self: "a", Encap: VXLAN, CrossSubnet: true, Underlay: underlay},
+			cfg:    Config{ClusterCIDRs: testCluster, Self: "a", Encap: VXLAN, CrossSubnet: true, Underlay: underlay},
 			onLink: sameL2,
 			want: State{
 				Routes: []Route{
@@ -324,7 +324,7 @@ func TestComputeCrossSubnet(t *testing.T) {
 		},
 		{
 			name:   "ipip: everything on link",
-			cfg:    Config{Self: "a", Encap: IPIP, CrossSubnet: true, Underlay: underlay},
+			cfg:    Config{ClusterCIDRs: testCluster, Self: "a", Encap: IPIP, CrossSubnet: true, Underlay: underlay},
 			onLink: func(netip.Addr) bool { return true },
 			want: State{
 				Routes: []Route{
@@ -338,7 +338,7 @@ func TestComputeCrossSubnet(t *testing.T) {
 		},
 		{
 			name:   "vxlan: nothing on link",
-			cfg:    Config{Self: "a", Encap: VXLAN, CrossSubnet: true, Underlay: underlay},
+			cfg:    Config{ClusterCIDRs: testCluster, Self: "a", Encap: VXLAN, CrossSubnet: true, Underlay: underlay},
 			onLink: never,
 			want: State{
 				Routes:    []Route{blackhole("10.244.0.0/24"), vx("10.244.1.0/24"), vx("10.244.2.0/24")},
@@ -350,7 +350,7 @@ func TestComputeCrossSubnet(t *testing.T) {
 		},
 		{
 			name:   "ipip: onLink ignored without cross-subnet",
-			cfg:    Config{Self: "a", Encap: IPIP, Underlay: underlay},
+			cfg:    Config{ClusterCIDRs: testCluster, Self: "a", Encap: IPIP, Underlay: underlay},
 			onLink: sameL2,
 			want: State{
 				Routes: []Route{
@@ -364,7 +364,7 @@ func TestComputeCrossSubnet(t *testing.T) {
 		},
 		{
 			name:   "vxlan: onLink ignored without cross-subnet",
-			cfg:    Config{Self: "a", Encap: VXLAN, Underlay: underlay},
+			cfg:    Config{ClusterCIDRs: testCluster, Self: "a", Encap: VXLAN, Underlay: underlay},
 			onLink: sameL2,
 			want: State{
 				Routes:    []Route{blackhole("10.244.0.0/24"), vx("10.244.1.0/24"), vx("10.244.2.0/24")},
@@ -376,7 +376,7 @@ func TestComputeCrossSubnet(t *testing.T) {
 		},
 		{
 			name:   "ipip: nil onLink means encapsulate",
-			cfg:    Config{Self: "a", Encap: IPIP, CrossSubnet: true, Underlay: underlay},
+			cfg:    Config{ClusterCIDRs: testCluster, Self: "a", Encap: IPIP, CrossSubnet: true, Underlay: underlay},
 			onLink: nil,
 			want: State{
 				Routes: []Route{
@@ -402,11 +402,11 @@ func TestComputeOnLinkCalls(t *testing.T) {
 		cfg  Config
 		want []netip.Addr
 	}{
-		{Config{Self: "a", Encap: IPIP, CrossSubnet: true}, []netip.Addr{addr("192.168.1.2"), addr("10.0.0.3")}},
-		{Config{Self: "a", Encap: VXLAN, CrossSubnet: true}, []netip.Addr{addr("192.168.1.2"), addr("10.0.0.3")}},
-		{Config{Self: "a", Encap: None, CrossSubnet: true}, nil},
-		{Config{Self: "a", Encap: IPIP}, nil},
-		{Config{Self: "a", Encap: VXLAN}, nil},
+		{Config{ClusterCIDRs: testCluster, Self: "a", Encap: IPIP, CrossSubnet: true}, []netip.Addr{addr("192.168.1.2"), addr("10.0.0.3")}},
+		{Config{ClusterCIDRs: testCluster, Self: "a", Encap: VXLAN, CrossSubnet: true}, []netip.Addr{addr("192.168.1.2"), addr("10.0.0.3")}},
+		{Config{ClusterCIDRs: testCluster, Self: "a", Encap: None, CrossSubnet: true}, nil},
+		{Config{ClusterCIDRs: testCluster, Self: "a", Encap: IPIP}, nil},
+		{Config{ClusterCIDRs: testCluster, Self: "a", Encap: VXLAN}, nil},
 	} {
 		t.Run(fmt.Sprintf("%s cross=%v", tc.cfg.Encap, tc.cfg.CrossSubnet), func(t *testing.T) {
 			var asked []netip.Addr
@@ -434,8 +434,8 @@ func TestComputeDualStack(t *testing.T) {
 	selfA := self("a", "192.168.1.1", "10.244.0.0/24", "fd00:10:244::/64")
 	vteps := prefixes("10.244.0.0/32", "fd00:10:244::/128")
 	skipB6 := Skip{"b", "PodCIDR fd00:10:244:1::/64 has no node address of its family"}
-	skipC4 := Skip{"c", "PodCIDR 10.244.2.0/24 has no node address of its family"}
-	skipC6IPIP := Skip{"c", "PodCIDR fd00:10:244:2::/64: IPIP carries IPv4 only (use vxlan or none)"}
+	// c's only address is IPv6 while this node's underlay is IPv4: no
+	// tunnel or route can reach it, it is refused
 	for _, tc := range []struct {
 		name   string
 		cfg    Config
@@ -444,7 +444,7 @@ func TestComputeDualStack(t *testing.T) {
 	}{
 		{
 			name: "ipip skips the other family, and IPv6",
-			cfg:  Config{Self: "a", Encap: IPIP, Underlay: underlay},
+			cfg:  Config{ClusterCIDRs: testCluster, Self: "a", Encap: IPIP, Underlay: underlay},
 			want: State{
 				Routes: []Route{
 					blackhole("10.244.0.0/24"),
@@ -452,42 +452,37 @@ func TestComputeDualStack(t *testing.T) {
 					blackhole("fd00:10:244::/64"),
 				},
 				Self: selfA, VTEPs: vteps,
-				Skipped: []Skip{skipB6, skipC6IPIP, skipC4},
+				Skipped: []Skip{skipB6},
 			},
 		},
 		{
 			name: "none skips the other family",
-			cfg:  Config{Self: "a", Encap: None, Underlay: underlay},
+			cfg:  Config{ClusterCIDRs: testCluster, Self: "a", Encap: None, Underlay: underlay},
 			want: State{
 				Routes: []Route{
 					blackhole("10.244.0.0/24"),
 					direct("10.244.1.0/24", "192.168.1.2"),
-					direct("fd00:10:244:2::/64", "fd00:2::3"),
 					blackhole("fd00:10:244::/64"),
 				},
 				Self: selfA, VTEPs: vteps,
-				Skipped: []Skip{skipB6, skipC4},
+				Skipped: []Skip{skipB6},
 			},
 		},
 		{
 			name: "vxlan routes both families, one FDB per node",
-			cfg:  Config{Self: "a", Encap: VXLAN, Underlay: underlay},
+			cfg:  Config{ClusterCIDRs: testCluster, Self: "a", Encap: VXLAN, Underlay: underlay},
 			want: State{
 				Routes: []Route{
 					blackhole("10.244.0.0/24"),
 					vx("10.244.1.0/24"),
-					vx("10.244.2.0/24"),
 					vx("fd00:10:244:1::/64"),
-					vx("fd00:10:244:2::/64"),
 					blackhole("fd00:10:244::/64"),
 				},
 				Neighbors: []Neighbor{
 					neigh("10.244.1.0", "192.168.1.2"),
 					neigh("fd00:10:244:1::", "192.168.1.2"),
-					neigh("fd00:10:244:2::", "fd00:2::3"),
-					neigh("10.244.2.0", "fd00:2::3"),
 				},
-				FDBs: []FDB{fdb("192.168.1.2"), fdb("fd00:2::3")},
+				FDBs: []FDB{fdb("192.168.1.2")},
 				Self: selfA, VTEPs: vteps,
 			},
 		},
@@ -496,29 +491,25 @@ func TestComputeDualStack(t *testing.T) {
 			// family of its address; the other family still needs the
 			// VXLAN device (which carries either family).
 			name:   "vxlan cross-subnet on link: other family still encapsulated",
-			cfg:    Config{Self: "a", Encap: VXLAN, CrossSubnet: true, Underlay: underlay},
+			cfg:    Config{ClusterCIDRs: testCluster, Self: "a", Encap: VXLAN, CrossSubnet: true, Underlay: underlay},
 			onLink: sameL2,
 			want: State{
 				Routes: []Route{
 					blackhole("10.244.0.0/24"),
 					direct("10.244.1.0/24", "192.168.1.2"),
-					vx("10.244.2.0/24"),
 					vx("fd00:10:244:1::/64"),
-					vx("fd00:10:244:2::/64"),
 					blackhole("fd00:10:244::/64"),
 				},
 				Neighbors: []Neighbor{
 					neigh("fd00:10:244:1::", "192.168.1.2"),
-					neigh("fd00:10:244:2::", "fd00:2::3"),
-					neigh("10.244.2.0", "fd00:2::3"),
 				},
-				FDBs: []FDB{fdb("192.168.1.2"), fdb("fd00:2::3")},
+				FDBs: []FDB{fdb("192.168.1.2")},
 				Self: selfA, VTEPs: vteps,
 			},
 		},
 		{
 			name:   "ipip cross-subnet on link: other family still skipped",
-			cfg:    Config{Self: "a", Encap: IPIP, CrossSubnet: true, Underlay: underlay},
+			cfg:    Config{ClusterCIDRs: testCluster, Self: "a", Encap: IPIP, CrossSubnet: true, Underlay: underlay},
 			onLink: sameL2,
 			want: State{
 				Routes: []Route{
@@ -527,27 +518,30 @@ func TestComputeDualStack(t *testing.T) {
 					blackhole("fd00:10:244::/64"),
 				},
 				Self: selfA, VTEPs: vteps,
-				Skipped: []Skip{skipB6, skipC6IPIP, skipC4},
+				Skipped: []Skip{skipB6},
 			},
 		},
 		{
 			name:   "ipip cross-subnet all on link: direct in each node's family, IPv6 included",
-			cfg:    Config{Self: "a", Encap: IPIP, CrossSubnet: true, Underlay: underlay},
+			cfg:    Config{ClusterCIDRs: testCluster, Self: "a", Encap: IPIP, CrossSubnet: true, Underlay: underlay},
 			onLink: func(netip.Addr) bool { return true },
 			want: State{
 				Routes: []Route{
 					blackhole("10.244.0.0/24"),
 					direct("10.244.1.0/24", "192.168.1.2"),
-					direct("fd00:10:244:2::/64", "fd00:2::3"),
 					blackhole("fd00:10:244::/64"),
 				},
 				Self: selfA, VTEPs: vteps,
-				Skipped: []Skip{skipB6, skipC4},
+				Skipped: []Skip{skipB6},
 			},
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			equalState(t, Compute(tc.cfg, dual(), tc.onLink), tc.want)
+			st := Compute(tc.cfg, dual(), tc.onLink)
+			equalState(t, st, tc.want)
+			if r := st.Refused["c"]; r.Reason != InvalidNodeIP {
+				t.Errorf("c: refused %+v, want %s", r, InvalidNodeIP)
+			}
 		})
 	}
 }
@@ -564,7 +558,7 @@ func TestComputeSkipped(t *testing.T) {
 	}
 	for _, e := range []Encap{IPIP, VXLAN, None} {
 		t.Run(string(e), func(t *testing.T) {
-			st := Compute(Config{Self: "a", Encap: e, Underlay: underlay}, nodes(), never)
+			st := Compute(Config{ClusterCIDRs: testCluster, Self: "a", Encap: e, Underlay: underlay}, nodes(), never)
 			reasons := map[string]string{}
 			for _, s := range st.Skipped {
 				if s.Reason == "" {
@@ -625,8 +619,8 @@ func TestComputeSelf(t *testing.T) {
 				{Name: "b", PodCIDRs: prefixes("10.244.1.0/24"), IP: addr("192.168.1.2")},
 			},
 			want: State{
-				Routes:  []Route{ipip("10.244.1.0/24", "192.168.1.2")},
-				Skipped: []Skip{{"a", "no spec.podCIDRs yet"}},
+				// not Self: State.SelfProblem says why (TestValidate)
+				Routes: []Route{ipip("10.244.1.0/24", "192.168.1.2")},
 			},
 		},
 		{
@@ -642,14 +636,14 @@ func TestComputeSelf(t *testing.T) {
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			equalState(t, Compute(Config{Self: "a", Encap: IPIP, Underlay: underlay}, tc.nodes, never), tc.want)
+			equalState(t, Compute(Config{ClusterCIDRs: testCluster, Self: "a", Encap: IPIP, Underlay: underlay}, tc.nodes, never), tc.want)
 		})
 	}
 }
 
 func TestComputeMasksRemotePodCIDR(t *testing.T) {
 	nodes := []Node{{Name: "b", PodCIDRs: prefixes("10.244.1.9/24"), IP: addr("192.168.1.2")}}
-	st := Compute(Config{Self: "a", Encap: VXLAN}, nodes, never)
+	st := Compute(Config{ClusterCIDRs: testCluster, Self: "a", Encap: VXLAN}, nodes, never)
 	equalState(t, st, State{
 		Routes:    []Route{vx("10.244.1.0/24")},
 		Neighbors: []Neighbor{neigh("10.244.1.0", "192.168.1.2")},
@@ -679,7 +673,7 @@ func TestComputeDeterministic(t *testing.T) {
 	}
 	for _, e := range []Encap{IPIP, VXLAN, None} {
 		for _, cross := range []bool{false, true} {
-			cfg := Config{Self: "a", Encap: e, CrossSubnet: cross, Underlay: underlay}
+			cfg := Config{ClusterCIDRs: testCluster, Self: "a", Encap: e, CrossSubnet: cross, Underlay: underlay}
 			t.Run(fmt.Sprintf("%s cross=%v", e, cross), func(t *testing.T) {
 				ref := Compute(cfg, deepCopy(base), sameL2)
 				if !slices.IsSortedFunc(ref.Routes, func(x, y Route) int { return strings.Compare(x.Dst.String(), y.Dst.String()) }) {
@@ -714,7 +708,7 @@ func TestComputeDeterministic(t *testing.T) {
 // The returned Self does not alias the caller's node.
 func TestComputeSelfIsACopy(t *testing.T) {
 	nodes := []Node{{Name: "a", PodCIDRs: prefixes("10.244.0.0/24"), IP: addr("192.168.1.1")}}
-	st := Compute(Config{Self: "a", Encap: IPIP}, nodes, never)
+	st := Compute(Config{ClusterCIDRs: testCluster, Self: "a", Encap: IPIP}, nodes, never)
 	if st.Self == nil {
 		t.Fatal("no Self")
 	}
@@ -729,7 +723,7 @@ func TestComputeFDBDedup(t *testing.T) {
 		{Name: "b", PodCIDRs: prefixes("10.244.1.0/24", "fd00:10:244:1::/64", "10.245.1.0/24"), IP: addr("192.168.1.2")},
 		{Name: "c", PodCIDRs: prefixes("10.244.2.0/24", "fd00:10:244:2::/64"), IP: addr("192.168.1.3")},
 	}
-	st := Compute(Config{Self: "a", Encap: VXLAN}, nodes, never)
+	st := Compute(Config{ClusterCIDRs: append(testCluster, pfx("10.245.0.0/16")), Self: "a", Encap: VXLAN}, nodes, never)
 	if want := []FDB{fdb("192.168.1.2"), fdb("192.168.1.3")}; !reflect.DeepEqual(st.FDBs, want) {
 		t.Errorf("FDBs %v, want %v", st.FDBs, want)
 	}
@@ -919,3 +913,6 @@ func TestRouteString(t *testing.T) {
 		}
 	}
 }
+
+// testCluster is the cluster CIDR of the tests' Nodes.
+var testCluster = []netip.Prefix{pfx("10.244.0.0/16"), pfx("fd00:10:244::/48")}

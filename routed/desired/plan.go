@@ -12,6 +12,9 @@ import (
 type Plan struct {
 	cfg    Config
 	onLink OnLink
+	// v is the last full validation, kept current by Update: its
+	// refusals, conflicts and what one Node is judged against
+	v      Validation
 	byNode map[string]Contribution
 	// how many Nodes want each destination and each FDB entry: one
 	// claimed by two Nodes (a PodCIDR handed from one Node to another,
@@ -24,6 +27,12 @@ type Plan struct {
 	routes     int // remote routes
 	blackholes int
 	skipped    int
+	// claims are the PodCIDRs and address each Node holds in v.taken and
+	// v.ips (it passed the cluster-wide checks and won every conflict)
+	claims map[string]Node
+	// refusalChanges are the Nodes whose refusal began, changed or ended
+	// since the last TakeRefusalChanges
+	refusalChanges map[string]bool
 }
 
 // Delta is what one Update changes. Remove holds destinations no Node
@@ -51,29 +60,51 @@ func (d Delta) Empty() bool {
 		len(d.AddPeers)+len(d.DelPeers)+len(d.AddRemote)+len(d.DelRemote) == 0
 }
 
-// NewPlan computes the whole desired state (as Compute does) and keeps it
-// per node for Update.
-func NewPlan(cfg Config, nodes []Node, onLink OnLink) (*Plan, State) {
+// NewPlan validates the Nodes (Validate, with this node's network as
+// local tells it), computes the whole desired state of the valid ones
+// (as Compute does) and keeps it per node for Update.
+func NewPlan(cfg Config, local Local, nodes []Node, onLink OnLink) (*Plan, State) {
 	p := &Plan{
-		cfg:         cfg,
-		onLink:      onLink,
-		byNode:      make(map[string]Contribution, len(nodes)),
-		routeClaims: make(map[netip.Prefix]int, len(nodes)),
-		fdbClaims:   map[FDB]int{},
-		peerClaims:  map[netip.Addr]int{},
+		cfg:            cfg,
+		onLink:         onLink,
+		byNode:         make(map[string]Contribution, len(nodes)),
+		routeClaims:    make(map[netip.Prefix]int, len(nodes)),
+		fdbClaims:      map[FDB]int{},
+		peerClaims:     map[netip.Addr]int{},
+		claims:         map[string]Node{},
+		refusalChanges: map[string]bool{},
 	}
-	st := compute(cfg, nodes, onLink, p.put)
+	p.v = Validate(cfg, local, nodes)
+	for _, n := range p.v.winners {
+		p.claims[n.Name] = *n
+	}
+	st := compute(cfg, routable(cfg, p.v, nodes), onLink, p.put)
 	for _, r := range st.Routes {
 		if r.Kind == Blackhole {
 			p.routeClaims[r.Dst]++
 			p.blackholes++
 		}
 	}
-	// the counts are Compute's: a PodCIDR claimed twice is one route and
-	// one skip (put counted it as two routes)
 	p.routes = len(st.Routes) - p.blackholes
 	p.skipped = len(st.Skipped)
+	st.Refused, st.SelfProblem = p.v.Refused, p.v.SelfProblem
 	return p, st
+}
+
+// Refused are the Nodes refused now, by name (the plan's own map: read
+// only).
+func (p *Plan) Refused() map[string]Refusal { return p.v.Refused }
+
+// TakeRefusalChanges returns the names of the Nodes whose refusal began,
+// changed or ended through Update since the last call.
+func (p *Plan) TakeRefusalChanges() []string {
+	names := make([]string, 0, len(p.refusalChanges))
+	for n := range p.refusalChanges {
+		names = append(names, n)
+	}
+	clear(p.refusalChanges)
+	slices.Sort(names)
+	return names
 }
 
 // Routes is how many routes the plan wants (the local blackholes too).
@@ -158,12 +189,18 @@ func (p *Plan) drop(name string) {
 // entry it gives up or takes is claimed by another Node too. The plan is
 // then unchanged and the caller computes everything again (NewPlan).
 func (p *Plan) Update(name string, n *Node) (d Delta, ok bool) {
-	if name == p.cfg.Self {
+	if name == p.cfg.Self || p.v.Conflicted[name] {
+		// this node shapes every verdict; a Node in a conflict can
+		// change the verdict on the other side
+		return Delta{}, false
+	}
+	refusal, claim, ok := p.judge(name, n)
+	if !ok {
 		return Delta{}, false
 	}
 	old := p.byNode[name]
 	var next Contribution
-	if n != nil {
+	if n != nil && refusal == nil {
 		next = ForNode(p.cfg, *n, p.onLink)
 	}
 	// every destination and FDB entry this Node had or wants must be
@@ -214,7 +251,77 @@ func (p *Plan) Update(name string, n *Node) (d Delta, ok bool) {
 			d.AddPeers = append(d.AddPeers, is)
 		}
 	}
+	if old, had := p.claims[name]; had {
+		p.unclaim(old)
+		delete(p.claims, name)
+	}
+	if claim {
+		p.claim(*n)
+		p.claims[name] = *n
+	}
+	p.setRefusal(name, refusal)
 	return d, true
+}
+
+func (p *Plan) setRefusal(name string, r *Refusal) {
+	cur, was := p.v.Refused[name]
+	switch {
+	case r == nil && !was:
+		return
+	case r == nil:
+		delete(p.v.Refused, name)
+	case was && cur == *r:
+		return
+	default:
+		p.v.Refused[name] = *r
+	}
+	p.refusalChanges[name] = true
+}
+
+// judge validates the new content of remote Node name (nil: deleted)
+// alone: the cluster-wide checks, conflicts with the Nodes holding
+// PodCIDRs and addresses, then this node's own checks. It returns the
+// refusal (nil: valid) and whether the Node holds its PodCIDRs and
+// address now. ok is false when n conflicts with another Node: who wins
+// is decided with every Node (NewPlan).
+func (p *Plan) judge(name string, n *Node) (refusal *Refusal, claim bool, ok bool) {
+	if n == nil || (!ready(*n) && n.Invalid == "") {
+		return nil, false, true
+	}
+	if r, bad := globalChecks(p.cfg, p.v.family, *n); bad {
+		return &r, false, true
+	}
+	old, had := p.claims[name]
+	if had {
+		p.unclaim(old)
+	}
+	_, lost := conflicts(*n, p.v.taken, p.v.ips)
+	if had {
+		p.claim(old)
+	}
+	if lost {
+		return nil, false, false
+	}
+	if r, bad := p.v.local.check(*n, p.v.own); bad {
+		return &r, true, true
+	}
+	return nil, true, true
+}
+
+func (p *Plan) claim(n Node) {
+	for _, c := range n.PodCIDRs {
+		p.v.taken.insert(c, n.Name)
+	}
+	p.v.ips[n.IP] = n.Name
+}
+
+func (p *Plan) unclaim(n Node) {
+	for _, c := range n.PodCIDRs {
+		p.v.taken.remove(c)
+	}
+	if p.v.ips[n.IP] == n.Name {
+		delete(p.v.ips, n.IP)
+	}
 }
 
 // changes compares two lists of entries keyed by key: set holds the

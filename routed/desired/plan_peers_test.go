@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
+	"slices"
 	"testing"
 )
 
@@ -73,9 +74,9 @@ func (s peerSets) equal(o peerSets) error {
 // (IPIP) in them.
 func TestPlanPeersFollowUpdates(t *testing.T) {
 	for _, cfg := range []Config{
-		{Self: "n00", Encap: IPIP, Underlay: underlay},
-		{Self: "n00", Encap: VXLAN, Underlay: underlay},
-		{Self: "n00", Encap: VXLAN, CrossSubnet: true, Underlay: underlay},
+		{Self: "n00", Encap: IPIP, Underlay: underlay, ClusterCIDRs: testCluster},
+		{Self: "n00", Encap: VXLAN, Underlay: underlay, ClusterCIDRs: testCluster},
+		{Self: "n00", Encap: VXLAN, CrossSubnet: true, Underlay: underlay, ClusterCIDRs: testCluster},
 	} {
 		t.Run(fmt.Sprintf("%s-cross%v", cfg.Encap, cfg.CrossSubnet), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(2, uint64(len(cfg.Encap))))
@@ -103,7 +104,7 @@ func TestPlanPeersFollowUpdates(t *testing.T) {
 				name := fmt.Sprintf("n%02d", i)
 				nodes[name] = randomNode(name)
 			}
-			plan, _ := NewPlan(cfg, list(), onLink)
+			plan, _ := NewPlan(cfg, Local{}, list(), onLink)
 			sets := loadPeers(plan)
 			patched, moved := 0, 0
 			for step := 0; step < 2000; step++ {
@@ -125,10 +126,10 @@ func TestPlanPeersFollowUpdates(t *testing.T) {
 					}
 					sets.apply(t, at, d)
 				} else {
-					plan, _ = NewPlan(cfg, list(), onLink)
+					plan, _ = NewPlan(cfg, Local{}, list(), onLink)
 					sets = loadPeers(plan)
 				}
-				fresh, st := NewPlan(cfg, list(), onLink)
+				fresh, st := NewPlan(cfg, Local{}, list(), onLink)
 				if err := sets.equal(loadPeers(fresh)); err != nil {
 					t.Fatalf("%s: %v", at, err)
 				}
@@ -153,14 +154,17 @@ func TestPlanPeersFollowUpdates(t *testing.T) {
 
 // A Node that moves to another address: the new address is added and the
 // old one removed in the same delta, and its PodCIDR is not touched; a
-// Node deleted takes its address and PodCIDR with it, unless another Node
-// routes through the same address.
+// Node deleted takes its address and PodCIDR with it; a refused Node is
+// no peer until it is fixed.
 func TestPlanPeersDelta(t *testing.T) {
-	cfg := Config{Self: "a", Encap: IPIP, Underlay: underlay}
+	cfg := Config{Self: "a", Encap: IPIP, Underlay: underlay, ClusterCIDRs: testCluster}
 	b := Node{Name: "b", PodCIDRs: prefixes("10.244.1.0/24"), IP: addr("192.168.1.2")}
 	c := Node{Name: "c", PodCIDRs: prefixes("10.244.2.0/24"), IP: addr("192.168.1.3")}
 	self := Node{Name: "a", PodCIDRs: prefixes("10.244.0.0/24"), IP: addr("192.168.1.1")}
-	plan, _ := NewPlan(cfg, []Node{self, b, c}, never)
+	plan, _ := NewPlan(cfg, Local{}, []Node{self, b, c}, never)
+	if peers, cidrs := plan.Peers(); fmt.Sprint(sortedAddrs(peers), sortedPrefixes(cidrs)) != "[192.168.1.2 192.168.1.3] [10.244.1.0/24 10.244.2.0/24]" {
+		t.Fatalf("Peers() = %v %v", peers, cidrs)
+	}
 
 	moved := b
 	moved.IP = addr("192.168.1.9")
@@ -168,20 +172,35 @@ func TestPlanPeersDelta(t *testing.T) {
 	if !ok || fmt.Sprint(d.AddPeers, d.DelPeers, d.AddRemote, d.DelRemote) != "[192.168.1.9] [192.168.1.2] [] []" {
 		t.Fatalf("b moved: ok %v, peers +%v -%v, PodCIDRs +%v -%v", ok, d.AddPeers, d.DelPeers, d.AddRemote, d.DelRemote)
 	}
-	// c takes b's address too (a misconfiguration the validation refuses):
-	// deleting b then keeps the address, deleting c too removes it
-	shared := c
-	shared.IP = moved.IP
-	if d, ok = plan.Update("c", &shared); !ok || fmt.Sprint(d.AddPeers, d.DelPeers) != "[] [192.168.1.3]" {
-		t.Fatalf("c moved onto b's address: ok %v, peers +%v -%v", ok, d.AddPeers, d.DelPeers)
+	if d, ok = plan.Update("c", nil); !ok || fmt.Sprint(d.AddPeers, d.DelPeers, d.DelRemote) != "[] [192.168.1.3] [10.244.2.0/24]" {
+		t.Fatalf("c deleted: ok %v, peers +%v -%v, PodCIDRs -%v", ok, d.AddPeers, d.DelPeers, d.DelRemote)
 	}
-	if d, ok = plan.Update("b", nil); !ok || fmt.Sprint(d.AddPeers, d.DelPeers, d.DelRemote) != "[] [] [10.244.1.0/24]" {
-		t.Fatalf("b deleted: ok %v, peers +%v -%v, PodCIDRs -%v", ok, d.AddPeers, d.DelPeers, d.DelRemote)
+	// c comes back with a PodCIDR outside the cluster CIDR: refused, no
+	// route, no peer; fixed, it is both
+	bad := c
+	bad.PodCIDRs = prefixes("10.0.0.0/8")
+	if d, ok = plan.Update("c", &bad); !ok || len(d.AddPeers)+len(d.AddRemote)+len(d.Upsert) != 0 {
+		t.Fatalf("c refused: ok %v, %+v", ok, d)
 	}
-	if d, ok = plan.Update("c", nil); !ok || fmt.Sprint(d.DelPeers, d.DelRemote) != "[192.168.1.9] [10.244.2.0/24]" {
-		t.Fatalf("c deleted: ok %v, peers -%v, PodCIDRs -%v", ok, d.DelPeers, d.DelRemote)
+	if d, ok = plan.Update("c", &c); !ok || fmt.Sprint(d.AddPeers, d.AddRemote) != "[192.168.1.3] [10.244.2.0/24]" {
+		t.Fatalf("c fixed: ok %v, peers +%v, PodCIDRs +%v", ok, d.AddPeers, d.AddRemote)
+	}
+	for _, name := range []string{"b", "c"} {
+		if _, ok = plan.Update(name, nil); !ok {
+			t.Fatalf("%s deleted: refused", name)
+		}
 	}
 	if peers, cidrs := plan.Peers(); len(peers)+len(cidrs) != 0 {
 		t.Fatalf("no remote Node left, Peers() = %v %v", peers, cidrs)
 	}
+}
+
+func sortedAddrs(a []netip.Addr) []netip.Addr {
+	slices.SortFunc(a, netip.Addr.Compare)
+	return a
+}
+
+func sortedPrefixes(p []netip.Prefix) []netip.Prefix {
+	slices.SortFunc(p, func(x, y netip.Prefix) int { return x.Addr().Compare(y.Addr()) })
+	return p
 }

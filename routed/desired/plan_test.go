@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"slices"
 	"testing"
+	"time"
 )
 
 // applied is a dataplane in memory: what applying a NewPlan state and then
@@ -111,7 +112,7 @@ func TestPlanUpdateMatchesCompute(t *testing.T) {
 				name := fmt.Sprintf("n%02d", i)
 				nodes[name] = randomNode(name)
 			}
-			plan, st := NewPlan(cfg, list(), onLink)
+			plan, st := NewPlan(cfg, Local{}, list(), onLink)
 			dp := load(st)
 			patched, refused := 0, 0
 			for step := 0; step < 2000; step++ {
@@ -128,7 +129,7 @@ func TestPlanUpdateMatchesCompute(t *testing.T) {
 				want := Compute(cfg, list(), onLink)
 				if !ok {
 					refused++
-					plan, st = NewPlan(cfg, list(), onLink)
+					plan, st = NewPlan(cfg, Local{}, list(), onLink)
 					dp = load(st)
 				} else {
 					patched++
@@ -152,8 +153,8 @@ func TestPlanUpdateMatchesCompute(t *testing.T) {
 // delta; one that moves a Node's address changes exactly its route (and,
 // with VXLAN, its neighbor and FDB entries).
 func TestPlanUpdateTouchesOnlyThatNode(t *testing.T) {
-	cfg := Config{Self: "a", Encap: VXLAN, Underlay: underlay}
-	plan, _ := NewPlan(cfg, cluster(), never)
+	cfg := Config{ClusterCIDRs: testCluster, Self: "a", Encap: VXLAN, Underlay: underlay}
+	plan, _ := NewPlan(cfg, Local{}, cluster(), never)
 
 	b := Node{Name: "b", PodCIDRs: prefixes("10.244.1.0/24"), IP: addr("192.168.1.2")}
 	if d, ok := plan.Update("b", &b); !ok || !d.Empty() {
@@ -190,8 +191,8 @@ func TestPlanUpdateTouchesOnlyThatNode(t *testing.T) {
 // Changes that cannot be patched in one Node at a time are refused, and
 // leave the plan as it was.
 func TestPlanUpdateRefuses(t *testing.T) {
-	cfg := Config{Self: "a", Encap: IPIP, Underlay: underlay}
-	plan, _ := NewPlan(cfg, cluster(), never)
+	cfg := Config{ClusterCIDRs: testCluster, Self: "a", Encap: IPIP, Underlay: underlay}
+	plan, _ := NewPlan(cfg, Local{}, cluster(), never)
 	if _, ok := plan.Update("a", self("a", "192.168.1.1", "10.244.9.0/24")); ok {
 		t.Error("an update of this node itself was patched")
 	}
@@ -212,24 +213,39 @@ func TestPlanUpdateRefuses(t *testing.T) {
 	}
 }
 
-// A PodCIDR two Nodes claim is routed to one of them only (this node's
-// own first, then the first Node by name) and the other is reported, so
-// the route does not flip between them on every resync.
+// A PodCIDR two Nodes claim is routed to the older of them only, the
+// other is refused (whatever their names), so the route does not flip
+// between them on every resync; a Node claiming this node's PodCIDR is
+// refused whatever its age.
 func TestComputeClaimedTwice(t *testing.T) {
-	nodes := append(cluster(),
-		Node{Name: "d", PodCIDRs: prefixes("10.244.2.0/24"), IP: addr("10.0.0.4")}, // c's
-		Node{Name: "e", PodCIDRs: prefixes("10.244.0.0/24"), IP: addr("10.0.0.5")}, // this node's
-		Node{Name: "f", PodCIDRs: prefixes("10.244.5.0/24"), IP: addr("10.0.0.6")}) // its own
-	st := Compute(Config{Self: "a", Encap: VXLAN, Underlay: underlay}, nodes, never)
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	nodes := cluster()
+	for i := range nodes {
+		nodes[i].Created = t0.Add(time.Duration(i) * time.Hour)
+	}
+	nodes = append(nodes,
+		Node{Name: "a-thief", PodCIDRs: prefixes("10.244.2.0/24"), IP: addr("10.0.0.4"), Created: t0.Add(time.Minute)}, // c's, and c is older
+		Node{Name: "e", PodCIDRs: prefixes("10.244.0.0/24"), IP: addr("10.0.0.5"), Created: t0.Add(6 * time.Hour)},     // this node's
+		Node{Name: "f", PodCIDRs: prefixes("10.244.4.0/23"), IP: addr("10.0.0.6"), Created: t0.Add(4 * time.Hour)},     // its own
+		Node{Name: "g", PodCIDRs: prefixes("10.244.4.0/24"), IP: addr("10.0.0.7"), Created: t0.Add(5 * time.Hour)})     // inside f's
+	selfA := nodes[1]
+	st := Compute(Config{ClusterCIDRs: testCluster, Self: "a", Encap: VXLAN, Underlay: underlay}, nodes, never)
 	equalState(t, st, State{
-		Routes:    []Route{blackhole("10.244.0.0/24"), vx("10.244.1.0/24"), vx("10.244.2.0/24"), vx("10.244.5.0/24")},
-		Neighbors: []Neighbor{neigh("10.244.1.0", "192.168.1.2"), neigh("10.244.2.0", "10.0.0.3"), neigh("10.244.5.0", "10.0.0.6")},
+		Routes:    []Route{blackhole("10.244.0.0/24"), vx("10.244.1.0/24"), vx("10.244.2.0/24"), vx("10.244.4.0/23")},
+		Neighbors: []Neighbor{neigh("10.244.1.0", "192.168.1.2"), neigh("10.244.2.0", "10.0.0.3"), neigh("10.244.4.0", "10.0.0.6")},
 		FDBs:      []FDB{fdb("192.168.1.2"), fdb("10.0.0.3"), fdb("10.0.0.6")},
-		Self:      self("a", "192.168.1.1", "10.244.0.0/24"),
+		Self:      &selfA,
 		VTEPs:     prefixes("10.244.0.0/32"),
-		Skipped: []Skip{
-			{"d", "PodCIDR 10.244.2.0/24 is node c's too: not routed to d"},
-			{"e", "PodCIDR 10.244.0.0/24 is node a's too: not routed to e"},
-		},
 	})
+	// e is refused by a's own check first (it would lose the conflict
+	// with a everywhere anyway: a is older)
+	want := map[string]Reason{"a-thief": PodCIDRConflict, "e": OverlapsOwnPodCIDR, "g": PodCIDRConflict}
+	if len(st.Refused) != len(want) {
+		t.Errorf("refused %v, want %v", st.Refused, want)
+	}
+	for name, r := range want {
+		if st.Refused[name].Reason != r {
+			t.Errorf("%s: refused %+v, want %s", name, st.Refused[name], r)
+		}
+	}
 }

@@ -3,6 +3,7 @@ package cluster
 import (
 	"fmt"
 	"net/netip"
+	"strings"
 	"sync"
 )
 
@@ -17,8 +18,11 @@ type cidrAllocator struct {
 	used    map[int]bool
 }
 
+// A comma-separated list (podnet-routed's --cluster-cidr) allocates from
+// its first CIDR.
 func newCIDRAllocator(clusterCIDR string, maskSize int) (*cidrAllocator, error) {
-	p, err := netip.ParsePrefix(clusterCIDR)
+	first, _, _ := strings.Cut(clusterCIDR, ",")
+	p, err := netip.ParsePrefix(strings.TrimSpace(first))
 	if err != nil {
 		return nil, fmt.Errorf("cluster CIDR: %w", err)
 	}

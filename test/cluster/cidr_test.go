@@ -44,6 +44,14 @@ func TestCIDRAllocator(t *testing.T) {
 	if p, err := small.allocate(); err == nil {
 		t.Errorf("a full /23 handed out %s", p)
 	}
+	// a list (podnet-routed's --cluster-cidr): blocks from its first CIDR
+	list, err := newCIDRAllocator("10.244.0.0/16, 10.96.0.0/16", 24)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p, _ := list.allocate(); p != want[0] {
+		t.Errorf("first block of a list: %s, want %s", p, want[0])
+	}
 	for _, bad := range [][2]any{{"10.0.0.0/16", 8}, {"fd00::/48", 64}, {"nonsense", 24}} {
 		if _, err := newCIDRAllocator(bad[0].(string), bad[1].(int)); err == nil {
 			t.Errorf("newCIDRAllocator(%v, %v) accepted", bad[0], bad[1])

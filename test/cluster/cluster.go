@@ -101,7 +101,8 @@ type Config struct {
 	Nodes int
 	// ClusterCIDR (default 10.244.0.0/16) and NodeCIDRMaskSize (default
 	// 24) are kube-controller-manager's --cluster-cidr and
-	// --node-cidr-mask-size.
+	// --node-cidr-mask-size. ClusterCIDR may be a comma-separated list:
+	// podnet-routed gets it whole, PodCIDRs come from its first CIDR.
 	ClusterCIDR      string
 	NodeCIDRMaskSize int
 	// Resync is podnet-routed's --resync-interval (0: its default).

@@ -247,9 +247,9 @@ func GetIn(netns ns.NetNS, url string) (int, string, error) {
 	return resp.StatusCode, string(body), err
 }
 
-// ParseMetrics reads a Prometheus text exposition into name -> value, for
-// the series without labels (what podnet-routed exports, plus histogram
-// _count and _sum).
+// ParseMetrics reads a Prometheus text exposition into series -> value:
+// a series without labels by its name, one with labels as written
+// (`podnet_nodes_refused{reason="reserved-range"}`).
 func ParseMetrics(body string) (map[string]float64, error) {
 	out := map[string]float64{}
 	for _, line := range strings.Split(body, "\n") {
@@ -257,7 +257,7 @@ func ParseMetrics(body string) (map[string]float64, error) {
 			continue
 		}
 		f := strings.Fields(line)
-		if len(f) != 2 || strings.Contains(f[0], "{") {
+		if len(f) != 2 {
 			continue
 		}
 		v, err := strconv.ParseFloat(f[1], 64)

@@ -53,10 +53,17 @@ type cluster struct {
 
 func newCluster(t *testing.T) *cluster {
 	t.Helper()
+	return newClusterWith(t, nil)
+}
+
+// newClusterWith is newCluster with the test's config changed by mod (a
+// cluster CIDR list, no API proxy, ...) before the cluster comes up.
+func newClusterWith(t *testing.T, mod func(*tcluster.Config)) *cluster {
+	t.Helper()
 	id := make([]byte, 3)
 	_, _ = rand.Read(id)
 	start := time.Now()
-	tc, err := tcluster.Up(context.Background(), tcluster.Config{
+	cfg := tcluster.Config{
 		Name:        "pnrt-" + hex.EncodeToString(id),
 		WorkDir:     t.TempDir(),
 		RepoRoot:    nettest.RepoRoot(t),
@@ -68,7 +75,11 @@ func newCluster(t *testing.T) *cluster {
 		Bare:        true,
 		NoRBAC:      true,
 		APIProxy:    true,
-	})
+	}
+	if mod != nil {
+		mod(&cfg)
+	}
+	tc, err := tcluster.Up(context.Background(), cfg)
 	if err != nil {
 		t.Fatalf("cluster up: %v", err)
 	}

@@ -232,12 +232,18 @@ func TestStaleAndForeignRoutes(t *testing.T) {
 	}
 	nettest.Consistently(t, 2*resync+resync/2, "foreign routes survive resyncs", foreignIntact)
 	a.expectRoutes(0, d, bhA, viaB)
-	if len(d.logLines("apply failed")) == 0 {
-		t.Errorf("the conflict with the foreign route to node-c's PodCIDR is not reported in the log")
+	// the conflict is node-c's alone: it is refused (and said why), the
+	// node stays ready
+	if refused := d.logLines("node refused"); !slices.ContainsFunc(refused, func(l map[string]any) bool {
+		return l["node"] == "node-c" && l["reason"] == "overlaps-node-network"
+	}) {
+		t.Errorf("the conflict with the foreign route to node-c's PodCIDR is not reported in the log: %q", refused)
 	}
 	code, body := d.status("/readyz")
 	m, _ := d.metrics()
-	t.Logf("with a foreign route on node-c's PodCIDR: /readyz %d %q, podnet_apply_errors_total %v", code, body, m["podnet_apply_errors_total"])
+	if code != 200 || m[`podnet_nodes_refused{reason="overlaps-node-network"}`] != 1 {
+		t.Errorf("with a foreign route on node-c's PodCIDR: /readyz %d %q, podnet_nodes_refused %v", code, body, m[`podnet_nodes_refused{reason="overlaps-node-network"}`])
+	}
 
 	// A stale podnet route appearing while running (no netlink event
 	// triggers an apply) is pruned by the periodic resync.
@@ -285,9 +291,12 @@ func foreignIntactOnly(n *node, dst string, want []string) error {
 // TestAPIServerOutage: routes stay while the API server is down; changes
 // made after it is back (and changes missed while the node was cut off)
 // are applied.
+//
+// The outage is visible: past --apiserver-timeout /readyz says the API
+// server is unreachable, and the metrics tell how long.
 func TestAPIServerOutage(t *testing.T) {
 	c, a, _, _ := threeNodes(t)
-	d := a.startDaemon()
+	d := a.startDaemon("--apiserver-timeout=3s")
 	a.expectRoutes(syncT, d, bhA, viaB, viaC)
 	d.waitReady(changeT)
 	before, _ := a.podnetRoutes()
@@ -319,6 +328,13 @@ func TestAPIServerOutage(t *testing.T) {
 	})
 	code, body := d.status("/readyz")
 	t.Logf("API server down for %s: routes unchanged; /readyz %d %q", time.Since(downStart).Round(time.Millisecond), code, body)
+	if code != http.StatusServiceUnavailable || !strings.Contains(body, "API server unreachable") {
+		t.Errorf("API server down for %s (--apiserver-timeout 3s): /readyz %d %q", time.Since(downStart).Round(time.Millisecond), code, body)
+	}
+	if m, err := d.metrics(); err != nil || m["podnet_apiserver_unreachable_seconds"] < 3 || m["podnet_last_watch_event_age_seconds"] < 3 {
+		t.Errorf("API server down: podnet_apiserver_unreachable_seconds %v, podnet_last_watch_event_age_seconds %v (%v)",
+			m["podnet_apiserver_unreachable_seconds"], m["podnet_last_watch_event_age_seconds"], err)
+	}
 
 	if err := c.api.StartAPIServer(); err != nil {
 		t.Fatal(err)
@@ -335,6 +351,10 @@ func TestAPIServerOutage(t *testing.T) {
 	viaD := "10.244.4.0/24 via 172.30.0.4 dev eth0 proto 77"
 	a.expectRoutes(45*time.Second, d, bhA, viaC2, viaD)
 	t.Logf("MEASURE after API server restart: converged %s after the changes", time.Since(start).Round(time.Millisecond))
+	d.waitReady(changeT)
+	if m, err := d.metrics(); err != nil || m["podnet_apiserver_unreachable_seconds"] != 0 {
+		t.Errorf("API server back: podnet_apiserver_unreachable_seconds %v (%v)", m["podnet_apiserver_unreachable_seconds"], err)
+	}
 
 	// Cut node-a off the API server (its watch breaks); change the cluster
 	// meanwhile; reconnect: the missed events are applied.

@@ -39,13 +39,15 @@ func run(argv []string) error {
 	nodeName := fs.String("node-name", os.Getenv("NODE_NAME"), "this node's name (env NODE_NAME)")
 	encap := fs.String("encap", "ipip", "encapsulation between nodes: ipip, vxlan or none")
 	crossSubnet := fs.Bool("cross-subnet", false, "route directly to nodes on this node's L2 subnet, encapsulate only across subnets")
-	clusterCIDRs := fs.String("cluster-cidr", os.Getenv("CLUSTER_CIDR"), "comma-separated cluster pod CIDRs: traffic to them is not masqueraded")
+	clusterCIDRs := fs.String("cluster-cidr", os.Getenv("CLUSTER_CIDR"), "comma-separated cluster pod CIDRs (required): every Node's PodCIDR must lie inside one, and traffic to them is not masqueraded")
+	serviceCIDRs := fs.String("service-cidr", os.Getenv("SERVICE_CIDR"), "comma-separated service CIDRs no PodCIDR may overlap (added to the ServiceCIDR objects of the API, where they can be read)")
+	apiTimeout := fs.Duration("apiserver-timeout", time.Minute, "how long the API server may be out of reach before /readyz fails (0: never)")
 	masquerade := fs.Bool("masquerade", true, "masquerade pod traffic leaving the cluster CIDRs")
 	mtu := fs.Int("mtu", 0, "pod/overlay MTU (0: underlay MTU minus encapsulation overhead)")
 	stateDir := fs.String("state-dir", nodestate.DefaultDir, "directory of node.json for the CNI plugins")
 	resync := fs.Duration("resync-interval", 30*time.Second, "full resync period (repairs and prunes)")
-	healthAddr := fs.String("health-addr", ":9099", "address of /healthz and /readyz (empty: off)")
-	metricsAddr := fs.String("metrics-addr", ":9098", "address of /metrics (empty: off)")
+	healthAddr := fs.String("health-addr", "127.0.0.1:9099", "address of /healthz and /readyz (empty: off; loopback by default: the node's other interfaces face the network)")
+	metricsAddr := fs.String("metrics-addr", "127.0.0.1:9098", "address of /metrics (empty: off)")
 	vni := fs.Int("vxlan-vni", 4096, "VXLAN network identifier")
 	port := fs.Int("vxlan-port", 4789, "VXLAN UDP port")
 	cleanup := fs.Bool("cleanup", false, "remove every route, device, nft table and state file podnet-routed created, then exit")
@@ -78,8 +80,17 @@ func run(argv []string) error {
 	if err != nil {
 		return fmt.Errorf("--cluster-cidr: %w", err)
 	}
-	if *masquerade && len(cidrs) == 0 {
-		return errors.New("--masquerade needs --cluster-cidr (the pod CIDRs of the cluster), or pass --masquerade=false")
+	if len(cidrs) == 0 {
+		return errors.New("--cluster-cidr (or CLUSTER_CIDR) is required: the cluster's pod CIDRs, kubeadm's --pod-network-cidr (e.g. 10.244.0.0/16); a Node whose PodCIDR lies outside them gets no route")
+	}
+	for _, c := range cidrs {
+		if err := desired.CheckClusterCIDR(c); err != nil {
+			return fmt.Errorf("--cluster-cidr: %w", err)
+		}
+	}
+	svc, err := parseCIDRs(*serviceCIDRs)
+	if err != nil {
+		return fmt.Errorf("--service-cidr: %w", err)
 	}
 	if *resync <= 0 {
 		return errors.New("--resync-interval must be positive")
@@ -88,17 +99,25 @@ func run(argv []string) error {
 	if err != nil {
 		return err
 	}
-	nodes, err := daemon.NodesListWatch(restCfg)
+	core, err := daemon.CoreClient(restCfg)
 	if err != nil {
 		return err
 	}
-	d := daemon.New(daemon.Config{
-		NodeName: *nodeName, Encap: e, CrossSubnet: *crossSubnet, ClusterCIDRs: cidrs, Masquerade: *masquerade,
-		MTU: *mtu, StateDir: *stateDir, ResyncInterval: *resync, VXLANVNI: *vni, VXLANPort: *port,
-	}, nodes, log)
-
+	events, err := daemon.CoreClient(restCfg) // a rate limiter of its own
+	if err != nil {
+		return err
+	}
+	svcLW, err := daemon.ServiceCIDRsListWatch(restCfg)
+	if err != nil {
+		return err
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
+	d := daemon.New(daemon.Config{
+		NodeName: *nodeName, Encap: e, CrossSubnet: *crossSubnet, ClusterCIDRs: cidrs, ServiceCIDRs: svc,
+		APIServers: daemon.APIServerAddrs(ctx, restCfg), Masquerade: *masquerade, MTU: *mtu, StateDir: *stateDir,
+		ResyncInterval: *resync, APIServerTimeout: *apiTimeout, VXLANVNI: *vni, VXLANPort: *port,
+	}, daemon.NodesListWatch(core), log).WithAPI(core, events, svcLW)
 	for _, addr := range uniq(*healthAddr, *metricsAddr) {
 		srv := &http.Server{Addr: addr, Handler: d.Handler(), ReadHeaderTimeout: 5 * time.Second}
 		go func() {
@@ -109,7 +128,7 @@ func run(argv []string) error {
 		}()
 		defer srv.Close()
 	}
-	log.Info("starting", "node", *nodeName, "encap", e, "crossSubnet", *crossSubnet, "clusterCIDRs", cidrs)
+	log.Info("starting", "node", *nodeName, "encap", e, "crossSubnet", *crossSubnet, "clusterCIDRs", cidrs, "serviceCIDRs", svc)
 	return d.Run(ctx)
 }
 

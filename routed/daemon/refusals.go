@@ -1,0 +1,142 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
+
+	"github.com/podnet/podnet/routed/desired"
+)
+
+// Event reasons podnet-routed gives the Nodes it refuses and accepts again.
+const (
+	EventNodeRefused  = "NodeRefused"
+	EventNodeAccepted = "NodeAccepted"
+)
+
+// refusals keeps what has been reported of the Nodes validation refuses,
+// so that every change (refused, a new reason, accepted again) is said
+// once: a log line, a Kubernetes Event on the Node, the gauge.
+type refusals struct {
+	self     string
+	log      *slog.Logger
+	events   *eventSink // nil: no Events (tests of the loop alone)
+	gauge    func(reason desired.Reason, n int)
+	reported map[string]desired.Refusal
+	count    map[desired.Reason]int
+}
+
+func newRefusals(self string, log *slog.Logger, events *eventSink, gauge func(desired.Reason, int)) *refusals {
+	r := &refusals{self: self, log: log, events: events, gauge: gauge, reported: map[string]desired.Refusal{}, count: map[desired.Reason]int{}}
+	for _, reason := range desired.Reasons {
+		gauge(reason, 0)
+	}
+	return r
+}
+
+// sync reports the refusals of now for the Nodes named (all Nodes when
+// names is nil: after a full apply). exists tells a refused Node that is
+// fixed from one that was deleted.
+func (r *refusals) sync(now map[string]desired.Refusal, names []string, exists func(string) bool) {
+	if names == nil {
+		for name := range r.reported {
+			names = append(names, name)
+		}
+		for name := range now {
+			if _, ok := r.reported[name]; !ok {
+				names = append(names, name)
+			}
+		}
+	}
+	for _, name := range names {
+		was, had := r.reported[name]
+		cur, has := now[name]
+		switch {
+		case has && (!had || was != cur):
+			if had {
+				r.add(was.Reason, -1)
+			}
+			r.add(cur.Reason, 1)
+			r.reported[name] = cur
+			r.log.Warn("node refused", "node", name, "reason", cur.Reason, "detail", cur.Detail)
+			r.event(name, corev1.EventTypeWarning, EventNodeRefused, cur.Detail+" (no route to it until this is fixed)")
+		case !has && had:
+			r.add(was.Reason, -1)
+			delete(r.reported, name)
+			if exists != nil && !exists(name) {
+				r.log.Info("refused node deleted", "node", name, "was", was.Reason)
+				continue
+			}
+			r.log.Info("node accepted", "node", name, "was", was.Reason)
+			r.event(name, corev1.EventTypeNormal, EventNodeAccepted, fmt.Sprintf("Node %s is routed again (it was refused: %s)", name, was.Reason))
+		}
+	}
+}
+
+func (r *refusals) add(reason desired.Reason, d int) {
+	r.count[reason] += d
+	r.gauge(reason, r.count[reason])
+}
+
+func (r *refusals) event(node, typ, reason, msg string) {
+	if r.events != nil {
+		r.events.post(node, typ, reason, fmt.Sprintf("podnet-routed on %s: %s", r.self, msg))
+	}
+}
+
+// eventSink posts core/v1 Events about Nodes from a goroutine of its own,
+// so that an apply never waits for the API server; when the queue is
+// full, an Event is dropped (and logged), never the apply.
+type eventSink struct {
+	client rest.Interface
+	host   string
+	log    *slog.Logger
+	queue  chan *corev1.Event
+}
+
+func newEventSink(client rest.Interface, host string, log *slog.Logger) *eventSink {
+	return &eventSink{client: client, host: host, log: log, queue: make(chan *corev1.Event, 256)}
+}
+
+func (s *eventSink) post(node, typ, reason, msg string) {
+	now := metav1.NewTime(time.Now())
+	ev := &corev1.Event{
+		ObjectMeta: metav1.ObjectMeta{GenerateName: node + ".podnet-", Namespace: metav1.NamespaceDefault},
+		// Nodes are cluster-scoped; kubectl describe node finds Events by
+		// kind, name and UID-less reference in namespace default
+		InvolvedObject: corev1.ObjectReference{Kind: "Node", Name: node, APIVersion: "v1"},
+		Reason:         reason,
+		Message:        msg,
+		Type:           typ,
+		Source:         corev1.EventSource{Component: "podnet-routed", Host: s.host},
+		FirstTimestamp: now,
+		LastTimestamp:  now,
+		Count:          1,
+	}
+	select {
+	case s.queue <- ev:
+	default:
+		s.log.Warn("event queue full: event dropped", "node", node, "reason", reason)
+	}
+}
+
+func (s *eventSink) run(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case ev := <-s.queue:
+			cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			err := s.client.Post().Namespace(ev.Namespace).Resource("events").Body(ev).Do(cctx).Error()
+			cancel()
+			if err != nil {
+				s.log.Warn("cannot post event", "node", ev.InvolvedObject.Name, "reason", ev.Reason, "err", err)
+			}
+		}
+	}
+}

@@ -1,0 +1,531 @@
+package desired
+
+import (
+	"cmp"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Reason says why a Node gets no route. The values are the label of
+// podnet_nodes_refused and the first words of every refusal's log line.
+type Reason string
+
+// Refusal reasons, in the order they are checked: a Node that fails
+// several is refused for the first.
+const (
+	// a PodCIDR that does not parse or has host bits set (one of a family
+	// the encapsulation does not carry, IPv6 with IPIP, is skipped alone:
+	// ForNode)
+	InvalidPodCIDR Reason = "invalid-podcidr"
+	// a PodCIDR overlapping loopback, link-local, multicast, unspecified
+	// or reserved addresses (0.0.0.0/0 and 0.0.0.0/1 among them)
+	ReservedRange Reason = "reserved-range"
+	// a PodCIDR not inside any cluster CIDR
+	OutsideClusterCIDR Reason = "outside-cluster-cidr"
+	// a PodCIDR overlapping a service CIDR
+	OverlapsServiceCIDR Reason = "overlaps-service-cidr"
+	// a PodCIDR holding the API server's address
+	OverlapsAPIServer Reason = "overlaps-apiserver"
+	// a PodCIDR overlapping an address of this node or a route that is
+	// not podnet's (the underlay, a connected network)
+	OverlapsNodeNetwork Reason = "overlaps-node-network"
+	// a PodCIDR overlapping this node's own PodCIDRs
+	OverlapsOwnPodCIDR Reason = "overlaps-own-podcidr"
+	// a PodCIDR overlapping an older Node's
+	PodCIDRConflict Reason = "podcidr-conflict"
+	// a node address of the wrong family, or inside a pod, cluster or
+	// service CIDR, or loopback, link-local, multicast, unspecified
+	InvalidNodeIP Reason = "invalid-node-ip"
+	// a node address that is this node's own
+	OwnNodeIP Reason = "own-node-ip"
+	// a node address an older Node has too
+	NodeIPConflict Reason = "node-ip-conflict"
+)
+
+// Reasons lists every reason, in checking order.
+var Reasons = []Reason{InvalidPodCIDR, ReservedRange, OutsideClusterCIDR, OverlapsServiceCIDR, OverlapsAPIServer,
+	OverlapsNodeNetwork, OverlapsOwnPodCIDR, PodCIDRConflict, InvalidNodeIP, OwnNodeIP, NodeIPConflict}
+
+func (r Reason) rank() int { return slices.Index(Reasons, r) }
+
+// Refusal is a Node that gets no route, and why.
+type Refusal struct {
+	Node   string
+	Reason Reason
+	Detail string // a sentence a human can act on
+}
+
+// Local is what this node knows of itself that validation compares
+// Nodes with: its own addresses and the routes that are not podnet's.
+// It changes with the node's network (read again on every full apply).
+type Local struct {
+	Addrs []netip.Addr
+	// Routes are the destinations of the main table's routes of other
+	// protocols; Connected those of them the kernel made for an address
+	// (the node's own subnets).
+	Routes    []netip.Prefix
+	Connected []netip.Prefix
+}
+
+// reserved are the ranges no PodCIDR may overlap and no node address may
+// lie in.
+var reserved = func() *prefixTrie {
+	t := &prefixTrie{}
+	for _, s := range []string{
+		"0.0.0.0/8", "127.0.0.0/8", "169.254.0.0/16", "224.0.0.0/4", "240.0.0.0/4",
+		"::/128", "::1/128", "::ffff:0:0/96", "fe80::/10", "ff00::/8",
+	} {
+		t.insert(netip.MustParsePrefix(s), s)
+	}
+	return t
+}()
+
+// ParseNode reads a Node's routing fields as the API returns them:
+// spec.podCIDRs (or the legacy spec.podCIDR), the addresses of
+// status.addresses (InternalIP is the next hop) and the node-IP
+// annotation, which counts only when it is one of those addresses (a
+// node's kubelet can write its own annotations; it must not point other
+// nodes' traffic at an address the Node does not have).
+func ParseNode(name, uid string, created time.Time, podCIDR string, podCIDRs []string, addrs []Address, annotation *string) Node {
+	n := Node{Name: name, UID: uid, Created: created}
+	if len(podCIDRs) == 0 && podCIDR != "" {
+		podCIDRs = []string{podCIDR}
+	}
+	var bad []string
+	for i, c := range podCIDRs {
+		p, err := netip.ParsePrefix(c)
+		switch {
+		case err != nil:
+			bad = append(bad, fmt.Sprintf("spec.podCIDRs[%d] %q does not parse", i, c))
+		case p.Addr().Is4In6() || p.Addr().Zone() != "":
+			bad = append(bad, fmt.Sprintf("spec.podCIDRs[%d] %q is not a plain IPv4 or IPv6 prefix", i, c))
+		case p != p.Masked():
+			bad = append(bad, fmt.Sprintf("spec.podCIDRs[%d] %q has host bits set (the network is %s)", i, c, p.Masked()))
+			n.PodCIDRs = append(n.PodCIDRs, p.Masked())
+		default:
+			n.PodCIDRs = append(n.PodCIDRs, p)
+		}
+	}
+	n.Invalid = strings.Join(bad, "; ")
+	var own []netip.Addr
+	for _, a := range addrs {
+		ip, err := netip.ParseAddr(a.Address)
+		if err != nil {
+			continue
+		}
+		ip = ip.Unmap() // ::ffff:a.b.c.d is an IPv4 node
+		own = append(own, ip)
+		if a.Internal && !n.IP.IsValid() {
+			n.IP = ip
+		}
+	}
+	if annotation != nil {
+		ip, err := netip.ParseAddr(*annotation)
+		switch {
+		case err != nil:
+			n.Note = fmt.Sprintf("annotation %q does not parse: ignored", *annotation)
+		case !slices.Contains(own, ip.Unmap()):
+			n.Note = fmt.Sprintf("annotation %s is not one of the Node's status.addresses: ignored", ip)
+		default:
+			n.IP = ip.Unmap()
+		}
+	}
+	return n
+}
+
+// Address is one of a Node's status.addresses.
+type Address struct {
+	Internal bool // type InternalIP
+	Address  string
+}
+
+// Validation is the verdict on every Node, as Validate gives it.
+type Validation struct {
+	// Valid are the Nodes that may be routed (this node among them when
+	// it is valid), in input order.
+	Valid []Node
+	// Refused are the others, with the first reason each fails.
+	Refused map[string]Refusal
+	// Self is this node when it is valid; SelfProblem otherwise says why
+	// not (also when it is missing or has no PodCIDR or address yet).
+	Self        *Node
+	SelfProblem string
+	// Conflicted are the Nodes that take part in a PodCIDR or address
+	// conflict, winners and losers: a change to one of them can change
+	// the verdict on another, so it is judged with every Node again.
+	Conflicted map[string]bool
+
+	// what Plan.Update judges one Node against: the PodCIDRs and
+	// addresses of the Nodes that passed the cluster-wide checks and won
+	// every conflict, and this node's own view
+	taken   *prefixTrie
+	ips     map[netip.Addr]string
+	winners []*Node
+	family  int
+	local   localChecks
+	own     *prefixTrie
+}
+
+// Validate decides which Nodes may become routes, seen from cfg.Self:
+//   - a PodCIDR must parse with its host bits zero, lie inside a
+//     cluster CIDR, and overlap none
+//     of: reserved ranges, the service CIDRs, the API server's address,
+//     this node's addresses and non-podnet routes, this node's PodCIDRs;
+//   - the next hop must be of the underlay's family, not this node's,
+//     and inside no cluster, pod or service CIDR nor a reserved range;
+//   - when two Nodes claim overlapping PodCIDRs (equal or not) or one
+//     address, the older (creationTimestamp, then UID) keeps them and the
+//     other is refused for as long as the conflict lasts.
+//
+// The checks that do not depend on this node (all but the API server,
+// this node's network and its own PodCIDRs and address) are decided, and
+// conflicts resolved, the same way on every node. Nodes without a
+// PodCIDR or an address yet are neither valid nor refused (ForNode skips
+// them). The cost is O(N log N) for N Nodes: a sort and trie lookups.
+func Validate(cfg Config, local Local, nodes []Node) Validation {
+	v := Validation{Refused: map[string]Refusal{}, Conflicted: map[string]bool{}}
+	var selfNode *Node
+	for i := range nodes {
+		if nodes[i].Name == cfg.Self {
+			selfNode = &nodes[i]
+		}
+	}
+	family := underlayFamily(selfNode)
+
+	// 1. checks of each Node alone that every node decides alike
+	var candidates []*Node
+	for i := range nodes {
+		n := &nodes[i]
+		isSelf := n.Name == cfg.Self
+		if !ready(*n) && n.Invalid == "" && (!isSelf || len(n.PodCIDRs) == 0) {
+			// this node without an address yet still has its PodCIDR
+			// (blackhole, node.json); others need both for a route
+			if isSelf {
+				v.SelfProblem = notReady(*n)
+			}
+			continue
+		}
+		if r, bad := globalChecks(cfg, family, *n); bad {
+			v.refuse(cfg, r)
+			continue
+		}
+		candidates = append(candidates, n)
+	}
+	// 2. conflicts between them: the older Node keeps what both claim
+	slices.SortStableFunc(candidates, func(a, b *Node) int { return older(*a, *b) })
+	taken := &prefixTrie{}
+	ips := map[netip.Addr]string{}
+	var winners []*Node
+	conflict := map[string]conflictRefusal{}
+	for _, n := range candidates {
+		if r, lost := conflicts(*n, taken, ips); lost {
+			conflict[n.Name] = r
+			v.Conflicted[n.Name] = true
+			v.Conflicted[r.owner] = true
+			continue
+		}
+		for _, p := range n.PodCIDRs {
+			taken.insert(p, n.Name)
+		}
+		if n.IP.IsValid() {
+			ips[n.IP] = n.Name
+		}
+		winners = append(winners, n)
+	}
+	if selfNode != nil && len(selfNode.PodCIDRs) > 0 {
+		if r, lost := conflict[cfg.Self]; lost {
+			v.SelfProblem = r.Detail
+		} else if v.SelfProblem == "" {
+			self := *selfNode
+			v.Self = &self
+		}
+	} else if selfNode == nil {
+		v.SelfProblem = fmt.Sprintf("this node's Node object %q does not exist (deleted, or --node-name is wrong)", cfg.Self)
+	}
+	// 3. what only this node can judge, and the reason each loser is
+	// given (the first in checking order)
+	var own *prefixTrie
+	if v.Self != nil {
+		own = &prefixTrie{}
+		for _, p := range v.Self.PodCIDRs {
+			own.insert(p, cfg.Self)
+		}
+	}
+	lc := newLocalChecks(cfg, local, v.Self)
+	valid := map[string]bool{}
+	for _, n := range winners {
+		if n.Name == cfg.Self {
+			valid[n.Name] = true
+			continue
+		}
+		if r, bad := lc.check(*n, own); bad {
+			v.refuse(cfg, r)
+			continue
+		}
+		valid[n.Name] = true
+	}
+	for name, r := range conflict {
+		if name == cfg.Self {
+			continue
+		}
+		n := nodeNamed(candidates, name)
+		rr := r.Refusal
+		if lr, bad := lc.check(*n, own); bad && lr.Reason.rank() < rr.Reason.rank() {
+			rr = lr
+		}
+		v.refuse(cfg, rr)
+	}
+	for _, n := range nodes {
+		if valid[n.Name] {
+			v.Valid = append(v.Valid, n)
+		}
+	}
+	v.taken, v.ips, v.winners, v.family, v.local, v.own = taken, ips, winners, family, lc, own
+	return v
+}
+
+func (v *Validation) refuse(cfg Config, r Refusal) {
+	if r.Node == cfg.Self {
+		v.SelfProblem = r.Detail
+		return
+	}
+	v.Refused[r.Node] = r
+}
+
+func nodeNamed(nodes []*Node, name string) *Node {
+	for _, n := range nodes {
+		if n.Name == name {
+			return n
+		}
+	}
+	return nil
+}
+
+// ready tells whether a Node has what a route needs: PodCIDRs and an
+// address. One without is skipped, not refused: kube-controller-manager
+// and the kubelet fill them in.
+func ready(n Node) bool { return len(n.PodCIDRs) > 0 && n.IP.IsValid() }
+
+func notReady(n Node) string {
+	if len(n.PodCIDRs) == 0 {
+		return fmt.Sprintf("this node's Node %q has no spec.podCIDRs yet (is kube-controller-manager running with --allocate-node-cidrs?)", n.Name)
+	}
+	return fmt.Sprintf("this node's Node %q has no InternalIP in status.addresses yet", n.Name)
+}
+
+// underlayFamily is the family of this node's address: next hops must
+// be of it. Without it (this node unknown), any family.
+func underlayFamily(self *Node) int {
+	if self == nil || !self.IP.IsValid() {
+		return 0
+	}
+	return self.IP.BitLen()
+}
+
+// older orders Nodes by age: creationTimestamp, then UID, then name.
+func older(a, b Node) int {
+	if c := a.Created.Compare(b.Created); c != 0 {
+		return c
+	}
+	if c := cmp.Compare(a.UID, b.UID); c != 0 {
+		return c
+	}
+	return cmp.Compare(a.Name, b.Name)
+}
+
+func refusal(n Node, r Reason, format string, args ...any) (Refusal, bool) {
+	return Refusal{Node: n.Name, Reason: r, Detail: fmt.Sprintf("Node %s: ", n.Name) + fmt.Sprintf(format, args...)}, true
+}
+
+// globalChecks are the checks of one Node that depend only on the
+// cluster's configuration, so every node decides them alike.
+func globalChecks(cfg Config, family int, n Node) (Refusal, bool) {
+	if n.Invalid != "" {
+		return refusal(n, InvalidPodCIDR, "%s", n.Invalid)
+	}
+	for _, p := range n.PodCIDRs {
+		if p.Bits() == 0 {
+			return refusal(n, ReservedRange, "PodCIDR %s is a default route", p)
+		}
+		if q, _, hit := reserved.overlap(p); hit {
+			return refusal(n, ReservedRange, "PodCIDR %s overlaps the reserved range %s (loopback, link-local, multicast or unspecified)", p, q)
+		}
+		if !insideAny(p, cfg.ClusterCIDRs) {
+			return refusal(n, OutsideClusterCIDR, "PodCIDR %s is not inside the cluster CIDR (%s)", p, prefixList(cfg.ClusterCIDRs))
+		}
+		for _, s := range cfg.ServiceCIDRs {
+			if s.Overlaps(p) {
+				return refusal(n, OverlapsServiceCIDR, "PodCIDR %s overlaps the service CIDR %s", p, s)
+			}
+		}
+	}
+	ip := n.IP
+	if !ip.IsValid() {
+		return Refusal{}, false // this node without an address yet
+	}
+	switch {
+	case family != 0 && ip.BitLen() != family:
+		return refusal(n, InvalidNodeIP, "node address %s is not of the underlay's family (this node's address is IPv%d)", ip, map[int]int{32: 4, 128: 6}[family])
+	case ip.IsUnspecified() || ip.IsLoopback() || ip.IsMulticast() || ip.IsLinkLocalUnicast() || ip.IsInterfaceLocalMulticast():
+		return refusal(n, InvalidNodeIP, "node address %s is loopback, link-local, multicast or unspecified", ip)
+	}
+	if _, q, hit := reserved.contains(ip); hit {
+		return refusal(n, InvalidNodeIP, "node address %s lies in the reserved range %s", ip, q)
+	}
+	for _, list := range [][]netip.Prefix{cfg.ClusterCIDRs, cfg.ServiceCIDRs, n.PodCIDRs} {
+		for _, p := range list {
+			if p.Contains(ip) {
+				return refusal(n, InvalidNodeIP, "node address %s lies inside %s (a pod, cluster or service CIDR)", ip, p)
+			}
+		}
+	}
+	return Refusal{}, false
+}
+
+// conflictRefusal is a lost conflict and the Node that won it.
+type conflictRefusal struct {
+	Refusal
+	owner string
+}
+
+// conflicts checks n against the Nodes already accepted (all older).
+func conflicts(n Node, taken *prefixTrie, ips map[netip.Addr]string) (conflictRefusal, bool) {
+	for _, p := range n.PodCIDRs {
+		if q, owner, hit := taken.overlap(p); hit {
+			r, _ := refusal(n, PodCIDRConflict, "PodCIDR %s overlaps PodCIDR %s of Node %s, which is older and keeps it", p, q, owner)
+			return conflictRefusal{r, owner}, true
+		}
+	}
+	if owner, hit := ips[n.IP]; hit && n.IP.IsValid() {
+		r, _ := refusal(n, NodeIPConflict, "node address %s is also Node %s's, which is older and keeps it", n.IP, owner)
+		return conflictRefusal{r, owner}, true
+	}
+	return conflictRefusal{}, false
+}
+
+// localChecks are the checks only this node can make: against its own
+// addresses, routes, PodCIDRs and the API server it talks to. A PodCIDR
+// route must not take traffic the node sends elsewhere today:
+//   - it may not hold one of the node's addresses;
+//   - it may not equal a route of another protocol (the exclusive create
+//     would fail anyway);
+//   - it may not overlap a connected subnet either way (inside one, it
+//     would cut off part of the node's own L2 neighbours; around one, it
+//     takes the underlay's space).
+//
+// A more specific route of another protocol inside it (an operator's
+// blackhole for one pod address: every PodCIDR lies inside the cluster
+// CIDRs, so such a route is the pod network's) and one around it through
+// a gateway (10.0.0.0/8 via a VPN, the default route) are left alone.
+type localChecks struct {
+	cfg       Config
+	addrs     map[netip.Addr]bool
+	nodeAddrs *prefixTrie // this node's addresses
+	exact     map[netip.Prefix]bool
+	connected *prefixTrie
+}
+
+func newLocalChecks(cfg Config, local Local, self *Node) localChecks {
+	lc := localChecks{cfg: cfg, addrs: map[netip.Addr]bool{}, nodeAddrs: &prefixTrie{}, exact: map[netip.Prefix]bool{},
+		connected: &prefixTrie{}}
+	var own []netip.Prefix
+	if self != nil {
+		own = self.PodCIDRs
+	}
+	// the pod network's own addresses and routes (a bridge's gateway and
+	// connected route, the VTEP) are not the node's network
+	ours := func(p netip.Prefix) bool { return insideAny(p, own) }
+	usable := func(p netip.Prefix) bool {
+		return p.Bits() > 0 && !p.Addr().IsLinkLocalUnicast() && !p.Addr().IsMulticast() && !ours(p)
+	}
+	for _, a := range local.Addrs {
+		a = a.Unmap()
+		lc.addrs[a] = true
+		if p := netip.PrefixFrom(a, a.BitLen()); !a.IsLinkLocalUnicast() && !ours(p) {
+			lc.nodeAddrs.insert(p, "address "+a.String())
+		}
+	}
+	for _, r := range local.Routes {
+		if r = r.Masked(); usable(r) {
+			lc.exact[r] = true
+		}
+	}
+	for _, r := range local.Connected {
+		if r = r.Masked(); usable(r) {
+			lc.connected.insert(r, "connected subnet "+r.String())
+		}
+	}
+	return lc
+}
+
+// network says which part of this node's network p would take.
+func (lc localChecks) network(p netip.Prefix) (string, bool) {
+	if _, what, hit := lc.nodeAddrs.within(p); hit {
+		return what, true
+	}
+	if lc.exact[p] {
+		return "route " + p.String() + " (not podnet's)", true
+	}
+	if _, what, hit := lc.connected.overlap(p); hit {
+		return what, true
+	}
+	return "", false
+}
+
+func (lc localChecks) check(n Node, own *prefixTrie) (Refusal, bool) {
+	for _, p := range n.PodCIDRs {
+		for _, a := range lc.cfg.APIServers {
+			if p.Contains(a) {
+				return refusal(n, OverlapsAPIServer, "PodCIDR %s holds the API server's address %s", p, a)
+			}
+		}
+		if what, hit := lc.network(p); hit {
+			return refusal(n, OverlapsNodeNetwork, "PodCIDR %s overlaps this node's %s", p, what)
+		}
+		if own != nil {
+			if q, _, hit := own.overlap(p); hit {
+				return refusal(n, OverlapsOwnPodCIDR, "PodCIDR %s overlaps this node's own PodCIDR %s", p, q)
+			}
+		}
+	}
+	if lc.addrs[n.IP] {
+		return refusal(n, OwnNodeIP, "node address %s is this node's own address", n.IP)
+	}
+	return Refusal{}, false
+}
+
+// CheckClusterCIDR refuses a cluster CIDR that would let a PodCIDR take
+// a default route or a reserved range (--cluster-cidr is an operator's
+// input too).
+func CheckClusterCIDR(p netip.Prefix) error {
+	if p.Bits() == 0 {
+		return fmt.Errorf("%s is a default route: give the cluster's pod CIDR, e.g. 10.244.0.0/16", p)
+	}
+	if q, _, hit := reserved.overlap(p); hit {
+		return fmt.Errorf("%s overlaps the reserved range %s (loopback, link-local, multicast or unspecified)", p, q)
+	}
+	return nil
+}
+
+func insideAny(p netip.Prefix, list []netip.Prefix) bool {
+	for _, c := range list {
+		if c.Bits() <= p.Bits() && c.Contains(p.Addr()) {
+			return true
+		}
+	}
+	return false
+}
+
+func prefixList(list []netip.Prefix) string {
+	if len(list) == 0 {
+		return "none configured: pass --cluster-cidr"
+	}
+	s := make([]string, len(list))
+	for i, p := range list {
+		s[i] = p.String()
+	}
+	return strings.Join(s, ", ")
+}
