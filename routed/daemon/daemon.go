@@ -110,6 +110,7 @@ type Daemon struct {
 	// other Nodes keep converging through its underlay while this
 	// node's own Node is bad or gone
 	lastSelf *desired.Node
+	repairs  repairState
 }
 
 // New builds a daemon that lists and watches Nodes through nodes (see
@@ -186,6 +187,8 @@ type Metrics struct {
 	Errors          prometheus.Counter
 	NodesSkipped    prometheus.Gauge
 	NodesRefused    *prometheus.GaugeVec
+	ObjectRepairs   *prometheus.CounterVec // podnet_repairs_total{object} (repair.go)
+	SysctlErrors    *prometheus.CounterVec // podnet_sysctl_errors_total{name}
 	TunnelDropped   prometheus.CounterFunc
 
 	contactAge, unreachableFor func() float64
@@ -201,6 +204,8 @@ func NewMetrics() *Metrics {
 		Repairs:         prometheus.NewCounter(prometheus.CounterOpts{Name: "podnet_route_repairs_total", Help: "Applies that changed the kernel after a podnet route was removed by someone else."}),
 		Errors:          prometheus.NewCounter(prometheus.CounterOpts{Name: "podnet_apply_errors_total", Help: "Applies that failed."}),
 		NodesSkipped:    prometheus.NewGauge(prometheus.GaugeOpts{Name: "podnet_nodes_skipped", Help: "Nodes without PodCIDR or address, not routed yet."}),
+		ObjectRepairs:   newRepairsTotal(),
+		SysctlErrors:    newSysctlErrorsTotal(),
 		TunnelDropped: prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "podnet_tunnel_dropped_total",
 			Help: "Encapsulated packets dropped: not from a Node, from a pod, or carrying a forged or transit inner packet (nft counter tunnel_dropped)."},
 			tunnelDropped()),
@@ -210,7 +215,7 @@ func NewMetrics() *Metrics {
 		func() float64 { return call(m.contactAge) })
 	unreachable := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "podnet_apiserver_unreachable_seconds", Help: "Seconds the API server has been out of reach (0: reachable)."},
 		func() float64 { return call(m.unreachableFor) })
-	m.Registry.MustRegister(m.RoutesDesired, m.RoutesProgramed, m.ApplySeconds, m.Repairs, m.Errors, m.NodesSkipped, m.NodesRefused, age, unreachable, m.TunnelDropped)
+	m.Registry.MustRegister(m.RoutesDesired, m.RoutesProgramed, m.ApplySeconds, m.Repairs, m.Errors, m.NodesSkipped, m.NodesRefused, age, unreachable, m.ObjectRepairs, m.SysctlErrors, m.TunnelDropped)
 	return m
 }
 
@@ -625,9 +630,14 @@ func (d *Daemon) applyNodes(lister listersv1.NodeLister) (own, remote error) {
 // only for what this node itself needs; a route that cannot be written
 // is reported in remote.
 func (d *Daemon) apply(lister listersv1.NodeLister, why string) (own, remote error) {
+	// what this apply writes is a repair when the kernel held the plan
+	// and no Node changed since
+	repairing := d.plan != nil && why != "node"
 	d.plan = nil
 	// every Node is read below: what changed until now is covered
-	d.takeDirty()
+	if len(d.takeDirty()) > 0 {
+		repairing = false
+	}
 	objs, err := lister.List(labels.Everything())
 	if err != nil {
 		return fmt.Errorf("list nodes: %w", err), nil
@@ -677,11 +687,12 @@ func (d *Daemon) apply(lister listersv1.NodeLister, why string) (own, remote err
 		d.log.Debug("node skipped", "node", s.Node, "reason", s.Reason)
 	}
 	d.setSelfProblem(st.SelfProblem)
+	deviceReset := false
 	if st.Self != nil {
 		self := *st.Self
 		d.lastSelf = &self
 		if underlay != nil {
-			if err := d.dp.Setup(self, st.VTEPs); err != nil {
+			if deviceReset, err = d.setup(self, st.VTEPs, underlay); err != nil {
 				errs = append(errs, err)
 			}
 		}
@@ -702,20 +713,25 @@ func (d *Daemon) apply(lister listersv1.NodeLister, why string) (own, remote err
 		spec.LocalPodCIDRs = d.lastSelf.PodCIDRs
 	}
 	spec.Peers, spec.RemotePodCIDRs = plan.Peers()
-	if _, err := d.table.Apply(spec, why == "periodic resync"); err != nil {
+	if repaired, err := d.table.Apply(spec, why == "periodic resync"); err != nil {
 		errs = append(errs, err)
+	} else if repaired {
+		d.countRepair(RepairNFTTable, 1, "nft table inet "+contract.NFTable)
 	}
-	// (LocalNetwork read the table just now when dump)
-	changed, programmed, err := dataplane.ApplyRoutes(st.Routes, &d.routes, false)
+	// (LocalNetwork read the table just now when dump; a tunnel device
+	// re-created or brought up has lost its routes silently since)
+	changed, programmed, err := dataplane.ApplyRoutes(st.Routes, &d.routes, deviceReset)
 	if err != nil {
 		remoteErrs = append(remoteErrs, err)
 	}
 	d.metrics.RoutesProgramed.Set(float64(programmed))
+	var vxlanChanges dataplane.VXLANChanges
 	if d.cfg.Encap == desired.VXLAN && underlay != nil {
-		if err := dataplane.ApplyVXLANPeers(st.Neighbors, st.FDBs); err != nil {
+		if vxlanChanges, err = dataplane.ApplyVXLANPeers(st.Neighbors, st.FDBs); err != nil {
 			remoteErrs = append(remoteErrs, err)
 		}
 	}
+	d.countApplyRepairs(repairing, changed, vxlanChanges)
 	if err := d.writeState(st.Self, st.SelfProblem, underlay); err != nil {
 		errs = append(errs, err)
 	}
@@ -759,12 +775,16 @@ func (d *Daemon) writeState(self *desired.Node, problem string, underlay netlink
 	} else {
 		st.MTU = d.lastState.MTU
 	}
-	if cur, err := nodestate.ReadFile(d.cfg.StateDir); err == nil && cur.Equal(&st) {
+	cur, err := nodestate.ReadFile(d.cfg.StateDir)
+	if err == nil && cur.Equal(&st) {
 		d.lastState = st
 		return nil
 	}
 	if err := nodestate.Write(d.cfg.StateDir, &st); err != nil {
 		return err
+	}
+	if d.lastState.Equal(&st) { // what it wrote before, deleted or edited since
+		d.countStateRepair(err)
 	}
 	d.lastState = st
 	d.log.Info("node state written", "path", nodestate.Path(d.cfg.StateDir), "podCIDRs", st.PodCIDRs, "mtu", st.MTU, "error", st.Error)

@@ -20,6 +20,7 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
 
 	"github.com/podnet/podnet/internal/contract"
@@ -114,26 +115,136 @@ func OnLink(ip netip.Addr) bool {
 	return routes[0].Gw == nil
 }
 
-// Setup makes the devices and sysctls of the encapsulation exist. It is
-// idempotent and cheap when everything is already in place.
-func (d *Netlink) Setup(self desired.Node, vteps []netip.Prefix) error {
+// Fix is one thing Setup found wrong in the kernel and put right.
+type Fix struct {
+	// Object is what was fixed, a label of podnet_repairs_total:
+	// "tunnel-device" or "sysctl".
+	Object string
+	// What says what was done ("podnet.vxlan learning off",
+	// "net.ipv4.ip_forward=1").
+	What string
+}
+
+// Object labels of the fixes Setup reports.
+const (
+	FixTunnelDevice = "tunnel-device"
+	FixSysctl       = "sysctl"
+)
+
+// SetupResult is what one Setup changed and what it could not do.
+type SetupResult struct {
+	// Fixes lists every change made to the kernel, in order. The first
+	// Setup of a node makes them all; later ones only repair.
+	Fixes []Fix
+	// SysctlErrors are the sysctls that could not be set (a read-only
+	// /proc/sys): each is logged as a warning and does not fail Setup.
+	SysctlErrors []SysctlError
+	// DeviceReset: the tunnel device was created, re-created or brought
+	// up. The kernel dropped the routes through it without telling
+	// (and the VXLAN entries of a new device): a routes cache is stale.
+	DeviceReset bool
+}
+
+func (r *SetupResult) fix(object, format string, args ...any) {
+	r.Fixes = append(r.Fixes, Fix{Object: object, What: fmt.Sprintf(format, args...)})
+}
+
+// Setup makes the devices and sysctls of the encapsulation exist and hold
+// their settings, and repairs whatever differs: tunl0 up with the overlay
+// MTU; podnet.vxlan with its VNI, port, local address, underlay device,
+// MAC, MTU, learning off, VTEP addresses, up; the sysctls of Sysctls. It is
+// idempotent and cheap (no write) when everything is in place.
+//
+// A sysctl that cannot be set is a warning in the log and an entry of
+// SysctlErrors, never an error. The error is the device step's (or the
+// underlay's): the sysctls are still set then, and the caller goes on with
+// the work that does not need the device.
+func (d *Netlink) Setup(self desired.Node, vteps []netip.Prefix) (SetupResult, error) {
+	var res SetupResult
 	underlay, err := Underlay(self.IP)
 	if err != nil {
-		return err
+		return res, err
 	}
 	mtu := d.OverlayMTU(underlay)
+	var link netlink.Link
+	created := false
+	var devErr error
 	switch d.Encap {
 	case desired.IPIP:
-		if err := d.ensureTunl0(mtu); err != nil {
-			return err
-		}
+		link, devErr = d.ensureTunl0(mtu, &res)
 	case desired.VXLAN:
-		if err := d.ensureVXLAN(self.IP, underlay, mtu, vteps); err != nil {
-			return err
+		link, created, devErr = d.ensureVXLAN(self.IP, underlay, mtu, &res)
+	}
+	// the device's sysctls before it comes up: no router advertisement
+	// may reach a device that accepts it
+	v6 := slices.ContainsFunc(self.PodCIDRs, func(p netip.Prefix) bool { return p.Addr().Is6() })
+	d.setSysctls(Sysctls(d.Encap, v6), link, created, &res)
+	if link != nil && devErr == nil {
+		if d.Encap != desired.VXLAN {
+			vteps = nil // tunl0 has no VTEP address
+		}
+		devErr = d.finishDevice(link, vteps, &res)
+	}
+	return res, devErr
+}
+
+// setSysctls sets s; a device's own are skipped when the device is
+// missing, and their writes on a device just created are not fixes.
+func (d *Netlink) setSysctls(s []Sysctl, link netlink.Link, created bool, res *SetupResult) {
+	var dev string
+	if link != nil {
+		dev = link.Attrs().Name
+	}
+	s = slices.DeleteFunc(slices.Clone(s), func(c Sysctl) bool {
+		name := deviceOf(c)
+		return name != "" && name != dev
+	})
+	changed, failed := SysctlWriter{Root: d.ProcSys, Log: d.Log}.Set(s)
+	for _, c := range changed {
+		if created && deviceOf(c) != "" {
+			continue
+		}
+		res.fix(FixSysctl, "%s=%s", c.DisplayName(), c.Value)
+	}
+	for _, f := range failed {
+		d.Log.Warn("cannot set a sysctl; going on without it", "name", f.Sysctl.DisplayName(), "value", f.Sysctl.Value, "err", f.Err)
+	}
+	res.SysctlErrors = append(res.SysctlErrors, failed...)
+}
+
+// deviceOf is the device a per-device sysctl (net/ipv4/conf/DEV/...,
+// net/ipv6/conf/DEV/...) is about: "" for all, default and global ones.
+func deviceOf(c Sysctl) string {
+	parts := strings.Split(c.Name, "/")
+	if len(parts) != 5 || parts[0] != "net" || parts[2] != "conf" || parts[3] == "all" || parts[3] == "default" {
+		return ""
+	}
+	return parts[3]
+}
+
+// finishDevice gives the tunnel device its VTEP addresses (VXLAN) and
+// brings it up.
+func (d *Netlink) finishDevice(link netlink.Link, vteps []netip.Prefix, res *SetupResult) error {
+	name := link.Attrs().Name
+	for _, v := range vteps {
+		addr := &netlink.Addr{IPNet: prefixNet(v)}
+		if v.Addr().Is6() {
+			addr.Flags = unix.IFA_F_NODAD
+		}
+		if err := netlink.AddrAdd(link, addr); err != nil && !errors.Is(err, unix.EEXIST) {
+			return fmt.Errorf("add VTEP address %s to %s: %w", v, name, err)
+		} else if err == nil {
+			res.fix(FixTunnelDevice, "%s address %s", name, v)
 		}
 	}
-	v6 := slices.ContainsFunc(self.PodCIDRs, func(p netip.Prefix) bool { return p.Addr().Is6() })
-	return SysctlWriter{Root: d.ProcSys, Log: d.Log}.Write(Sysctls(d.Encap, v6))
+	if link.Attrs().Flags&net.FlagUp == 0 {
+		if err := netlink.LinkSetUp(link); err != nil {
+			return fmt.Errorf("set %s up: %w", name, err)
+		}
+		res.fix(FixTunnelDevice, "%s up", name)
+		res.DeviceReset = true
+	}
+	return nil
 }
 
 // CheckIPIP makes sure tunl0 exists (creating it loads the kernel's ipip
@@ -177,25 +288,29 @@ func tunl0() (netlink.Link, error) {
 	return link, nil
 }
 
-func (d *Netlink) ensureTunl0(mtu int) error {
+// ensureTunl0 makes tunl0 exist with the overlay MTU (it is brought up by
+// finishDevice, after its sysctls).
+func (d *Netlink) ensureTunl0(mtu int, res *SetupResult) (netlink.Link, error) {
 	link, err := tunl0()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if link.Attrs().MTU != mtu {
 		if err := netlink.LinkSetMTU(link, mtu); err != nil {
-			return fmt.Errorf("set %s MTU %d: %w", desired.TunnelDevice, mtu, err)
+			return nil, fmt.Errorf("set %s MTU %d: %w", desired.TunnelDevice, mtu, err)
 		}
+		res.fix(FixTunnelDevice, "%s mtu %d", desired.TunnelDevice, mtu)
 	}
-	if link.Attrs().Flags&net.FlagUp == 0 {
-		if err := netlink.LinkSetUp(link); err != nil {
-			return fmt.Errorf("set %s up: %w", desired.TunnelDevice, err)
-		}
-	}
-	return nil
+	return link, nil
 }
 
-func (d *Netlink) ensureVXLAN(selfIP netip.Addr, underlay netlink.Link, mtu int, vteps []netip.Prefix) error {
+// ensureVXLAN makes podnet.vxlan exist with every setting podnet-routed
+// gives it: created when missing; VNI and port, which the kernel cannot
+// change on a device, by re-creating it; local address, underlay device
+// and learning in place (re-created when the kernel refuses); MAC and MTU
+// in place. It is brought up by finishDevice, after its sysctls. created
+// tells that the device is new (created or re-created).
+func (d *Netlink) ensureVXLAN(selfIP netip.Addr, underlay netlink.Link, mtu int, res *SetupResult) (link netlink.Link, created bool, err error) {
 	mac, _ := net.ParseMAC(desired.VTEPMAC(selfIP))
 	want := &netlink.Vxlan{
 		LinkAttrs:    netlink.LinkAttrs{Name: desired.VXLANDevice, MTU: mtu, HardwareAddr: mac},
@@ -205,50 +320,126 @@ func (d *Netlink) ensureVXLAN(selfIP netip.Addr, underlay netlink.Link, mtu int,
 		SrcAddr:      selfIP.AsSlice(),
 		Learning:     false,
 	}
-	link, err := netlinksafe.LinkByName(desired.VXLANDevice)
-	if err == nil {
-		cur, ok := link.(*netlink.Vxlan)
-		if !ok || cur.VxlanId != d.VNI || cur.Port != d.Port || cur.VtepDevIndex != want.VtepDevIndex ||
-			!cur.SrcAddr.Equal(want.SrcAddr) || cur.HardwareAddr.String() != mac.String() {
-			d.Log.Info("recreating VXLAN device with new parameters", "dev", desired.VXLANDevice)
-			if err := netlink.LinkDel(link); err != nil {
-				return fmt.Errorf("delete outdated %s: %w", desired.VXLANDevice, err)
-			}
-			link = nil
-		}
-	} else if !isNotFound(err) {
-		return fmt.Errorf("look up %s: %w", desired.VXLANDevice, err)
-	} else {
+	dev := desired.VXLANDevice
+	link, err = netlinksafe.LinkByName(dev)
+	switch {
+	case err == nil:
+	case isNotFound(err):
 		link = nil
+	default:
+		return nil, false, fmt.Errorf("look up %s: %w", dev, err)
+	}
+	recreate := func(why string) error {
+		d.Log.Info("re-creating the VXLAN device", "dev", dev, "why", why)
+		if err := netlink.LinkDel(link); err != nil && !isNotFound(err) {
+			return fmt.Errorf("delete %s (%s): %w", dev, why, err)
+		}
+		link = nil
+		return nil
+	}
+	if link != nil {
+		cur, ok := link.(*netlink.Vxlan)
+		switch {
+		case !ok:
+			err = recreate("not a VXLAN device: " + link.Type())
+		case cur.VxlanId != d.VNI:
+			err = recreate(fmt.Sprintf("VNI %d, want %d", cur.VxlanId, d.VNI))
+		case cur.Port != d.Port:
+			err = recreate(fmt.Sprintf("port %d, want %d", cur.Port, d.Port))
+		default:
+			err = d.changeVXLAN(cur, want, res, recreate)
+		}
+		if err != nil {
+			return nil, false, err
+		}
 	}
 	if link == nil {
-		if err := netlink.LinkAdd(want); err != nil && !errors.Is(err, unix.EEXIST) {
-			return fmt.Errorf("create %s: %w", desired.VXLANDevice, err)
+		if err := netlink.LinkAdd(want); err != nil {
+			if errors.Is(err, unix.EEXIST) {
+				err = fmt.Errorf("%w (another device already uses VNI %d and port %d, or holds the name)", err, d.VNI, d.Port)
+			}
+			return nil, false, fmt.Errorf("create %s: %w", dev, err)
 		}
-		if link, err = netlinksafe.LinkByName(desired.VXLANDevice); err != nil {
-			return fmt.Errorf("look up %s: %w", desired.VXLANDevice, err)
+		if link, err = netlinksafe.LinkByName(dev); err != nil {
+			return nil, false, fmt.Errorf("look up %s: %w", dev, err)
 		}
+		res.fix(FixTunnelDevice, "%s created", dev)
+		res.DeviceReset = true
+		created = true
+	}
+	if link.Attrs().HardwareAddr.String() != mac.String() {
+		if err := netlink.LinkSetHardwareAddr(link, mac); err != nil {
+			return nil, false, fmt.Errorf("set %s MAC %s: %w", dev, mac, err)
+		}
+		res.fix(FixTunnelDevice, "%s mac %s", dev, mac)
 	}
 	if link.Attrs().MTU != mtu {
 		if err := netlink.LinkSetMTU(link, mtu); err != nil {
-			return fmt.Errorf("set %s MTU: %w", desired.VXLANDevice, err)
+			return nil, false, fmt.Errorf("set %s MTU %d: %w", dev, mtu, err)
 		}
+		res.fix(FixTunnelDevice, "%s mtu %d", dev, mtu)
 	}
-	for _, v := range vteps {
-		addr := &netlink.Addr{IPNet: prefixNet(v)}
-		if v.Addr().Is6() {
-			addr.Flags = unix.IFA_F_NODAD
-		}
-		if err := netlink.AddrAdd(link, addr); err != nil && !errors.Is(err, unix.EEXIST) {
-			return fmt.Errorf("add VTEP address %s: %w", v, err)
-		}
+	return link, created, nil
+}
+
+// changeVXLAN puts back, in place, the settings of podnet.vxlan the kernel
+// lets change on a live device: learning, local address, underlay device.
+// When the kernel refuses, it calls recreate.
+func (d *Netlink) changeVXLAN(cur, want *netlink.Vxlan, res *SetupResult, recreate func(why string) error) error {
+	var attrs []*nl.RtAttr
+	var what []string
+	if cur.Learning != want.Learning {
+		attrs = append(attrs, nl.NewRtAttr(nl.IFLA_VXLAN_LEARNING, boolAttr(want.Learning)))
+		what = append(what, fmt.Sprintf("learning %v", want.Learning))
 	}
-	if link.Attrs().Flags&net.FlagUp == 0 {
-		if err := netlink.LinkSetUp(link); err != nil {
-			return fmt.Errorf("set %s up: %w", desired.VXLANDevice, err)
+	if !cur.SrcAddr.Equal(want.SrcAddr) {
+		if ip4 := want.SrcAddr.To4(); ip4 != nil {
+			attrs = append(attrs, nl.NewRtAttr(nl.IFLA_VXLAN_LOCAL, ip4))
+		} else {
+			attrs = append(attrs, nl.NewRtAttr(nl.IFLA_VXLAN_LOCAL6, want.SrcAddr.To16()))
 		}
+		what = append(what, "local "+want.SrcAddr.String())
+	}
+	if cur.VtepDevIndex != want.VtepDevIndex {
+		attrs = append(attrs, nl.NewRtAttr(nl.IFLA_VXLAN_LINK, nl.Uint32Attr(uint32(want.VtepDevIndex))))
+		what = append(what, fmt.Sprintf("underlay device index %d", want.VtepDevIndex))
+	}
+	if len(attrs) == 0 {
+		return nil
+	}
+	if err := vxlanChangeLink(cur.Attrs().Index, attrs); err != nil {
+		return recreate(fmt.Sprintf("%s cannot be changed in place: %v", strings.Join(what, ", "), err))
+	}
+	for _, w := range what {
+		res.fix(FixTunnelDevice, "%s %s", cur.Attrs().Name, w)
 	}
 	return nil
+}
+
+// vxlanChangeLink changes the VXLAN attributes attrs of the device with
+// index, and nothing else (netlink.LinkModify sends every attribute,
+// those the kernel cannot change on a live device included).
+func vxlanChangeLink(index int, attrs []*nl.RtAttr) error {
+	req := nl.NewNetlinkRequest(unix.RTM_NEWLINK, unix.NLM_F_ACK)
+	msg := nl.NewIfInfomsg(unix.AF_UNSPEC)
+	msg.Index = int32(index)
+	req.AddData(msg)
+	info := nl.NewRtAttr(unix.IFLA_LINKINFO, nil)
+	info.AddRtAttr(nl.IFLA_INFO_KIND, nl.NonZeroTerminated("vxlan"))
+	data := info.AddRtAttr(nl.IFLA_INFO_DATA, nil)
+	for _, a := range attrs {
+		data.AddChild(a)
+	}
+	req.AddData(info)
+	_, err := req.Execute(unix.NETLINK_ROUTE, 0)
+	return err
+}
+
+func boolAttr(v bool) []byte {
+	if v {
+		return []byte{1}
+	}
+	return []byte{0}
 }
 
 // routeKernel is what route apply needs from the kernel: the seam that
@@ -626,77 +817,134 @@ func vxlanHandle() (netlinksafe.Handle, int, error) {
 	return h, link.Attrs().Index, nil
 }
 
+// VXLANChanges counts the entries a full VXLAN apply wrote or deleted.
+type VXLANChanges struct {
+	Neighbors, FDBs int
+}
+
+// neighKernel is what VXLAN peer apply needs from the kernel (the seam that
+// lets its ordering be unit-tested): netlinksafe.Handle is the real one.
+type neighKernel interface {
+	NeighList(linkIndex, family int) ([]netlink.Neigh, error)
+	// NeighSet creates or replaces an entry: a neighbor by its IP, an FDB
+	// entry by its MAC (NLM_F_CREATE|NLM_F_REPLACE).
+	NeighSet(n *netlink.Neigh) error
+	// NeighDel deletes a neighbor by IP (whatever its MAC), an FDB entry's
+	// remote by MAC and destination.
+	NeighDel(n *netlink.Neigh) error
+}
+
 // ApplyVXLANPeers makes the neighbor and FDB entries of podnet.vxlan equal
-// to the desired ones. It lists what the device has first and writes only
-// the entries that are missing or differ, and deletes the stale ones: a
-// resync with nothing changed writes nothing.
-func ApplyVXLANPeers(neighs []desired.Neighbor, fdbs []desired.FDB) error {
+// to the desired ones. It lists what the device has first, writes only the
+// entries that are missing or differ, and deletes the stale ones: a
+// resync with nothing changed writes nothing. It returns how many entries
+// it wrote or deleted.
+func ApplyVXLANPeers(neighs []desired.Neighbor, fdbs []desired.FDB) (VXLANChanges, error) {
 	h, idx, err := vxlanHandle()
 	if err != nil {
-		return err
+		return VXLANChanges{}, err
 	}
 	defer h.Close()
+	return applyVXLANPeers(h, idx, neighs, fdbs)
+}
+
+func applyVXLANPeers(k neighKernel, idx int, neighs []desired.Neighbor, fdbs []desired.FDB) (VXLANChanges, error) {
+	var ch VXLANChanges
 	var errs []error
-	have := map[string]netlink.Neigh{}
+	gone := func(err error) bool { return err == nil || errors.Is(err, unix.ENOENT) }
+
+	// Neighbors: the kernel keys them by IP. A peer whose MAC changed is
+	// replaced in place; the stale ones deleted (by IP) are only those of
+	// an IP no Node asks for, so a delete never takes a new entry along.
+	have := map[netip.Addr]netlink.Neigh{}
 	for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
-		cur, err := h.NeighList(idx, fam)
+		cur, err := k.NeighList(idx, fam)
 		if err != nil {
-			return fmt.Errorf("list neighbors of %s: %w", desired.VXLANDevice, err)
+			return ch, fmt.Errorf("list neighbors of %s: %w", desired.VXLANDevice, err)
 		}
 		for _, c := range cur {
-			if c.State == netlink.NUD_PERMANENT {
-				have[c.IP.String()+" "+c.HardwareAddr.String()] = c
+			if ip, ok := netip.AddrFromSlice(c.IP); ok && c.State == netlink.NUD_PERMANENT {
+				have[ip.Unmap()] = c
 			}
 		}
 	}
 	for _, n := range neighs {
 		mac, _ := net.ParseMAC(n.MAC)
-		key := n.IP.String() + " " + mac.String()
-		if _, ok := have[key]; ok {
-			delete(have, key)
+		cur, ok := have[n.IP]
+		delete(have, n.IP)
+		if ok && cur.HardwareAddr.String() == mac.String() {
 			continue
 		}
 		e := &netlink.Neigh{LinkIndex: idx, Family: familyOf(n.IP.AsSlice()), State: netlink.NUD_PERMANENT, IP: n.IP.AsSlice(), HardwareAddr: mac}
-		if err := h.NeighSet(e); err != nil {
+		if err := k.NeighSet(e); err != nil {
 			errs = append(errs, fmt.Errorf("neighbor %s: %w", n.IP, err))
+			continue
 		}
+		ch.Neighbors++
 	}
-	for _, c := range have { // permanent entries no Node asks for
-		if err := h.NeighDel(&c); err != nil {
-			errs = append(errs, fmt.Errorf("delete neighbor %s: %w", c.IP, err))
+	for ip, c := range have { // permanent entries no Node asks for
+		e := &netlink.Neigh{LinkIndex: idx, Family: c.Family, IP: c.IP}
+		if err := k.NeighDel(e); !gone(err) {
+			errs = append(errs, fmt.Errorf("delete neighbor %s: %w", ip, err))
+			continue
 		}
+		ch.Neighbors++
 	}
 
-	curFDB, err := h.NeighList(idx, unix.AF_BRIDGE)
+	// FDB: the kernel keys an entry by MAC, with a list of remote
+	// destinations. The desired one is set first (replacing a wrong
+	// destination in place), then the other destinations of that MAC go,
+	// each deleted by MAC and destination: never the desired one.
+	curFDB, err := k.NeighList(idx, unix.AF_BRIDGE)
 	if err != nil {
-		return errors.Join(append(errs, fmt.Errorf("list FDB of %s: %w", desired.VXLANDevice, err))...)
+		return ch, errors.Join(append(errs, fmt.Errorf("list FDB of %s: %w", desired.VXLANDevice, err))...)
 	}
-	haveFDB := map[string]netlink.Neigh{}
+	haveFDB := map[string][]netlink.Neigh{}
 	for _, c := range curFDB {
 		if c.IP == nil || c.HardwareAddr == nil {
 			continue
 		}
-		ip, _ := netip.AddrFromSlice(c.IP)
-		haveFDB[c.HardwareAddr.String()+" "+ip.Unmap().String()] = c
+		haveFDB[c.HardwareAddr.String()] = append(haveFDB[c.HardwareAddr.String()], c)
+	}
+	fdbEntry := func(mac net.HardwareAddr, dst net.IP) *netlink.Neigh {
+		return &netlink.Neigh{LinkIndex: idx, Family: unix.AF_BRIDGE, Flags: netlink.NTF_SELF, IP: dst, HardwareAddr: mac}
+	}
+	delFDB := func(c netlink.Neigh) {
+		if err := k.NeighDel(fdbEntry(c.HardwareAddr, c.IP)); !gone(err) {
+			errs = append(errs, fmt.Errorf("delete fdb %s -> %s: %w", c.HardwareAddr, c.IP, err))
+			return
+		}
+		ch.FDBs++
 	}
 	for _, f := range fdbs {
 		mac, _ := net.ParseMAC(f.MAC)
-		key := mac.String() + " " + f.Dst.String()
-		if _, ok := haveFDB[key]; ok {
-			delete(haveFDB, key)
-			continue
+		cur := haveFDB[mac.String()]
+		delete(haveFDB, mac.String())
+		right := func(c netlink.Neigh) bool {
+			ip, _ := netip.AddrFromSlice(c.IP)
+			return ip.Unmap() == f.Dst
 		}
-		e := &netlink.Neigh{LinkIndex: idx, Family: unix.AF_BRIDGE, Flags: netlink.NTF_SELF, State: netlink.NUD_PERMANENT, IP: f.Dst.AsSlice(), HardwareAddr: mac}
-		if err := h.NeighSet(e); err != nil {
-			errs = append(errs, fmt.Errorf("fdb %s -> %s: %w", f.MAC, f.Dst, err))
+		if !(len(cur) == 1 && right(cur[0]) && cur[0].State == netlink.NUD_PERMANENT) {
+			e := fdbEntry(mac, f.Dst.AsSlice())
+			e.State = netlink.NUD_PERMANENT
+			if err := k.NeighSet(e); err != nil {
+				errs = append(errs, fmt.Errorf("fdb %s -> %s: %w", f.MAC, f.Dst, err))
+				continue
+			}
+			ch.FDBs++
+		}
+		for _, c := range cur {
+			if !right(c) {
+				delFDB(c)
+			}
 		}
 	}
-	for _, c := range haveFDB {
-		if err := h.NeighDel(&c); err != nil {
-			errs = append(errs, fmt.Errorf("delete fdb %s: %w", c.HardwareAddr, err))
+	for _, cur := range haveFDB { // entries no Node asks for
+		for _, c := range cur {
+			delFDB(c)
 		}
 	}
-	return errors.Join(errs...)
+	return ch, errors.Join(errs...)
 }
 
 // ApplyVXLANDelta writes the neighbor and FDB entries of one Node's

@@ -59,11 +59,15 @@ func (p Prep) Run(ctx context.Context, client kubernetes.Interface) error {
 			return err
 		}
 	}
-	dp := &dataplane.Netlink{Encap: p.Encap, VNI: p.VXLANVNI, Port: p.VXLANPort, MTU: p.MTU, Log: p.Log}
-	// Creates tunl0 / podnet.vxlan; the sysctl part fails on a read-only
-	// /proc/sys, which is what the writes below are for.
-	if err := dp.Setup(self, nil); err != nil {
-		p.Log.Info("tunnel device set up; sysctls next", "err", err)
+	// The devices as podnet-routed makes them (the same code), their
+	// sysctls written through the writable tree before they come up.
+	dp := &dataplane.Netlink{Encap: p.Encap, VNI: p.VXLANVNI, Port: p.VXLANPort, MTU: p.MTU, ProcSys: p.ProcSys, Log: p.Log}
+	res, err := dp.Setup(self, nil)
+	if err != nil {
+		return fmt.Errorf("set up the tunnel device: %w", err)
+	}
+	if len(res.SysctlErrors) > 0 {
+		return fmt.Errorf("through %s: %w", p.ProcSys, res.SysctlErrors[0])
 	}
 	v6 := false
 	for _, c := range append(append([]netip.Prefix(nil), self.PodCIDRs...), p.ClusterCIDRs...) {
@@ -73,7 +77,14 @@ func (p Prep) Run(ctx context.Context, client kubernetes.Interface) error {
 	if err := host.Write(dataplane.Sysctls(p.Encap, v6)); err != nil {
 		return err
 	}
-	if err := dp.Setup(self, nil); err != nil {
+	// podnet-routed's own setup, through its own (read-only) /proc/sys,
+	// must find nothing left to write.
+	check := &dataplane.Netlink{Encap: p.Encap, VNI: p.VXLANVNI, Port: p.VXLANPort, MTU: p.MTU, Log: p.Log}
+	res, err = check.Setup(self, nil)
+	if err == nil && len(res.SysctlErrors) > 0 {
+		err = res.SysctlErrors[0]
+	}
+	if err != nil {
 		return fmt.Errorf("podnet-routed's setup would still change the node after preparing it: %w", err)
 	}
 	return nil

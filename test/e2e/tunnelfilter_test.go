@@ -184,6 +184,19 @@ func TestTunnelFilter(t *testing.T) {
 	testTableRepair(t, c, n1, pods)
 }
 
+func nftRepairs(t *testing.T, n *cluster.Node) float64 {
+	t.Helper()
+	m, err := n.Metrics()
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, ok := m[`podnet_repairs_total{object="nft-table"}`]
+	if !ok {
+		t.Fatalf("%s: no podnet_repairs_total{object=\"nft-table\"} in /metrics", n.Name)
+	}
+	return v
+}
+
 // testTableRepair breaks node1's table in one way after another: each is
 // found by the next periodic resync, which writes the table again, by
 // content (`nft -s list table`, without the counter's values).
@@ -232,6 +245,7 @@ func testTableRepair(t *testing.T, c *cluster.Cluster, n *cluster.Node, pods []*
 	} {
 		args := tc.args()
 		repairs := len(n.Routed().LogRecords("nft table repaired"))
+		counted := nftRepairs(t, n)
 		if out, err := nft(args...); err != nil {
 			t.Fatalf("%s: nft %s: %v: %s", tc.name, strings.Join(args, " "), err, out)
 		}
@@ -251,10 +265,13 @@ func testTableRepair(t *testing.T, c *cluster.Cluster, n *cluster.Node, pods []*
 			continue
 		}
 		took := time.Since(broken)
-		// the repair is logged right after the write
+		// the repair is logged and counted right after the write
 		if err := nettest.Poll(ctx, 5*time.Second, 50*time.Millisecond, func() error {
 			if got := len(n.Routed().LogRecords("nft table repaired")); got != repairs+1 {
 				return fmt.Errorf("%d \"nft table repaired\" log lines, want one more than the %d before", got, repairs)
+			}
+			if got := nftRepairs(t, n); got != counted+1 {
+				return fmt.Errorf("podnet_repairs_total{object=\"nft-table\"} %v, want one more than the %v before", got, counted)
 			}
 			return nil
 		}); err != nil {

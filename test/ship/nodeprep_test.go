@@ -31,9 +31,10 @@ import (
 // TestUnprivilegedRoutedAfterPrepareNode checks the DaemonSet's privilege
 // split on a node netns. podnet-routed runs the way its container does: uid
 // 0 with only CAP_NET_ADMIN, no_new_privs, /proc/sys read-only. On its own
-// it cannot apply (it has sysctls to write). After `podnet-install
-// prepare-node` has run like its init container (CAP_NET_ADMIN, the
-// node's /proc/sys/net writable at another path), the same podnet-routed
+// it cannot set its sysctls: it warns, counts them and goes on (routes,
+// node.json, ready). After `podnet-install prepare-node` has run like its
+// init container (CAP_NET_ADMIN, the node's /proc/sys/net writable at
+// another path), the same podnet-routed finds nothing left to write,
 // becomes ready and programs its routes. The credentials are the
 // podnet-routed ClusterRole of conf/k8s/podnet.yaml, bound to a token
 // user.
@@ -104,17 +105,32 @@ func TestUnprivilegedRoutedAfterPrepareNode(t *testing.T) {
 				"--encap=" + c.encap, "--cluster-cidr=10.244.0.0/16", "--state-dir=" + stateDir,
 				"--health-addr=127.0.0.1:19099", "--metrics-addr=", "--resync-interval=1s"}
 
-			// 1. podnet-routed alone: /proc/sys is read-only, apply fails.
+			// 1. podnet-routed alone: /proc/sys is read-only. It cannot set
+			// its sysctls: it says so, counts them, and goes on (routes,
+			// node.json, ready); prepare-node is what sets them.
 			r := startRestricted(t, node, "", routedArgs...)
 			if !r.waitLog(20*time.Second, "read-only file system") {
 				t.Fatalf("podnet-routed without prepare-node did not hit the read-only /proc/sys:\n%s", r.output())
 			}
-			if code := readyz(t, node); code == 200 {
-				t.Error("podnet-routed is ready without prepare-node")
+			deadline := time.Now().Add(30 * time.Second)
+			for readyz(t, node) != 200 {
+				if time.Now().After(deadline) {
+					t.Fatalf("podnet-routed not ready with sysctls it cannot set:\n%s", r.output())
+				}
+				time.Sleep(200 * time.Millisecond)
+			}
+			if st, err := nodestate.Read(stateDir); err != nil || len(st.PodCIDRs) != 1 || st.PodCIDRs[0] != "10.244.1.0/24" {
+				t.Errorf("node.json without prepare-node: %+v %v", st, err)
+			}
+			if _, body, err := nettest.GetIn(node, "http://127.0.0.1:19099/metrics"); err != nil || !strings.Contains(body, `podnet_sysctl_errors_total{name="net.ipv4.ip_forward"}`) {
+				t.Errorf("podnet_sysctl_errors_total for net.ipv4.ip_forward not in /metrics (%v)", err)
+			}
+			if got, err := nettest.ReadSysctl(node, "net/ipv4/ip_forward"); err != nil || got != "0" {
+				t.Errorf("ip_forward %q (%v) under a read-only /proc/sys, want it untouched (0)", got, err)
 			}
 			r.stop()
-			if _, err := os.Stat(nodestate.Path(stateDir)); err == nil {
-				t.Error("node.json written although the apply failed")
+			if err := os.Remove(nodestate.Path(stateDir)); err != nil {
+				t.Fatal(err)
 			}
 			// A first boot: prepare-node finds no tunnel device yet.
 			if err := node.Do(func(ns.NetNS) error {
@@ -137,6 +153,8 @@ func TestUnprivilegedRoutedAfterPrepareNode(t *testing.T) {
 			want := map[string]string{"net/ipv4/ip_forward": "1"}
 			if c.encap == "vxlan" {
 				want["net/ipv4/conf/podnet.vxlan/rp_filter"] = "2"
+				want["net/ipv6/conf/podnet.vxlan/accept_ra"] = "0"
+				want["net/ipv6/conf/podnet.vxlan/autoconf"] = "0"
 			}
 			for k, v := range want {
 				if got, err := nettest.ReadSysctl(node, k); err != nil || got != v {
@@ -146,7 +164,7 @@ func TestUnprivilegedRoutedAfterPrepareNode(t *testing.T) {
 
 			// 3. podnet-routed again, same restrictions: ready, routes in.
 			r = startRestricted(t, node, "", routedArgs...)
-			deadline := time.Now().Add(30 * time.Second)
+			deadline = time.Now().Add(30 * time.Second)
 			for readyz(t, node) != 200 {
 				if time.Now().After(deadline) {
 					t.Fatalf("podnet-routed not ready after prepare-node:\n%s", r.output())

@@ -1,0 +1,112 @@
+package daemon
+
+// Repairs: how the daemon tells a repair (the kernel or node.json differs
+// from what it put there, and nothing it reads changed) from a change, and
+// counts each in podnet_repairs_total{object}.
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/vishvananda/netlink"
+
+	"github.com/podnet/podnet/internal/nodestate"
+	"github.com/podnet/podnet/routed/dataplane"
+	"github.com/podnet/podnet/routed/desired"
+)
+
+// Objects of podnet_repairs_total.
+const (
+	RepairRoute         = "route" // routes and blackholes
+	RepairTunnelDevice  = dataplane.FixTunnelDevice
+	RepairVXLANNeighbor = "vxlan-neighbor"
+	RepairVXLANFDB      = "vxlan-fdb"
+	RepairSysctl        = dataplane.FixSysctl
+	RepairNFTTable      = "nft-table"
+	RepairNodeState     = "node-state" // node.json deleted or edited
+)
+
+// RepairObjects are the label values of podnet_repairs_total, all exported
+// from the start (at 0).
+var RepairObjects = []string{RepairRoute, RepairTunnelDevice, RepairVXLANNeighbor, RepairVXLANFDB, RepairSysctl, RepairNFTTable, RepairNodeState}
+
+func newRepairsTotal() *prometheus.CounterVec {
+	v := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "podnet_repairs_total",
+		Help: "Objects podnet-routed owns that it found deleted or edited and put back, by object."}, []string{"object"})
+	for _, o := range RepairObjects {
+		v.WithLabelValues(o)
+	}
+	return v
+}
+
+func newSysctlErrorsTotal() *prometheus.CounterVec {
+	return prometheus.NewCounterVec(prometheus.CounterOpts{Name: "podnet_sysctl_errors_total",
+		Help: "Sysctls podnet-routed could not set (a read-only /proc/sys), by name, per apply; the apply goes on without them."}, []string{"name"})
+}
+
+// repairState is what the daemon remembers to tell repairs from changes.
+type repairState struct {
+	// setupKey is the device configuration of the last Setup: what a
+	// Setup with the same configuration fixes was broken behind the
+	// daemon's back (the first Setup of a configuration builds).
+	setupKey string
+}
+
+// setup runs the dataplane's Setup, counts what it repaired and the
+// sysctls it could not set, and tells whether the routes cache must be
+// read again (the tunnel device was re-created or brought up: the kernel
+// dropped its routes silently). A sysctl failure is no error; a device
+// failure is, and the caller goes on with what does not need the device.
+func (d *Daemon) setup(self desired.Node, vteps []netip.Prefix, underlay netlink.Link) (reset bool, err error) {
+	res, err := d.dp.Setup(self, vteps)
+	for _, e := range res.SysctlErrors {
+		d.metrics.SysctlErrors.WithLabelValues(e.Sysctl.DisplayName()).Inc()
+	}
+	key := fmt.Sprint(self.IP, self.PodCIDRs, vteps, underlay.Attrs().Index, d.dp.OverlayMTU(underlay))
+	if key == d.repairs.setupKey {
+		for _, f := range res.Fixes {
+			d.countRepair(f.Object, 1, f.What)
+		}
+	}
+	d.repairs.setupKey = key
+	if err != nil {
+		err = fmt.Errorf("tunnel device: %w", err)
+	}
+	return res.DeviceReset, err
+}
+
+// countRepair adds n repairs of object.
+func (d *Daemon) countRepair(object string, n int, what string) {
+	if n <= 0 {
+		return
+	}
+	d.metrics.ObjectRepairs.WithLabelValues(object).Add(float64(n))
+	d.log.Info("repaired", "object", object, "count", n, "what", what)
+}
+
+// countApplyRepairs counts what a full apply wrote as repairs when it is
+// one: the last apply succeeded (the kernel held the plan) and no Node
+// changed since, so every route and VXLAN entry written had been deleted
+// or edited by someone else.
+func (d *Daemon) countApplyRepairs(repairing bool, routes int, vxlan dataplane.VXLANChanges) {
+	if !repairing {
+		return
+	}
+	d.countRepair(RepairRoute, routes, "routes and blackholes")
+	d.countRepair(RepairVXLANNeighbor, vxlan.Neighbors, "VXLAN neighbor entries")
+	d.countRepair(RepairVXLANFDB, vxlan.FDBs, "VXLAN FDB entries")
+}
+
+// countStateRepair counts node.json written back: readErr is why the
+// file did not hold what the daemon wrote there before (nil: edited).
+func (d *Daemon) countStateRepair(readErr error) {
+	why := "node.json edited"
+	if errors.Is(readErr, nodestate.ErrNotReady) {
+		why = "node.json deleted"
+	} else if readErr != nil {
+		why = "node.json unreadable: " + readErr.Error()
+	}
+	d.countRepair(RepairNodeState, 1, why)
+}
