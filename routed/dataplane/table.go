@@ -40,9 +40,16 @@ const nftSendBuffer = 16 << 20
 const setElementsPerMessage = 1000
 
 // newNFT opens an nftables connection whose reads and writes give up
-// after nftTimeout, with room for a large transaction.
-func newNFT() (*nftables.Conn, error) {
-	return nftables.New(nftables.WithSockOptions(func(c *netlink.Conn) error {
+// after nftTimeout, with room for a large transaction. Each of its
+// operations opens and closes a socket of its own.
+func newNFT() (*nftables.Conn, error) { return dialNFT() }
+
+// newNFTLasting is newNFT on one socket for all its operations, dialed
+// now: the caller closes it (CloseLasting), within nftTimeout.
+func newNFTLasting() (*nftables.Conn, error) { return dialNFT(nftables.AsLasting()) }
+
+func dialNFT(opts ...nftables.ConnOption) (*nftables.Conn, error) {
+	return nftables.New(append(opts, nftables.WithSockOptions(func(c *netlink.Conn) error {
 		if err := c.SetDeadline(time.Now().Add(nftTimeout)); err != nil {
 			return err
 		}
@@ -61,7 +68,7 @@ func newNFT() (*nftables.Conn, error) {
 			return err
 		}
 		return serr
-	}))
+	}))...)
 }
 
 // addElements queues adding (or, with del, deleting) elems to set s, in
@@ -281,10 +288,13 @@ func (t *Table) change(addPeers []netip.Addr, addCIDRs []netip.Prefix, delPeers 
 	if t.spec == nil || !t.spec.tunnel() {
 		return nil
 	}
-	c, err := newNFT()
+	// Closing a socket that deleted set elements waits for the kernel to
+	// free them (an RCU grace period, ~10 ms): off the Node event's path.
+	c, err := newNFTLasting()
 	if err != nil {
 		return fmt.Errorf("nftables: %w", err)
 	}
+	defer func() { go c.CloseLasting() }()
 	table := podnetTable()
 	sets := map[string]*nftables.Set{}
 	set := func(base string, v6 bool) *nftables.Set {
