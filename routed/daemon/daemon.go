@@ -576,16 +576,7 @@ func (d *Daemon) applyNodes(lister listersv1.NodeLister) (own, remote error) {
 		if !ok {
 			return d.apply(lister, "node")
 		}
-		delta.Upsert = append(delta.Upsert, dd.Upsert...)
-		delta.Remove = append(delta.Remove, dd.Remove...)
-		delta.SetNeighbors = append(delta.SetNeighbors, dd.SetNeighbors...)
-		delta.DelNeighbors = append(delta.DelNeighbors, dd.DelNeighbors...)
-		delta.AddFDBs = append(delta.AddFDBs, dd.AddFDBs...)
-		delta.DelFDBs = append(delta.DelFDBs, dd.DelFDBs...)
-		delta.AddPeers = append(delta.AddPeers, dd.AddPeers...)
-		delta.DelPeers = append(delta.DelPeers, dd.DelPeers...)
-		delta.AddRemote = append(delta.AddRemote, dd.AddRemote...)
-		delta.DelRemote = append(delta.DelRemote, dd.DelRemote...)
+		delta.Merge(dd)
 	}
 	d.refusals.sync(d.plan.Refused(), d.plan.TakeRefusalChanges(), nodeExists(lister))
 	d.metrics.RoutesDesired.Set(float64(d.plan.Routes()))

@@ -54,6 +54,22 @@ type Delta struct {
 	DelRemote []netip.Prefix
 }
 
+// Merge appends o, the delta of a later Update, to d. A peer or PodCIDR d
+// removes and o adds back (an address or PodCIDR handed from one Node to
+// another) is not removed: AddPeers are written before DelPeers.
+func (d *Delta) Merge(o Delta) {
+	d.Upsert = append(d.Upsert, o.Upsert...)
+	d.Remove = append(d.Remove, o.Remove...)
+	d.SetNeighbors = append(d.SetNeighbors, o.SetNeighbors...)
+	d.DelNeighbors = append(d.DelNeighbors, o.DelNeighbors...)
+	d.AddFDBs = append(d.AddFDBs, o.AddFDBs...)
+	d.DelFDBs = append(d.DelFDBs, o.DelFDBs...)
+	d.AddPeers = append(d.AddPeers, o.AddPeers...)
+	d.AddRemote = append(d.AddRemote, o.AddRemote...)
+	d.DelPeers = append(slices.DeleteFunc(d.DelPeers, func(a netip.Addr) bool { return slices.Contains(o.AddPeers, a) }), o.DelPeers...)
+	d.DelRemote = append(slices.DeleteFunc(d.DelRemote, func(p netip.Prefix) bool { return slices.Contains(o.AddRemote, p) }), o.DelRemote...)
+}
+
 // Empty tells whether d changes nothing.
 func (d Delta) Empty() bool {
 	return len(d.Upsert)+len(d.Remove)+len(d.SetNeighbors)+len(d.DelNeighbors)+len(d.AddFDBs)+len(d.DelFDBs)+

@@ -204,3 +204,43 @@ func sortedPrefixes(p []netip.Prefix) []netip.Prefix {
 	slices.SortFunc(p, func(x, y netip.Prefix) int { return x.Addr().Compare(y.Addr()) })
 	return p
 }
+
+// Two Nodes changed in one batch: one gives up an address and a PodCIDR,
+// the other takes them. Whatever order the batch is patched in, the merged
+// delta leaves both in the filter's sets (AddPeers are written before
+// DelPeers).
+func TestPlanPeersHandOverInOneBatch(t *testing.T) {
+	cfg := Config{Self: "a", Encap: IPIP, Underlay: underlay, ClusterCIDRs: testCluster}
+	self := Node{Name: "a", PodCIDRs: prefixes("10.244.0.0/24"), IP: addr("192.168.1.1")}
+	b := Node{Name: "b", PodCIDRs: prefixes("10.244.1.0/24"), IP: addr("192.168.1.2")}
+	c := Node{Name: "c", PodCIDRs: prefixes("10.244.1.0/24"), IP: addr("192.168.1.2")} // b's, once b is gone
+	plan, _ := NewPlan(cfg, Local{}, []Node{self, b}, never)
+	sets := loadPeers(plan)
+	var merged Delta
+	for _, step := range []struct {
+		name string
+		n    *Node
+	}{{"b", nil}, {"c", &c}} {
+		d, ok := plan.Update(step.name, step.n)
+		if !ok {
+			t.Fatalf("Update %s refused", step.name)
+		}
+		merged.Merge(d)
+	}
+	// applied as the daemon does: additions, then removals
+	for _, a := range merged.AddPeers {
+		sets.peers[a] = true
+	}
+	for _, p := range merged.AddRemote {
+		sets.cidrs[p] = true
+	}
+	for _, a := range merged.DelPeers {
+		delete(sets.peers, a)
+	}
+	for _, p := range merged.DelRemote {
+		delete(sets.cidrs, p)
+	}
+	if err := sets.equal(loadPeers(plan)); err != nil {
+		t.Fatalf("after b hands its address and PodCIDR to c in one batch (delta %+v): %v", merged, err)
+	}
+}
