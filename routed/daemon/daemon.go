@@ -128,6 +128,10 @@ func New(cfg Config, nodes cache.ListerWatcher, log *slog.Logger) *Daemon {
 	d.selfProblem.Store("")
 	d.metrics.contactAge = d.contactAge
 	d.metrics.unreachableFor = d.unreachableFor
+	d.metrics.TunnelDropped = prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "podnet_tunnel_dropped_total",
+		Help: "Encapsulated packets dropped: not from a Node, from a pod, or carrying a forged or transit inner packet (nft counter tunnel_dropped)."},
+		tunnelDropped(&d.table))
+	d.metrics.Registry.MustRegister(d.metrics.TunnelDropped)
 	return d
 }
 
@@ -189,7 +193,7 @@ type Metrics struct {
 	NodesRefused    *prometheus.GaugeVec
 	ObjectRepairs   *prometheus.CounterVec // podnet_repairs_total{object} (repair.go)
 	SysctlErrors    *prometheus.CounterVec // podnet_sysctl_errors_total{name}
-	TunnelDropped   prometheus.CounterFunc
+	TunnelDropped   prometheus.CounterFunc // registered by New (it reads the daemon's table)
 
 	contactAge, unreachableFor func() float64
 }
@@ -206,16 +210,13 @@ func NewMetrics() *Metrics {
 		NodesSkipped:    prometheus.NewGauge(prometheus.GaugeOpts{Name: "podnet_nodes_skipped", Help: "Nodes without PodCIDR or address, not routed yet."}),
 		ObjectRepairs:   newRepairsTotal(),
 		SysctlErrors:    newSysctlErrorsTotal(),
-		TunnelDropped: prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "podnet_tunnel_dropped_total",
-			Help: "Encapsulated packets dropped: not from a Node, from a pod, or carrying a forged or transit inner packet (nft counter tunnel_dropped)."},
-			tunnelDropped()),
 	}
 	m.NodesRefused = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "podnet_nodes_refused", Help: "Nodes refused by validation (no route to them), by reason."}, []string{"reason"})
 	age := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "podnet_last_watch_event_age_seconds", Help: "Seconds since the last Node watch event or list from the API server."},
 		func() float64 { return call(m.contactAge) })
 	unreachable := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "podnet_apiserver_unreachable_seconds", Help: "Seconds the API server has been out of reach (0: reachable)."},
 		func() float64 { return call(m.unreachableFor) })
-	m.Registry.MustRegister(m.RoutesDesired, m.RoutesProgramed, m.ApplySeconds, m.Repairs, m.Errors, m.NodesSkipped, m.NodesRefused, age, unreachable, m.ObjectRepairs, m.SysctlErrors, m.TunnelDropped)
+	m.Registry.MustRegister(m.RoutesDesired, m.RoutesProgramed, m.ApplySeconds, m.Repairs, m.Errors, m.NodesSkipped, m.NodesRefused, age, unreachable, m.ObjectRepairs, m.SysctlErrors)
 	return m
 }
 
@@ -228,10 +229,10 @@ func call(f func() float64) float64 {
 
 // tunnelDropped reads the tunnel filter's drop counter for a scrape; a
 // failed read answers the last value read.
-func tunnelDropped() func() float64 {
+func tunnelDropped(t *dataplane.Table) func() float64 {
 	var last atomic.Uint64
 	return func() float64 {
-		if v, err := dataplane.TunnelDropped(); err == nil {
+		if v, err := t.TunnelDropped(); err == nil {
 			last.Store(v)
 		}
 		return float64(last.Load())

@@ -42,33 +42,32 @@ const setElementsPerMessage = 1000
 // newNFT opens an nftables connection whose reads and writes give up
 // after nftTimeout, with room for a large transaction. Each of its
 // operations opens and closes a socket of its own.
-func newNFT() (*nftables.Conn, error) { return dialNFT() }
-
-// newNFTLasting is newNFT on one socket for all its operations, dialed
-// now: the caller closes it (CloseLasting), within nftTimeout.
-func newNFTLasting() (*nftables.Conn, error) { return dialNFT(nftables.AsLasting()) }
-
-func dialNFT(opts ...nftables.ConnOption) (*nftables.Conn, error) {
-	return nftables.New(append(opts, nftables.WithSockOptions(func(c *netlink.Conn) error {
+func newNFT() (*nftables.Conn, error) {
+	return nftables.New(nftables.WithSockOptions(func(c *netlink.Conn) error {
 		if err := c.SetDeadline(time.Now().Add(nftTimeout)); err != nil {
 			return err
 		}
-		rc, err := c.SyscallConn()
-		if err != nil {
-			return err
+		return setSendBuffer(c)
+	}))
+}
+
+// setSendBuffer gives c room for a whole transaction.
+func setSendBuffer(c *netlink.Conn) error {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var serr error
+	if err := rc.Control(func(fd uintptr) {
+		// FORCE passes net.core.wmem_max (CAP_NET_ADMIN, which
+		// writing nftables needs anyway); else as much as allowed
+		if serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, nftSendBuffer); serr != nil {
+			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUF, nftSendBuffer)
 		}
-		var serr error
-		if err := rc.Control(func(fd uintptr) {
-			// FORCE passes net.core.wmem_max (CAP_NET_ADMIN, which
-			// writing nftables needs anyway); else as much as allowed
-			if serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, nftSendBuffer); serr != nil {
-				serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUF, nftSendBuffer)
-			}
-		}); err != nil {
-			return err
-		}
-		return serr
-	}))...)
+	}); err != nil {
+		return err
+	}
+	return serr
 }
 
 // addElements queues adding (or, with del, deleting) elems to set s, in
@@ -114,6 +113,50 @@ type Table struct {
 	written []string
 	// nested: spec's RemotePodCIDRs overlap (see change)
 	nested bool
+	// conn is the Table's one nftables socket (nl underneath), kept open:
+	// closing a netfilter socket while the kernel still has deleted set
+	// elements to free waits for them (an RCU grace period, ~10 ms) with
+	// nf_tables' commit lock held, which would delay the next Node
+	// event's transaction. nil: dialed at the next use.
+	conn *nftables.Conn
+	nl   *netlink.Conn
+}
+
+// nft returns the Table's socket, dialed when needed, with a deadline of
+// nftTimeout for what the caller does now. Callers hold t.mu.
+func (t *Table) nft() (*nftables.Conn, error) {
+	if t.conn == nil {
+		var nl *netlink.Conn
+		c, err := nftables.New(nftables.AsLasting(), nftables.WithSockOptions(func(c *netlink.Conn) error {
+			nl = c
+			return setSendBuffer(c)
+		}))
+		if err != nil {
+			return nil, fmt.Errorf("nftables: %w", err)
+		}
+		t.conn, t.nl = c, nl
+	}
+	if err := t.nl.SetDeadline(time.Now().Add(nftTimeout)); err != nil {
+		t.closeConn()
+		return nil, fmt.Errorf("nftables: %w", err)
+	}
+	return t.conn, nil
+}
+
+// Close closes the Table's socket (a later use dials again).
+func (t *Table) Close() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.closeConn()
+}
+
+// closeConn drops the socket after an error: whatever it was in the
+// middle of is not read as the answer to the next request.
+func (t *Table) closeConn() {
+	if t.conn != nil {
+		_ = t.conn.CloseLasting()
+	}
+	t.conn, t.nl = nil, nil
 }
 
 func (t *Table) log() *slog.Logger {
@@ -140,6 +183,7 @@ func (t *Table) Apply(spec TableSpec, verify bool) (repaired bool, err error) {
 		why, err = t.differs(want)
 		if err != nil {
 			why = err.Error()
+			t.closeConn()
 		}
 		if why == "" {
 			return false, nil
@@ -147,6 +191,7 @@ func (t *Table) Apply(spec TableSpec, verify bool) (repaired bool, err error) {
 	}
 	if err := t.write(want); err != nil {
 		t.spec, t.written = nil, nil
+		t.closeConn()
 		return false, err
 	}
 	if why != "" {
@@ -158,9 +203,9 @@ func (t *Table) Apply(spec TableSpec, verify bool) (repaired bool, err error) {
 // write replaces the table with want's in one transaction, then reads
 // back its structure for verify.
 func (t *Table) write(want TableSpec) error {
-	c, err := newNFT()
+	c, err := t.nft()
 	if err != nil {
-		return fmt.Errorf("nftables: %w", err)
+		return err
 	}
 	if want.empty() {
 		if err := deleteTable(c); err != nil {
@@ -213,7 +258,7 @@ func (t *Table) write(want TableSpec) error {
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("write nftables table %s: %w", contract.NFTable, err)
 	}
-	written, err := tableStructure()
+	written, err := tableStructure(t.nl)
 	if err != nil {
 		return fmt.Errorf("read back nftables table %s: %w", contract.NFTable, err)
 	}
@@ -227,7 +272,11 @@ func (t *Table) write(want TableSpec) error {
 // differs compares the kernel's table with what was written for want and
 // says how it differs ("" when it does not).
 func (t *Table) differs(want TableSpec) (string, error) {
-	have, err := tableStructure()
+	c, err := t.nft()
+	if err != nil {
+		return "", err
+	}
+	have, err := tableStructure(t.nl)
 	if err != nil {
 		return "", err
 	}
@@ -242,10 +291,6 @@ func (t *Table) differs(want TableSpec) (string, error) {
 	}
 	if d := structureDiff(t.written, have); d != "" {
 		return d, nil
-	}
-	c, err := newNFT()
-	if err != nil {
-		return "", fmt.Errorf("nftables: %w", err)
 	}
 	table := podnetTable()
 	for _, d := range buildTable(want).sets {
@@ -288,13 +333,10 @@ func (t *Table) change(addPeers []netip.Addr, addCIDRs []netip.Prefix, delPeers 
 	if t.spec == nil || !t.spec.tunnel() {
 		return nil
 	}
-	// Closing a socket that deleted set elements waits for the kernel to
-	// free them (an RCU grace period, ~10 ms): off the Node event's path.
-	c, err := newNFTLasting()
+	c, err := t.nft()
 	if err != nil {
-		return fmt.Errorf("nftables: %w", err)
+		return err
 	}
-	defer func() { go c.CloseLasting() }()
 	table := podnetTable()
 	sets := map[string]*nftables.Set{}
 	set := func(base string, v6 bool) *nftables.Set {
@@ -363,6 +405,7 @@ func (t *Table) change(addPeers []netip.Addr, addCIDRs []netip.Prefix, delPeers 
 	for _, o := range ops {
 		if err := addElements(c, o.s, o.e, o.del); err != nil {
 			t.spec, t.written = nil, nil
+			t.closeConn()
 			return err
 		}
 		writes += len(o.e)
@@ -372,6 +415,7 @@ func (t *Table) change(addPeers []netip.Addr, addCIDRs []netip.Prefix, delPeers 
 			// the kernel's sets are not known any more: the next Apply
 			// writes the whole table
 			t.spec, t.written = nil, nil
+			t.closeConn()
 			return fmt.Errorf("update nftables table %s's peers: %w", contract.NFTable, err)
 		}
 	}
@@ -392,14 +436,20 @@ func nested(prefixes []netip.Prefix) bool {
 
 // TunnelDropped is the number of encapsulated packets the table dropped
 // (its counter tunnel_dropped): 0 without a table.
-func TunnelDropped() (uint64, error) {
-	c, err := newNFT()
+func (t *Table) TunnelDropped() (uint64, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	c, err := t.nft()
 	if err != nil {
-		return 0, fmt.Errorf("nftables: %w", err)
+		return 0, err
 	}
 	v, found, err := readCounter(c)
-	if err != nil || !found {
+	if err != nil {
+		t.closeConn()
 		return 0, err
+	}
+	if !found {
+		return 0, nil
 	}
 	return v.Packets, nil
 }

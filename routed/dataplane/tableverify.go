@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"time"
 
 	"github.com/google/nftables"
 	"github.com/mdlayher/netlink"
@@ -46,16 +45,8 @@ var dumpKinds = []dumpKind{
 // one per object: the table, its objects, sets, chains and rules (in
 // order), each "<kind> <name>: <its attributes in hex>" without what
 // dumpKinds skips. Set elements are not in it. nil, nil: there is no
-// table.
-func tableStructure() ([]string, error) {
-	conn, err := netlink.Dial(unix.NETLINK_NETFILTER, nil)
-	if err != nil {
-		return nil, fmt.Errorf("netfilter netlink: %w", err)
-	}
-	defer conn.Close()
-	if err := conn.SetDeadline(time.Now().Add(nftTimeout)); err != nil {
-		return nil, err
-	}
+// table. conn is a netfilter netlink socket (the Table's).
+func tableStructure(conn *netlink.Conn) ([]string, error) {
 	var lines []string
 	rules := map[string]int{}
 	for _, k := range dumpKinds {

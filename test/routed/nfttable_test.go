@@ -50,6 +50,7 @@ func handleOf(t *testing.T, netns ns.NetNS, chain, match string) string {
 func TestNFTTableRepairByContent(t *testing.T) {
 	netns := nettest.NewNetNS(t)
 	var table dataplane.Table
+	t.Cleanup(table.Close) // its socket would keep the netns alive
 	apply := func(spec dataplane.TableSpec, verify bool) bool {
 		t.Helper()
 		var repaired bool
@@ -78,7 +79,7 @@ func TestNFTTableRepairByContent(t *testing.T) {
 		t.Helper()
 		var v uint64
 		nettest.Do(t, netns, func() (err error) {
-			v, err = dataplane.TunnelDropped()
+			v, err = table.TunnelDropped()
 			return err
 		})
 		return v
