@@ -2,8 +2,8 @@
 // place, for the CNI plugins and podnet-routed alike: the route protocol
 // that marks podnet's routes, which of those routes are a pod's host route
 // (the plugins') and which podnet-routed's, the names and aliases of the
-// veths the plugins create, and podnet-routed's nftables table. podnet
-// only ever changes or deletes what matches it.
+// veths the plugins create, and the nftables tables of podnet-routed and
+// of the plugins. podnet only ever changes or deletes what matches it.
 package contract
 
 import (
@@ -47,6 +47,22 @@ func IsHostVeth(name string) bool { return strings.HasPrefix(name, HostVethPrefi
 
 // NFTable is the nftables table (family inet) podnet-routed owns.
 const NFTable = "podnet"
+
+// PodFilterTable is the nftables table the CNI plugins own: family inet
+// for podnet (routed), family bridge for podnet-bridge. It drops what a
+// pod sends from its host veth as someone else (another source address,
+// MAC or ARP sender, a Neighbor Advertisement for an address not its own)
+// and the Router Advertisements and Redirects pods send (plugins/veth,
+// antispoof.go). podnet-routed must never write it.
+const PodFilterTable = "podnet-pods"
+
+// The named counters of PodFilterTable (in each family): packets dropped
+// because a pod sent them as someone else, and ICMPv6 Router
+// Advertisements and Redirects dropped because a pod sent them.
+const (
+	PodFilterSpoofedCounter = "spoofed"
+	PodFilterRAGuardCounter = "ra-guard"
+)
 
 // The IFLA_IFALIAS of both ends of every veth pair the plugins create
 // records the attachment it belongs to, so that DEL never deletes another

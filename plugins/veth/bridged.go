@@ -94,10 +94,15 @@ func (b *bridged) prepareNode(side podSide, mtu int) error {
 	return enableForwarding(b.conf.Bridge, side.GatewayV4 != nil, side.hasIPv6())
 }
 
-// setupHost enslaves the host veth to the bridge, sets its hairpin flag and
-// brings it up.
+func (b *bridged) guard() guard { return bridgedGuard }
+
+// setupHost enslaves the host veth to the bridge, sets its hairpin flag,
+// hardens it (hostIfaceSettings) and brings it up.
 func (b *bridged) setupHost(host netlink.Link, _ podSide) error {
 	br := b.br
+	if err := hardenHostIface(host.Attrs().Name); err != nil {
+		return fmt.Errorf("host veth %s: %w", host.Attrs().Name, err)
+	}
 	if err := netlink.LinkSetMaster(host, br); err != nil {
 		return fmt.Errorf("attach %s to bridge %s: %w", host.Attrs().Name, br.Attrs().Name, err)
 	}
@@ -144,7 +149,11 @@ func (b *bridged) result(prev *current.Result, hostName string, podIface *curren
 }
 
 // ensureBridge returns the bridge name, creating it (up, with mtu) when it
-// does not exist. Concurrent callers racing to create it all succeed.
+// does not exist. Concurrent callers racing to create it all succeed. The
+// bridge gets hostIfaceSettings before it comes up (an existing bridge
+// gets them again: a bridge of an older podnet, or one someone changed):
+// the node's own interface on the pods' segment takes no Router
+// Advertisement, SLAAC prefix or redirect from a pod.
 //
 // A new bridge gets a MAC of its own: a bridge whose MAC was never set takes
 // the lowest MAC of its ports and changes it as ports come and go, and the
@@ -153,6 +162,9 @@ func (b *bridged) result(prev *current.Result, hostName string, podIface *curren
 func ensureBridge(name string, mtu int) (*netlink.Bridge, error) {
 	br, err := lookupBridge(name)
 	if err == nil {
+		if err := hardenHostIface(name); err != nil {
+			return nil, fmt.Errorf("bridge %s: %w", name, err)
+		}
 		return br, setUp(br)
 	}
 	if !isNotFound(err) {
@@ -167,6 +179,9 @@ func ensureBridge(name string, mtu int) (*netlink.Bridge, error) {
 	}
 	if br, err = lookupBridge(name); err != nil {
 		return nil, err
+	}
+	if err := hardenHostIface(name); err != nil {
+		return nil, fmt.Errorf("bridge %s: %w", name, err)
 	}
 	return br, setUp(br)
 }

@@ -37,6 +37,8 @@ const (
 	// vethDetached: both ends are down and the pod end renamed; the pair
 	// goes away with the pod netns.
 	vethDetached
+	// vethWasDetached: an earlier DEL detached the pair.
+	vethWasDetached
 	// vethDeleted: the pair was deleted.
 	vethDeleted
 )
@@ -52,41 +54,44 @@ func DetachedName(ifName string) string {
 // detachOrDeleteVeth takes an attachment's veth pair out of service: it
 // detaches it (see above) when podNS holds the pod end, ifName with owner's
 // alias, and deletes it otherwise (podNS nil: no usable netns). A host veth
-// owned by another attachment, or none, is left alone (vethNotFound).
-func detachOrDeleteVeth(hostName string, owner Owner, podNS ns.NetNS, ifName string) (vethGone, error) {
+// owned by another attachment, or none, is left alone (vethNotFound). It
+// also returns the host veth's index (0 with vethNotFound), which keys the
+// attachment's elements in the pod filter.
+func detachOrDeleteVeth(hostName string, owner Owner, podNS ns.NetNS, ifName string) (vethGone, int, error) {
 	host, err := netlinksafe.LinkByName(hostName)
 	if err != nil {
 		if isNotFound(err) {
-			return vethNotFound, nil
+			return vethNotFound, 0, nil
 		}
-		return vethNotFound, fmt.Errorf("look up host veth %s: %w", hostName, err)
+		return vethNotFound, 0, fmt.Errorf("look up host veth %s: %w", hostName, err)
 	}
 	got, wasDetached, ok := contract.ParseVethAlias(host.Attrs().Alias)
 	if !ok || got != owner {
-		return vethNotFound, nil
+		return vethNotFound, 0, nil
 	}
+	index := host.Attrs().Index
 	if wasDetached {
-		return vethDetached, nil // an earlier DEL did it
+		return vethWasDetached, index, nil
 	}
 	if podNS != nil {
-		detached, err := detachPodEnd(podNS, ifName, owner, host.Attrs().Index)
+		detached, err := detachPodEnd(podNS, ifName, owner, index)
 		if err != nil {
-			return vethNotFound, err
+			return vethNotFound, 0, err
 		}
 		if detached {
 			if err := netlink.LinkSetDown(host); err != nil && !isNotFound(err) {
-				return vethNotFound, fmt.Errorf("set host veth %s down: %w", hostName, err)
+				return vethNotFound, 0, fmt.Errorf("set host veth %s down: %w", hostName, err)
 			}
 			if err := netlink.LinkSetAlias(host, owner.DetachedAlias()); err != nil && !isNotFound(err) {
-				return vethNotFound, fmt.Errorf("mark host veth %s detached: %w", hostName, err)
+				return vethNotFound, 0, fmt.Errorf("mark host veth %s detached: %w", hostName, err)
 			}
-			return vethDetached, nil
+			return vethDetached, index, nil
 		}
 	}
 	if err := netlink.LinkDel(host); err != nil && !isNotFound(err) {
-		return vethNotFound, fmt.Errorf("delete host veth %s: %w", hostName, err)
+		return vethNotFound, 0, fmt.Errorf("delete host veth %s: %w", hostName, err)
 	}
-	return vethDeleted, nil
+	return vethDeleted, index, nil
 }
 
 // detachPodEnd sets the pod end of the pair (ifName in podNS, a veth with

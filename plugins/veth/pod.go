@@ -92,9 +92,10 @@ func configurePodRoutes(podNS ns.NetNS, side podSide) error {
 
 // checkPod verifies that the pod interface exists, is the end of the veth
 // whose host end has index hostIndex, and has the addresses and routes of
-// side.
-func checkPod(podNS ns.NetNS, side podSide, hostIndex int) error {
-	return podNS.Do(func(ns.NetNS) error {
+// side. It returns the pod interface's MAC.
+func checkPod(podNS ns.NetNS, side podSide, hostIndex int) (net.HardwareAddr, error) {
+	var mac net.HardwareAddr
+	err := podNS.Do(func(ns.NetNS) error {
 		link, err := netlinksafe.LinkByName(side.IfName)
 		if err != nil {
 			return fmt.Errorf("pod interface %s not found in netns %s: %w", side.IfName, podNS.Path(), err)
@@ -129,8 +130,10 @@ func checkPod(podNS ns.NetNS, side podSide, hostIndex int) error {
 				return fmt.Errorf("pod %s: %w", side.IfName, err)
 			}
 		}
+		mac = link.Attrs().HardwareAddr
 		return nil
 	})
+	return mac, err
 }
 
 func (side podSide) gateways() []net.IP {

@@ -8,7 +8,9 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/containernetworking/cni/pkg/skel"
 	current "github.com/containernetworking/cni/pkg/types/100"
@@ -21,7 +23,7 @@ import (
 )
 
 // addSteps are the names ADD passes to plugin.step, in order.
-var addSteps = []string{"ipam", "veth", "host", "address", "route", "host-route"}
+var addSteps = []string{"ipam", "veth", "guard", "host", "address", "route", "host-route"}
 
 const (
 	testSubnet     = "10.244.30.0/24"
@@ -145,6 +147,7 @@ type state struct {
 	podnetRoutes []string // node routes with protocol contract.RouteProtocol (dst)
 	podLinks     []string // pod links other than lo
 	reservations []string // host-local reservation files (IPs)
+	guard        []string // elements of the pod filter's sets (nettest.PodFilterElements)
 }
 
 // observe reads the state with the test's helpers. It must run in the test
@@ -162,6 +165,9 @@ func (e *addEnv) observe(t *testing.T) state {
 	}
 	s.podLinks = links
 	if s.reservations, err = reservations(e.dataDir); err != nil {
+		t.Fatal(err)
+	}
+	if s.guard, err = nettest.PodFilterElements(e.node.NS); err != nil {
 		t.Fatal(err)
 	}
 	return s
@@ -189,6 +195,9 @@ func (e *addEnv) observeRaw() (state, error) {
 	if s.podLinks, err = nettest.LinkNames(e.podNS); err != nil {
 		return s, err
 	}
+	if s.guard, err = nettest.PodFilterElements(e.node.NS); err != nil {
+		return s, err
+	}
 	s.reservations, err = reservations(e.dataDir)
 	return s, err
 }
@@ -210,6 +219,18 @@ func (e *addEnv) assertClean(t *testing.T, when string) {
 	}
 	if len(s.reservations) > 0 {
 		t.Errorf("%s: host-local reservations left: %v", when, s.reservations)
+	}
+	// the elements removed get a timeout of 1 ms where the kernel can (see
+	// guard.drop): give them a moment to leave the sets
+	for deadline := time.Now().Add(2 * time.Second); len(s.guard) > 0 && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+		var err error
+		if s.guard, err = nettest.PodFilterElements(e.node.NS); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(s.guard) > 0 {
+		t.Errorf("%s: pod filter elements left: %v", when, s.guard)
 	}
 }
 
@@ -308,6 +329,9 @@ func TestAddRollsBackAfterEachStep(t *testing.T) {
 				if !slices.Equal(s.reservations, []string{ip}) {
 					t.Errorf("reservations after ADD: %v, want [%s]", s.reservations, ip)
 				}
+				if !slices.ContainsFunc(s.guard, func(e string) bool { return strings.HasSuffix(e, " . "+ip) }) {
+					t.Errorf("pod filter elements after ADD: %v, want one for %s", s.guard, ip)
+				}
 
 				if err := e.del(t, p); err != nil {
 					t.Fatalf("DEL: %v", err)
@@ -361,6 +385,9 @@ func TestAddRollsBackAfterEachStep(t *testing.T) {
 					}
 					if i >= slices.Index(addSteps, "veth") && !slices.Equal(before.podLinks, []string{testIfName}) {
 						t.Errorf("at step %q: pod links %v, want [%s]", step, before.podLinks, testIfName)
+					}
+					if i >= slices.Index(addSteps, "guard") && len(before.guard) == 0 {
+						t.Errorf("at step %q: no pod filter element", step)
 					}
 					if m.hostRoutes && i >= slices.Index(addSteps, "host-route") && len(before.podnetRoutes) != 1 {
 						t.Errorf("at step %q: podnet routes %v, want one", step, before.podnetRoutes)

@@ -63,12 +63,18 @@ func (r routed) describePod(ifName string, alloc *current.Result) (podSide, erro
 
 func (routed) prepareNode(podSide, int) error { return nil }
 
-// setupHost prepares the host veth to be the pod's gateway: proxy ARP
-// answering for 169.254.1.1 without delay, forwarding, and with IPv6 the
-// fixed link-local gateway address; then brings it up.
+func (routed) guard() guard { return routedGuard }
+
+// setupHost prepares the host veth to be the pod's gateway: no Router
+// Advertisement, SLAAC or redirect taken from the pod (hostIfaceSettings),
+// proxy ARP answering for 169.254.1.1 without delay, forwarding, and with
+// IPv6 the fixed link-local gateway address; then brings it up.
 func (routed) setupHost(host netlink.Link, side podSide) error {
 	ipv6 := side.hasIPv6()
 	name := host.Attrs().Name
+	if err := hardenHostIface(name); err != nil {
+		return fmt.Errorf("host veth %s: %w", name, err)
+	}
 	settings := [][2]string{
 		{"net/ipv4/conf/" + name + "/proxy_arp", "1"},
 		{"net/ipv4/neigh/" + name + "/proxy_delay", "0"},

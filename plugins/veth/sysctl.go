@@ -1,7 +1,9 @@
 package veth
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -23,4 +25,59 @@ func readSysctl(name string) (string, error) {
 		return "", fmt.Errorf("read %s: %w", name, err)
 	}
 	return strings.TrimSpace(string(b)), nil
+}
+
+// hostIfaceSetting is a setting every host-side interface the plugins
+// create gets before it comes up.
+type hostIfaceSetting struct {
+	family, key, value string
+}
+
+// hostIfaceSettings keep a pod from changing its node's routes and
+// addresses through the interface: no Router Advertisement is accepted (a
+// default route via the pod, CVE-2020-10749), no SLAAC address is made from
+// a pod's prefix, no ICMP redirect is followed. accept_ra=0 also holds when
+// IPv6 forwarding is off (an IPv4-only cluster), where the kernel's default
+// 1 accepts RAs.
+var hostIfaceSettings = []hostIfaceSetting{
+	{"ipv4", "accept_redirects", "0"},
+	{"ipv6", "accept_ra", "0"},
+	{"ipv6", "autoconf", "0"},
+	{"ipv6", "accept_redirects", "0"},
+}
+
+func (s hostIfaceSetting) name(dev string) string {
+	return "net/" + s.family + "/conf/" + dev + "/" + s.key
+}
+
+// hardenHostIface writes hostIfaceSettings for dev. An interface without
+// IPv6 (IPv6 off in the kernel, or an MTU below 1280) has no IPv6 settings
+// and takes no Router Advertisement: that is not an error.
+func hardenHostIface(dev string) error {
+	for _, s := range hostIfaceSettings {
+		if err := writeSysctl(s.name(dev), s.value); err != nil {
+			if s.family == "ipv6" && errors.Is(err, fs.ErrNotExist) {
+				continue
+			}
+			return fmt.Errorf("interface %s: %w", dev, err)
+		}
+	}
+	return nil
+}
+
+// checkHostIface reports the first of hostIfaceSettings dev does not have.
+func checkHostIface(dev string) error {
+	for _, s := range hostIfaceSettings {
+		v, err := readSysctl(s.name(dev))
+		if err != nil {
+			if s.family == "ipv6" && errors.Is(err, fs.ErrNotExist) {
+				continue
+			}
+			return fmt.Errorf("interface %s: %w", dev, err)
+		}
+		if v != s.value {
+			return fmt.Errorf("interface %s has %s=%s, want %s", dev, s.name(dev), v, s.value)
+		}
+	}
+	return nil
 }

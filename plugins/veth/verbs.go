@@ -5,8 +5,10 @@
 // what each mode does on the node; vethpair.go and detach.go the veth pair;
 // pod.go the pod side; names.go host veth names and aliases; result.go the
 // ADD result; config.go the network config and MTU; netns.go opening the
-// pod netns; sysctl.go per-netns kernel settings; delegate.go the IPAM
-// delegation; log.go and trace.go the optional log and step trace.
+// pod netns; sysctl.go per-netns kernel settings and those of every
+// host-side interface; antispoof.go the pod filter (pods send only as
+// themselves); delegate.go the IPAM delegation; log.go and trace.go the
+// optional log and step trace.
 package veth
 
 import (
@@ -38,6 +40,8 @@ type mode interface {
 	finishHost(host netlink.Link, side podSide) error
 	// checkHost verifies the host end for CHECK and returns it.
 	checkHost(hostName string, side podSide) (netlink.Link, error)
+	// guard is the pod filter of the mode (antispoof.go).
+	guard() guard
 	// result builds the ADD result on top of prev (the chained
 	// prevResult, nil when podnet is first).
 	result(prev *current.Result, hostName string, podIface *current.Interface, side podSide) *current.Result
@@ -49,9 +53,9 @@ type plugin struct {
 	// newMode builds the mode from the network config of an invocation.
 	newMode func(stdin []byte, conf *netConf) (mode, error)
 	// failAfter, set only by tests, is called after each ADD step
-	// ("ipam", "veth", "host", "address", "route", "host-route"; the pod
-	// end of the veth is born in the pod netns, so "veth" includes the move)
-	// and makes ADD fail there.
+	// ("ipam", "veth", "guard", "host", "address", "route", "host-route";
+	// the pod end of the veth is born in the pod netns, so "veth" includes
+	// the move) and makes ADD fail there.
 	failAfter func(step string) error
 }
 
@@ -157,20 +161,39 @@ func (p *plugin) add(args *skel.CmdArgs) (err error) {
 	tr.mark("prepare")
 
 	spec := vethSpec{HostName: inv.host, PodName: args.IfName, MTU: mtu, HostMAC: inv.mode.hostMAC(), Owner: inv.owner}
-	if err = deleteStaleHostVeth(spec.HostName, inv.owner); err != nil {
+	g := inv.mode.guard()
+	stale, err := deleteStaleHostVeth(spec.HostName)
+	if err == nil && stale > 0 {
+		err = g.removePort(stale)
+	}
+	if err != nil {
 		return cniErrorf(types.ErrTryAgainLater, "%v", err)
 	}
 	tr.mark("stale-veth")
-	host, err := createVeth(spec, podNS)
+	host, podMAC, err := createVeth(spec, podNS)
 	if err != nil {
 		if errors.Is(err, errIfNameTaken) {
 			return cniErrorf(types.ErrInvalidEnvironmentVariables, "%v", err)
 		}
 		return err
 	}
-	rollback.push(func() error { _, err := deleteHostVeth(spec.HostName, inv.owner); return err })
+	port := guardedPort{index: host.Attrs().Index, ips: side.ips(), mac: podMAC}
+	rollback.push(func() error {
+		_, err := deleteHostVeth(spec.HostName, inv.owner)
+		// after the veth, so that no live port is ever left unguarded
+		return errors.Join(err, g.removeExact(port))
+	})
 	tr.mark("veth")
 	if err = p.step("veth"); err != nil {
+		return err
+	}
+	// before the host veth comes up: from its first packet on, the pod
+	// sends only as itself
+	if err = g.install(port); err != nil {
+		return cniErrorf(types.ErrTryAgainLater, "%v", err)
+	}
+	tr.mark("guard")
+	if err = p.step("guard"); err != nil {
 		return err
 	}
 	if err = inv.mode.setupHost(host, side); err != nil {
@@ -222,7 +245,8 @@ func (p *plugin) add(args *skel.CmdArgs) (err error) {
 	return err
 }
 
-// del takes the veth pair out of service, then releases the addresses.
+// del takes the veth pair out of service, removes its elements from the
+// pod filter, then releases the addresses.
 // When the pod end is still in CNI_NETNS the pair is detached rather than
 // deleted (detachOrDeleteVeth: both ends down, the node's routes
 // through it gone, CNI_IFNAME free again; the kernel removes the pair with
@@ -240,12 +264,12 @@ func (p *plugin) del(args *skel.CmdArgs) (err error) {
 	if podNS != nil {
 		defer podNS.Close()
 	}
-	gone, err := detachOrDeleteVeth(inv.host, inv.owner, podNS, args.IfName)
+	gone, hostIndex, err := detachOrDeleteVeth(inv.host, inv.owner, podNS, args.IfName)
 	if err != nil {
 		return cniErrorf(types.ErrTryAgainLater, "%v", err)
 	}
 	switch gone {
-	case vethDetached:
+	case vethDetached, vethWasDetached:
 		tr.mark("veth-detach")
 	case vethDeleted:
 		tr.mark("veth-delete")
@@ -255,6 +279,14 @@ func (p *plugin) del(args *skel.CmdArgs) (err error) {
 		}
 		tr.mark("pod-link")
 	}
+	// after the veth is down or gone, so that its port is never open
+	// unguarded; not when an earlier DEL detached it (and removed them)
+	if gone == vethDetached || gone == vethDeleted {
+		if err := unguard(inv, args, hostIndex); err != nil {
+			return cniErrorf(types.ErrTryAgainLater, "%v", err)
+		}
+		tr.mark("guard")
+	}
 	// after the host side: the addresses are free only once no route of
 	// the node sends them to this pod any more
 	if err := ipamVerb("DEL", ipam.Del, inv.conf, args); err != nil {
@@ -262,6 +294,36 @@ func (p *plugin) del(args *skel.CmdArgs) (err error) {
 	}
 	tr.mark("ipam")
 	return nil
+}
+
+// unguard removes the pod filter's elements of the attachment whose host
+// veth had index hostIndex: exactly those of prevResult when there is one
+// (one transaction), else whatever the sets hold for the index.
+func unguard(inv *invocation, args *skel.CmdArgs, hostIndex int) error {
+	g := inv.mode.guard()
+	if inv.conf.PrevResult == nil {
+		return g.removePort(hostIndex)
+	}
+	prev, err := current.NewResultFromResult(inv.conf.PrevResult)
+	if err != nil {
+		return g.removePort(hostIndex)
+	}
+	port := guardedPort{index: hostIndex}
+	for i, iface := range prev.Interfaces {
+		if iface.Name != args.IfName || iface.Sandbox != args.Netns {
+			continue
+		}
+		port.mac, _ = net.ParseMAC(iface.Mac)
+		for _, c := range prev.IPs {
+			if c.Interface != nil && *c.Interface == i {
+				port.ips = append(port.ips, c.Address.IP)
+			}
+		}
+	}
+	if len(port.ips) == 0 {
+		return g.removePort(hostIndex)
+	}
+	return g.removeExact(port)
 }
 
 // check compares the pod and the host side with prevResult.
@@ -297,20 +359,31 @@ func (p *plugin) check(args *skel.CmdArgs) error {
 	if err != nil {
 		return cniErrorf(types.ErrInternal, "CHECK: %v", err)
 	}
-	if err := checkPod(podNS, side, host.Attrs().Index); err != nil {
+	podMAC, err := checkPod(podNS, side, host.Attrs().Index)
+	if err != nil {
+		return cniErrorf(types.ErrInternal, "CHECK: %v", err)
+	}
+	if err := checkHostIface(inv.host); err != nil {
+		return cniErrorf(types.ErrInternal, "CHECK: host veth: %v", err)
+	}
+	if err := inv.mode.guard().verify(guardedPort{index: host.Attrs().Index, ips: side.ips(), mac: podMAC}); err != nil {
 		return cniErrorf(types.ErrInternal, "CHECK: %v", err)
 	}
 	return nil
 }
 
 // gc removes the veths (and so the routes) of attachments the runtime no
-// longer knows, then lets IPAM release their addresses.
+// longer knows and the pod filter's elements of every interface that no
+// longer exists, then lets IPAM release their addresses.
 func (p *plugin) gc(args *skel.CmdArgs) error {
 	inv, err := p.begin(args)
 	if err != nil {
 		return err
 	}
 	if _, err := gcHostVeths(inv.conf.Name, inv.conf.ValidAttachments); err != nil {
+		return cniErrorf(types.ErrTryAgainLater, "GC: %v", err)
+	}
+	if err := pruneGuard(inv.mode.guard()); err != nil {
 		return cniErrorf(types.ErrTryAgainLater, "GC: %v", err)
 	}
 	if err := ipamVerb("GC", ipam.GC, inv.conf, args); err != nil {

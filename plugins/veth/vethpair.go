@@ -28,9 +28,10 @@ type vethSpec struct {
 // netlink request: no create-then-move, which costs a netns round trip and
 // an extra rename). Both ends carry the owner as their alias: DEL's
 // fallback deletes only a pod link podnet made for this attachment. The
-// host end stays down. It fails with errIfNameTaken, naming the interface,
-// when the pod already has one by that name.
-func createVeth(spec vethSpec, podNS ns.NetNS) (netlink.Link, error) {
+// host end stays down. It also returns the pod end's MAC. It fails with
+// errIfNameTaken, naming the interface, when the pod already has one by
+// that name.
+func createVeth(spec vethSpec, podNS ns.NetNS) (netlink.Link, net.HardwareAddr, error) {
 	attrs := netlink.NewLinkAttrs()
 	attrs.Name = spec.HostName
 	attrs.MTU = spec.MTU
@@ -46,21 +47,22 @@ func createVeth(spec vethSpec, podNS ns.NetNS) (netlink.Link, error) {
 			// either name may be the taken one; the host name was cleared
 			// of stale veths just before, so look
 			if _, lerr := netlinksafe.LinkByName(spec.HostName); lerr == nil {
-				return nil, fmt.Errorf("create veth %s: an interface with that name already exists: %w", spec.HostName, err)
+				return nil, nil, fmt.Errorf("create veth %s: an interface with that name already exists: %w", spec.HostName, err)
 			}
-			return nil, fmt.Errorf("netns %s already has an interface named %q: %w", podNS.Path(), spec.PodName, errIfNameTaken)
+			return nil, nil, fmt.Errorf("netns %s already has an interface named %q: %w", podNS.Path(), spec.PodName, errIfNameTaken)
 		}
-		return nil, fmt.Errorf("create veth %s: %w", spec.HostName, err)
+		return nil, nil, fmt.Errorf("create veth %s: %w", spec.HostName, err)
 	}
 	host, err := netlinksafe.LinkByName(spec.HostName)
 	if err != nil {
 		_ = netlink.LinkDel(veth)
-		return nil, fmt.Errorf("look up new veth %s: %w", spec.HostName, err)
+		return nil, nil, fmt.Errorf("look up new veth %s: %w", spec.HostName, err)
 	}
 	if err := netlink.LinkSetAlias(host, spec.Owner.Alias()); err != nil {
 		_ = netlink.LinkDel(host)
-		return nil, fmt.Errorf("set alias on veth %s: %w", spec.HostName, err)
+		return nil, nil, fmt.Errorf("set alias on veth %s: %w", spec.HostName, err)
 	}
+	var podMAC net.HardwareAddr
 	err = podNS.Do(func(ns.NetNS) error {
 		pod, err := netlinksafe.LinkByName(spec.PodName)
 		if err != nil {
@@ -69,13 +71,14 @@ func createVeth(spec vethSpec, podNS ns.NetNS) (netlink.Link, error) {
 		if err := netlink.LinkSetAlias(pod, spec.Owner.Alias()); err != nil {
 			return fmt.Errorf("set alias on %s in netns %s: %w", spec.PodName, podNS.Path(), err)
 		}
+		podMAC = pod.Attrs().HardwareAddr
 		return nil
 	})
 	if err != nil {
 		_ = netlink.LinkDel(host)
-		return nil, err
+		return nil, nil, err
 	}
-	return host, nil
+	return host, podMAC, nil
 }
 
 // errIfNameTaken means CNI_IFNAME already exists in the pod.
@@ -105,23 +108,24 @@ func deleteHostVeth(hostName string, owner Owner) (bool, error) {
 
 // deleteStaleHostVeth removes a leftover host veth named hostName that is
 // owned by another container of the same pod (a previous sandbox whose DEL
-// never came) or is a half-created pair of owner. Links podnet did not create
-// are never touched: their name clash is reported.
-func deleteStaleHostVeth(hostName string, owner Owner) error {
+// never came) or is a half-created pair of owner, and returns its index (0:
+// nothing removed). Links podnet did not create are never touched: their
+// name clash is reported.
+func deleteStaleHostVeth(hostName string) (int, error) {
 	link, err := netlinksafe.LinkByName(hostName)
 	if err != nil {
 		if isNotFound(err) {
-			return nil
+			return 0, nil
 		}
-		return fmt.Errorf("look up host veth %s: %w", hostName, err)
+		return 0, fmt.Errorf("look up host veth %s: %w", hostName, err)
 	}
 	if _, _, ok := contract.ParseVethAlias(link.Attrs().Alias); !ok {
-		return fmt.Errorf("interface %s exists and was not created by podnet; remove or rename it", hostName)
+		return 0, fmt.Errorf("interface %s exists and was not created by podnet; remove or rename it", hostName)
 	}
 	if err := netlink.LinkDel(link); err != nil && !isNotFound(err) {
-		return fmt.Errorf("delete stale host veth %s: %w", hostName, err)
+		return 0, fmt.Errorf("delete stale host veth %s: %w", hostName, err)
 	}
-	return nil
+	return link.Attrs().Index, nil
 }
 
 // deletePodLink deletes ifName inside the pod netns if it is still there

@@ -27,6 +27,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/podnet/podnet/internal/contract"
+	"github.com/podnet/podnet/plugins/veth"
 	"github.com/podnet/podnet/routed/desired"
 	"github.com/podnet/podnet/test/cluster"
 	"github.com/podnet/podnet/test/kapi"
@@ -353,9 +354,11 @@ func testPodsDeleted(t *testing.T, c *cluster.Cluster) {
 	}
 }
 
-// testCleanup stops podnet-routed and runs --cleanup on every node: each
-// node netns must be exactly as before podnet-routed first ran (links,
-// addresses, routes of every table, permanent neighbours and FDB, nft).
+// testCleanup stops podnet-routed and runs --cleanup on every node, then
+// removes the plugins' pod filter as the uninstall guide says
+// (conf/README.md): each node netns must be exactly as before podnet-routed
+// first ran (links, addresses, routes of every table, permanent neighbours
+// and FDB, nft).
 func testCleanup(t *testing.T, c *cluster.Cluster) {
 	ctx := context.Background()
 	for _, n := range c.Nodes {
@@ -364,6 +367,9 @@ func testCleanup(t *testing.T, c *cluster.Cluster) {
 		}
 		if out, err := n.Cleanup(ctx); err != nil {
 			t.Fatalf("%s: %v\n%s", n.Name, err, out)
+		}
+		if err := n.NS.Do(veth.DeletePodFilter); err != nil {
+			t.Fatalf("%s: %v", n.Name, err)
 		}
 		now, err := n.Snapshot()
 		if err != nil {

@@ -54,8 +54,8 @@ func TestStepTrace(t *testing.T) {
 		lines = append(lines, l)
 	}
 	want := map[string][]string{
-		"ADD": {"config", "netns", "mtu", "ipam", "prepare", "stale-veth", "veth", "host", "address", "route", "host-route", "result"},
-		"DEL": {"config", "veth-detach", "ipam"},
+		"ADD": {"config", "netns", "mtu", "ipam", "prepare", "stale-veth", "veth", "guard", "host", "address", "route", "host-route", "result"},
+		"DEL": {"config", "veth-detach", "guard", "ipam"},
 	}
 	if len(lines) != 2 || lines[0].Verb != "ADD" || lines[1].Verb != "DEL" {
 		t.Fatalf("trace lines: %+v, want one ADD then one DEL", lines)

@@ -3,8 +3,8 @@ package main
 // The leak check run after every workload: once every pod has been
 // deleted, the node netns must be back to the state it had before the
 // measured run (no veth or other link, no route, no permanent neighbor
-// entry), every pod netns must hold nothing but lo, and the IPAM data dirs
-// must hold no reservation.
+// entry, no element in the plugins' pod filter), every pod netns must hold
+// nothing but lo, and the IPAM data dirs must hold no reservation.
 
 import (
 	"errors"
@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/podnet/podnet/plugins/veth"
+	"github.com/podnet/podnet/test/nettest"
 )
 
 // nodeState is what of a node netns and its IPAM data dirs can leak.
@@ -28,6 +29,7 @@ type nodeState struct {
 	Links  []string // "name type"
 	Routes []string // every table, both families
 	Neighs []string // permanent neighbor entries
+	Filter []string // elements of the plugins' pod filter (nettest.PodFilterElements)
 	Files  []string // files under the data dirs, relative to them
 }
 
@@ -70,6 +72,9 @@ func snapshotNode(node ns.NetNS, dataDirs []string) (nodeState, error) {
 	if err != nil {
 		return s, fmt.Errorf("snapshot %s: %w", node.Path(), err)
 	}
+	if s.Filter, err = nettest.PodFilterElements(node); err != nil {
+		return s, fmt.Errorf("snapshot %s: %w", node.Path(), err)
+	}
 	for _, dir := range dataDirs {
 		err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
 			if err != nil {
@@ -89,7 +94,7 @@ func snapshotNode(node ns.NetNS, dataDirs []string) (nodeState, error) {
 			return s, err
 		}
 	}
-	for _, l := range [][]string{s.Links, s.Routes, s.Neighs, s.Files} {
+	for _, l := range [][]string{s.Links, s.Routes, s.Neighs, s.Filter, s.Files} {
 		sort.Strings(l)
 	}
 	return s, nil
@@ -153,6 +158,7 @@ func checkLeaks(base nodeState, node ns.NetNS, dataDirs []string, pods []ns.NetN
 	added("link", base.Links, now.Links, nil)
 	added("route", base.Routes, now.Routes, nil)
 	added("neighbor", base.Neighs, now.Neighs, nil)
+	added("pod filter element", base.Filter, now.Filter, nil)
 	added("file", base.Files, now.Files, bookkeeping)
 	if err := checkPodLinks(pods); err != nil {
 		leaks = append(leaks, err.Error())

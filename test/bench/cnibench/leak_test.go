@@ -2,15 +2,17 @@ package main
 
 // The benchmark's leak check must be trusted to say "zero leaks": these
 // tests inject every kind of leak it looks for (a veth, a route, a
-// permanent neighbor entry, reservation files of host-local and
+// permanent neighbor entry, an element of the pod filter, reservation files of host-local and
 // podnet-ipam, a link left in a pod netns) and a real one (a podnet ADD
 // never deleted), and check that it reports each of them, and nothing once
 // they are gone. Root is needed for the network namespaces (`make test`
 // runs as root).
 
 import (
+	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -149,6 +151,15 @@ func TestLeakCheckCatchesInjectedLeaks(t *testing.T) {
 		},
 		want: []string{"neighbor 10.201.0.9 dev base0"},
 	}, {
+		name: "pod filter element",
+		inject: func(t *testing.T) {
+			nft(t, node, "add table inet podnet-pods")
+			nft(t, node, "add set inet podnet-pods ports { type iface_index; }")
+			nft(t, node, "add element inet podnet-pods ports { base0 }")
+		},
+		remove: func(t *testing.T) { nft(t, node, "delete element inet podnet-pods ports { base0 }") },
+		want:   []string{"pod filter element inet/ports " + fmt.Sprint(inNode(node, func() int { return linkIndex("base0") }))},
+	}, {
 		name:   "host-local reservation",
 		inject: func(t *testing.T) { writeFile(t, filepath.Join(dataDir, "bench", "10.201.0.5")) },
 		remove: func(t *testing.T) { _ = os.Remove(filepath.Join(dataDir, "bench", "10.201.0.5")) },
@@ -185,6 +196,23 @@ func TestLeakCheckCatchesInjectedLeaks(t *testing.T) {
 	clean(t)
 }
 
+// nft runs an nft command (one argument, as nft -f would read it) in netns.
+func nft(t *testing.T, netns ns.NetNS, cmd string) {
+	t.Helper()
+	do(t, netns, func() error {
+		if out, err := exec.Command("nft", cmd).CombinedOutput(); err != nil {
+			return fmt.Errorf("nft %s: %w\n%s", cmd, err, out)
+		}
+		return nil
+	})
+}
+
+func inNode[T any](netns ns.NetNS, f func() T) T {
+	var v T
+	_ = netns.Do(func(ns.NetNS) error { v = f(); return nil })
+	return v
+}
+
 func linkIndex(name string) int {
 	l, err := netlink.LinkByName(name)
 	if err != nil {
@@ -195,7 +223,8 @@ func linkIndex(name string) int {
 
 // TestLeakCheckCatchesPodnetPodNeverDeleted runs the bench's own podnet
 // stack: one pod ADDed and never deleted must be reported (its veth, its
-// host route, its reservation); once DELeted, the check passes.
+// host route, its reservation, its pod filter elements); once DELeted,
+// the check passes.
 func TestLeakCheckCatchesPodnetPodNeverDeleted(t *testing.T) {
 	needRoot(t)
 	bin := nettest.BinDir(t, "podnet", "podnet-ipam")
@@ -213,7 +242,7 @@ func TestLeakCheckCatchesPodnetPodNeverDeleted(t *testing.T) {
 	if err == nil {
 		t.Fatal("a pod was never deleted, but the leak check passed")
 	}
-	for _, w := range []string{" veth", "route type 1 10.201.0.", "/ips/10.201.0.", "pod link eth0"} {
+	for _, w := range []string{" veth", "route type 1 10.201.0.", "/ips/10.201.0.", "pod link eth0", "pod filter element inet/addrs4"} {
 		if !strings.Contains(err.Error(), w) {
 			t.Errorf("leak report %q does not mention %q", err, w)
 		}

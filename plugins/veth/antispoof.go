@@ -1,0 +1,738 @@
+package veth
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"reflect"
+	"strings"
+	"time"
+
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
+	"github.com/google/nftables"
+	"github.com/google/nftables/binaryutil"
+	"github.com/google/nftables/expr"
+	"github.com/google/nftables/userdata"
+	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/podnet/podnet/internal/contract"
+)
+
+// Pods send only as themselves. Every packet a pod sends enters the node
+// through its host veth, so the host veth's index says which pod sent it.
+// The plugins keep, in an nftables table of their own
+// (contract.PodFilterTable), which source addresses each host veth may
+// carry, and drop the rest before anything else on the node sees it:
+//
+//	table inet podnet-pods (podnet) / table bridge podnet-pods (podnet-bridge)
+//	  counter spoofed, counter ra-guard
+//	  set ports  { type iface_index }                 guarded host veths
+//	  set addrs4 { type iface_index . ipv4_addr }     what each may send from
+//	  set addrs6 { type iface_index . ipv6_addr }
+//	  set macs   { type iface_index . ether_addr }    bridge only
+//	  chain prerouting { type filter hook prerouting priority -300
+//	    iif != @ports accept                           not a pod: not ours to judge
+//	    iif . ether saddr != @macs  -> spoofed, drop   bridge only
+//	    ICMPv6 Router Advertisement or Redirect -> ra-guard, drop
+//	    ICMPv6 Neighbor Advertisement for a target neither link-local nor
+//	      (iif . target) in @addrs6 -> spoofed, drop
+//	    ARP (bridge only): sender IP 0.0.0.0 or (iif . sender IP) in @addrs4, else spoofed, drop
+//	    IPv4: (iif . saddr) in @addrs4, else spoofed, drop
+//	    IPv6: saddr fe80::/10, :: (ICMPv6 only: DAD, MLD), or (iif . saddr) in @addrs6, else spoofed, drop
+//	  }
+//
+// Why not rp_filter: the effective value is max(conf/all, conf/<dev>), and
+// distributions set all=2 (loose), which accepts any source the node can
+// route, another pod's included; IPv6 has none; and in the bridge mode
+// pod-to-pod frames are only bridged, never routed. The bridge family's
+// prerouting hook sees the receiving port (the pod's host veth) of every
+// frame, also of those bridged to another pod; the inet family's sees the
+// host veth of the routed mode.
+//
+// Keys are interface indexes, which the kernel does not hand out again
+// (it counts up per netns), so an element a crash left behind never matches
+// a later pod. ADD reads the chain's rules (one dump) and writes one
+// transaction: the pod's elements, preceded, when the chain is not exactly
+// what podnet writes (first pod of the node, a rule deleted, inserted or
+// changed, the table deleted), by the table, sets and counters (kept when
+// they exist) and the chain flushed and written again. So every ADD
+// repairs the filter and never duplicates a rule, and the common ADD pays
+// for no rule change: after a transaction that removes rules (or updates
+// the base chain) the plugin's exit waits for an RCU grace period (about
+// 12 ms: the kernel holds the next close of an nftables socket until what
+// was removed is freed), while one that only adds elements takes about
+// 0.1 ms. DEL removes the elements of the attachment's host veth (those of
+// prevResult, else found by listing the sets; drop says how), GC those of
+// every interface index that no longer exists, CHECK looks for the pod's
+// elements and the chain's rules. The sets have the timeout flag (ADD's
+// elements have no timeout; drop gives one).
+
+// Set names of the pod filter.
+const (
+	setPorts  = "ports"
+	setAddrs4 = "addrs4"
+	setAddrs6 = "addrs6"
+	setMACs   = "macs"
+	// guardChain is the filter's one chain.
+	guardChain = "prerouting"
+)
+
+// nftTimeout bounds one nftables request: a lost acknowledgement must fail
+// the verb (and roll ADD back), not hang it.
+const nftTimeout = 10 * time.Second
+
+// guard is the pod filter of one mode: family inet for podnet (the host
+// veth is an L3 interface of the node) and bridge for podnet-bridge (the
+// host veth is a port of the bridge; the MAC is checked too).
+type guard struct {
+	family nftables.TableFamily
+}
+
+var (
+	routedGuard  = guard{family: nftables.TableFamilyINet}
+	bridgedGuard = guard{family: nftables.TableFamilyBridge}
+)
+
+// guardedPort is what one host veth may send as.
+type guardedPort struct {
+	index int              // host veth ifindex in the node netns
+	ips   []net.IP         // the pod's addresses
+	mac   net.HardwareAddr // the pod interface's MAC (checked in the bridge mode)
+}
+
+func (g guard) l2() bool { return g.family == nftables.TableFamilyBridge }
+
+func (g guard) table() *nftables.Table {
+	return &nftables.Table{Family: g.family, Name: contract.PodFilterTable}
+}
+
+func (g guard) chain(t *nftables.Table) *nftables.Chain {
+	return &nftables.Chain{
+		Name:     guardChain,
+		Table:    t,
+		Type:     nftables.ChainTypeFilter,
+		Hooknum:  nftables.ChainHookPrerouting,
+		Priority: nftables.ChainPriorityRaw,
+		Policy:   ptr(nftables.ChainPolicyAccept),
+	}
+}
+
+// sets are the filter's sets, ports first.
+func (g guard) sets(t *nftables.Table) []*nftables.Set {
+	concat := func(name string, second nftables.SetDatatype) *nftables.Set {
+		return &nftables.Set{Table: t, Name: name, KeyType: nftables.MustConcatSetType(nftables.TypeIFIndex, second), Concatenation: true, HasTimeout: true}
+	}
+	s := []*nftables.Set{
+		{Table: t, Name: setPorts, KeyType: nftables.TypeIFIndex, KeyByteOrder: binaryutil.NativeEndian, HasTimeout: true},
+		concat(setAddrs4, nftables.TypeIPAddr),
+		concat(setAddrs6, nftables.TypeIP6Addr),
+	}
+	if g.l2() {
+		s = append(s, concat(setMACs, nftables.TypeEtherAddr))
+	}
+	return s
+}
+
+// elements are p's keys per set name.
+func (g guard) elements(p guardedPort) map[string][]nftables.SetElement {
+	out := map[string][]nftables.SetElement{setPorts: {{Key: ifKey(p.index)}}}
+	for _, ip := range p.ips {
+		if v4 := ip.To4(); v4 != nil {
+			out[setAddrs4] = append(out[setAddrs4], nftables.SetElement{Key: append(ifKey(p.index), v4...)})
+		} else {
+			out[setAddrs6] = append(out[setAddrs6], nftables.SetElement{Key: append(ifKey(p.index), ip.To16()...)})
+		}
+	}
+	if g.l2() && len(p.mac) == 6 {
+		out[setMACs] = []nftables.SetElement{{Key: append(append(ifKey(p.index), p.mac...), 0, 0)}}
+	}
+	return out
+}
+
+// ifKey is an interface index as nftables keys it (host byte order, as
+// meta iif loads it).
+func ifKey(index int) []byte {
+	return binary.NativeEndian.AppendUint32(nil, uint32(index))
+}
+
+// keyIndex is the interface index a key of the filter's sets starts with.
+func keyIndex(key []byte) (int, bool) {
+	if len(key) < 4 {
+		return 0, false
+	}
+	return int(binary.NativeEndian.Uint32(key)), true
+}
+
+// newNFT opens one netlink socket for the dumps and the batch of a verb
+// (close it with CloseLasting).
+func newNFT() (*nftables.Conn, error) {
+	c, err := nftables.New(nftables.AsLasting(), nftables.WithSockOptions(func(c *netlink.Conn) error {
+		return c.SetDeadline(time.Now().Add(nftTimeout))
+	}))
+	if err != nil {
+		return nil, fmt.Errorf("nftables: %w", err)
+	}
+	return c, nil
+}
+
+// install adds p's elements to the filter in one transaction, which also
+// writes the table, its counters and sets (kept when they exist) and the
+// chain (flushed and written again) unless the chain already holds exactly
+// the filter's rules.
+func (g guard) install(p guardedPort) error {
+	c, err := newNFT()
+	if err != nil {
+		return err
+	}
+	defer c.CloseLasting()
+	intact, err := g.intact(c)
+	if err != nil {
+		return err
+	}
+	err = g.flushInstall(c, p, !intact)
+	if err != nil && intact {
+		// the table changed between the dump and the batch: write it all
+		err = g.flushInstall(c, p, true)
+	}
+	if err != nil {
+		hint := ""
+		if isNFTNotFound(err) {
+			hint = " (the kernel lacks a part of nf_tables the filter needs: the " + familyName(g.family) + " family, or the modules nft_objref, nft_counter)"
+		}
+		return fmt.Errorf("write nftables table %s %s for host veth index %d%s: %w", familyName(g.family), contract.PodFilterTable, p.index, hint, err)
+	}
+	return nil
+}
+
+// flushInstall sends one batch: the filter itself when whole, then p's
+// elements.
+func (g guard) flushInstall(c *nftables.Conn, p guardedPort, whole bool) error {
+	t := g.table()
+	sets := g.sets(t)
+	if whole {
+		c.AddTable(t)
+		for _, name := range []string{contract.PodFilterSpoofedCounter, contract.PodFilterRAGuardCounter} {
+			c.AddObj(&nftables.NamedObj{Table: t, Name: name, Type: nftables.ObjTypeCounter, Obj: &expr.Counter{}})
+		}
+		for _, s := range sets {
+			if err := c.AddSet(s, nil); err != nil {
+				return fmt.Errorf("nftables set %s: %w", s.Name, err)
+			}
+		}
+		ch := c.AddChain(g.chain(t))
+		c.FlushChain(ch)
+		for _, r := range g.rules() {
+			c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: r.exprs, UserData: r.userData()})
+		}
+	}
+	elems := g.elements(p)
+	for _, s := range sets {
+		if len(elems[s.Name]) == 0 {
+			continue
+		}
+		if err := c.SetAddElements(s, elems[s.Name]); err != nil {
+			return fmt.Errorf("nftables set %s: %w", s.Name, err)
+		}
+	}
+	return c.Flush()
+}
+
+// intact reports whether the chain holds exactly the filter's rules, in
+// order (a missing table or chain is not intact).
+func (g guard) intact(c *nftables.Conn) (bool, error) {
+	t := g.table()
+	got, err := c.GetRules(t, g.chain(t))
+	if err != nil {
+		if isNFTNotFound(err) {
+			return false, nil
+		}
+		return false, fmt.Errorf("list nftables chain %s %s/%s: %w", familyName(g.family), contract.PodFilterTable, guardChain, err)
+	}
+	want := g.rules()
+	if len(got) != len(want) {
+		return false, nil
+	}
+	for i, r := range want {
+		if !bytes.Equal(got[i].UserData, r.userData()) || !reflect.DeepEqual(got[i].Exprs, r.exprs) {
+			return false, nil
+		}
+	}
+	return true, nil
+}
+
+// remove removes (see drop) every element of the filter's sets whose
+// interface index selects, and returns how many. A missing table or set
+// holds nothing to remove. It lists every set: its cost grows with the
+// pods of the node.
+func (g guard) remove(selects func(index int) bool) (int, error) {
+	c, err := newNFT()
+	if err != nil {
+		return 0, err
+	}
+	defer c.CloseLasting()
+	gone := map[string][]nftables.SetElement{}
+	n := 0
+	for _, s := range g.sets(g.table()) {
+		elems, err := c.GetSetElements(s)
+		if err != nil {
+			if isNFTNotFound(err) {
+				continue
+			}
+			return 0, fmt.Errorf("list nftables set %s %s/%s: %w", familyName(g.family), contract.PodFilterTable, s.Name, err)
+		}
+		for _, e := range elems {
+			if i, ok := keyIndex(e.Key); ok && selects(i) {
+				gone[s.Name] = append(gone[s.Name], nftables.SetElement{Key: e.Key})
+				n++
+			}
+		}
+	}
+	if n == 0 {
+		return 0, nil
+	}
+	if err := g.drop(gone); err != nil && !errors.Is(err, errNotAllThere) {
+		return 0, err // errNotAllThere: someone else removed some meanwhile
+	}
+	return n, nil
+}
+
+// removePort removes the elements of the host veth index.
+func (g guard) removePort(index int) error {
+	_, err := g.remove(func(i int) bool { return i == index })
+	return err
+}
+
+// removeExact removes p's elements without listing the sets. When they
+// are not all there (a pod of an older podnet, a prevResult that is not
+// what ADD wrote) removePort finds what there is.
+func (g guard) removeExact(p guardedPort) error {
+	err := g.drop(g.elements(p))
+	if errors.Is(err, errNotAllThere) {
+		return g.removePort(p.index)
+	}
+	return err
+}
+
+// errNotAllThere: an element to delete was not in its set.
+var errNotAllThere = errors.New("not every element is in its set")
+
+// expiry is the timeout drop gives the elements it removes.
+const expiry = time.Millisecond
+
+// timeoutUpdates says whether drop tries timeouts first; tests turn it off
+// to take the path of kernels without element timeout updates.
+var timeoutUpdates = true
+
+// drop takes elements (by set name; each set's elements of one interface
+// index or more, ports included) out of the filter. Deleting elements
+// would make the plugin's exit wait: after a transaction that deletes
+// elements, the kernel holds the next close of an nftables socket in the
+// netns until an RCU grace period has passed (10-15 ms, and with
+// concurrent DELs several of them, up to 70 ms measured). So drop first
+// gives them a timeout of 1 ms (the sets have the timeout flag; ADD's
+// elements have none): they stop matching at once and the kernel's set
+// garbage collection frees them, with no wait. Older kernels (element
+// timeout updates came in Linux 6.1x) silently keep an existing element's
+// missing timeout; drop sees it (the ports element still there, without a
+// timeout) and deletes them, waiting as above.
+func (g guard) drop(elems map[string][]nftables.SetElement) error {
+	c, err := newNFT()
+	if err != nil {
+		return err
+	}
+	defer c.CloseLasting()
+	sets := g.sets(g.table())
+	for _, s := range sets {
+		if !timeoutUpdates {
+			break
+		}
+		var timed []nftables.SetElement
+		for _, e := range elems[s.Name] {
+			timed = append(timed, nftables.SetElement{Key: e.Key, Timeout: expiry})
+		}
+		if len(timed) == 0 {
+			continue
+		}
+		if err := c.SetAddElements(s, timed); err != nil {
+			return fmt.Errorf("nftables set %s: %w", s.Name, err)
+		}
+	}
+	where := familyName(g.family) + " " + contract.PodFilterTable
+	switch err := c.Flush(); {
+	case err != nil && isNFTNotFound(err):
+		return nil // no table or set: nothing to remove
+	case err == nil && len(elems[setPorts]) > 0:
+		found, timed, err := getElement(g.family, setPorts, elems[setPorts][0].Key)
+		if err != nil {
+			return fmt.Errorf("nftables table %s: %w", where, err)
+		}
+		if !found || timed {
+			return nil // expired already, or will in 1 ms
+		}
+	}
+	// the timeouts did not take (or failed): delete
+	for _, s := range sets {
+		if len(elems[s.Name]) > 0 {
+			if err := c.SetDeleteElements(s, elems[s.Name]); err != nil {
+				return fmt.Errorf("nftables set %s: %w", s.Name, err)
+			}
+		}
+	}
+	if err := c.Flush(); err != nil {
+		if isNFTNotFound(err) {
+			return errNotAllThere
+		}
+		return fmt.Errorf("delete elements from nftables table %s: %w", where, err)
+	}
+	return nil
+}
+
+// getElement looks key up in set of the filter (one request, no dump):
+// found is false when it is not there (or has expired), timed when it has
+// a timeout.
+func getElement(fam nftables.TableFamily, set string, key []byte) (found, timed bool, err error) {
+	conn, err := netlink.Dial(unix.NETLINK_NETFILTER, nil)
+	if err != nil {
+		return false, false, fmt.Errorf("netlink: %w", err)
+	}
+	defer conn.Close()
+	if err := conn.SetDeadline(time.Now().Add(nftTimeout)); err != nil {
+		return false, false, err
+	}
+	keyAttr, err := netlink.MarshalAttributes([]netlink.Attribute{{Type: unix.NFTA_DATA_VALUE, Data: key}})
+	if err != nil {
+		return false, false, err
+	}
+	elem, err := netlink.MarshalAttributes([]netlink.Attribute{{Type: unix.NLA_F_NESTED | unix.NFTA_SET_ELEM_KEY, Data: keyAttr}})
+	if err != nil {
+		return false, false, err
+	}
+	list, err := netlink.MarshalAttributes([]netlink.Attribute{{Type: unix.NLA_F_NESTED | unix.NFTA_LIST_ELEM, Data: elem}})
+	if err != nil {
+		return false, false, err
+	}
+	data, err := netlink.MarshalAttributes([]netlink.Attribute{
+		{Type: unix.NFTA_SET_ELEM_LIST_TABLE, Data: []byte(contract.PodFilterTable + "\x00")},
+		{Type: unix.NFTA_SET_ELEM_LIST_SET, Data: []byte(set + "\x00")},
+		{Type: unix.NLA_F_NESTED | unix.NFTA_SET_ELEM_LIST_ELEMENTS, Data: list},
+	})
+	if err != nil {
+		return false, false, err
+	}
+	msgs, err := conn.Execute(netlink.Message{
+		Header: netlink.Header{Type: netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_GETSETELEM), Flags: netlink.Request},
+		Data:   append([]byte{byte(fam), unix.NFNETLINK_V0, 0, 0}, data...),
+	})
+	if err != nil {
+		if isNFTNotFound(err) {
+			return false, false, nil
+		}
+		return false, false, fmt.Errorf("get element of set %s: %w", set, err)
+	}
+	for _, m := range msgs {
+		if len(m.Data) < 4 {
+			continue
+		}
+		found = true
+		timed = timed || hasTimeout(m.Data[4:])
+	}
+	return found, timed, nil
+}
+
+// hasTimeout reports whether a NEWSETELEM message's attributes carry an
+// element with a timeout or an expiration.
+func hasTimeout(b []byte) bool {
+	ad, err := netlink.NewAttributeDecoder(b)
+	if err != nil {
+		return false
+	}
+	timed := false
+	for ad.Next() {
+		if ad.Type() != unix.NFTA_SET_ELEM_LIST_ELEMENTS {
+			continue
+		}
+		ad.Nested(func(list *netlink.AttributeDecoder) error {
+			for list.Next() {
+				list.Nested(func(e *netlink.AttributeDecoder) error {
+					for e.Next() {
+						if t := e.Type(); t == unix.NFTA_SET_ELEM_TIMEOUT || t == unix.NFTA_SET_ELEM_EXPIRATION {
+							timed = true
+						}
+					}
+					return nil
+				})
+			}
+			return nil
+		})
+	}
+	return timed
+}
+
+// prune removes the elements of every interface index not in live (the
+// indexes of the node's links).
+func (g guard) prune(live map[int]bool) (int, error) {
+	return g.remove(func(i int) bool { return !live[i] })
+}
+
+// pruneGuard removes g's elements of every interface the node no longer
+// has (a pod whose DEL never came, a crash between a veth's deletion and
+// its elements').
+func pruneGuard(g guard) error {
+	links, err := netlinksafe.LinkList()
+	if err != nil {
+		return fmt.Errorf("list links: %w", err)
+	}
+	live := make(map[int]bool, len(links))
+	for _, l := range links {
+		live[l.Attrs().Index] = true
+	}
+	_, err = g.prune(live)
+	return err
+}
+
+// DeletePodFilter deletes the pod filter's tables (both families) from the
+// calling thread's netns, elements and counters with them; a missing table
+// is fine. It is for uninstalling podnet from a node: every pod left there
+// is then unfiltered.
+func DeletePodFilter() error {
+	c, err := newNFT()
+	if err != nil {
+		return err
+	}
+	defer c.CloseLasting()
+	for _, g := range []guard{routedGuard, bridgedGuard} {
+		c.DelTable(g.table())
+		if err := c.Flush(); err != nil && !isNFTNotFound(err) {
+			return fmt.Errorf("delete nftables table %s %s: %w", familyName(g.family), contract.PodFilterTable, err)
+		}
+	}
+	return nil
+}
+
+// verify says what of p's filter is missing: the chain's rules (as many as
+// install writes) and p's elements.
+func (g guard) verify(p guardedPort) error {
+	c, err := newNFT()
+	if err != nil {
+		return err
+	}
+	defer c.CloseLasting()
+	t := g.table()
+	where := familyName(g.family) + " " + contract.PodFilterTable
+	intact, err := g.intact(c)
+	if err != nil {
+		return err
+	}
+	if !intact {
+		return fmt.Errorf("nftables chain %s/%s does not hold the pod filter's rules (deleted, added or changed; the next ADD writes them again)", where, guardChain)
+	}
+	want := g.elements(p)
+	for _, s := range g.sets(t) {
+		if len(want[s.Name]) == 0 {
+			continue
+		}
+		elems, err := c.GetSetElements(s)
+		if err != nil {
+			return fmt.Errorf("nftables set %s/%s: %w", where, s.Name, err)
+		}
+		have := make(map[string]bool, len(elems))
+		for _, e := range elems {
+			have[string(e.Key)] = true
+		}
+		for _, e := range want[s.Name] {
+			if !have[string(e.Key)] {
+				return fmt.Errorf("nftables set %s/%s lacks the element %s of host veth index %d: the pod's packets are dropped", where, s.Name, describeKey(s.Name, e.Key), p.index)
+			}
+		}
+	}
+	return nil
+}
+
+// describeKey renders a key of the filter's sets for an error message.
+func describeKey(set string, key []byte) string {
+	i, _ := keyIndex(key)
+	switch set {
+	case setAddrs4, setAddrs6:
+		return fmt.Sprintf("%d . %s", i, net.IP(key[4:]))
+	case setMACs:
+		return fmt.Sprintf("%d . %s", i, net.HardwareAddr(key[4:10]))
+	}
+	return fmt.Sprint(i)
+}
+
+func isNFTNotFound(err error) bool {
+	// the nftables library flattens some errors into text (%v)
+	return errors.Is(err, unix.ENOENT) || errors.Is(err, os.ErrNotExist) || strings.Contains(err.Error(), unix.ENOENT.Error())
+}
+
+func familyName(f nftables.TableFamily) string {
+	if f == nftables.TableFamilyBridge {
+		return "bridge"
+	}
+	return "inet"
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// guardRule is one rule of the chain and its comment (shown by nft list).
+type guardRule struct {
+	comment string
+	exprs   []expr.Any
+}
+
+func (r guardRule) userData() []byte {
+	return userdata.AppendString(nil, userdata.TypeComment, r.comment)
+}
+
+// Registers: reg 1 holds a single value or the first field of a
+// concatenation (the interface index, 4 bytes); the second field starts at
+// the next 32-bit register, NFT_REG32_01.
+const (
+	reg1   = unix.NFT_REG_1
+	reg2nd = unix.NFT_REG32_01
+)
+
+// l3 is a network protocol as the chain tells it apart: meta nfproto in
+// the inet family, meta protocol (the EtherType, VLAN tag removed) in the
+// bridge family.
+type l3 int
+
+const (
+	l3IPv4 l3 = iota
+	l3IPv6
+	l3ARP
+)
+
+func (g guard) is(p l3) []expr.Any {
+	if g.l2() {
+		et := map[l3][]byte{l3IPv4: {0x08, 0x00}, l3IPv6: {0x86, 0xdd}, l3ARP: {0x08, 0x06}}[p]
+		return []expr.Any{
+			&expr.Meta{Key: expr.MetaKeyPROTOCOL, Register: reg1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: et},
+		}
+	}
+	nf := map[l3]byte{l3IPv4: unix.NFPROTO_IPV4, l3IPv6: unix.NFPROTO_IPV6}[p]
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: reg1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{nf}},
+	}
+}
+
+// icmp6Type matches ICMPv6 messages of type typ.
+func icmp6Type(typ byte) []expr.Any {
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{unix.IPPROTO_ICMPV6}},
+		&expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseTransportHeader, Offset: 0, Len: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{typ}},
+	}
+}
+
+// inSet looks up (iif . the len bytes at base+offset) in set; invert
+// matches when it is absent.
+func inSet(set string, base expr.PayloadBase, offset, length uint32, invert bool) []expr.Any {
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyIIF, Register: reg1},
+		&expr.Payload{DestRegister: reg2nd, Base: base, Offset: offset, Len: length},
+		&expr.Lookup{SourceRegister: reg1, SetName: set, Invert: invert},
+	}
+}
+
+// isLinkLocal6 matches when the 16 bytes at base+offset are in fe80::/10
+// (or, with invert, are not).
+func isLinkLocal6(base expr.PayloadBase, offset uint32, invert bool) []expr.Any {
+	mask := make([]byte, 16)
+	mask[0], mask[1] = 0xff, 0xc0
+	ll := make([]byte, 16)
+	ll[0], ll[1] = 0xfe, 0x80
+	op := expr.CmpOpEq
+	if invert {
+		op = expr.CmpOpNeq
+	}
+	return []expr.Any{
+		&expr.Payload{DestRegister: reg1, Base: base, Offset: offset, Len: 16},
+		&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 16, Mask: mask, Xor: make([]byte, 16)},
+		&expr.Cmp{Op: op, Register: reg1, Data: ll},
+	}
+}
+
+func count(counter string) []expr.Any {
+	return []expr.Any{&expr.Objref{Type: int(nftables.ObjTypeCounter), Name: counter}}
+}
+
+var (
+	accept = &expr.Verdict{Kind: expr.VerdictAccept}
+	drop   = &expr.Verdict{Kind: expr.VerdictDrop}
+)
+
+func join(parts ...[]expr.Any) []expr.Any {
+	var out []expr.Any
+	for _, p := range parts {
+		out = append(out, p...)
+	}
+	return out
+}
+
+// Header offsets the rules read.
+const (
+	ipv4Src    = 12 // IPv4 source address, network header
+	ipv6Src    = 8  // IPv6 source address, network header
+	arpSrcIP   = 14 // ARP sender protocol address (Ethernet/IPv4 ARP; the kernel drops any other), network header
+	etherSrc   = 6  // Ethernet source, link-layer header
+	ndTarget   = 8  // Neighbor Advertisement target address, ICMPv6 header
+	icmp6RA    = 134
+	icmp6NA    = 136
+	icmp6Redir = 137
+)
+
+// rules are the chain's rules, in order (see the top of this file).
+func (g guard) rules() []guardRule {
+	spoofed, raGuard := contract.PodFilterSpoofedCounter, contract.PodFilterRAGuardCounter
+	nh, th, ll := expr.PayloadBaseNetworkHeader, expr.PayloadBaseTransportHeader, expr.PayloadBaseLLHeader
+	rules := []guardRule{
+		{"not a pod's host veth", join([]expr.Any{
+			&expr.Meta{Key: expr.MetaKeyIIF, Register: reg1},
+			&expr.Lookup{SourceRegister: reg1, SetName: setPorts, Invert: true},
+		}, []expr.Any{accept})},
+	}
+	if g.l2() {
+		rules = append(rules, guardRule{"source MAC is not the pod's",
+			join(inSet(setMACs, ll, etherSrc, 6, true), count(spoofed), []expr.Any{drop})})
+	}
+	rules = append(rules,
+		guardRule{"router advertisement from a pod", join(g.is(l3IPv6), icmp6Type(icmp6RA), count(raGuard), []expr.Any{drop})},
+		guardRule{"redirect from a pod", join(g.is(l3IPv6), icmp6Type(icmp6Redir), count(raGuard), []expr.Any{drop})},
+		guardRule{"neighbor advertisement for an address not the pod's",
+			join(g.is(l3IPv6), icmp6Type(icmp6NA), isLinkLocal6(th, ndTarget, true), inSet(setAddrs6, th, ndTarget, 16, true), count(spoofed), []expr.Any{drop})},
+	)
+	if g.l2() {
+		rules = append(rules,
+			guardRule{"ARP probe", join(g.is(l3ARP), []expr.Any{
+				&expr.Payload{DestRegister: reg1, Base: nh, Offset: arpSrcIP, Len: 4},
+				&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{0, 0, 0, 0}},
+				accept,
+			})},
+			guardRule{"ARP from the pod's IPv4 address", join(g.is(l3ARP), inSet(setAddrs4, nh, arpSrcIP, 4, false), []expr.Any{accept})},
+			guardRule{"ARP from another address", join(g.is(l3ARP), count(spoofed), []expr.Any{drop})},
+		)
+	}
+	rules = append(rules,
+		guardRule{"IPv4 from the pod's address", join(g.is(l3IPv4), inSet(setAddrs4, nh, ipv4Src, 4, false), []expr.Any{accept})},
+		guardRule{"IPv4 from another address", join(g.is(l3IPv4), count(spoofed), []expr.Any{drop})},
+		guardRule{"IPv6 from a link-local address", join(g.is(l3IPv6), isLinkLocal6(nh, ipv6Src, false), []expr.Any{accept})},
+		guardRule{"ICMPv6 from :: (DAD, MLD)", join(g.is(l3IPv6), []expr.Any{
+			&expr.Payload{DestRegister: reg1, Base: nh, Offset: ipv6Src, Len: 16},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: make([]byte, 16)},
+			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{unix.IPPROTO_ICMPV6}},
+			accept,
+		})},
+		guardRule{"IPv6 from the pod's address", join(g.is(l3IPv6), inSet(setAddrs6, nh, ipv6Src, 16, false), []expr.Any{accept})},
+		guardRule{"IPv6 from another address", join(g.is(l3IPv6), count(spoofed), []expr.Any{drop})},
+	)
+	return rules
+}

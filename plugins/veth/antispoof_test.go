@@ -1,0 +1,118 @@
+package veth
+
+import (
+	"fmt"
+	"net"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/containernetworking/plugins/pkg/testutils"
+)
+
+// TestPodFilterDrop removes elements of the pod filter the ways DEL, GC and
+// ADD's rollback do, in a throwaway netns, for both families, on both paths
+// of drop: elements given a 1 ms timeout (kernels with element timeout
+// updates, this one), and deleted (older kernels, where the timeout update
+// is ignored: timeoutUpdates off takes the same path). Only the elements
+// of the ports removed go, and removing what is not there is no error.
+func TestPodFilterDrop(t *testing.T) {
+	for _, g := range []guard{routedGuard, bridgedGuard} {
+		for _, updates := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%s/timeout-updates=%v", familyName(g.family), updates), func(t *testing.T) {
+				saved := timeoutUpdates
+				timeoutUpdates = updates
+				t.Cleanup(func() { timeoutUpdates = saved })
+				n, err := testutils.NewNS()
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { _ = n.Close(); _ = testutils.UnmountNS(n) })
+				port := func(i int) guardedPort {
+					return guardedPort{index: i, ips: []net.IP{net.IPv4(10, 0, 0, byte(i)).To4(), net.ParseIP(fmt.Sprintf("fd00::%d", i))}, mac: net.HardwareAddr{2, 0, 0, 0, 0, byte(i)}}
+				}
+				err = n.Do(func(ns.NetNS) error {
+					for i := 1; i <= 5; i++ {
+						if err := g.install(port(i)); err != nil {
+							return err
+						}
+					}
+					steps := []struct {
+						what   string
+						do     func() error
+						remain []int
+					}{
+						{"removeExact (DEL with prevResult)", func() error { return g.removeExact(port(1)) }, []int{2, 3, 4, 5}},
+						{"removeExact again (nothing there)", func() error { return g.removeExact(port(1)) }, []int{2, 3, 4, 5}},
+						{"removeExact with an address the filter does not have", func() error {
+							p := port(2)
+							p.ips = append(p.ips, net.IPv4(10, 9, 9, 9).To4())
+							return g.removeExact(p)
+						}, []int{3, 4, 5}},
+						{"removePort (DEL without prevResult)", func() error { return g.removePort(3) }, []int{4, 5}},
+						{"prune (GC)", func() error { _, err := g.prune(map[int]bool{5: true}); return err }, []int{5}},
+					}
+					for _, s := range steps {
+						if err := s.do(); err != nil {
+							return fmt.Errorf("%s: %w", s.what, err)
+						}
+						var want []string
+						for _, i := range s.remain {
+							want = append(want, elementStrings(g, port(i))...)
+						}
+						slices.Sort(want)
+						var got []string
+						deadline := time.Now().Add(2 * time.Second)
+						for {
+							if got, err = filterElements(g); err != nil {
+								return err
+							}
+							if slices.Equal(got, want) || time.Now().After(deadline) {
+								break
+							}
+							time.Sleep(10 * time.Millisecond)
+						}
+						if !slices.Equal(got, want) {
+							t.Errorf("after %s: elements %v, want %v", s.what, got, want)
+						}
+					}
+					return nil
+				})
+				if err != nil {
+					t.Fatal(err)
+				}
+			})
+		}
+	}
+}
+
+func elementStrings(g guard, p guardedPort) []string {
+	var out []string
+	for set, elems := range g.elements(p) {
+		for _, e := range elems {
+			out = append(out, set+" "+describeKey(set, e.Key))
+		}
+	}
+	return out
+}
+
+func filterElements(g guard) ([]string, error) {
+	c, err := newNFT()
+	if err != nil {
+		return nil, err
+	}
+	defer c.CloseLasting()
+	var out []string
+	for _, s := range g.sets(g.table()) {
+		elems, err := c.GetSetElements(s)
+		if err != nil {
+			return nil, fmt.Errorf("list set %s: %w", s.Name, err)
+		}
+		for _, e := range elems {
+			out = append(out, s.Name+" "+describeKey(s.Name, e.Key))
+		}
+	}
+	slices.Sort(out)
+	return out, nil
+}
