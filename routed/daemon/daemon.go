@@ -74,7 +74,7 @@ type Daemon struct {
 	events         *eventSink
 	log            *slog.Logger
 	dp             *dataplane.Netlink
-	nat            dataplane.NAT
+	table          dataplane.Table
 	routes         dataplane.RouteCache
 	metrics        *Metrics
 	kick           chan struct{}
@@ -122,12 +122,17 @@ func New(cfg Config, nodes cache.ListerWatcher, log *slog.Logger) *Daemon {
 		nodesLW: nodes,
 		log:     log,
 		dp:      &dataplane.Netlink{Encap: cfg.Encap, VNI: cfg.VXLANVNI, Port: cfg.VXLANPort, MTU: cfg.MTU, Log: log},
+		table:   dataplane.Table{Log: log},
 		metrics: NewMetrics(),
 		kick:    make(chan struct{}, 1),
 	}
 	d.selfProblem.Store("")
 	d.metrics.contactAge = d.contactAge
 	d.metrics.unreachableFor = d.unreachableFor
+	d.metrics.TunnelDropped = prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "podnet_tunnel_dropped_total",
+		Help: "Encapsulated packets dropped: not from a Node, from a pod, or carrying a forged or transit inner packet (nft counter tunnel_dropped)."},
+		tunnelDropped(&d.table))
+	d.metrics.Registry.MustRegister(d.metrics.TunnelDropped)
 	return d
 }
 
@@ -196,6 +201,7 @@ type Metrics struct {
 	NodesRefused    *prometheus.GaugeVec
 	ObjectRepairs   *prometheus.CounterVec // podnet_repairs_total{object} (repair.go)
 	SysctlErrors    *prometheus.CounterVec // podnet_sysctl_errors_total{name}
+	TunnelDropped   prometheus.CounterFunc // registered by New (it reads the daemon's table)
 
 	contactAge, unreachableFor func() float64
 }
@@ -228,6 +234,18 @@ func call(f func() float64) float64 {
 		return 0
 	}
 	return f()
+}
+
+// tunnelDropped reads the tunnel filter's drop counter for a scrape; a
+// failed read answers the last value read.
+func tunnelDropped(t *dataplane.Table) func() float64 {
+	var last atomic.Uint64
+	return func() float64 {
+		if v, err := t.TunnelDropped(); err == nil {
+			last.Store(v)
+		}
+		return float64(last.Load())
+	}
 }
 
 // Handler serves /healthz, /readyz and /metrics.
@@ -568,12 +586,7 @@ func (d *Daemon) applyNodes(lister listersv1.NodeLister) (own, remote error) {
 		if !ok {
 			return d.apply(lister, "node")
 		}
-		delta.Upsert = append(delta.Upsert, dd.Upsert...)
-		delta.Remove = append(delta.Remove, dd.Remove...)
-		delta.SetNeighbors = append(delta.SetNeighbors, dd.SetNeighbors...)
-		delta.DelNeighbors = append(delta.DelNeighbors, dd.DelNeighbors...)
-		delta.AddFDBs = append(delta.AddFDBs, dd.AddFDBs...)
-		delta.DelFDBs = append(delta.DelFDBs, dd.DelFDBs...)
+		delta.Merge(dd)
 	}
 	d.refusals.sync(d.plan.Refused(), d.plan.TakeRefusalChanges(), nodeExists(lister))
 	d.metrics.RoutesDesired.Set(float64(d.plan.Routes()))
@@ -582,6 +595,10 @@ func (d *Daemon) applyNodes(lister listersv1.NodeLister) (own, remote error) {
 		return nil, nil
 	}
 	var errs []error
+	// the tunnel filter takes a new Node's packets before its route exists
+	if err := d.table.AddPeers(delta.AddPeers, delta.AddRemote); err != nil {
+		errs = append(errs, err)
+	}
 	changed := 0
 	if len(delta.Upsert)+len(delta.Remove) > 0 { // a VXLAN Node's move changes its FDB entry only
 		var programmed int
@@ -596,6 +613,10 @@ func (d *Daemon) applyNodes(lister listersv1.NodeLister) (own, remote error) {
 		if err := dataplane.ApplyVXLANDelta(delta.SetNeighbors, delta.DelNeighbors, delta.AddFDBs, delta.DelFDBs); err != nil {
 			errs = append(errs, err)
 		}
+	}
+	// and drops a gone Node's only once its route is gone
+	if err := d.table.RemovePeers(delta.DelPeers, delta.DelRemote); err != nil {
+		errs = append(errs, err)
 	}
 	d.log.Debug("routes applied", "trigger", "node", "nodes", len(names), "changed", changed, "routes", d.plan.Routes())
 	if len(errs) > 0 {
@@ -683,6 +704,21 @@ func (d *Daemon) apply(lister listersv1.NodeLister, why string) (own, remote err
 	// node from working: the other steps still run and the errors are
 	// reported together.
 	var remoteErrs []error
+	// The nft table (masquerade, tunnel filter) before the routes: a new
+	// Node's packets are let in before its route exists. While this
+	// node's own Node cannot be used, its last PodCIDRs (its pods are
+	// still there) and the peers keep following the other Nodes.
+	spec := dataplane.TableSpec{Masquerade: d.cfg.Masquerade, ClusterCIDRs: d.cfg.ClusterCIDRs,
+		Encap: d.cfg.Encap, VXLANPort: d.cfg.VXLANPort}
+	if d.lastSelf != nil {
+		spec.LocalPodCIDRs = d.lastSelf.PodCIDRs
+	}
+	spec.Peers, spec.RemotePodCIDRs = plan.Peers()
+	if repaired, err := d.table.Apply(spec, why == "periodic resync"); err != nil {
+		errs = append(errs, err)
+	} else if repaired {
+		d.countRepair(RepairNFTTable, 1, "nft table inet "+contract.NFTable)
+	}
 	// (LocalNetwork read the table just now when dump; a tunnel device
 	// re-created or brought up has lost its routes silently since)
 	changed, programmed, err := dataplane.ApplyRoutes(st.Routes, &d.routes, deviceReset)
@@ -697,11 +733,6 @@ func (d *Daemon) apply(lister listersv1.NodeLister, why string) (own, remote err
 		}
 	}
 	d.countApplyRepairs(repairing, changed, vxlanChanges)
-	if d.cfg.Masquerade && st.Self != nil {
-		if err := d.nat.Apply(st.Self.PodCIDRs, d.cfg.ClusterCIDRs, why == "periodic resync"); err != nil {
-			errs = append(errs, err)
-		}
-	}
 	if err := d.writeState(st.Self, st.SelfProblem, underlay); err != nil {
 		errs = append(errs, err)
 	}
@@ -828,7 +859,7 @@ func findNode(nodes []desired.Node, name string) *desired.Node {
 // VXLAN device, the nft table and the node state file.
 func Cleanup(stateDir string) error {
 	var errs []error
-	errs = append(errs, dataplane.Cleanup(), dataplane.DeleteNAT())
+	errs = append(errs, dataplane.Cleanup(), dataplane.DeleteTable())
 	if err := nodestate.Remove(stateDir); err != nil {
 		errs = append(errs, err)
 	}

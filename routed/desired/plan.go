@@ -21,9 +21,12 @@ type Plan struct {
 	// two Nodes with one address) cannot be patched one Node at a time
 	routeClaims map[netip.Prefix]int
 	fdbClaims   map[FDB]int
-	routes      int // remote routes
-	blackholes  int
-	skipped     int
+	// how many Nodes with a route have each address (the tunnel filter's
+	// peers)
+	peerClaims map[netip.Addr]int
+	routes     int // remote routes
+	blackholes int
+	skipped    int
 	// claims are the PodCIDRs and address each Node holds in v.taken and
 	// v.ips (it passed the cluster-wide checks and won every conflict)
 	claims map[string]Node
@@ -42,11 +45,35 @@ type Delta struct {
 	DelNeighbors []Neighbor
 	AddFDBs      []FDB
 	DelFDBs      []FDB
+	// The tunnel filter's changes: the addresses of Nodes this node now
+	// routes to (AddPeers, written before the routes) or no longer does
+	// (DelPeers, after), and their PodCIDRs.
+	AddPeers  []netip.Addr
+	DelPeers  []netip.Addr
+	AddRemote []netip.Prefix
+	DelRemote []netip.Prefix
+}
+
+// Merge appends o, the delta of a later Update, to d. A peer or PodCIDR d
+// removes and o adds back (an address or PodCIDR handed from one Node to
+// another) is not removed: AddPeers are written before DelPeers.
+func (d *Delta) Merge(o Delta) {
+	d.Upsert = append(d.Upsert, o.Upsert...)
+	d.Remove = append(d.Remove, o.Remove...)
+	d.SetNeighbors = append(d.SetNeighbors, o.SetNeighbors...)
+	d.DelNeighbors = append(d.DelNeighbors, o.DelNeighbors...)
+	d.AddFDBs = append(d.AddFDBs, o.AddFDBs...)
+	d.DelFDBs = append(d.DelFDBs, o.DelFDBs...)
+	d.AddPeers = append(d.AddPeers, o.AddPeers...)
+	d.AddRemote = append(d.AddRemote, o.AddRemote...)
+	d.DelPeers = append(slices.DeleteFunc(d.DelPeers, func(a netip.Addr) bool { return slices.Contains(o.AddPeers, a) }), o.DelPeers...)
+	d.DelRemote = append(slices.DeleteFunc(d.DelRemote, func(p netip.Prefix) bool { return slices.Contains(o.AddRemote, p) }), o.DelRemote...)
 }
 
 // Empty tells whether d changes nothing.
 func (d Delta) Empty() bool {
-	return len(d.Upsert)+len(d.Remove)+len(d.SetNeighbors)+len(d.DelNeighbors)+len(d.AddFDBs)+len(d.DelFDBs) == 0
+	return len(d.Upsert)+len(d.Remove)+len(d.SetNeighbors)+len(d.DelNeighbors)+len(d.AddFDBs)+len(d.DelFDBs)+
+		len(d.AddPeers)+len(d.DelPeers)+len(d.AddRemote)+len(d.DelRemote) == 0
 }
 
 // NewPlan validates the Nodes (Validate, with this node's network as
@@ -59,6 +86,7 @@ func NewPlan(cfg Config, local Local, nodes []Node, onLink OnLink) (*Plan, State
 		byNode:         make(map[string]Contribution, len(nodes)),
 		routeClaims:    make(map[netip.Prefix]int, len(nodes)),
 		fdbClaims:      map[FDB]int{},
+		peerClaims:     map[netip.Addr]int{},
 		claims:         map[string]Node{},
 		refusalChanges: map[string]bool{},
 	}
@@ -101,6 +129,35 @@ func (p *Plan) Routes() int { return p.routes + p.blackholes }
 // Skipped is how many PodCIDRs or Nodes the plan leaves out.
 func (p *Plan) Skipped() int { return p.skipped }
 
+// Peers are the addresses of the remote Nodes the plan routes to and
+// their PodCIDRs, unsorted: what the tunnel filter accepts.
+func (p *Plan) Peers() ([]netip.Addr, []netip.Prefix) {
+	peers := make([]netip.Addr, 0, len(p.peerClaims))
+	for a := range p.peerClaims {
+		peers = append(peers, a)
+	}
+	var cidrs []netip.Prefix
+	for _, c := range p.byNode {
+		for _, r := range c.Routes {
+			cidrs = append(cidrs, r.Dst)
+		}
+	}
+	return peers, cidrs
+}
+
+// peerOf is the underlay address of the Node that contributes c, when it
+// has a route: its VXLAN FDB entry's destination, else its routes' next
+// hop (IPIP, direct).
+func peerOf(c Contribution) netip.Addr {
+	switch {
+	case len(c.Routes) == 0:
+		return netip.Addr{}
+	case len(c.FDBs) > 0:
+		return c.FDBs[0].Dst
+	}
+	return c.Routes[0].Gw
+}
+
 func (p *Plan) put(name string, c Contribution) {
 	p.byNode[name] = c
 	p.routes += len(c.Routes)
@@ -110,6 +167,9 @@ func (p *Plan) put(name string, c Contribution) {
 	}
 	for _, f := range c.FDBs {
 		p.fdbClaims[f]++
+	}
+	if a := peerOf(c); a.IsValid() {
+		p.peerClaims[a]++
 	}
 }
 
@@ -129,6 +189,11 @@ func (p *Plan) drop(name string) {
 	for _, f := range c.FDBs {
 		if p.fdbClaims[f]--; p.fdbClaims[f] == 0 {
 			delete(p.fdbClaims, f)
+		}
+	}
+	if a := peerOf(c); a.IsValid() {
+		if p.peerClaims[a]--; p.peerClaims[a] == 0 {
+			delete(p.peerClaims, a)
 		}
 	}
 }
@@ -180,10 +245,27 @@ func (p *Plan) Update(name string, n *Node) (d Delta, ok bool) {
 	d.Upsert, d.Remove = changes(old.Routes, next.Routes, func(r Route) netip.Prefix { return r.Dst })
 	d.SetNeighbors, d.DelNeighbors = changes(old.Neighbors, next.Neighbors, func(n Neighbor) netip.Addr { return n.IP })
 	d.AddFDBs, d.DelFDBs = changes(old.FDBs, next.FDBs, func(f FDB) FDB { return f })
+	for _, r := range d.Upsert {
+		if !slices.ContainsFunc(old.Routes, func(o Route) bool { return o.Dst == r.Dst }) {
+			d.AddRemote = append(d.AddRemote, r.Dst)
+		}
+	}
+	for _, r := range d.Remove {
+		d.DelRemote = append(d.DelRemote, r.Dst)
+	}
 
 	p.drop(name)
 	if n != nil {
 		p.put(name, next)
+	}
+	// an address another Node routed through too stays a peer
+	if was, is := peerOf(old), peerOf(next); was != is {
+		if was.IsValid() && p.peerClaims[was] == 0 {
+			d.DelPeers = append(d.DelPeers, was)
+		}
+		if is.IsValid() && p.peerClaims[is] == 1 {
+			d.AddPeers = append(d.AddPeers, is)
+		}
 	}
 	if old, had := p.claims[name]; had {
 		p.unclaim(old)

@@ -171,6 +171,8 @@ func TestPlanUpdateTouchesOnlyThatNode(t *testing.T) {
 		SetNeighbors: []Neighbor{neigh("10.244.1.0", "192.168.1.20")},
 		AddFDBs:      []FDB{fdb("192.168.1.20")},
 		DelFDBs:      []FDB{fdb("192.168.1.2")},
+		AddPeers:     []netip.Addr{addr("192.168.1.20")}, // the tunnel filter's
+		DelPeers:     []netip.Addr{addr("192.168.1.2")},
 	}
 	if fmt.Sprint(d) != fmt.Sprint(want) {
 		t.Fatalf("moving b:\n got  %+v\n want %+v", d, want)

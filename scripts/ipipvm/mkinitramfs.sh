@@ -23,8 +23,10 @@ kver=$(ls "$kdir/lib/modules")
 mods=$kdir/lib/modules/$kver
 # crc32c_generic: libcrc32c (nf_tables, nf_conntrack) needs a crc32c
 # implementation, a soft dependency modules.dep does not list. nft_objref:
-# the plugins' pod filter counts its drops in named counters.
-modules=${IPIPVM_MODULES:-"ipip veth bridge e1000 nft_chain_nat nft_masq nft_objref crc32c_generic"}
+# the plugins' pod filter and podnet-routed's tunnel filter count their
+# drops in named counters; nft_fib_inet: the tunnel filter's fib daddr
+# type local.
+modules=${IPIPVM_MODULES:-"ipip veth bridge e1000 nft_chain_nat nft_masq nft_objref nft_fib_inet crc32c_generic"}
 load=${IPIPVM_LOAD:-"e1000"}
 busybox=$(command -v busybox || true)
 [ -n "$busybox" ] || { echo "busybox missing: apt-get install busybox-static" >&2; exit 1; }

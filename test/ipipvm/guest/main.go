@@ -115,6 +115,7 @@ func (g *guest) run() error {
 		{"pod-to-pod traffic through tunl0", g.traffic},
 		{"pod egress through podnet-routed's masquerade", g.egress},
 		{"route repair", g.repair},
+		{"tunnel filter: IPIP only from Nodes", g.tunnelFilter},
 		{"node deletion through the API server", g.deleteNode},
 		{"delete pods", g.deletePods},
 	}

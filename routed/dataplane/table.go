@@ -1,0 +1,500 @@
+package dataplane
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
+	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/podnet/podnet/internal/contract"
+)
+
+// nftTimeout bounds one nftables transaction. The nftables library waits
+// for one acknowledgement per message of a batch; when the kernel aborts
+// a batch and answers once (seen while several netns load nf_tables'
+// modules at the same moment, in a VM), that wait never ends and the
+// daemon would stop (no node state written, no resync). With a deadline
+// the transaction fails, the error is reported, and the next resync
+// retries.
+const nftTimeout = 10 * time.Second
+
+// nftSendBuffer is the send buffer of an nftables connection: a whole
+// transaction is one sendmsg, and the table of a 10,000-Node cluster is
+// about 1 MiB (the kernel's default buffer takes 200 KiB). It is a limit,
+// not an allocation.
+const nftSendBuffer = 16 << 20
+
+// setElementsPerMessage bounds the elements of one message: their list is
+// one netlink attribute, whose length is 16 bits (an IPv6 interval
+// element takes about 40 bytes).
+const setElementsPerMessage = 1000
+
+// newNFT opens an nftables connection whose reads and writes give up
+// after nftTimeout, with room for a large transaction. Each of its
+// operations opens and closes a socket of its own.
+func newNFT() (*nftables.Conn, error) {
+	return nftables.New(nftables.WithSockOptions(func(c *netlink.Conn) error {
+		if err := c.SetDeadline(time.Now().Add(nftTimeout)); err != nil {
+			return err
+		}
+		return setSendBuffer(c)
+	}))
+}
+
+// setSendBuffer gives c room for a whole transaction.
+func setSendBuffer(c *netlink.Conn) error {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var serr error
+	if err := rc.Control(func(fd uintptr) {
+		// FORCE passes net.core.wmem_max (CAP_NET_ADMIN, which
+		// writing nftables needs anyway); else as much as allowed
+		if serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, nftSendBuffer); serr != nil {
+			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUF, nftSendBuffer)
+		}
+	}); err != nil {
+		return err
+	}
+	return serr
+}
+
+// addElements queues adding (or, with del, deleting) elems to set s, in
+// messages of at most setElementsPerMessage elements.
+func addElements(c *nftables.Conn, s *nftables.Set, elems []nftables.SetElement, del bool) error {
+	for chunk := range slices.Chunk(elems, setElementsPerMessage) {
+		op := c.SetAddElements
+		if del {
+			op = c.SetDeleteElements
+		}
+		if err := op(s, chunk); err != nil {
+			return fmt.Errorf("nftables set %s: %w", s.Name, err)
+		}
+	}
+	return nil
+}
+
+func podnetTable() *nftables.Table {
+	return &nftables.Table{Family: nftables.TableFamilyINet, Name: contract.NFTable}
+}
+
+// Table keeps podnet-routed's one nft table, `inet podnet` (see
+// tablerules.go for its content), in line with a TableSpec:
+//   - Apply writes the whole table in one transaction (add, delete,
+//     re-create) when the spec changed, or, with verify, when what the
+//     kernel holds is not what was written (someone deleted or edited the
+//     table, a chain, a rule, a set, an element);
+//   - AddPeers and RemovePeers change the tunnel filter's sets by their
+//     elements only, one transaction each, for a Node event.
+//
+// There is no table at all when the spec wants neither masquerade nor a
+// tunnel filter. The zero Table is ready; it is safe for concurrent use.
+type Table struct {
+	Log *slog.Logger
+
+	mu sync.Mutex
+	// spec is what the kernel holds (canonical): the last full write and
+	// the deltas since. nil: not known (nothing written yet, or a write
+	// failed), so the next Apply writes everything.
+	spec *TableSpec
+	// written is the table's structure (tableStructure) read back after
+	// the last full write: what verify compares the kernel's with.
+	written []string
+	// nested: spec's RemotePodCIDRs overlap (see change)
+	nested bool
+	// conn is the Table's one nftables socket (nl underneath), kept open:
+	// closing a netfilter socket while the kernel still has deleted set
+	// elements to free waits for them (an RCU grace period, ~10 ms) with
+	// nf_tables' commit lock held, which would delay the next Node
+	// event's transaction. nil: dialed at the next use.
+	conn *nftables.Conn
+	nl   *netlink.Conn
+}
+
+// nft returns the Table's socket, dialed when needed, with a deadline of
+// nftTimeout for what the caller does now. Callers hold t.mu.
+func (t *Table) nft() (*nftables.Conn, error) {
+	if t.conn == nil {
+		var nl *netlink.Conn
+		c, err := nftables.New(nftables.AsLasting(), nftables.WithSockOptions(func(c *netlink.Conn) error {
+			nl = c
+			return setSendBuffer(c)
+		}))
+		if err != nil {
+			return nil, fmt.Errorf("nftables: %w", err)
+		}
+		t.conn, t.nl = c, nl
+	}
+	if err := t.nl.SetDeadline(time.Now().Add(nftTimeout)); err != nil {
+		t.closeConn()
+		return nil, fmt.Errorf("nftables: %w", err)
+	}
+	return t.conn, nil
+}
+
+// Close closes the Table's socket (a later use dials again).
+func (t *Table) Close() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.closeConn()
+}
+
+// closeConn drops the socket after an error: whatever it was in the
+// middle of is not read as the answer to the next request.
+func (t *Table) closeConn() {
+	if t.conn != nil {
+		_ = t.conn.CloseLasting()
+	}
+	t.conn, t.nl = nil, nil
+}
+
+func (t *Table) log() *slog.Logger {
+	if t.Log == nil {
+		return slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	return t.Log
+}
+
+// Apply makes the table spec's: a full, atomic write when spec differs
+// from what was written last, or, with verify, when the kernel's table
+// differs from it in any way (structure or set elements). repaired says
+// that verify found the kernel's table changed behind podnet-routed's
+// back and wrote it again.
+func (t *Table) Apply(spec TableSpec, verify bool) (repaired bool, err error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	want := spec.canonical()
+	why := ""
+	if t.spec != nil && t.spec.equal(want) {
+		if !verify {
+			return false, nil
+		}
+		why, err = t.differs(want)
+		if err != nil {
+			why = err.Error()
+			t.closeConn()
+		}
+		if why == "" {
+			return false, nil
+		}
+	}
+	if err := t.write(want); err != nil {
+		t.spec, t.written = nil, nil
+		t.closeConn()
+		return false, err
+	}
+	if why != "" {
+		t.log().Info("nft table repaired", "table", "inet "+contract.NFTable, "why", why)
+	}
+	return why != "", nil
+}
+
+// write replaces the table with want's in one transaction, then reads
+// back its structure for verify.
+func (t *Table) write(want TableSpec) error {
+	c, err := t.nft()
+	if err != nil {
+		return err
+	}
+	if want.empty() {
+		if err := deleteTable(c); err != nil {
+			return err
+		}
+		t.spec, t.written = &want, nil
+		return nil
+	}
+	def := buildTable(want)
+	table := podnetTable()
+	var kept expr.Counter
+	if def.counter {
+		// the counter outlives the rewrite: podnet_tunnel_dropped_total
+		// must not go back to 0 because a Node came or went
+		kept, _, _ = readCounter(c)
+	}
+	c.AddTable(table)
+	c.DelTable(table)
+	c.AddTable(table)
+	if def.counter {
+		c.AddObj(&nftables.NamedObj{Table: table, Name: CounterTunnelDropped, Type: nftables.ObjTypeCounter, Obj: &kept})
+	}
+	ids := map[string]uint32{}
+	for _, d := range def.sets {
+		s := d.set(table)
+		if err := c.AddSet(s, nil); err != nil {
+			return fmt.Errorf("nftables set %s: %w", d.name, err)
+		}
+		if err := addElements(c, s, d.elems, false); err != nil {
+			return err
+		}
+		ids[s.Name] = s.ID
+	}
+	chains := map[string]*nftables.Chain{}
+	for _, d := range def.chains {
+		ch := d.chain
+		ch.Table = table
+		chains[ch.Name] = c.AddChain(&ch)
+	}
+	for _, d := range def.chains {
+		for _, r := range d.rules {
+			for _, e := range r {
+				if l, ok := e.(*expr.Lookup); ok {
+					l.SetID = ids[l.SetName]
+				}
+			}
+			c.AddRule(&nftables.Rule{Table: table, Chain: chains[d.chain.Name], Exprs: r})
+		}
+	}
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("write nftables table %s: %w", contract.NFTable, err)
+	}
+	written, err := tableStructure(t.nl)
+	if err != nil {
+		return fmt.Errorf("read back nftables table %s: %w", contract.NFTable, err)
+	}
+	if written == nil {
+		return fmt.Errorf("nftables table %s gone right after it was written", contract.NFTable)
+	}
+	t.spec, t.written, t.nested = &want, written, nested(want.RemotePodCIDRs)
+	return nil
+}
+
+// differs compares the kernel's table with what was written for want and
+// says how it differs ("" when it does not).
+func (t *Table) differs(want TableSpec) (string, error) {
+	c, err := t.nft()
+	if err != nil {
+		return "", err
+	}
+	have, err := tableStructure(t.nl)
+	if err != nil {
+		return "", err
+	}
+	if want.empty() {
+		if have != nil {
+			return "table present, none wanted", nil
+		}
+		return "", nil
+	}
+	if have == nil {
+		return "table missing", nil
+	}
+	if d := structureDiff(t.written, have); d != "" {
+		return d, nil
+	}
+	table := podnetTable()
+	for _, d := range buildTable(want).sets {
+		got, err := c.GetSetElements(d.set(table))
+		if err != nil {
+			return fmt.Sprintf("set %s: %v", d.name, err), nil
+		}
+		if diff := elementsDiff(d.elems, got); diff != "" {
+			return fmt.Sprintf("set %s: %s", d.name, diff), nil
+		}
+	}
+	return "", nil
+}
+
+// AddPeers adds remote Nodes (their addresses and PodCIDRs) to the tunnel
+// filter's sets, in one transaction: call it before their routes are
+// written, so that their first packets are not dropped.
+func (t *Table) AddPeers(peers []netip.Addr, cidrs []netip.Prefix) error {
+	return t.change(sortedAddrs(peers), sortedPrefixes(cidrs), nil, nil)
+}
+
+// RemovePeers removes remote Nodes from the tunnel filter's sets, in one
+// transaction: call it after their routes are removed.
+func (t *Table) RemovePeers(peers []netip.Addr, cidrs []netip.Prefix) error {
+	return t.change(nil, nil, sortedAddrs(peers), sortedPrefixes(cidrs))
+}
+
+// change adds and removes peers and PodCIDRs in the spec the kernel holds
+// and writes the elements that change, in one transaction. With no table
+// written yet (or no tunnel filter) there is nothing to change: the next
+// Apply writes it whole. Its cost is that of the change (a binary search
+// per item), not of the cluster, unless PodCIDRs overlap (the validation
+// refuses that): then the sets are compared whole.
+func (t *Table) change(addPeers []netip.Addr, addCIDRs []netip.Prefix, delPeers []netip.Addr, delCIDRs []netip.Prefix) error {
+	if len(addPeers)+len(addCIDRs)+len(delPeers)+len(delCIDRs) == 0 {
+		return nil
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.spec == nil || !t.spec.tunnel() {
+		return nil
+	}
+	c, err := t.nft()
+	if err != nil {
+		return err
+	}
+	table := podnetTable()
+	sets := map[string]*nftables.Set{}
+	set := func(base string, v6 bool) *nftables.Set {
+		name := setName(base, v6)
+		if sets[name] == nil {
+			sets[name] = setDef{name: name, v6: v6, interval: base != setPeers}.set(table)
+		}
+		return sets[name]
+	}
+	type op struct {
+		s    *nftables.Set
+		e    []nftables.SetElement
+		del  bool
+		prio int // deletions first: a freed interval may be taken again
+	}
+	var ops []op
+	next, ok := *t.spec, true
+	next.Peers, next.RemotePodCIDRs = slices.Clone(next.Peers), slices.Clone(next.RemotePodCIDRs)
+	for _, a := range delPeers {
+		if i, found := slices.BinarySearchFunc(next.Peers, a, netip.Addr.Compare); found {
+			next.Peers = slices.Delete(next.Peers, i, i+1)
+			ops = append(ops, op{set(setPeers, a.Is6()), addrElements([]netip.Addr{a}, a.Is6()), true, 0})
+		}
+	}
+	for _, p := range delCIDRs {
+		i, found := slices.BinarySearchFunc(next.RemotePodCIDRs, p, comparePrefixes)
+		if !found {
+			continue
+		}
+		if (i > 0 && next.RemotePodCIDRs[i-1].Overlaps(p)) || (i+1 < len(next.RemotePodCIDRs) && next.RemotePodCIDRs[i+1].Overlaps(p)) {
+			ok = false
+		}
+		next.RemotePodCIDRs = slices.Delete(next.RemotePodCIDRs, i, i+1)
+		ops = append(ops, op{set(setRemote, p.Addr().Is6()), intervalElements([]netip.Prefix{p}, p.Addr().Is6()), true, 0})
+	}
+	for _, a := range addPeers {
+		if i, found := slices.BinarySearchFunc(next.Peers, a, netip.Addr.Compare); !found {
+			next.Peers = slices.Insert(next.Peers, i, a)
+			ops = append(ops, op{set(setPeers, a.Is6()), addrElements([]netip.Addr{a}, a.Is6()), false, 1})
+		}
+	}
+	for _, p := range addCIDRs {
+		i, found := slices.BinarySearchFunc(next.RemotePodCIDRs, p, comparePrefixes)
+		if found {
+			continue
+		}
+		if (i > 0 && next.RemotePodCIDRs[i-1].Overlaps(p)) || (i < len(next.RemotePodCIDRs) && next.RemotePodCIDRs[i].Overlaps(p)) {
+			ok = false
+		}
+		next.RemotePodCIDRs = slices.Insert(next.RemotePodCIDRs, i, p)
+		ops = append(ops, op{set(setRemote, p.Addr().Is6()), intervalElements([]netip.Prefix{p}, p.Addr().Is6()), false, 1})
+	}
+	if !ok || t.nested {
+		// overlapping PodCIDRs: an interval set holds the outer one only
+		// (intervalElements), so compare the sets whole
+		ops = nil
+		before, after := tunnelSets(*t.spec), tunnelSets(next)
+		for i := range after {
+			del, add := elementChanges(before[i].elems, after[i].elems)
+			s := after[i].set(table)
+			ops = append(ops, op{s, del, true, 0}, op{s, add, false, 1})
+		}
+	}
+	slices.SortStableFunc(ops, func(a, b op) int { return a.prio - b.prio })
+	writes := 0
+	for _, o := range ops {
+		if err := addElements(c, o.s, o.e, o.del); err != nil {
+			t.spec, t.written = nil, nil
+			t.closeConn()
+			return err
+		}
+		writes += len(o.e)
+	}
+	if writes > 0 {
+		if err := c.Flush(); err != nil {
+			// the kernel's sets are not known any more: the next Apply
+			// writes the whole table
+			t.spec, t.written = nil, nil
+			t.closeConn()
+			return fmt.Errorf("update nftables table %s's peers: %w", contract.NFTable, err)
+		}
+	}
+	t.spec, t.nested = &next, nested(next.RemotePodCIDRs)
+	return nil
+}
+
+// nested tells whether any of prefixes (sorted) overlap: then one of them
+// overlaps the next.
+func nested(prefixes []netip.Prefix) bool {
+	for i := 1; i < len(prefixes); i++ {
+		if prefixes[i-1].Overlaps(prefixes[i]) {
+			return true
+		}
+	}
+	return false
+}
+
+// TunnelDropped is the number of encapsulated packets the table dropped
+// (its counter tunnel_dropped): 0 without a table.
+func (t *Table) TunnelDropped() (uint64, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	c, err := t.nft()
+	if err != nil {
+		return 0, err
+	}
+	v, found, err := readCounter(c)
+	if err != nil {
+		t.closeConn()
+		return 0, err
+	}
+	if !found {
+		return 0, nil
+	}
+	return v.Packets, nil
+}
+
+// readCounter reads the table's counter; found is false without one.
+func readCounter(c *nftables.Conn) (expr.Counter, bool, error) {
+	o, err := c.GetObject(&nftables.NamedObj{Table: podnetTable(), Name: CounterTunnelDropped, Type: nftables.ObjTypeCounter})
+	if isNFTNotFound(err) {
+		return expr.Counter{}, false, nil
+	}
+	if err != nil {
+		return expr.Counter{}, false, fmt.Errorf("read nftables counter %s: %w", CounterTunnelDropped, err)
+	}
+	if n, ok := o.(*nftables.NamedObj); ok {
+		if v, ok := n.Obj.(*expr.Counter); ok {
+			return *v, true, nil
+		}
+	}
+	return expr.Counter{}, false, fmt.Errorf("nftables object %s is not a counter", CounterTunnelDropped)
+}
+
+func isNFTNotFound(err error) bool {
+	return err != nil && (errors.Is(err, unix.ENOENT) || strings.Contains(err.Error(), "no such file"))
+}
+
+// DeleteTable removes podnet's table; a missing table is fine.
+func DeleteTable() error {
+	c, err := newNFT()
+	if err != nil {
+		return fmt.Errorf("nftables: %w", err)
+	}
+	return deleteTable(c)
+}
+
+func deleteTable(c *nftables.Conn) error {
+	tables, err := c.ListTablesOfFamily(nftables.TableFamilyINet)
+	if err != nil {
+		return fmt.Errorf("list nftables tables: %w", err)
+	}
+	if !slices.ContainsFunc(tables, func(t *nftables.Table) bool { return t.Name == contract.NFTable }) {
+		return nil
+	}
+	c.DelTable(podnetTable())
+	if err := c.Flush(); err != nil && !isNFTNotFound(err) {
+		return fmt.Errorf("delete nftables table %s: %w", contract.NFTable, err)
+	}
+	return nil
+}
