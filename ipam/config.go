@@ -90,9 +90,20 @@ type PodCIDRSource func() ([]netip.Prefix, error)
 // Every PodCIDR of the file must pass nodestate.CheckPodCIDR: a file with
 // an absurd one is not trusted for any of them. Those errors wrap
 // nodestate.ErrBadPodCIDR and name the file and the value.
-func NodeStatePodCIDRs(dir string) PodCIDRSource {
+func NodeStatePodCIDRs(dir string) PodCIDRSource { return nodeStatePodCIDRs(dir, false) }
+
+// NodeStatePodCIDRsToRelease is NodeStatePodCIDRs for the verbs that hand
+// out nothing (DEL, CHECK, GC): a node.json that says the node cannot host
+// new pods still names the PodCIDRs its pods have their addresses from.
+func NodeStatePodCIDRsToRelease(dir string) PodCIDRSource { return nodeStatePodCIDRs(dir, true) }
+
+func nodeStatePodCIDRs(dir string, unusableToo bool) PodCIDRSource {
 	return func() ([]netip.Prefix, error) {
-		st, err := nodestate.Read(dir)
+		read := nodestate.Read
+		if unusableToo {
+			read = nodestate.ReadFile
+		}
+		st, err := read(dir)
 		if err != nil {
 			// not ErrNodeUnusable: DEL takes ErrPodCIDRUnknown for "nothing
 			// was ever allocated", and this node's PodCIDR was known

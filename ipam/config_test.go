@@ -862,3 +862,22 @@ func TestVerbsNodeAddrFamilies(t *testing.T) {
 		}
 	}
 }
+
+// A node.json in which podnet-routed says the node cannot host new pods
+// (its Node deleted or refused) refuses ADD with its reason, while DEL,
+// CHECK and GC still find the PodCIDRs its pods' addresses come from.
+func TestNodeStateUnusable(t *testing.T) {
+	dir := t.TempDir()
+	st := &nodestate.State{NodeName: "n1", PodCIDRs: []string{"10.244.1.0/24"}, Error: `this node's Node object "n1" does not exist`}
+	if err := nodestate.Write(dir, st); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := NodeStatePodCIDRs(dir)(); !errors.Is(err, nodestate.ErrNodeUnusable) || errors.Is(err, ErrPodCIDRUnknown) ||
+		!strings.Contains(err.Error(), "does not exist") {
+		t.Errorf("ADD's PodCIDRs: %v, want the unusable node's reason (and not 'unknown', which DEL takes for nothing allocated)", err)
+	}
+	got, err := NodeStatePodCIDRsToRelease(dir)()
+	if err != nil || len(got) != 1 || got[0] != netip.MustParsePrefix("10.244.1.0/24") {
+		t.Errorf("DEL's PodCIDRs: %v, %v; want 10.244.1.0/24", got, err)
+	}
+}

@@ -49,7 +49,11 @@ var nodeAddrs NodeAddrSource = nodestate.LocalAddrs
 // (Plan.CheckNodeAddrs); DEL, CHECK and GC only look up reservations.
 func open(req Request, handsOut bool) (*session, error) {
 	dir := stateDir(req.Stdin)
-	plan, err := ParseConfig(req.Stdin, req.Args, NodeStatePodCIDRs(dir))
+	source := NodeStatePodCIDRs(dir)
+	if !handsOut {
+		source = NodeStatePodCIDRsToRelease(dir)
+	}
+	plan, err := ParseConfig(req.Stdin, req.Args, source)
 	if err != nil {
 		return nil, err
 	}

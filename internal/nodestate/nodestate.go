@@ -24,9 +24,10 @@ type State struct {
 	PodCIDRs []string `json:"podCIDRs,omitempty"`
 	MTU      int      `json:"mtu,omitempty"`
 	Encap    string   `json:"encap,omitempty"`
-	// Error, when set, says why this node cannot host pods now (its Node
-	// object is deleted, has no PodCIDR, or was refused): Read returns it
-	// as an error wrapping ErrNodeUnusable.
+	// Error, when set, says why this node cannot host new pods now (its
+	// Node object is deleted, has no PodCIDR, or was refused): Read returns
+	// it as an error wrapping ErrNodeUnusable. PodCIDRs are then the last
+	// ones the node had, for releasing the addresses of its pods (ReadFile).
 	Error string `json:"error,omitempty"`
 }
 

@@ -764,19 +764,30 @@ func (d *Daemon) setSelfProblem(p string) {
 // disk, so a node.json someone deleted or edited is written again.
 func (d *Daemon) writeState(self *desired.Node, problem string, underlay netlink.Link) error {
 	st := nodestate.State{NodeName: d.cfg.NodeName, Encap: string(d.cfg.Encap)}
-	if self != nil {
+	cur, err := nodestate.ReadFile(d.cfg.StateDir)
+	switch {
+	case self != nil:
 		for _, p := range self.PodCIDRs {
 			st.PodCIDRs = append(st.PodCIDRs, p.String())
 		}
-	} else {
+	case d.lastSelf != nil:
+		// the PodCIDRs the pods here have their addresses from stay
+		// beside the error: ADD is refused, DEL still releases
 		st.Error = problem
+		for _, p := range d.lastSelf.PodCIDRs {
+			st.PodCIDRs = append(st.PodCIDRs, p.String())
+		}
+	default:
+		st.Error = problem
+		if err == nil { // restarted meanwhile: the file knows them
+			st.PodCIDRs = cur.PodCIDRs
+		}
 	}
 	if underlay != nil {
 		st.MTU = d.dp.OverlayMTU(underlay)
 	} else {
 		st.MTU = d.lastState.MTU
 	}
-	cur, err := nodestate.ReadFile(d.cfg.StateDir)
 	if err == nil && cur.Equal(&st) {
 		d.lastState = st
 		return nil
