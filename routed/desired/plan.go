@@ -315,7 +315,8 @@ func (p *Plan) judge(name string, n *Node) (refusal *Refusal, claim bool, ok boo
 	if had {
 		p.claim(old)
 	}
-	if lost {
+	_, touchesLoser := conflicts(*n, p.v.lost, p.v.lostIPs)
+	if lost || touchesLoser {
 		return nil, false, false
 	}
 	if r, bad := p.v.local.check(*n, p.v.own); bad {

@@ -81,17 +81,7 @@ func TestPlanPeersFollowUpdates(t *testing.T) {
 		t.Run(fmt.Sprintf("%s-cross%v", cfg.Encap, cfg.CrossSubnet), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(2, uint64(len(cfg.Encap))))
 			nodes := map[string]Node{}
-			randomNode := func(name string) Node {
-				n := Node{Name: name}
-				if rng.IntN(10) > 0 {
-					// few addresses: Nodes share one now and then
-					n.IP = netip.AddrFrom4([4]byte{192, 168, byte(rng.IntN(2)), byte(1 + rng.IntN(10))})
-				}
-				if rng.IntN(10) > 0 {
-					n.PodCIDRs = append(n.PodCIDRs, netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 244, byte(rng.IntN(40)), 0}), 24))
-				}
-				return n
-			}
+			randomNode := func(name string) Node { return randomNode(rng, name, 10, 40, false) }
 			list := func() []Node {
 				var out []Node
 				for _, n := range nodes {

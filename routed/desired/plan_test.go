@@ -79,27 +79,15 @@ func (a *applied) equal(t *testing.T, step string, want *applied) {
 // a new plan from all Nodes, and the dataplane reloaded from its state.
 func TestPlanUpdateMatchesCompute(t *testing.T) {
 	for _, cfg := range []Config{
-		{Self: "n00", Encap: IPIP, Underlay: underlay},
-		{Self: "n00", Encap: VXLAN, Underlay: underlay},
-		{Self: "n00", Encap: None, Underlay: underlay},
-		{Self: "n00", Encap: VXLAN, CrossSubnet: true, Underlay: underlay},
+		{Self: "n00", Encap: IPIP, Underlay: underlay, ClusterCIDRs: randomCluster},
+		{Self: "n00", Encap: VXLAN, Underlay: underlay, ClusterCIDRs: randomCluster},
+		{Self: "n00", Encap: None, Underlay: underlay, ClusterCIDRs: randomCluster},
+		{Self: "n00", Encap: VXLAN, CrossSubnet: true, Underlay: underlay, ClusterCIDRs: randomCluster},
 	} {
 		t.Run(fmt.Sprintf("%s-cross%v", cfg.Encap, cfg.CrossSubnet), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(1, uint64(len(cfg.Encap))))
 			nodes := map[string]Node{}
-			randomNode := func(name string) Node {
-				n := Node{Name: name}
-				if rng.IntN(10) > 0 {
-					n.IP = netip.AddrFrom4([4]byte{192, 168, byte(rng.IntN(2)), byte(1 + rng.IntN(12))})
-				}
-				if rng.IntN(10) > 0 {
-					n.PodCIDRs = append(n.PodCIDRs, netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 244, byte(rng.IntN(16)), 0}), 24))
-				}
-				if rng.IntN(4) == 0 {
-					n.PodCIDRs = append(n.PodCIDRs, netip.PrefixFrom(netip.AddrFrom16([16]byte{0xfd, 0, 0x10, 0x24, 0, 0, 0, byte(rng.IntN(16))}), 64))
-				}
-				return n
-			}
+			randomNode := func(name string) Node { return randomNode(rng, name, 12, 16, true) }
 			list := func() []Node {
 				var out []Node
 				for _, n := range nodes {
@@ -114,7 +102,7 @@ func TestPlanUpdateMatchesCompute(t *testing.T) {
 			}
 			plan, st := NewPlan(cfg, Local{}, list(), onLink)
 			dp := load(st)
-			patched, refused := 0, 0
+			patched, refused, refusals := 0, 0, 0
 			for step := 0; step < 2000; step++ {
 				name := fmt.Sprintf("n%02d", rng.IntN(14))
 				var cur *Node
@@ -136,14 +124,18 @@ func TestPlanUpdateMatchesCompute(t *testing.T) {
 					dp.apply(d)
 				}
 				dp.equal(t, fmt.Sprintf("step %d (%s)", step, name), load(want))
+				if got := plan.Refused(); fmt.Sprint(got) != fmt.Sprint(want.Refused) {
+					t.Fatalf("step %d: plan refuses %v, Compute %v", step, got, want.Refused)
+				}
+				refusals += len(want.Refused)
 				if plan.Routes() != len(want.Routes) || plan.Skipped() != len(want.Skipped) {
 					t.Fatalf("step %d: plan counts %d routes, %d skipped; Compute %d, %d",
 						step, plan.Routes(), plan.Skipped(), len(want.Routes), len(want.Skipped))
 				}
 			}
 			// both paths must have been exercised for the test to mean anything
-			if patched < 500 || refused < 50 {
-				t.Fatalf("patched %d, refused %d of 2000 steps: the random cluster does not exercise both paths", patched, refused)
+			if patched < 500 || refused < 50 || refusals < 100 {
+				t.Fatalf("patched %d, refused %d of 2000 steps, %d Node refusals: the random cluster does not exercise every path", patched, refused, refusals)
 			}
 		})
 	}
@@ -248,4 +240,25 @@ func TestComputeClaimedTwice(t *testing.T) {
 			t.Errorf("%s: refused %+v, want %s", name, st.Refused[name], r)
 		}
 	}
+}
+
+// randomCluster holds every PodCIDR randomNode makes.
+var randomCluster = []netip.Prefix{pfx("10.244.0.0/16"), pfx("fd00:1024::/32")}
+
+// randomNode is a Node of a small random cluster: one of ips addresses
+// (none one time in ten: Nodes share one now and then), one of cidrs
+// IPv4 PodCIDRs (none one time in ten), an IPv6 one a time in four with
+// v6, and a creation time among a few (equal ones are ordered by UID).
+func randomNode(rng *rand.Rand, name string, ips, cidrs int, v6 bool) Node {
+	n := Node{Name: name, UID: "uid-" + name, Created: time.Unix(int64(rng.IntN(4)), 0)}
+	if rng.IntN(10) > 0 {
+		n.IP = netip.AddrFrom4([4]byte{192, 168, byte(rng.IntN(2)), byte(1 + rng.IntN(ips))})
+	}
+	if rng.IntN(10) > 0 {
+		n.PodCIDRs = append(n.PodCIDRs, netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 244, byte(rng.IntN(cidrs)), 0}), 24))
+	}
+	if v6 && rng.IntN(4) == 0 {
+		n.PodCIDRs = append(n.PodCIDRs, netip.PrefixFrom(netip.AddrFrom16([16]byte{0xfd, 0, 0x10, 0x24, 0, 0, 0, byte(rng.IntN(cidrs))}), 64))
+	}
+	return n
 }

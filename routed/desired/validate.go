@@ -164,6 +164,10 @@ type Validation struct {
 	taken   *prefixTrie
 	ips     map[netip.Addr]string
 	winners []*Node
+	// what the losers of conflicts claim: a Node that comes to overlap
+	// one changes the reason it is refused for
+	lost    *prefixTrie
+	lostIPs map[netip.Addr]string
 	family  int
 	local   localChecks
 	own     *prefixTrie
@@ -186,7 +190,7 @@ type Validation struct {
 // PodCIDR or an address yet are neither valid nor refused (ForNode skips
 // them). The cost is O(N log N) for N Nodes: a sort and trie lookups.
 func Validate(cfg Config, local Local, nodes []Node) Validation {
-	v := Validation{Refused: map[string]Refusal{}, Conflicted: map[string]bool{}}
+	v := Validation{Refused: map[string]Refusal{}, Conflicted: map[string]bool{}, lost: &prefixTrie{}, lostIPs: map[netip.Addr]string{}}
 	var selfNode *Node
 	for i := range nodes {
 		if nodes[i].Name == cfg.Self {
@@ -223,6 +227,12 @@ func Validate(cfg Config, local Local, nodes []Node) Validation {
 	for _, n := range candidates {
 		if r, lost := conflicts(*n, taken, ips); lost {
 			conflict[n.Name] = r
+			for _, p := range n.PodCIDRs {
+				v.lost.insert(p, n.Name)
+			}
+			if n.IP.IsValid() {
+				v.lostIPs[n.IP] = n.Name
+			}
 			v.Conflicted[n.Name] = true
 			v.Conflicted[r.owner] = true
 			continue
