@@ -52,8 +52,9 @@ const NFTable = "podnet"
 // for podnet (routed), family bridge for podnet-bridge. It drops what a
 // pod sends from its host veth as someone else (another source address,
 // MAC or ARP sender, a Neighbor Advertisement for an address not its own)
-// and the Router Advertisements and Redirects pods send (plugins/veth,
-// antispoof.go). podnet-routed must never write it.
+// and the Router Advertisements and Redirects pods send
+// (internal/podfilter). The plugins write it; podnet-routed only puts its
+// chain back when someone changed it, never its elements.
 const PodFilterTable = "podnet-pods"
 
 // The named counters of PodFilterTable (in each family): packets dropped

@@ -14,6 +14,8 @@ import (
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/podnet/podnet/internal/podfilter"
 )
 
 // DefaultBridge is the bridge used when the config names none.
@@ -94,7 +96,7 @@ func (b *bridged) prepareNode(side podSide, mtu int) error {
 	return enableForwarding(b.conf.Bridge, side.GatewayV4 != nil, side.hasIPv6())
 }
 
-func (b *bridged) guard() guard { return bridgedGuard }
+func (b *bridged) guard() podfilter.Guard { return podfilter.Bridged }
 
 // setupHost enslaves the host veth to the bridge, sets its hairpin flag,
 // hardens it (hostIfaceSettings) and brings it up.

@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/podnet/podnet/internal/contract"
+	"github.com/podnet/podnet/internal/podfilter"
 )
 
 // Routed returns the verbs of the podnet plugin: the routed (Calico-style)
@@ -63,7 +64,7 @@ func (r routed) describePod(ifName string, alloc *current.Result) (podSide, erro
 
 func (routed) prepareNode(podSide, int) error { return nil }
 
-func (routed) guard() guard { return routedGuard }
+func (routed) guard() podfilter.Guard { return podfilter.Routed }
 
 // setupHost prepares the host veth to be the pod's gateway: no Router
 // Advertisement, SLAAC or redirect taken from the pod (hostIfaceSettings),

@@ -6,7 +6,7 @@
 // pod.go the pod side; names.go host veth names and aliases; result.go the
 // ADD result; config.go the network config and MTU; netns.go opening the
 // pod netns; sysctl.go per-netns kernel settings and those of every
-// host-side interface; antispoof.go the pod filter (pods send only as
+// host-side interface; internal/podfilter the pod filter (pods send only as
 // themselves); delegate.go the IPAM delegation; log.go and trace.go the
 // optional log and step trace.
 package veth
@@ -21,6 +21,7 @@ import (
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/vishvananda/netlink"
 
+	"github.com/podnet/podnet/internal/podfilter"
 	"github.com/podnet/podnet/ipam"
 )
 
@@ -40,8 +41,8 @@ type mode interface {
 	finishHost(host netlink.Link, side podSide) error
 	// checkHost verifies the host end for CHECK and returns it.
 	checkHost(hostName string, side podSide) (netlink.Link, error)
-	// guard is the pod filter of the mode (antispoof.go).
-	guard() guard
+	// guard is the pod filter of the mode (internal/podfilter).
+	guard() podfilter.Guard
 	// result builds the ADD result on top of prev (the chained
 	// prevResult, nil when podnet is first).
 	result(prev *current.Result, hostName string, podIface *current.Interface, side podSide) *current.Result
@@ -164,7 +165,7 @@ func (p *plugin) add(args *skel.CmdArgs) (err error) {
 	g := inv.mode.guard()
 	stale, err := deleteStaleHostVeth(spec.HostName)
 	if err == nil && stale > 0 {
-		err = g.removePort(stale)
+		err = g.RemovePort(stale)
 	}
 	if err != nil {
 		return cniErrorf(types.ErrTryAgainLater, "%v", err)
@@ -177,11 +178,11 @@ func (p *plugin) add(args *skel.CmdArgs) (err error) {
 		}
 		return err
 	}
-	port := guardedPort{index: host.Attrs().Index, ips: side.ips(), mac: podMAC}
+	port := podfilter.Port{Index: host.Attrs().Index, IPs: side.ips(), MAC: podMAC}
 	rollback.push(func() error {
 		_, err := deleteHostVeth(spec.HostName, inv.owner)
 		// after the veth, so that no live port is ever left unguarded
-		return errors.Join(err, g.removeExact(port))
+		return errors.Join(err, g.RemoveExact(port))
 	})
 	tr.mark("veth")
 	if err = p.step("veth"); err != nil {
@@ -189,7 +190,7 @@ func (p *plugin) add(args *skel.CmdArgs) (err error) {
 	}
 	// before the host veth comes up: from its first packet on, the pod
 	// sends only as itself
-	if err = g.install(port); err != nil {
+	if err = g.Install(port); err != nil {
 		return cniErrorf(types.ErrTryAgainLater, "%v", err)
 	}
 	tr.mark("guard")
@@ -302,28 +303,28 @@ func (p *plugin) del(args *skel.CmdArgs) (err error) {
 func unguard(inv *invocation, args *skel.CmdArgs, hostIndex int) error {
 	g := inv.mode.guard()
 	if inv.conf.PrevResult == nil {
-		return g.removePort(hostIndex)
+		return g.RemovePort(hostIndex)
 	}
 	prev, err := current.NewResultFromResult(inv.conf.PrevResult)
 	if err != nil {
-		return g.removePort(hostIndex)
+		return g.RemovePort(hostIndex)
 	}
-	port := guardedPort{index: hostIndex}
+	port := podfilter.Port{Index: hostIndex}
 	for i, iface := range prev.Interfaces {
 		if iface.Name != args.IfName || iface.Sandbox != args.Netns {
 			continue
 		}
-		port.mac, _ = net.ParseMAC(iface.Mac)
+		port.MAC, _ = net.ParseMAC(iface.Mac)
 		for _, c := range prev.IPs {
 			if c.Interface != nil && *c.Interface == i {
-				port.ips = append(port.ips, c.Address.IP)
+				port.IPs = append(port.IPs, c.Address.IP)
 			}
 		}
 	}
-	if len(port.ips) == 0 {
-		return g.removePort(hostIndex)
+	if len(port.IPs) == 0 {
+		return g.RemovePort(hostIndex)
 	}
-	return g.removeExact(port)
+	return g.RemoveExact(port)
 }
 
 // check compares the pod and the host side with prevResult.
@@ -366,7 +367,7 @@ func (p *plugin) check(args *skel.CmdArgs) error {
 	if err := checkHostIface(inv.host); err != nil {
 		return cniErrorf(types.ErrInternal, "CHECK: host veth: %v", err)
 	}
-	if err := inv.mode.guard().verify(guardedPort{index: host.Attrs().Index, ips: side.ips(), mac: podMAC}); err != nil {
+	if err := inv.mode.guard().Verify(podfilter.Port{Index: host.Attrs().Index, IPs: side.ips(), MAC: podMAC}); err != nil {
 		return cniErrorf(types.ErrInternal, "CHECK: %v", err)
 	}
 	return nil
@@ -383,7 +384,7 @@ func (p *plugin) gc(args *skel.CmdArgs) error {
 	if _, err := gcHostVeths(inv.conf.Name, inv.conf.ValidAttachments); err != nil {
 		return cniErrorf(types.ErrTryAgainLater, "GC: %v", err)
 	}
-	if err := pruneGuard(inv.mode.guard()); err != nil {
+	if err := podfilter.Prune(inv.mode.guard()); err != nil {
 		return cniErrorf(types.ErrTryAgainLater, "GC: %v", err)
 	}
 	if err := ipamVerb("GC", ipam.GC, inv.conf, args); err != nil {

@@ -736,6 +736,9 @@ func (d *Daemon) apply(lister listersv1.NodeLister, why string) (own, remote err
 	if err := d.writeState(st.Self, st.SelfProblem, underlay); err != nil {
 		errs = append(errs, err)
 	}
+	if why == "periodic resync" {
+		d.repairPodFilter()
+	}
 	if changed > 0 {
 		if why == "repair" {
 			d.metrics.Repairs.Inc()

@@ -13,6 +13,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/podnet/podnet/internal/nodestate"
+	"github.com/podnet/podnet/internal/podfilter"
 	"github.com/podnet/podnet/routed/dataplane"
 	"github.com/podnet/podnet/routed/desired"
 )
@@ -26,11 +27,14 @@ const (
 	RepairSysctl        = dataplane.FixSysctl
 	RepairNFTTable      = "nft-table"
 	RepairNodeState     = "node-state" // node.json deleted or edited
+	// the chain of the plugins' pod filter (internal/podfilter): the
+	// plugins write it, podnet-routed puts it back when someone changes it
+	RepairPodFilter = "pod-filter"
 )
 
 // RepairObjects are the label values of podnet_repairs_total, all exported
 // from the start (at 0).
-var RepairObjects = []string{RepairRoute, RepairTunnelDevice, RepairVXLANNeighbor, RepairVXLANFDB, RepairSysctl, RepairNFTTable, RepairNodeState}
+var RepairObjects = []string{RepairRoute, RepairTunnelDevice, RepairVXLANNeighbor, RepairVXLANFDB, RepairSysctl, RepairNFTTable, RepairNodeState, RepairPodFilter}
 
 func newRepairsTotal() *prometheus.CounterVec {
 	v := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "podnet_repairs_total",
@@ -84,6 +88,23 @@ func (d *Daemon) countRepair(object string, n int, what string) {
 	}
 	d.metrics.ObjectRepairs.WithLabelValues(object).Add(float64(n))
 	d.log.Info("repaired", "object", object, "count", n, "what", what)
+}
+
+// repairPodFilter puts back the chain of the plugins' pod filter, in each
+// mode whose table exists, when someone deleted, inserted or edited one of
+// its rules (the plugins' ADD only adds elements: it does not read the
+// chain). The elements stay the plugins'.
+func (d *Daemon) repairPodFilter() {
+	for _, g := range []podfilter.Guard{podfilter.Routed, podfilter.Bridged} {
+		wrote, err := g.Repair()
+		if err != nil {
+			d.log.Warn("cannot check the plugins' pod filter", "err", err)
+			continue
+		}
+		if wrote {
+			d.countRepair(RepairPodFilter, 1, "the pod filter's chain ("+g.String()+")")
+		}
+	}
 }
 
 // countApplyRepairs counts what a full apply wrote as repairs when it is

@@ -27,7 +27,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/podnet/podnet/internal/contract"
-	"github.com/podnet/podnet/plugins/veth"
+	"github.com/podnet/podnet/internal/podfilter"
 	"github.com/podnet/podnet/routed/desired"
 	"github.com/podnet/podnet/test/cluster"
 	"github.com/podnet/podnet/test/kapi"
@@ -368,7 +368,7 @@ func testCleanup(t *testing.T, c *cluster.Cluster) {
 		if out, err := n.Cleanup(ctx); err != nil {
 			t.Fatalf("%s: %v\n%s", n.Name, err, out)
 		}
-		if err := n.NS.Do(veth.DeletePodFilter); err != nil {
+		if err := n.NS.Do(podfilter.Delete); err != nil {
 			t.Fatalf("%s: %v", n.Name, err)
 		}
 		now, err := n.Snapshot()

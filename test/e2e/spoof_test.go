@@ -19,6 +19,9 @@ import (
 // nothing to another pod on node1, while its datagrams from its own
 // address arrive (before and after: the path works), and node1's
 // podnet-routed counts the drops (podnet_pod_spoofed_dropped_total).
+// Someone then flushes the filter's chain on node1: podnet-routed's next
+// resync writes it again (podnet_repairs_total{object="pod-filter"}), and
+// forged datagrams are dropped again.
 func TestPodSpoofAcrossNodes(t *testing.T) {
 	ctx := context.Background()
 	c := up(t, "vxlan", 2, false)
@@ -74,34 +77,54 @@ func TestPodSpoofAcrossNodes(t *testing.T) {
 			return err
 		})
 	}
-	before := spoofedDrops(t, n1)
-	send(attacker.IP, "true-1")
-	for i := 0; i < 5; i++ {
-		send(remote.IP, "forged")
-	}
-	send(attacker.IP, "true-2")
-	want := []string{"true-1 from " + attacker.IP.String(), "true-2 from " + attacker.IP.String()}
-	for _, w := range want {
+	attack := func(round string) {
+		t.Helper()
+		before := spoofedDrops(t, n1)
+		send(attacker.IP, round+"-true-1")
+		for i := 0; i < 5; i++ {
+			send(remote.IP, "forged")
+		}
+		send(attacker.IP, round+"-true-2")
+		want := []string{round + "-true-1 from " + attacker.IP.String(), round + "-true-2 from " + attacker.IP.String()}
+		for _, w := range want {
+			select {
+			case g := <-got:
+				if g != w {
+					t.Fatalf("%s: victim received %q, want %q (a forged datagram went through)", round, g, w)
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatalf("%s: victim never received %q: the path does not work, the test proves nothing", round, w)
+			}
+		}
 		select {
 		case g := <-got:
-			if g != w {
-				t.Fatalf("victim received %q, want %q (a forged datagram went through)", g, w)
-			}
-		case <-time.After(5 * time.Second):
-			t.Fatalf("victim never received %q: the path does not work, the test proves nothing", w)
+			t.Fatalf("%s: victim received %q", round, g)
+		case <-time.After(500 * time.Millisecond):
 		}
+		nettest.Eventually(t, 10*time.Second, "podnet_pod_spoofed_dropped_total counts the forged datagrams", func() error {
+			if after := spoofedDrops(t, n1); after < before+5 {
+				return fmt.Errorf("podnet_pod_spoofed_dropped_total{mode=\"routed\"} %v, want at least %v", after, before+5)
+			}
+			return nil
+		})
 	}
-	select {
-	case g := <-got:
-		t.Fatalf("victim received %q", g)
-	case <-time.After(500 * time.Millisecond):
+	attack("first")
+
+	// someone empties the filter's chain: the next resync puts it back
+	if out, err := n1.NS.Exec(ctx, "nft", "flush", "chain", "inet", "podnet-pods", "prerouting"); err != nil {
+		t.Fatalf("%v: %s", err, out)
 	}
-	nettest.Eventually(t, 10*time.Second, "podnet_pod_spoofed_dropped_total counts the forged datagrams", func() error {
-		if after := spoofedDrops(t, n1); after < before+5 {
-			return fmt.Errorf("podnet_pod_spoofed_dropped_total{mode=\"routed\"} %v, want at least %v", after, before+5)
+	nettest.Eventually(t, 3*resync, "podnet-routed writes the pod filter's chain again", func() error {
+		m, err := n1.Metrics()
+		if err != nil {
+			return err
+		}
+		if v := m[`podnet_repairs_total{object="pod-filter"}`]; v < 1 {
+			return fmt.Errorf(`podnet_repairs_total{object="pod-filter"} %v`, v)
 		}
 		return nil
 	})
+	attack("after-repair")
 }
 
 func spoofedDrops(t *testing.T, n *cluster.Node) float64 {

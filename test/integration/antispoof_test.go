@@ -19,11 +19,12 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/podnet/podnet/internal/contract"
+	"github.com/podnet/podnet/internal/podfilter"
 	"github.com/podnet/podnet/plugins/veth"
 	"github.com/podnet/podnet/test/nettest"
 )
 
-// The pod filter (plugins/veth/antispoof.go) and the settings of the
+// The pod filter (internal/podfilter) and the settings of the
 // host-side interfaces, for both plugins: a pod sends only as itself
 // (source address, MAC, ARP sender, Neighbor Advertisement target), and no
 // pod changes its node's routes or addresses with Router Advertisements.
@@ -696,7 +697,9 @@ func ruleHandle(t *testing.T, node *nettest.Node, fam nftables.TableFamily, comm
 // TestPodFilterLifecycle: ADD writes exactly the pod's elements (host veth
 // index with its addresses, and its MAC on the bridge) and leaves an intact
 // chain alone; CHECK finds a deleted or edited rule and a missing element;
-// the next ADD writes the chain again as it was; DEL removes the pod's
+// the next ADD only adds its elements (it does not read the chain) and
+// Repair (what podnet-routed runs at every resync) writes the chain again
+// as it was, keeping every element; DEL removes the pod's
 // elements and no other, with prevResult and without; GC removes those of
 // a host veth that is gone.
 func TestPodFilterLifecycle(t *testing.T) {
@@ -728,11 +731,27 @@ func TestPodFilterLifecycle(t *testing.T) {
 				t.Errorf("CHECK with a rule deleted = %v, want an error about the chain's rules", err)
 			}
 			p3 := addSpoofPod(t, rt, "life-3")
+			g := podfilter.Routed
+			if m.family == nftables.TableFamilyBridge {
+				g = podfilter.Bridged
+			}
+			var wrote bool
+			nettest.Do(t, rt.Node.NS, func() (err error) { wrote, err = g.Repair(); return err })
+			if !wrote {
+				t.Error("Repair did not write the changed chain")
+			}
 			if got := nftCLI(t, rt.Node, "list", "chain", fam, contract.PodFilterTable, "prerouting"); got != chain {
-				t.Errorf("the chain after the next ADD:\n%s\nwant it as ADD wrote it:\n%s", got, chain)
+				t.Errorf("the chain after Repair:\n%s\nwant it as ADD wrote it:\n%s", got, chain)
 			}
 			if err := rt.Check(p1.RT); err != nil {
 				t.Errorf("CHECK after the chain was written again: %v", err)
+			}
+			if got, want := filterOf(t, rt.Node), append(append(m.wantElements(p1), m.wantElements(p2)...), m.wantElements(p3)...); !sameElements(got, want) {
+				t.Errorf("pod filter after Repair = %v, want every pod's elements %v", got, want)
+			}
+			nettest.Do(t, rt.Node.NS, func() (err error) { wrote, err = g.Repair(); return err })
+			if wrote {
+				t.Error("Repair wrote an intact chain")
 			}
 
 			// an element gone: CHECK names it

@@ -1,4 +1,4 @@
-package veth
+package podfilter
 
 import (
 	"fmt"
@@ -18,7 +18,7 @@ import (
 // is ignored: timeoutUpdates off takes the same path). Only the elements
 // of the ports removed go, and removing what is not there is no error.
 func TestPodFilterDrop(t *testing.T) {
-	for _, g := range []guard{routedGuard, bridgedGuard} {
+	for _, g := range []Guard{Routed, Bridged} {
 		for _, updates := range []bool{true, false} {
 			t.Run(fmt.Sprintf("%s/timeout-updates=%v", familyName(g.family), updates), func(t *testing.T) {
 				saved := timeoutUpdates
@@ -29,12 +29,12 @@ func TestPodFilterDrop(t *testing.T) {
 					t.Fatal(err)
 				}
 				t.Cleanup(func() { _ = n.Close(); _ = testutils.UnmountNS(n) })
-				port := func(i int) guardedPort {
-					return guardedPort{index: i, ips: []net.IP{net.IPv4(10, 0, 0, byte(i)).To4(), net.ParseIP(fmt.Sprintf("fd00::%d", i))}, mac: net.HardwareAddr{2, 0, 0, 0, 0, byte(i)}}
+				port := func(i int) Port {
+					return Port{Index: i, IPs: []net.IP{net.IPv4(10, 0, 0, byte(i)).To4(), net.ParseIP(fmt.Sprintf("fd00::%d", i))}, MAC: net.HardwareAddr{2, 0, 0, 0, 0, byte(i)}}
 				}
 				err = n.Do(func(ns.NetNS) error {
 					for i := 1; i <= 5; i++ {
-						if err := g.install(port(i)); err != nil {
+						if err := g.Install(port(i)); err != nil {
 							return err
 						}
 					}
@@ -43,14 +43,14 @@ func TestPodFilterDrop(t *testing.T) {
 						do     func() error
 						remain []int
 					}{
-						{"removeExact (DEL with prevResult)", func() error { return g.removeExact(port(1)) }, []int{2, 3, 4, 5}},
-						{"removeExact again (nothing there)", func() error { return g.removeExact(port(1)) }, []int{2, 3, 4, 5}},
+						{"removeExact (DEL with prevResult)", func() error { return g.RemoveExact(port(1)) }, []int{2, 3, 4, 5}},
+						{"removeExact again (nothing there)", func() error { return g.RemoveExact(port(1)) }, []int{2, 3, 4, 5}},
 						{"removeExact with an address the filter does not have", func() error {
 							p := port(2)
-							p.ips = append(p.ips, net.IPv4(10, 9, 9, 9).To4())
-							return g.removeExact(p)
+							p.IPs = append(p.IPs, net.IPv4(10, 9, 9, 9).To4())
+							return g.RemoveExact(p)
 						}, []int{3, 4, 5}},
-						{"removePort (DEL without prevResult)", func() error { return g.removePort(3) }, []int{4, 5}},
+						{"removePort (DEL without prevResult)", func() error { return g.RemovePort(3) }, []int{4, 5}},
 						{"prune (GC)", func() error { _, err := g.prune(map[int]bool{5: true}); return err }, []int{5}},
 					}
 					for _, s := range steps {
@@ -87,7 +87,7 @@ func TestPodFilterDrop(t *testing.T) {
 	}
 }
 
-func elementStrings(g guard, p guardedPort) []string {
+func elementStrings(g Guard, p Port) []string {
 	var out []string
 	for set, elems := range g.elements(p) {
 		for _, e := range elems {
@@ -97,7 +97,7 @@ func elementStrings(g guard, p guardedPort) []string {
 	return out
 }
 
-func filterElements(g guard) ([]string, error) {
+func filterElements(g Guard) ([]string, error) {
 	c, err := newNFT()
 	if err != nil {
 		return nil, err
