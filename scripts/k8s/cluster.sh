@@ -343,10 +343,11 @@ Y
 			if kc exec "web-$a" -- sh -c "ping -c1 -W2 ${ip[$b]} >/dev/null && [ \"\$(timeout 3 wget -qO- http://${ip[$b]}:8080/)\" = web-$b ]" >/dev/null 2>&1; then mark 12 OK; else mark 12 FAIL; fi
 		done
 		# the Service until every node's pod has answered (the pod's own
-		# too: hairpin), at most 30 requests; kube-proxy may take a second
-		# to program a just-Ready endpoint
+		# too: hairpin), at most 30 requests 0.2 s apart; kube-proxy may
+		# take a second or more to program a just-Ready endpoint (30
+		# requests back to back took 0.3 s and once missed one)
 		local got
-		got=$(kc exec "web-$a" -- sh -c "seen=''; for i in \$(seq 30); do r=\$(timeout 2 wget -qO- http://$svc/) && case \" \$seen \" in *\" \$r \"*) ;; *) seen=\"\$seen \$r\" ;; esac; [ \$(echo \$seen | wc -w) = $nnodes ] && break; done; echo \$seen" 2>/dev/null | tr ' ' '\n' | sort | tr '\n' ' ')
+		got=$(kc exec "web-$a" -- sh -c "seen=''; for i in \$(seq 30); do r=\$(timeout 2 wget -qO- http://$svc/) && case \" \$seen \" in *\" \$r \"*) ;; *) seen=\"\$seen \$r\" ;; esac; [ \$(echo \$seen | wc -w) = $nnodes ] && break; sleep 0.2; done; echo \$seen" 2>/dev/null | tr ' ' '\n' | sort | tr '\n' ' ')
 		got=${got# }
 		if [ "$(echo "$got" | wc -w)" = "$nnodes" ]; then mark 34 OK "$got"; else mark 34 FAIL "${got:-nothing}"; fi
 		got=$(kc exec "web-$a" -- sh -c "timeout 3 wget -qO- http://web.default.svc.cluster.local/" 2>/dev/null || true)
