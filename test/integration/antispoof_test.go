@@ -364,13 +364,9 @@ func ipv6Snapshot(t *testing.T, node *nettest.Node) []string {
 	t.Helper()
 	var out []string
 	node.Do(func() error {
-		links, err := netlink.LinkList()
+		names, err := nettest.LinkIndexNames()
 		if err != nil {
 			return err
-		}
-		names := map[int]string{}
-		for _, l := range links {
-			names[l.Attrs().Index] = l.Attrs().Name
 		}
 		routes, err := netlink.RouteListFiltered(netlink.FAMILY_V6, &netlink.Route{Table: unix.RT_TABLE_UNSPEC}, netlink.RT_FILTER_TABLE)
 		if err != nil {
