@@ -141,19 +141,16 @@ func (d *Daemon) watchServiceCIDRs(ctx context.Context) error {
 	}
 	inf := cache.NewSharedIndexInformer(d.serviceCIDRsLW, &networkingv1.ServiceCIDR{}, 0, cache.Indexers{})
 	update := func(any) {
-		var out []netip.Prefix
+		var cidrs []string
 		for _, o := range inf.GetStore().List() {
-			sc, ok := o.(*networkingv1.ServiceCIDR)
-			if !ok {
-				continue
-			}
-			for _, c := range sc.Spec.CIDRs {
-				if p, err := netip.ParsePrefix(c); err == nil && p.Bits() > 0 {
-					out = append(out, p.Masked())
-				}
+			if sc, ok := o.(*networkingv1.ServiceCIDR); ok {
+				cidrs = append(cidrs, sc.Spec.CIDRs...)
 			}
 		}
-		slices.SortFunc(out, func(a, b netip.Prefix) int { return a.Addr().Compare(b.Addr()) })
+		out, ignored := serviceRanges(cidrs, d.cfg.ClusterCIDRs)
+		for _, c := range ignored {
+			d.log.Warn("ServiceCIDR ignored: it would refuse every Node", "cidr", c, "clusterCIDRs", d.cfg.ClusterCIDRs)
+		}
 		d.svcMu.Lock()
 		changed := !slices.Equal(out, d.svcFromAPI)
 		d.svcFromAPI = out
@@ -169,6 +166,25 @@ func (d *Daemon) watchServiceCIDRs(ctx context.Context) error {
 	go inf.Run(ctx.Done())
 	cache.WaitForCacheSync(ctx.Done(), inf.HasSynced)
 	return nil
+}
+
+// serviceRanges are the service ranges of the ServiceCIDR objects' cidrs,
+// sorted. A value that does not parse, a default route, or one that holds
+// a whole cluster CIDR (one object would then refuse every Node and take
+// the pod network off every node) is left out and returned in ignored.
+func serviceRanges(cidrs []string, cluster []netip.Prefix) (out []netip.Prefix, ignored []string) {
+	for _, c := range cidrs {
+		p, err := netip.ParsePrefix(c)
+		if err != nil || p.Bits() == 0 || slices.ContainsFunc(cluster, func(cc netip.Prefix) bool {
+			return p.Bits() <= cc.Bits() && p.Contains(cc.Addr())
+		}) {
+			ignored = append(ignored, c)
+			continue
+		}
+		out = append(out, p.Masked())
+	}
+	slices.SortFunc(out, func(a, b netip.Prefix) int { return a.Addr().Compare(b.Addr()) })
+	return out, ignored
 }
 
 // serviceCIDRs are the service ranges: the flag's and the API's.

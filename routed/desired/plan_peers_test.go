@@ -2,6 +2,7 @@ package desired
 
 import (
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"net/netip"
 	"slices"
@@ -82,13 +83,7 @@ func TestPlanPeersFollowUpdates(t *testing.T) {
 			rng := rand.New(rand.NewPCG(2, uint64(len(cfg.Encap))))
 			nodes := map[string]Node{}
 			randomNode := func(name string) Node { return randomNode(rng, name, 10, 40, false) }
-			list := func() []Node {
-				var out []Node
-				for _, n := range nodes {
-					out = append(out, n)
-				}
-				return out
-			}
+			list := func() []Node { return slices.Collect(maps.Values(nodes)) }
 			onLink := func(ip netip.Addr) bool { return ip.As4()[2] == 0 }
 			for i := 0; i < 8; i++ {
 				name := fmt.Sprintf("n%02d", i)

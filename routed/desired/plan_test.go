@@ -2,6 +2,7 @@ package desired
 
 import (
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"net/netip"
 	"slices"
@@ -88,13 +89,7 @@ func TestPlanUpdateMatchesCompute(t *testing.T) {
 			rng := rand.New(rand.NewPCG(1, uint64(len(cfg.Encap))))
 			nodes := map[string]Node{}
 			randomNode := func(name string) Node { return randomNode(rng, name, 12, 16, true) }
-			list := func() []Node {
-				var out []Node
-				for _, n := range nodes {
-					out = append(out, n)
-				}
-				return out
-			}
+			list := func() []Node { return slices.Collect(maps.Values(nodes)) }
 			onLink := func(ip netip.Addr) bool { return ip.Is4() && ip.As4()[2] == 0 }
 			for i := 0; i < 8; i++ {
 				name := fmt.Sprintf("n%02d", i)

@@ -688,8 +688,10 @@ func TestOwnNodeMissing(t *testing.T) {
 	c.createNode("node-x", x.ip, "") // registered, no PodCIDR yet
 	d := x.startDaemon()
 
-	// notReady checks routes, readyz 503 with a reason, node.json's error.
-	notReady := func(want ...string) func() []string {
+	// expect checks routes, /healthz, and either (usable) readyz 200 and
+	// node.json with the PodCIDR, or readyz 503 with a reason and
+	// node.json's error.
+	expect := func(usable bool, want ...string) func() []string {
 		return func() []string {
 			var bad []string
 			if err := d.alive(); err != nil {
@@ -699,37 +701,23 @@ func TestOwnNodeMissing(t *testing.T) {
 				bad = append(bad, fmt.Sprintf("routes: %s (%v)", routeDiff(got, sorted(want...)), err))
 			}
 			code, body := d.status("/readyz")
-			if code != http.StatusServiceUnavailable || !strings.Contains(body, "node-x") && !strings.Contains(strings.ToLower(body), "podcidr") {
+			switch {
+			case usable && code != http.StatusOK:
+				bad = append(bad, fmt.Sprintf("/readyz %d %q", code, body))
+			case !usable && (code != http.StatusServiceUnavailable || !strings.Contains(body, "node-x") && !strings.Contains(strings.ToLower(body), "podcidr")):
 				bad = append(bad, fmt.Sprintf("/readyz %d %q, want 503 saying why (naming the node or its PodCIDR)", code, body))
 			}
 			if code, body := d.status("/healthz"); code != http.StatusOK {
 				bad = append(bad, fmt.Sprintf("/healthz %d %q", code, body))
 			}
 			st, err := x.nodeJSON()
-			if err != nil {
-				bad = append(bad, err.Error())
-			} else if e, _ := st["error"].(string); e == "" {
-				bad = append(bad, fmt.Sprintf("node.json has no \"error\": %v", st))
-			}
-			return bad
-		}
-	}
-	ready := func(want ...string) func() []string {
-		return func() []string {
-			var bad []string
-			if err := d.alive(); err != nil {
-				return []string{err.Error()}
-			}
-			if got, err := x.podnetRoutes(); err != nil || !slices.Equal(got, sorted(want...)) {
-				bad = append(bad, fmt.Sprintf("routes: %s (%v)", routeDiff(got, sorted(want...)), err))
-			}
-			if code, body := d.status("/readyz"); code != http.StatusOK {
-				bad = append(bad, fmt.Sprintf("/readyz %d %q", code, body))
-			}
-			st, err := x.nodeJSON()
 			switch {
 			case err != nil:
 				bad = append(bad, err.Error())
+			case !usable:
+				if e, _ := st["error"].(string); e == "" {
+					bad = append(bad, fmt.Sprintf("node.json has no \"error\": %v", st))
+				}
 			case st["error"] != nil:
 				bad = append(bad, fmt.Sprintf("node.json still has an error: %v", st))
 			case fmt.Sprint(st["podCIDRs"]) != "[10.244.9.0/24]":
@@ -738,6 +726,8 @@ func TestOwnNodeMissing(t *testing.T) {
 			return bad
 		}
 	}
+	notReady := func(want ...string) func() []string { return expect(false, want...) }
+	ready := func(want ...string) func() []string { return expect(true, want...) }
 	logState := func(when string) {
 		code, body := d.status("/readyz")
 		st, err := x.nodeJSON()

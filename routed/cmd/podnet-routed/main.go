@@ -92,6 +92,13 @@ func run(argv []string) error {
 	if err != nil {
 		return fmt.Errorf("--service-cidr: %w", err)
 	}
+	for _, sv := range svc {
+		for _, c := range cidrs {
+			if sv.Bits() <= c.Bits() && sv.Contains(c.Addr()) {
+				return fmt.Errorf("--service-cidr %s holds the cluster CIDR %s: every Node would be refused", sv, c)
+			}
+		}
+	}
 	if *resync <= 0 {
 		return errors.New("--resync-interval must be positive")
 	}
