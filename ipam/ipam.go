@@ -4,8 +4,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net"
+	"os"
+	"path/filepath"
 	"syscall"
+	"time"
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
@@ -24,11 +28,12 @@ type Request struct {
 	ContainerID string
 	IfName      string
 	Args        string // CNI_ARGS
+	Netns       string // CNI_NETNS (recorded at ADD)
 }
 
 // RequestFrom builds a Request from a plugin invocation.
 func RequestFrom(a *skel.CmdArgs) Request {
-	return Request{Stdin: a.StdinData, ContainerID: a.ContainerID, IfName: a.IfName, Args: a.Args}
+	return Request{Stdin: a.StdinData, ContainerID: a.ContainerID, IfName: a.IfName, Args: a.Args, Netns: a.Netns}
 }
 
 // session is an open, locked store with the allocator over it.
@@ -77,6 +82,40 @@ func open(req Request, handsOut bool) (*session, error) {
 }
 
 func (s *session) close() { _ = s.disk.Close() }
+
+// errNoStore: the network has no store in its data directory.
+var errNoStore = errors.New("no IPAM store")
+
+// openForRelease opens the store for DEL and GC. When the PodCIDR is
+// unknown (node.json missing, or never written) the session has no
+// ranges: releasing goes by the owner index and the reservations, which
+// need none, so that DEL never answers success while keeping an address.
+// A store that does not exist is errNoStore (and is not created).
+func openForRelease(req Request) (*session, error) {
+	s, err := open(req, false)
+	if !errors.Is(err, ErrPodCIDRUnknown) {
+		return s, err
+	}
+	var c NetConf
+	if json.Unmarshal(req.Stdin, &c) != nil || utils.ValidateNetworkName(c.Name) != nil {
+		return nil, err
+	}
+	plan := &Plan{Conf: c, DataDir: c.IPAM.DataDir}
+	if plan.DataDir == "" {
+		plan.DataDir = DefaultDataDir
+	}
+	if !filepath.IsAbs(plan.DataDir) {
+		return nil, err
+	}
+	if _, serr := os.Lstat(filepath.Join(plan.DataDir, c.Name, "lock")); errors.Is(serr, fs.ErrNotExist) {
+		return nil, errNoStore
+	}
+	disk, oerr := store.OpenDisk(plan.DataDir, c.Name)
+	if oerr != nil {
+		return nil, storeError("", oerr)
+	}
+	return &session{plan: plan, disk: disk, alloc: &allocator.Allocator{Store: disk}}, nil
+}
 
 // openError turns an open failure into a CNI error. Config problems are
 // code 7 already. A node state problem (PodCIDR unknown yet, a node.json
@@ -147,6 +186,7 @@ func Add(req Request) (*current.Result, error) {
 		return nil, openError(err, types.ErrTryAgainLater)
 	}
 	defer s.close()
+	s.disk.SetMeta(metaOf(req, time.Now()))
 	prefixes, err := s.alloc.Allocate(o, s.plan.Requested)
 	if err != nil {
 		return nil, allocError(err)
@@ -162,15 +202,17 @@ func Add(req Request) (*current.Result, error) {
 	return result, nil
 }
 
-// Del releases what the attachment holds; nothing held is success.
+// Del releases what the attachment holds; nothing held is success. It
+// needs no PodCIDR: without one (node.json missing) it releases by the
+// owner index alone (openForRelease).
 func Del(req Request) error {
 	o, err := owner(req)
 	if err != nil {
 		return err
 	}
-	s, err := open(req, false)
-	if errors.Is(err, ErrPodCIDRUnknown) {
-		return nil // PodCIDR never known: nothing can have been allocated
+	s, err := openForRelease(req)
+	if errors.Is(err, errNoStore) {
+		return nil // no store: nothing can have been allocated
 	}
 	if err != nil {
 		return openError(err, types.ErrTryAgainLater)
@@ -215,7 +257,10 @@ func Check(req Request) error {
 // GC releases every reservation of the network whose attachment is not in
 // cni.dev/valid-attachments, and repairs the store after crashes.
 func GC(req Request) error {
-	s, err := open(req, false)
+	s, err := openForRelease(req)
+	if errors.Is(err, errNoStore) {
+		return nil
+	}
 	if err != nil {
 		return openError(err, types.ErrTryAgainLater)
 	}
@@ -226,6 +271,25 @@ func GC(req Request) error {
 	}
 	if err := s.disk.RemoveTemp(); err != nil {
 		return storeError("GC: ", err)
+	}
+	// Each attachment the runtime no longer knows is released as DEL and
+	// podnet-routed's leak reconcile release one (Allocator.Release);
+	// Allocator.GC then repairs what crashes left (reservations without
+	// an owner index entry, entries that point nowhere, the hints).
+	owners, err := s.disk.Owners()
+	if err != nil {
+		return storeError("GC: ", err)
+	}
+	keep := make(map[allocator.Owner]bool, len(valid))
+	for _, o := range valid {
+		keep[o] = true
+	}
+	for o := range owners {
+		if !keep[o] {
+			if err := s.alloc.Release(o); err != nil {
+				return storeError("GC: ", err)
+			}
+		}
 	}
 	if _, err := s.alloc.GC(valid); err != nil {
 		return storeError("GC: ", err)

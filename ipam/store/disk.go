@@ -25,7 +25,8 @@ import (
 //
 //	<dataDir>/<network>/lock              flock held for a whole verb
 //	<dataDir>/<network>/ips/<ip>          "containerID\nifname\n": the reservation
-//	<dataDir>/<network>/owners/<cid>:<if> one address per line: the owner index
+//	<dataDir>/<network>/owners/<cid>:<if> one address per line, then Meta
+//	                                      lines (record.go): the owner index
 //	<dataDir>/<network>/hints/<hash>      free-space bitmap + cursor of a range
 //	<dataDir>/<network>/.tmp-*            temp files (made exclusively, O_EXCL)
 //
@@ -61,6 +62,7 @@ type Disk struct {
 	lockFd int
 	hints  map[string]allocator.Hint
 	files  []*hintFile // opened by Hint, closed by Close
+	meta   *Meta       // what the next SetIPsOf records (SetMeta)
 }
 
 var networkName = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$`)
@@ -305,6 +307,18 @@ func (d *Disk) IPsOf(o allocator.Owner) ([]netip.Addr, error) {
 	return ParseIPList(data)
 }
 
+// metaFor is what SetIPsOf records with owner's addresses: the Meta of
+// SetMeta, else the entry's own (a rewrite keeps it).
+func (d *Disk) metaFor(o allocator.Owner) Meta {
+	if d.meta != nil {
+		return *d.meta
+	}
+	if r, ok, err := d.Record(o); err == nil && ok {
+		return r.Meta
+	}
+	return Meta{}
+}
+
 // SetIPsOf implements allocator.Store. A successful write also persists
 // the cursors moved since the store was opened (see Disk).
 func (d *Disk) SetIPsOf(o allocator.Owner, ips []netip.Addr) error {
@@ -328,11 +342,7 @@ func (d *Disk) SetIPsOf(o allocator.Owner, ips []netip.Addr) error {
 	} else if !errors.Is(err, unix.ENOENT) {
 		return fmt.Errorf("write owner index of %s: stat %s: %w", o.ContainerID, p, err)
 	}
-	var b strings.Builder
-	for _, ip := range ips {
-		b.WriteString(ip.String() + "\n")
-	}
-	tmp, err := d.writeTemp([]byte(b.String()), true)
+	tmp, err := d.writeTemp(FormatRecord(Record{IPs: ips, Meta: d.metaFor(o)}), true)
 	if err != nil {
 		return fmt.Errorf("write owner index of %s: %w", o.ContainerID, err)
 	}
@@ -568,20 +578,10 @@ func ParseOwner(data []byte) (allocator.Owner, error) {
 	return o, nil
 }
 
-// ParseIPList reads an owner index file: one address per line.
+// ParseIPList reads the addresses of an owner index entry (ParseRecord).
 func ParseIPList(data []byte) ([]netip.Addr, error) {
-	var ips []netip.Addr
-	for _, line := range strings.Split(string(data), "\n") {
-		if line == "" {
-			continue
-		}
-		ip, err := netip.ParseAddr(line)
-		if err != nil {
-			return nil, fmt.Errorf("owner index: %w", err)
-		}
-		ips = append(ips, ip)
-	}
-	return ips, nil
+	r, err := ParseRecord(data)
+	return r.IPs, err
 }
 
 // Hint implements allocator.Store: a bitmap file per range (or, for huge

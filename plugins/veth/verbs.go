@@ -21,6 +21,7 @@ import (
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/vishvananda/netlink"
 
+	"github.com/podnet/podnet/internal/attachment"
 	"github.com/podnet/podnet/internal/podfilter"
 	"github.com/podnet/podnet/ipam"
 )
@@ -373,15 +374,17 @@ func (p *plugin) check(args *skel.CmdArgs) error {
 	return nil
 }
 
-// gc removes the veths (and so the routes) of attachments the runtime no
-// longer knows and the pod filter's elements of every interface that no
-// longer exists, then lets IPAM release their addresses.
+// gc frees the host side of the attachments the runtime no longer knows
+// (internal/attachment, as podnet-routed's leak reconcile does: veths,
+// routes, pod filter elements) and the pod filter's elements of every
+// interface that no longer exists, then lets IPAM release their
+// addresses.
 func (p *plugin) gc(args *skel.CmdArgs) error {
 	inv, err := p.begin(args)
 	if err != nil {
 		return err
 	}
-	if _, err := gcHostVeths(inv.conf.Name, inv.conf.ValidAttachments); err != nil {
+	if err := gcHostSide(inv.conf.Name, inv.conf.ValidAttachments); err != nil {
 		return cniErrorf(types.ErrTryAgainLater, "GC: %v", err)
 	}
 	if err := podfilter.Prune(inv.mode.guard()); err != nil {
@@ -446,4 +449,27 @@ func (r *undoStack) run() {
 		}
 	}
 	r.undo = nil
+}
+
+// gcHostSide frees the host side of every attachment of network whose veth
+// is on the node but which is not in valid.
+func gcHostSide(network string, valid []types.GCAttachment) error {
+	owned, err := attachment.HostLinks(network)
+	if err != nil {
+		return err
+	}
+	keep := make(map[[2]string]bool, len(valid))
+	for _, a := range valid {
+		keep[[2]string{a.ContainerID, a.IfName}] = true
+	}
+	var errs []error
+	for o, links := range owned {
+		if keep[[2]string{o.ContainerID, o.IfName}] {
+			continue
+		}
+		if _, err := attachment.FreeHost(o, links); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }

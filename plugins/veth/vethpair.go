@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net"
 
-	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
@@ -166,48 +165,6 @@ func deletePodLink(netnsPath, ifName string, owner Owner) error {
 		}
 		return nil
 	})
-}
-
-// ownedHostVeths lists the host veths of network in the current netns.
-func ownedHostVeths(network string) (map[Owner]netlink.Link, error) {
-	links, err := netlinksafe.LinkList()
-	if err != nil {
-		return nil, fmt.Errorf("list links: %w", err)
-	}
-	owned := make(map[Owner]netlink.Link)
-	for _, l := range links {
-		if _, isVeth := l.(*netlink.Veth); !isVeth {
-			continue
-		}
-		if o, _, ok := contract.ParseVethAlias(l.Attrs().Alias); ok && o.Network == network {
-			owned[o] = l
-		}
-	}
-	return owned, nil
-}
-
-// gcHostVeths deletes the host veths of network whose attachment is not in
-// valid, and returns their names. Routes through them go with them.
-func gcHostVeths(network string, valid []types.GCAttachment) ([]string, error) {
-	owned, err := ownedHostVeths(network)
-	if err != nil {
-		return nil, err
-	}
-	keep := make(map[[2]string]bool, len(valid))
-	for _, a := range valid {
-		keep[[2]string{a.ContainerID, a.IfName}] = true
-	}
-	var removed []string
-	for o, link := range owned {
-		if keep[[2]string{o.ContainerID, o.IfName}] {
-			continue
-		}
-		if err := netlink.LinkDel(link); err != nil && !isNotFound(err) {
-			return removed, fmt.Errorf("delete stale veth %s of container %s: %w", link.Attrs().Name, o.ContainerID, err)
-		}
-		removed = append(removed, link.Attrs().Name)
-	}
-	return removed, nil
 }
 
 func isNotFound(err error) bool {

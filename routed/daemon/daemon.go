@@ -136,6 +136,13 @@ func New(cfg Config, nodes cache.ListerWatcher, log *slog.Logger) *Daemon {
 	return d
 }
 
+// Registry is the registry /metrics serves, and ObjectRepairs its
+// podnet_repairs_total{object}: other loops of podnet-routed (the leak
+// reconcile) publish there.
+func (d *Daemon) Registry() (prometheus.Registerer, *prometheus.CounterVec) {
+	return d.metrics.Registry, d.metrics.ObjectRepairs
+}
+
 // WithAPI makes the daemon probe the API server through core when its
 // watch is quiet, post Events about the Nodes it refuses through events
 // (CoreClient, each with a rate limiter of its own, so that a burst of

@@ -30,11 +30,15 @@ const (
 	// the chain of the plugins' pod filter (internal/podfilter): the
 	// plugins write it, podnet-routed puts it back when someone changes it
 	RepairPodFilter = "pod-filter"
+	// a live pod's host route and host veth sysctls, put back by the
+	// leak reconcile (routed/reconcile)
+	RepairPodRoute  = "pod-route"
+	RepairPodSysctl = "pod-sysctl"
 )
 
 // RepairObjects are the label values of podnet_repairs_total, all exported
 // from the start (at 0).
-var RepairObjects = []string{RepairRoute, RepairTunnelDevice, RepairVXLANNeighbor, RepairVXLANFDB, RepairSysctl, RepairNFTTable, RepairNodeState, RepairPodFilter}
+var RepairObjects = []string{RepairRoute, RepairTunnelDevice, RepairVXLANNeighbor, RepairVXLANFDB, RepairSysctl, RepairNFTTable, RepairNodeState, RepairPodFilter, RepairPodRoute, RepairPodSysctl}
 
 func newRepairsTotal() *prometheus.CounterVec {
 	v := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "podnet_repairs_total",

@@ -14,6 +14,7 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
@@ -22,8 +23,10 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/podnet/podnet/internal/nodestate"
+	"github.com/podnet/podnet/ipam"
 	"github.com/podnet/podnet/routed/daemon"
 	"github.com/podnet/podnet/routed/desired"
+	"github.com/podnet/podnet/routed/reconcile"
 )
 
 func main() {
@@ -52,6 +55,11 @@ func run(argv []string) error {
 	port := fs.Int("vxlan-port", 4789, "VXLAN UDP port")
 	cleanup := fs.Bool("cleanup", false, "remove every route, device, nft table and state file podnet-routed created, then exit")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	reconcileInterval := fs.Duration("reconcile-interval", time.Minute, "period of the leak reconcile, which frees the addresses and host-side state of pods whose DEL never came and repairs live pods' host routes (0: off)")
+	reconcileGrace := fs.Duration("reconcile-grace", 2*time.Minute, "age under which the leak reconcile never frees a reservation (covers an ADD in flight); a reservation of an earlier boot is freed at once")
+	criSocket := fs.String("cri-socket", reconcile.DefaultCRISocket, "the container runtime's CRI socket, asked which pods are alive (empty: ask none, judge by netns alone)")
+	ipamDataDirs := fs.String("ipam-data-dir", ipam.DefaultDataDir, "comma-separated podnet-ipam data directories (ipam.dataDir) whose stores the leak reconcile covers")
+	procSys := fs.String("proc-sys", "/proc/sys", "the sysctl tree where live pods' host veth settings are repaired")
 	if err := fs.Parse(argv); err != nil {
 		return err
 	}
@@ -102,6 +110,19 @@ func run(argv []string) error {
 	if *resync <= 0 {
 		return errors.New("--resync-interval must be positive")
 	}
+	if *reconcileInterval < 0 || *reconcileGrace < 0 {
+		return errors.New("--reconcile-interval and --reconcile-grace must not be negative")
+	}
+	var dataDirs []string
+	for _, d := range strings.Split(*ipamDataDirs, ",") {
+		if d = strings.TrimSpace(d); d == "" {
+			continue
+		}
+		if !filepath.IsAbs(d) {
+			return fmt.Errorf("--ipam-data-dir %q: want an absolute path", d)
+		}
+		dataDirs = append(dataDirs, filepath.Clean(d))
+	}
 	restCfg, err := kubeConfig(*kubeconfig)
 	if err != nil {
 		return err
@@ -125,6 +146,15 @@ func run(argv []string) error {
 		APIServers: daemon.APIServerAddrs(ctx, restCfg), Masquerade: *masquerade, MTU: *mtu, StateDir: *stateDir,
 		ResyncInterval: *resync, APIServerTimeout: *apiTimeout, VXLANVNI: *vni, VXLANPort: *port,
 	}, daemon.NodesListWatch(core), log).WithAPI(core, events, svcLW)
+	if *reconcileInterval > 0 {
+		reg, repairs := d.Registry()
+		loop, err := reconcile.New(reconcile.Config{DataDirs: dataDirs, Interval: *reconcileInterval, Grace: *reconcileGrace,
+			CRISocket: *criSocket, ProcSys: *procSys}, reconcile.NewMetrics(reg, repairs), log.With("loop", "reconcile"))
+		if err != nil {
+			return fmt.Errorf("leak reconcile: %w", err)
+		}
+		go loop.Run(ctx)
+	}
 	for _, addr := range uniq(*healthAddr, *metricsAddr) {
 		srv := &http.Server{Addr: addr, Handler: d.Handler(), ReadHeaderTimeout: 5 * time.Second}
 		go func() {

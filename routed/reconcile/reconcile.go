@@ -1,0 +1,444 @@
+package reconcile
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"net/netip"
+	"slices"
+	"sort"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/podnet/podnet/internal/attachment"
+	"github.com/podnet/podnet/internal/podfilter"
+	"github.com/podnet/podnet/ipam"
+	"github.com/podnet/podnet/ipam/allocator"
+	"github.com/podnet/podnet/ipam/store"
+)
+
+// Config is the reconcile's configuration.
+type Config struct {
+	// DataDirs are the podnet-ipam data directories of the node's
+	// networks (ipam.dataDir; podnet-ipam's default is ipam.DefaultDataDir):
+	// every network store under each is reconciled.
+	DataDirs []string
+	// Interval between passes (the first runs at start); Grace is the age
+	// below which a reservation is never freed (an ADD in flight).
+	Interval, Grace time.Duration
+	// CRISocket is the runtime's CRI endpoint ("" asks no runtime).
+	CRISocket string
+	// BootIDPath is where the current boot ID is read
+	// (ipam.BootIDPath).
+	BootIDPath string
+	// ProcSys is the sysctl tree the live pods' proxy ARP is read and
+	// repaired in ("/proc/sys").
+	ProcSys string
+	// LockBudget is how long one hold of a store's lock may last before
+	// the pass lets ADD and DEL in (they queue on the lock meanwhile).
+	LockBudget time.Duration
+}
+
+// Metrics are the reconcile's counters.
+type Metrics struct {
+	// Reclaimed is podnet_leaks_reclaimed_total{kind}.
+	Reclaimed *prometheus.CounterVec
+	// Repairs counts live pods' host state put back, by object
+	// ("pod-route", "pod-sysctl"): podnet_repairs_total{object}.
+	Repairs *prometheus.CounterVec
+	// Passes, Errors, LockHold: podnet_reconcile_passes_total,
+	// podnet_reconcile_errors_total, podnet_reconcile_lock_hold_seconds.
+	Passes, Errors prometheus.Counter
+	LockHold       prometheus.Histogram
+}
+
+// NewMetrics makes the metrics and registers them in reg; repairs, when
+// not nil, is the daemon's podnet_repairs_total (shared, not registered
+// again).
+func NewMetrics(reg prometheus.Registerer, repairs *prometheus.CounterVec) *Metrics {
+	m := &Metrics{
+		Reclaimed: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "podnet_leaks_reclaimed_total",
+			Help: "Pod attachments freed by the leak reconcile (addresses and host-side state of pods whose DEL never came), by why they were judged dead: reboot, runtime, netns, orphan."}, []string{"kind"}),
+		Repairs: repairs,
+		Passes:  prometheus.NewCounter(prometheus.CounterOpts{Name: "podnet_reconcile_passes_total", Help: "Passes of the leak reconcile."}),
+		Errors:  prometheus.NewCounter(prometheus.CounterOpts{Name: "podnet_reconcile_errors_total", Help: "Leak reconcile passes that met an error (see the log)."}),
+		LockHold: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "podnet_reconcile_lock_hold_seconds",
+			Help: "How long the leak reconcile held an IPAM store's lock at a time.", Buckets: prometheus.ExponentialBuckets(0.0001, 2, 12)}),
+	}
+	for _, k := range []Kind{KindReboot, KindRuntime, KindNetns, KindOrphan} {
+		m.Reclaimed.WithLabelValues(string(k))
+	}
+	if m.Repairs == nil {
+		m.Repairs = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "podnet_repairs_total", Help: "Objects podnet put back."}, []string{"object"})
+		reg.MustRegister(m.Repairs)
+	}
+	reg.MustRegister(m.Reclaimed, m.Passes, m.Errors, m.LockHold)
+	return m
+}
+
+// Loop is the reconcile loop.
+type Loop struct {
+	cfg     Config
+	log     *slog.Logger
+	m       *Metrics
+	runtime *Runtime // nil: no runtime asked
+	// runtimeDown: the last pass found no runtime (logged once).
+	runtimeDown bool
+	// now is time.Now (tests move it).
+	now func() time.Time
+	// routes are the node's pod host routes, listed once per pass.
+	routes hostRoutes
+}
+
+// New returns the loop. A CRI socket that cannot be used is an error.
+func New(cfg Config, m *Metrics, log *slog.Logger) (*Loop, error) {
+	if cfg.Interval <= 0 {
+		return nil, errors.New("reconcile interval must be positive")
+	}
+	if cfg.Grace < 0 {
+		return nil, errors.New("reconcile grace must not be negative")
+	}
+	if cfg.BootIDPath == "" {
+		cfg.BootIDPath = ipam.BootIDPath
+	}
+	if cfg.ProcSys == "" {
+		cfg.ProcSys = "/proc/sys"
+	}
+	if cfg.LockBudget <= 0 {
+		cfg.LockBudget = 5 * time.Millisecond
+	}
+	l := &Loop{cfg: cfg, log: log, m: m, now: time.Now}
+	if cfg.CRISocket != "" {
+		rt, err := NewRuntime(cfg.CRISocket)
+		if err != nil {
+			return nil, err
+		}
+		l.runtime = rt
+	}
+	return l, nil
+}
+
+// Run passes at start and every interval until ctx ends.
+func (l *Loop) Run(ctx context.Context) {
+	if l.runtime != nil {
+		defer l.runtime.Close()
+	}
+	t := time.NewTicker(l.cfg.Interval)
+	defer t.Stop()
+	for {
+		if _, err := l.Pass(ctx); err != nil && ctx.Err() == nil {
+			l.log.Error("leak reconcile", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// Result is what one pass did.
+type Result struct {
+	Reclaimed map[Kind]int
+	Repaired  int
+	// MaxLockHold is the longest single hold of a store's lock.
+	MaxLockHold time.Duration
+}
+
+// candidate is an attachment (or an orphan reservation) judged dead.
+type candidate struct {
+	owner   allocator.Owner
+	record  store.Record // the snapshot's (orphan: zero)
+	orphan  netip.Addr   // valid for an orphan reservation
+	changed time.Time    // orphan: the reservation's ctime
+	verdict Verdict
+	links   []netlink.Link
+}
+
+// Pass reconciles every store once.
+func (l *Loop) Pass(ctx context.Context) (Result, error) {
+	res := Result{Reclaimed: map[Kind]int{}}
+	l.m.Passes.Inc()
+	facts := Facts{Now: l.now(), Grace: l.cfg.Grace, BootID: ipam.ReadBootID(l.cfg.BootIDPath), Netns: netnsState}
+	facts.Sandboxes = l.sandboxes(ctx)
+	links, err := attachment.HostLinks("")
+	if err != nil {
+		l.m.Errors.Inc()
+		return res, err
+	}
+	var errs []error
+	if l.routes, err = listHostRoutes(); err != nil {
+		errs = append(errs, err) // no repair this pass; reclaiming goes on
+	}
+	for _, dir := range l.cfg.DataDirs {
+		networks, err := store.Networks(dir)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue // no pod was ever added with this data directory
+		}
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		for _, network := range networks {
+			if ctx.Err() != nil {
+				return res, ctx.Err()
+			}
+			if err := l.network(dir, network, facts, links, &res); err != nil {
+				errs = append(errs, fmt.Errorf("network %s in %s: %w", network, dir, err))
+			}
+		}
+	}
+	// Elements of veths that are gone (freed now, or died with their
+	// netns) leave the pod filter.
+	for _, g := range []podfilter.Guard{podfilter.Routed, podfilter.Bridged} {
+		if err := podfilter.Prune(g); err != nil {
+			errs = append(errs, fmt.Errorf("prune pod filter %s: %w", g, err))
+		}
+	}
+	err = errors.Join(errs...)
+	if err != nil {
+		l.m.Errors.Inc()
+	}
+	return res, err
+}
+
+// sandboxes asks the runtime (nil when none is configured or answers).
+func (l *Loop) sandboxes(ctx context.Context) map[string]SandboxState {
+	if l.runtime == nil {
+		return nil
+	}
+	sbs, err := l.runtime.Sandboxes(ctx, 10*time.Second)
+	if err != nil {
+		if !l.runtimeDown {
+			l.log.Warn("leak reconcile: the runtime does not answer; judging pods by their netns alone until it does", "err", err)
+		}
+		l.runtimeDown = true
+		return nil
+	}
+	if l.runtimeDown {
+		l.log.Info("leak reconcile: the runtime answers again", "socket", l.cfg.CRISocket)
+	}
+	l.runtimeDown = false
+	return sbs
+}
+
+// network reconciles one store: judge from a snapshot, free the dead
+// (host side first, then the addresses under the lock), repair the live.
+func (l *Loop) network(dir, network string, facts Facts, links map[attachment.Owner][]netlink.Link, res *Result) error {
+	snap, err := store.ReadSnapshot(dir, network)
+	if err != nil {
+		return err
+	}
+	var dead []candidate
+	var repairs []*liveRepair
+	indexed := map[netip.Addr]bool{}
+	for o, r := range snap.Records {
+		for _, ip := range r.IPs {
+			indexed[ip] = true
+		}
+		vo := attachment.Owner{Network: network, ContainerID: o.ContainerID, IfName: o.IfName}
+		f := facts
+		f.HostVethInService = inService(links[vo])
+		created := r.Created
+		if created.IsZero() {
+			created = reservedAt(snap, o, r)
+		}
+		v := Judge(o.ContainerID, r, created, f)
+		if !v.Dead {
+			if facts.Now.Sub(created) >= facts.Grace { // an ADD in flight is not finished yet
+				if lr := l.needsRepair(o, r, links[vo]); lr != nil {
+					res.Repaired += l.repairSysctls(network, lr)
+					if len(lr.routes) > 0 {
+						repairs = append(repairs, lr)
+					}
+				}
+			}
+			continue
+		}
+		dead = append(dead, candidate{owner: o, record: r, verdict: v, links: links[vo]})
+	}
+	for _, o := range snap.Corrupt {
+		l.log.Warn("leak reconcile: owner index entry does not parse; CNI GC rewrites it from the reservations", "network", network, "container", o.ContainerID, "ifname", o.IfName)
+	}
+	for ip, rv := range snap.Reservations {
+		if indexed[ip] || (rv.Owner != allocator.Owner{} && slices.Contains(snap.Corrupt, rv.Owner)) {
+			continue
+		}
+		if v := JudgeOrphan(rv.Changed, facts); v.Dead {
+			dead = append(dead, candidate{owner: rv.Owner, orphan: ip, changed: rv.Changed, verdict: v})
+		}
+	}
+	var errs []error
+	if len(repairs) > 0 {
+		if err := l.withLock(dir, network, func(d *store.Disk) error {
+			for _, lr := range repairs {
+				res.Repaired += l.repairRoutes(d, network, lr)
+			}
+			return nil
+		}, res); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if len(dead) == 0 {
+		return errors.Join(errs...)
+	}
+	// Oldest first: a pass cut short frees the longest-leaked.
+	sort.Slice(dead, func(i, j int) bool { return dead[i].record.Created.Before(dead[j].record.Created) })
+	free := dead[:0]
+	for _, c := range dead {
+		if c.orphan.IsValid() || len(c.links) == 0 {
+			free = append(free, c)
+			continue
+		}
+		// The host side first, outside the lock (deleting a veth takes
+		// ~20 ms): no route of the node may send the address to the old
+		// pod once it is free.
+		vo := attachment.Owner{Network: network, ContainerID: c.owner.ContainerID, IfName: c.owner.IfName}
+		if _, err := attachment.FreeHost(vo, c.links); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		free = append(free, c)
+	}
+	if err := l.release(dir, network, free, res); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// release frees the candidates' addresses, holding the store's lock for at
+// most about LockBudget at a time. Under the lock each candidate is
+// re-read: one that changed since the snapshot (an ADD of the same
+// attachment again) is left for the next pass.
+func (l *Loop) release(dir, network string, cands []candidate, res *Result) error {
+	for len(cands) > 0 {
+		n := 0
+		err := l.withLock(dir, network, func(d *store.Disk) error {
+			start := time.Now()
+			alloc := &allocator.Allocator{Store: d}
+			var errs []error
+			for n < len(cands) && (n == 0 || time.Since(start) < l.cfg.LockBudget) {
+				c := cands[n]
+				n++
+				freed, err := l.releaseOne(d, alloc, c)
+				if err != nil {
+					errs = append(errs, err)
+					continue
+				}
+				if freed {
+					res.Reclaimed[c.verdict.Kind]++
+					l.m.Reclaimed.WithLabelValues(string(c.verdict.Kind)).Inc()
+					l.logReclaim(network, c)
+				}
+			}
+			return errors.Join(errs...)
+		}, res)
+		if err != nil {
+			return err
+		}
+		cands = cands[n:]
+	}
+	return nil
+}
+
+// releaseOne frees one candidate in the locked store d if it is still what
+// the snapshot saw.
+func (l *Loop) releaseOne(d *store.Disk, alloc *allocator.Allocator, c candidate) (bool, error) {
+	if c.orphan.IsValid() {
+		rv, ok, err := d.Reservation(c.orphan)
+		if err != nil || !ok || rv.Owner != c.owner || !rv.Changed.Equal(c.changed) {
+			return false, err
+		}
+		if c.owner != (allocator.Owner{}) {
+			if r, ok, err := d.Record(c.owner); err != nil || (ok && slices.Contains(r.IPs, c.orphan)) {
+				return false, err // committed meanwhile
+			}
+		}
+		return true, d.Release(c.orphan)
+	}
+	r, ok, err := d.Record(c.owner)
+	if err != nil || !ok || !sameRecord(r, c.record) {
+		return false, err
+	}
+	return true, alloc.Release(c.owner)
+}
+
+func sameRecord(a, b store.Record) bool {
+	return a.Meta == b.Meta && slices.Equal(a.IPs, b.IPs)
+}
+
+func (l *Loop) logReclaim(network string, c candidate) {
+	if c.orphan.IsValid() {
+		l.log.Info("leak reclaimed", "network", network, "kind", c.verdict.Kind, "addrs", []netip.Addr{c.orphan}, "container", c.owner.ContainerID, "why", c.verdict.Reason)
+		return
+	}
+	l.log.Info("leak reclaimed", "network", network, "kind", c.verdict.Kind, "addrs", c.record.IPs,
+		"container", c.owner.ContainerID, "ifname", c.owner.IfName, "pod", c.record.PodNamespace+"/"+c.record.PodName,
+		"netns", c.record.Netns, "hostLinks", len(c.links), "why", c.verdict.Reason)
+}
+
+// withLock runs f in the locked store of network, and records how long
+// the lock was held.
+func (l *Loop) withLock(dir, network string, f func(*store.Disk) error, res *Result) error {
+	d, err := store.OpenDisk(dir, network)
+	if err != nil {
+		return err
+	}
+	start := time.Now()
+	err = f(d)
+	hold := time.Since(start)
+	err = errors.Join(err, d.Close())
+	l.m.LockHold.Observe(hold.Seconds())
+	res.MaxLockHold = max(res.MaxLockHold, hold)
+	return err
+}
+
+// reservedAt is when an entry without a recorded time (older podnet) was
+// made: its earliest reservation's ctime (now when it has none).
+func reservedAt(snap *store.Snapshot, o allocator.Owner, r store.Record) time.Time {
+	var t time.Time
+	for _, ip := range r.IPs {
+		if rv, ok := snap.Reservations[ip]; ok && rv.Owner == o && (t.IsZero() || rv.Changed.Before(t)) {
+			t = rv.Changed
+		}
+	}
+	if t.IsZero() {
+		return time.Now()
+	}
+	return t
+}
+
+// netnsState looks at a recorded netns path.
+func netnsState(path string, ino uint64) NetnsState {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR) {
+			return NetnsGone
+		}
+		return NetnsSame // cannot tell: keep it
+	}
+	if ino != 0 && st.Ino != ino {
+		return NetnsOther
+	}
+	var fs unix.Statfs_t
+	if err := unix.Statfs(path, &fs); err == nil && fs.Type != unix.NSFS_MAGIC {
+		return NetnsOther // a file left where a netns was mounted
+	}
+	return NetnsSame
+}
+
+// inService reports whether one of links is a host veth in service (not
+// detached by DEL).
+func inService(links []netlink.Link) bool {
+	for _, l := range links {
+		if _, ok := attachmentInService(l); ok {
+			return true
+		}
+	}
+	return false
+}
