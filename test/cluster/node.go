@@ -212,6 +212,10 @@ func (n *Node) StartRouted() error {
 		"--encap=" + cfg.Encap,
 		"--cluster-cidr=" + cfg.ClusterCIDR,
 		"--state-dir=" + n.StateDir,
+		// the node's own IPAM store; no container runtime on these
+		// nodes: the leak reconcile judges pods by their netns
+		"--ipam-data-dir=" + n.DataDir,
+		"--cri-socket=",
 		"--health-addr=" + HealthAddr,
 		"--metrics-addr=" + MetricsAddr,
 	}

@@ -103,7 +103,7 @@ func TestUnprivilegedRoutedAfterPrepareNode(t *testing.T) {
 			hostProcSys := filepath.Join(dir, "host/proc/sys")
 			routedArgs := []string{filepath.Join(bin, "podnet-routed"), "--kubeconfig=" + kubeconfig, "--node-name=ship-n1",
 				"--encap=" + c.encap, "--cluster-cidr=10.244.0.0/16", "--state-dir=" + stateDir,
-				"--health-addr=127.0.0.1:19099", "--metrics-addr=", "--resync-interval=1s"}
+				"--ipam-data-dir=" + filepath.Join(dir, "ipam"), "--cri-socket=", "--health-addr=127.0.0.1:19099", "--metrics-addr=", "--resync-interval=1s"}
 
 			// 1. podnet-routed alone: /proc/sys is read-only. It cannot set
 			// its sysctls: it says so, counts them, and goes on (routes,

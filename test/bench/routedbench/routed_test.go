@@ -265,6 +265,7 @@ func measureScale(t *testing.T, api *kapi.Server, bin, kubeconfig string, client
 	d := nettest.StartProcT(t, node, logPath, bin,
 		"--kubeconfig="+kubeconfig, "--node-name="+nodeName(0), "--encap="+sr.Mode,
 		"--cluster-cidr="+benchClusterCIDR, "--state-dir="+stateDir, "--resync-interval=1h",
+		"--ipam-data-dir="+filepath.Join(stateDir, "ipam"), "--cri-socket=",
 		"--health-addr="+addr, "--metrics-addr="+addr, "--log-level=info")
 
 	// Convergence: distinct podnet destinations present in the kernel.

@@ -35,6 +35,8 @@ func (g *guest) startRouted() error {
 			"--encap=ipip",
 			"--cluster-cidr=" + g.cfg.ClusterCIDR,
 			"--state-dir=" + n.stateDir,
+			"--ipam-data-dir=" + filepath.Join(n.stateDir, "ipam"),
+			"--cri-socket=",
 			"--health-addr=" + routedHealth,
 			"--metrics-addr=" + routedHealth,
 			"--resync-interval=3s", // several full resyncs (repair + prune) during the run
