@@ -413,21 +413,25 @@ func reservedAt(snap *store.Snapshot, o allocator.Owner, r store.Record) time.Ti
 	return t
 }
 
-// netnsState looks at a recorded netns path.
+// netnsState looks at a recorded netns path. Only a path that is gone, or
+// holds another network namespace than the one recorded, counts against
+// the pod: a plain file there may be a netns mount this process cannot
+// see (a container without mount propagation from the host's
+// /run/netns), and a path that cannot be looked at tells nothing.
 func netnsState(path string, ino uint64) NetnsState {
 	var st unix.Stat_t
 	if err := unix.Stat(path, &st); err != nil {
 		if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR) {
 			return NetnsGone
 		}
-		return NetnsSame // cannot tell: keep it
+		return NetnsSame
+	}
+	var fs unix.Statfs_t
+	if err := unix.Statfs(path, &fs); err != nil || fs.Type != unix.NSFS_MAGIC {
+		return NetnsSame
 	}
 	if ino != 0 && st.Ino != ino {
 		return NetnsOther
-	}
-	var fs unix.Statfs_t
-	if err := unix.Statfs(path, &fs); err == nil && fs.Type != unix.NSFS_MAGIC {
-		return NetnsOther // a file left where a netns was mounted
 	}
 	return NetnsSame
 }

@@ -288,7 +288,7 @@ func checkDaemonSet(t *testing.T, ds *appsv1.DaemonSet, cm *corev1.ConfigMap) {
 	for c, want := range map[string]map[string]string{
 		"prepare-node":  {"/proc/sys/net": "/host/proc/sys/net"},
 		"install-cni":   {"/opt/cni/bin": "/host/opt/cni/bin", "/etc/cni/net.d": "/host/etc/cni/net.d"},
-		"podnet-routed": {"/run/podnet": "/run/podnet"},
+		"podnet-routed": {"/run/podnet": "/run/podnet", "/run/containerd": "/run/containerd", "/run/netns": "/run/netns", "/proc/sys/net": "/host/proc/sys/net"},
 	} {
 		var got map[string]string
 		for _, x := range append(append([]corev1.Container{}, spec.InitContainers...), spec.Containers...) {
