@@ -32,15 +32,24 @@ type Runtime struct {
 // NewRuntime returns the CRI client of endpoint ("unix:///run/...", or a
 // plain path). The connection is made on first use.
 func NewRuntime(endpoint string) (*Runtime, error) {
-	path := strings.TrimPrefix(endpoint, "unix://")
-	if path == "" || !strings.HasPrefix(path, "/") {
-		return nil, fmt.Errorf("CRI socket %q: want unix:///absolute/path", endpoint)
+	path, err := SocketPath(endpoint)
+	if err != nil {
+		return nil, err
 	}
 	conn, err := grpc.NewClient("unix://"+path, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		return nil, fmt.Errorf("CRI client for %s: %w", endpoint, err)
 	}
 	return &Runtime{endpoint: endpoint, path: path, conn: conn, client: cri.NewRuntimeServiceClient(conn)}, nil
+}
+
+// SocketPath is the file of a CRI endpoint: "unix:///path" or "/path".
+func SocketPath(endpoint string) (string, error) {
+	path := strings.TrimPrefix(endpoint, "unix://")
+	if path == "" || !strings.HasPrefix(path, "/") {
+		return "", fmt.Errorf("CRI socket %q: want unix:///absolute/path", endpoint)
+	}
+	return path, nil
 }
 
 // Close closes the connection.

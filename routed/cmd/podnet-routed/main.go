@@ -123,6 +123,11 @@ func run(argv []string) error {
 		}
 		dataDirs = append(dataDirs, filepath.Clean(d))
 	}
+	if *criSocket != "" {
+		if _, err := reconcile.SocketPath(*criSocket); err != nil {
+			return fmt.Errorf("--cri-socket: %w", err)
+		}
+	}
 	restCfg, err := kubeConfig(*kubeconfig)
 	if err != nil {
 		return err

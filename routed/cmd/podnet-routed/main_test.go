@@ -20,6 +20,10 @@ func TestRunRefusesBadFlags(t *testing.T) {
 		{[]string{"--cluster-cidr=10.244.0.0/16", "--service-cidr=10.0.0.0/8"}, "holds the cluster CIDR 10.244.0.0/16"},
 		{[]string{"--cluster-cidr=10.244.0.0/16", "--service-cidr=bogus"}, "--service-cidr"},
 		{[]string{"--cluster-cidr=10.244.0.0/16", "--encap=gre"}, "unknown encapsulation"},
+		{[]string{"--cluster-cidr=10.244.0.0/16", "--reconcile-interval=-1s"}, "must not be negative"},
+		{[]string{"--cluster-cidr=10.244.0.0/16", "--reconcile-grace=-1s"}, "must not be negative"},
+		{[]string{"--cluster-cidr=10.244.0.0/16", "--ipam-data-dir=relative/dir"}, "want an absolute path"},
+		{[]string{"--cluster-cidr=10.244.0.0/16", "--cri-socket=tcp://10.0.0.1:1234"}, "want unix:///absolute/path"},
 	} {
 		t.Setenv("CLUSTER_CIDR", "")
 		t.Setenv("SERVICE_CIDR", "")
