@@ -302,13 +302,20 @@ func (g Guard) intact(c *nftables.Conn) (bool, error) {
 // holds nothing to remove. It lists every set: its cost grows with the
 // pods of the node.
 func (g Guard) remove(selects func(index int) bool) (int, error) {
+	return g.removeAfterList(func() (func(int) bool, error) { return selects, nil })
+}
+
+// removeAfterList is remove with the selection made only once every set
+// has been read: Prune lists the node's links then, so that an element
+// an ADD adds meanwhile (always after its veth exists) is never taken
+// for a leftover.
+func (g Guard) removeAfterList(selection func() (func(int) bool, error)) (int, error) {
 	c, err := newNFT()
 	if err != nil {
 		return 0, err
 	}
 	defer c.CloseLasting()
-	gone := map[string][]nftables.SetElement{}
-	n := 0
+	listed := map[string][]nftables.SetElement{}
 	for _, s := range g.sets(g.table()) {
 		elems, err := c.GetSetElements(s)
 		if err != nil {
@@ -317,9 +324,21 @@ func (g Guard) remove(selects func(index int) bool) (int, error) {
 			}
 			return 0, fmt.Errorf("list nftables set %s %s/%s: %w", familyName(g.family), contract.PodFilterTable, s.Name, err)
 		}
+		listed[s.Name] = elems
+	}
+	if len(listed) == 0 {
+		return 0, nil
+	}
+	selects, err := selection()
+	if err != nil {
+		return 0, err
+	}
+	gone := map[string][]nftables.SetElement{}
+	n := 0
+	for set, elems := range listed {
 		for _, e := range elems {
 			if i, ok := keyIndex(e.Key); ok && selects(i) {
-				gone[s.Name] = append(gone[s.Name], nftables.SetElement{Key: e.Key})
+				gone[set] = append(gone[set], nftables.SetElement{Key: e.Key})
 				n++
 			}
 		}
@@ -505,25 +524,23 @@ func hasTimeout(b []byte) bool {
 	return timed
 }
 
-// prune removes the elements of every interface index not in live (the
-// indexes of the node's links).
-func (g Guard) prune(live map[int]bool) (int, error) {
-	return g.remove(func(i int) bool { return !live[i] })
-}
-
 // Prune removes g's elements of every interface the node no longer
 // has (a pod whose DEL never came, a crash between a veth's deletion and
-// its elements').
+// its elements'). The links are listed after the elements: an ADD adds
+// its elements only once its veth exists, so one that runs meanwhile
+// keeps them.
 func Prune(g Guard) error {
-	links, err := netlinksafe.LinkList()
-	if err != nil {
-		return fmt.Errorf("list links: %w", err)
-	}
-	live := make(map[int]bool, len(links))
-	for _, l := range links {
-		live[l.Attrs().Index] = true
-	}
-	_, err = g.prune(live)
+	_, err := g.removeAfterList(func() (func(int) bool, error) {
+		links, err := netlinksafe.LinkList()
+		if err != nil {
+			return nil, fmt.Errorf("list links: %w", err)
+		}
+		live := make(map[int]bool, len(links))
+		for _, l := range links {
+			live[l.Attrs().Index] = true
+		}
+		return func(i int) bool { return !live[i] }, nil
+	})
 	return err
 }
 

@@ -51,7 +51,10 @@ func TestPodFilterDrop(t *testing.T) {
 							return g.RemoveExact(p)
 						}, []int{3, 4, 5}},
 						{"removePort (DEL without prevResult)", func() error { return g.RemovePort(3) }, []int{4, 5}},
-						{"prune (GC)", func() error { _, err := g.prune(map[int]bool{5: true}); return err }, []int{5}},
+						{"prune (GC)", func() error {
+							_, err := g.removeAfterList(func() (func(int) bool, error) { return func(i int) bool { return i != 5 }, nil })
+							return err
+						}, []int{5}},
 					}
 					for _, s := range steps {
 						if err := s.do(); err != nil {
