@@ -229,6 +229,11 @@ func demo(o options) int {
 		fmt.Printf("  a node:    ip netns exec %s-node1 ip route\n", o.name)
 		fmt.Printf("  a pod:     ip netns exec %s-pod-%s ping %s\n", o.name, c.Pods()[0].Name, c.Pods()[len(c.Pods())-1].IP)
 		fmt.Printf("  logs:      %s/<node>/podnet-routed.log, %s/kapi/\n", o.workDir, o.workDir)
+		n1 := c.Nodes[0]
+		leak := o.name + "-leak"
+		fmt.Printf("  a leak:    ip netns add %s   # attach a pod by hand, then delete its netns without DEL:\n", leak)
+		fmt.Printf("             ip netns exec %s env NETCONFPATH=%s CNI_PATH=%s \"$(scripts/install-cni-tools.sh)/cnitool\" add podnet /run/netns/%s\n", n1.NS.Name, n1.Dir, o.bin, leak)
+		fmt.Printf("             ip netns del %s   # within 3 min (grace 2 min + interval 1 min) %s's podnet-routed logs \"leak reclaimed\"\n", leak, n1.Name)
 		fmt.Printf("  remove it: make demo-down\n")
 	} else {
 		p.section("TEARDOWN")
