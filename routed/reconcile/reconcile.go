@@ -377,8 +377,12 @@ func (l *Loop) logReclaim(network string, c candidate) {
 		l.log.Info("leak reclaimed", "network", network, "kind", c.verdict.Kind, "addrs", []netip.Addr{c.orphan}, "container", c.owner.ContainerID, "why", c.verdict.Reason)
 		return
 	}
+	pod := ""
+	if c.record.HasPod() {
+		pod = c.record.PodNamespace + "/" + c.record.PodName
+	}
 	l.log.Info("leak reclaimed", "network", network, "kind", c.verdict.Kind, "addrs", c.record.IPs,
-		"container", c.owner.ContainerID, "ifname", c.owner.IfName, "pod", c.record.PodNamespace+"/"+c.record.PodName,
+		"container", c.owner.ContainerID, "ifname", c.owner.IfName, "pod", pod, "podUID", c.record.PodUID,
 		"netns", c.record.Netns, "hostLinks", len(c.links), "why", c.verdict.Reason)
 }
 
