@@ -112,6 +112,13 @@ func (h *harness) reconcileRuntimeLeaks(t *testing.T, r *routed) []*criclient.Sa
 	if len(leaked) == 0 {
 		t.Fatalf("every teardown finished before containerd was killed: nothing leaked, nothing to reclaim")
 	}
+	// (Read now: once the runtime forgets them, a pass may free them.)
+	var pastGrace time.Time
+	for _, p := range leaked {
+		if at := h.record(t, p.ID).Created.Add(reconcileGrace); at.After(pastGrace) {
+			pastGrace = at
+		}
+	}
 
 	// containerd comes back with its state: it still knows every sandbox.
 	h.startContainerd(t)
@@ -135,19 +142,16 @@ func (h *harness) reconcileRuntimeLeaks(t *testing.T, r *routed) []*criclient.Sa
 	// The first pass begun once the leaks may be freed (the runtime has
 	// forgotten them and they are past the grace) frees them.
 	eligible := forgotAt
-	for _, p := range leaked {
-		rec := h.record(t, p.ID)
-		if at := rec.Created.Add(reconcileGrace); at.After(eligible) {
-			eligible = at
-		}
+	if pastGrace.After(eligible) {
+		eligible = pastGrace
 	}
 	time.Sleep(time.Until(eligible))
 	c0, err := r.counts()
 	must(t, err)
-	latency, pass := h.waitWhole(t, r, c0.passes, live, leaked, eligible)
+	latency, _ := h.waitWhole(t, r, c0.passes, live, leaked, eligible)
 	wholeAt := eligible.Add(latency)
-	h.note(t, "the %d leaks (veths, routes, addresses) were freed by reconcile pass %d, the first begun once they could be: %v after containerd forgot them, "+
-		"%v after they were also past the grace (interval %v)", len(leaked), pass, wholeAt.Sub(forgotAt).Round(time.Millisecond),
+	h.note(t, "the %d leaks (veths, routes, addresses) were freed by the end of reconcile pass %d, the first begun once they could be: %v after containerd forgot them, "+
+		"%v after they were also past the grace (interval %v)", len(leaked), c0.passes+1, wholeAt.Sub(forgotAt).Round(time.Millisecond),
 		latency.Round(time.Millisecond), reconcileInterval)
 
 	// Nothing else is freed over the next intervals, and the live pods'
@@ -228,22 +232,33 @@ func (h *harness) reconcileReboot(t *testing.T, r *routed, old []*criclient.Sand
 		_, owners := h.reservations()
 		newAtStart = len(owners) - len(old)
 	}
+	freed := make(chan error, 1)
+	var freedIn time.Duration
 	if newAtStart > 0 {
 		r.start(t, reconcileInterval, rebootGrace)
+		// Pass 1, the start-up pass, must free the old boot's.
+		go func() {
+			var err error
+			freedIn, err = h.waitFreed(r, 0, old, r.started)
+			freed <- err
+		}()
 	}
 	<-created
 	if newAtStart == 0 || len(errs) > 0 {
 		t.Fatalf("pods after the reboot: %d of %d failed to start (first: %v), %d had an address within %v", len(errs), len(pods), errors.Join(errs...), newAtStart, callTimeout)
 	}
 	upIn := time.Since(r.started)
+	if err := <-freed; err != nil {
+		t.Fatal(err)
+	}
 	for _, p := range pods {
 		h.checkPodIP(t, p)
 	}
-	// Pass 1 is the start-up pass.
-	latency, pass := h.waitWhole(t, r, 0, pods, old, r.started)
-	h.note(t, "podnet-routed restarted (--reconcile-grace=%v) once %d new pod had its address; %s; all %d new pods up %v after it started; "+
-		"the pool was whole (exactly the new pods' reservations, veths and routes) %v after it started, freed by pass %d (the start-up pass)",
-		rebootGrace, newAtStart, h.raceSummary(t, r, pods), len(pods), upIn.Round(time.Millisecond), latency.Round(time.Millisecond), pass)
+	latency, _ := h.waitWhole(t, r, 0, pods, old, r.started)
+	h.note(t, "podnet-routed restarted (--reconcile-grace=%v) once %d new pod had its address; the %d reservations of the old boot were gone %v after it started, "+
+		"by the end of its start-up pass (pass 1), while the new pods' ADDs ran (%s); all %d new pods up %v after it started, the pool whole "+
+		"(exactly the new pods' reservations, veths and routes) %v after it started",
+		rebootGrace, newAtStart, len(old), freedIn.Round(time.Millisecond), h.raceSummary(t, r, pods), len(pods), upIn.Round(time.Millisecond), latency.Round(time.Millisecond))
 
 	h.watchAddresses(t, pods, watchIntervals*reconcileInterval)
 	res := pr.stop()
@@ -560,6 +575,35 @@ func (h *harness) waitWhole(t *testing.T, r *routed, pass0 int, pods, gone []*cr
 			t.Fatalf("pool not whole after %v (reconcile passes: %d, %v):\n  %s", waitLimit, c.passes, err, strings.Join(problems, "\n  "))
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// waitFreed waits until no reservation or owner index entry of gone's
+// attachments is left in the store; pass0 is as for waitWhole. It returns
+// how long after since they were gone.
+func (h *harness) waitFreed(r *routed, pass0 int, gone []*criclient.Sandbox, since time.Time) (time.Duration, error) {
+	limit := time.Now().Add(waitLimit)
+	for {
+		c, err := r.counts()
+		ips, owners := h.reservations()
+		var left []string
+		for _, p := range gone {
+			owner := p.ID + ":" + podIfName
+			if ips[p.IP] == owner || contains(owners, owner) {
+				left = append(left, p.IP+"="+owner)
+			}
+		}
+		if len(left) == 0 && err == nil {
+			return time.Since(since), nil
+		}
+		if err == nil && c.passes >= pass0+2 {
+			return 0, fmt.Errorf("reconcile pass %d (the first begun once the %d leaks could be freed) is over and %d are still reserved: %s",
+				pass0+1, len(gone), len(left), abbreviate(left))
+		}
+		if time.Now().After(limit) {
+			return 0, fmt.Errorf("%d of %d leaks still reserved after %v (reconcile passes: %d, %v): %s", len(left), len(gone), waitLimit, c.passes, err, abbreviate(left))
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
 
