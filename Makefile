@@ -104,8 +104,9 @@ test-e2e: build cni-tools kapi go-suite-e2e
 # The harness libraries' own tests and `make demo` (root, kapi).
 test-cluster: build cni-tools kapi go-suite-cluster
 # Pod sandboxes through containerd's CRI (root; installs containerd + runc
-# when missing, ~1 min).
-test-runtime: build cni-tools
+# when missing, ~1 min), and podnet-routed's leak reconcile asking that
+# containerd (kapi: podnet-routed needs an API server for its Node).
+test-runtime: build cni-tools kapi
 	scripts/runtime/install-deps.sh
 	$(MAKE) --no-print-directory go-suite-runtime
 # IPIP in a QEMU VM: this kernel has no ipip module, so it boots Debian's

@@ -7,9 +7,11 @@
 // registry is reachable.
 //
 // It needs root, containerd, ctr, runc and nsenter (scripts/runtime/install-deps.sh
-// installs them), the built binaries (`make`) and the reference CNI tools
-// (PODNET_CNI_TOOLS, for the loopback plugin containerd runs). It fails,
-// never skips, when one is missing.
+// installs them), the built binaries (`make`), the reference CNI tools
+// (PODNET_CNI_TOOLS, for the loopback plugin containerd runs) and
+// kube-apiserver + etcd (PODNET_KAPI_DIR: the leak reconcile test runs
+// podnet-routed, which needs an API server for its Node). It fails, never
+// skips, when one is missing.
 package runtimee2e
 
 import (

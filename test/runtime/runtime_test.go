@@ -52,7 +52,8 @@ func TestShippedConflistsForContainerd(t *testing.T) {
 }
 
 // TestContainerd runs the shipped conflists under containerd 1.6 + runc,
-// pods driven through CRI.
+// pods driven through CRI, and last podnet-routed's leak reconcile asking
+// that containerd (testReconcile).
 func TestContainerd(t *testing.T) {
 	h := newHarness(t)
 	t.Run("podnet", func(t *testing.T) {
@@ -64,6 +65,11 @@ func TestContainerd(t *testing.T) {
 	t.Run("podnet-bridge", func(t *testing.T) {
 		h.useNetwork(t, &network{pluginType: "podnet-bridge", podCIDR: "10.244.8.0/24"})
 		t.Run("20-pods", h.testPods)
+	})
+	// Last: it runs podnet-routed on the node and reboots it.
+	t.Run("podnet-reconcile", func(t *testing.T) {
+		h.useNetwork(t, &network{pluginType: "podnet", podCIDR: "10.244.9.0/24"})
+		h.testReconcile(t)
 	})
 	h.writeReport(t, os.Getenv("PODNET_RUNTIME_REPORT"))
 }
