@@ -61,6 +61,9 @@ func (r *Runtime) Sandboxes(ctx context.Context, timeout time.Duration) (map[str
 	if _, err := os.Stat(r.path); errors.Is(err, fs.ErrNotExist) {
 		return nil, fmt.Errorf("%w at %s", errNoRuntime, r.endpoint)
 	}
+	// A runtime that was down for a while: ask now, not after gRPC's
+	// reconnect backoff, which grows past the reconcile's interval.
+	r.conn.ResetConnectBackoff()
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	resp, err := r.client.ListPodSandbox(ctx, &cri.ListPodSandboxRequest{})
