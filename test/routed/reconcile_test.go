@@ -838,11 +838,14 @@ func TestReconcileRepairsLivePod(t *testing.T) {
 }
 
 // TestReconcileOrphanAndHostileStore: reservations no owner index entry
-// lists (an ADD killed between its two writes, or a reservation file
-// that does not parse) are reclaimed once older than the grace; hostile
-// owner index entries (a line that is no address, a number out of range,
-// a value megabytes long, a symbolic link) neither stop the daemon nor
-// free an address whose owner entry is among them, live pods' included.
+// lists (an ADD killed between its two writes, or a reservation file that
+// does not parse) are reclaimed once older than the grace. Hostile owner
+// index entries neither stop the daemon nor free an address: entries that
+// do not parse (a line that is no address, a number out of range, a value
+// of 512 KiB) are skipped with their reservations, live pods' included;
+// entries podnet-ipam never makes (a symbolic link, a file of 1 TiB, in
+// owners/ or ips/) stop the pass over that store, which says which entry,
+// until they are gone.
 func TestReconcileOrphanAndHostileStore(t *testing.T) {
 	t.Parallel()
 	c := newCluster(t)
@@ -877,23 +880,36 @@ func TestReconcileOrphanAndHostileStore(t *testing.T) {
 	orphan, garbled := ip(200), ip(201)
 	write("ips/"+orphan, "cnitool-killed-mid-add\neth0\n")
 	write("ips/"+garbled, "\x00not a reservation")
-	orphaned := time.Now()
-	// Hostile owner index entries: two live pods' entries that no longer
-	// parse; an entry (with its reservation) whose netns value is 8 MiB
-	// long; a symbolic link (named like an entry) to a live pod's entry.
+	// Owner index entries that do not parse: two live pods', and one (with
+	// its reservation) whose netns value is 512 KiB long.
 	appendTo(live1, "this is not an address\n")
 	appendTo(live2, "netns-ino=99999999999999999999999999\n")
-	huge := ip(202)
-	write("owners/cnitool-huge:eth0", huge+"\nnetns=\""+strings.Repeat("x", 8<<20)+"\"\n")
-	write("ips/"+huge, "cnitool-huge\neth0\n")
+	long := ip(202)
+	write("owners/cnitool-long:eth0", long+"\nnetns=\""+strings.Repeat("x", 512<<10)+"\"\n")
+	write("ips/"+long, "cnitool-long\neth0\n")
+	// Entries podnet-ipam never makes: a symbolic link (named like an
+	// entry) to a live pod's entry; an owner index entry and a
+	// reservation 1 TiB long (sparse: no disk taken), which podnet-routed
+	// used to read whole, and died of.
 	link := filepath.Join(dir, "owners", "cnitool-link:eth0")
 	if err := os.Symlink(live3.ownerFile(), link); err != nil {
 		t.Fatal(err)
 	}
-	errors0 := 0.0
-	if m, err := n.d.metrics(); err == nil {
-		errors0 = m["podnet_reconcile_errors_total"]
+	bigOwner, bigIP := filepath.Join(dir, "owners", "cnitool-big:eth0"), filepath.Join(dir, "ips", ip(203))
+	for _, p := range []string{bigOwner, bigIP} {
+		write(strings.TrimPrefix(p, dir+"/"), "")
+		if err := os.Truncate(p, 1<<40); err != nil {
+			t.Fatal(err)
+		}
 	}
+	m, err := n.d.metrics()
+	if err != nil {
+		t.Fatal(err)
+	}
+	errors0 := m["podnet_reconcile_errors_total"]
+
+	// kept: the daemon is up and ready, no live pod nor entry that does
+	// not parse lost anything.
 	kept := func() error {
 		if err := n.ready(); err != nil {
 			return err
@@ -913,15 +929,37 @@ func TestReconcileOrphanAndHostileStore(t *testing.T) {
 		if err := live3.intact(); err != nil {
 			return err
 		}
-		if _, err := os.Stat(filepath.Join(dir, "ips", huge)); err != nil {
-			return fmt.Errorf("the reservation of the 8 MiB entry: %w", err)
+		if _, err := os.Stat(filepath.Join(dir, "ips", long)); err != nil {
+			return fmt.Errorf("the reservation of the entry with a 512 KiB value: %w", err)
 		}
 		return nil
 	}
-	// With the symbolic link in owners/, the store is not one podnet-ipam
-	// made: the pass reports it (the error names the link) and frees
-	// nothing of it; the daemon stays up and ready.
-	holds(t, rcGrace+rcInterval, "with the hostile entries and the symbolic link", func() error {
+	// failedOn waits for a pass's error, logged after since, that names
+	// one of unsafe (and says why) and returns it; the daemon stays up and
+	// nothing is lost meanwhile.
+	failedOn := func(since time.Time, unsafe map[string]string) string {
+		t.Helper()
+		var named string
+		within(t, 2*rcInterval+rcSlack, "a reconcile error naming one of the unsafe entries", func() error {
+			if err := kept(); err != nil {
+				return err
+			}
+			for _, rec := range n.d.logLines("leak reconcile") {
+				at, _ := time.Parse(time.RFC3339Nano, fmt.Sprint(rec["time"]))
+				msg := fmt.Sprint(rec["err"])
+				for path, why := range unsafe {
+					if at.After(since) && strings.Contains(msg, path) && strings.Contains(msg, why) {
+						named = path
+						return nil
+					}
+				}
+			}
+			return errors.New("none yet")
+		})
+		return named
+	}
+	start := time.Now()
+	holds(t, rcGrace+rcInterval, "with the hostile entries", func() error {
 		if err := kept(); err != nil {
 			return err
 		}
@@ -934,29 +972,34 @@ func TestReconcileOrphanAndHostileStore(t *testing.T) {
 		}
 		return nil
 	})
-	m, err := n.d.metrics()
-	if err != nil {
+	if m, err = n.d.metrics(); err != nil {
 		t.Fatal(err)
 	}
 	if m["podnet_reconcile_errors_total"] < errors0+2 {
-		t.Errorf("podnet_reconcile_errors_total %v -> %v with a symbolic link in owners/, want it counted every pass", errors0, m["podnet_reconcile_errors_total"])
-	}
-	named := false
-	for _, rec := range n.d.logLines("leak reconcile") {
-		named = named || strings.Contains(fmt.Sprint(rec["err"]), "cnitool-link:eth0")
-	}
-	if !named {
-		t.Errorf("no \"leak reconcile\" error naming %s", link)
+		t.Errorf("podnet_reconcile_errors_total %v -> %v with unsafe entries in the store, want each pass counted", errors0, m["podnet_reconcile_errors_total"])
 	}
 	got, _ := n.reclaimed()
-	t.Logf("with the symbolic link in owners/ for %s: podnet_leaks_reclaimed_total %v, reconcile errors %v", time.Since(orphaned).Round(100*time.Millisecond), got, m["podnet_reconcile_errors_total"]-errors0)
-
-	// The link gone: the orphans (older than the grace by now) are
-	// reclaimed; the addresses of the entries that do not parse are not.
-	if err := os.Remove(link); err != nil {
-		t.Fatal(err)
+	t.Logf("%s with the hostile entries: podnet_leaks_reclaimed_total %v, reconcile errors %v", time.Since(start).Round(100*time.Millisecond), got, m["podnet_reconcile_errors_total"]-errors0)
+	// Each unsafe entry stops the pass (in the order the directory lists
+	// them), and is named; removed, the next one does.
+	unsafe := map[string]string{link: "is a symbolic link", bigOwner: "is 1099511627776 bytes long", bigIP: "is 1099511627776 bytes long"}
+	for len(unsafe) > 0 {
+		path := failedOn(start, unsafe)
+		t.Logf("the pass stops at %s", strings.TrimPrefix(path, dir+"/"))
+		if err := os.Remove(path); err != nil {
+			t.Fatal(err)
+		}
+		delete(unsafe, path)
+		start = time.Now()
 	}
+
+	// The unsafe entries gone, the orphans (older than the grace by now)
+	// are reclaimed; the reservations of entries that do not parse are
+	// not.
 	within(t, rcSlack, "orphan reservations reclaimed", func() error {
+		if err := n.ready(); err != nil {
+			return err
+		}
 		for _, a := range []string{orphan, garbled} {
 			if _, err := os.Lstat(filepath.Join(dir, "ips", a)); !errors.Is(err, fs.ErrNotExist) {
 				return fmt.Errorf("ips/%s still there (%v)", a, err)
@@ -974,14 +1017,14 @@ func TestReconcileOrphanAndHostileStore(t *testing.T) {
 			t.Errorf("no \"leak reclaimed\" record of kind orphan for %s", a)
 		}
 	}
-	corrupt := 0
+	warned := map[string]bool{}
 	for _, rec := range n.d.logLines("leak reconcile: owner index entry does not parse; CNI GC rewrites it from the reservations") {
-		if c := fmt.Sprint(rec["container"]); c == live1.cid || c == live2.cid || c == "cnitool-huge" {
-			corrupt++
-		}
+		warned[fmt.Sprint(rec["container"])] = true
 	}
-	if corrupt < 3 {
-		t.Errorf("%d warnings about the owner index entries that do not parse, want one per entry and pass", corrupt)
+	for _, cid := range []string{live1.cid, live2.cid, "cnitool-long"} {
+		if !warned[cid] {
+			t.Errorf("no warning about the owner index entry of %s, which does not parse", cid)
+		}
 	}
 	holds(t, 2*rcInterval, "after the orphans", func() error {
 		if err := kept(); err != nil {
