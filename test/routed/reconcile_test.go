@@ -417,6 +417,19 @@ func (n *rcNode) expectReclaimed(want map[string]float64) error {
 	return nil
 }
 
+// noReconcileErrors checks that no pass met an error
+// (podnet_reconcile_errors_total 0).
+func (n *rcNode) noReconcileErrors() error {
+	m, err := n.d.metrics()
+	if err != nil {
+		return err
+	}
+	if v := m["podnet_reconcile_errors_total"]; v != 0 {
+		return fmt.Errorf("podnet_reconcile_errors_total %v: %v", v, n.d.logLines("leak reconcile"))
+	}
+	return nil
+}
+
 // passes is podnet_reconcile_passes_total.
 func (n *rcNode) passes() (float64, error) {
 	m, err := n.d.metrics()
@@ -646,6 +659,9 @@ func testNetnsGone(t *testing.T, n *rcNode) {
 		if err := allIntact(live...); err != nil {
 			return err
 		}
+		if err := n.noReconcileErrors(); err != nil {
+			return err
+		}
 		return n.expectReclaimed(map[string]float64{"netns": 2})
 	})
 	if err := kept.ping(); err != nil {
@@ -755,6 +771,9 @@ func TestReconcileAfterReboot(t *testing.T) {
 		if err := after.intact(); err != nil {
 			return err
 		}
+		if err := n.noReconcileErrors(); err != nil {
+			return err
+		}
 		return n.expectReclaimed(map[string]float64{"reboot": 2})
 	})
 	if err := after.ping(); err != nil {
@@ -829,6 +848,9 @@ func TestReconcileRepairsLivePod(t *testing.T) {
 			if got := n.d.repairs(t, obj); got != b+1 {
 				return fmt.Errorf("podnet_repairs_total{object=%q} = %v, want %v", obj, got, b+1)
 			}
+		}
+		if err := n.noReconcileErrors(); err != nil {
+			return err
 		}
 		return n.expectReclaimed(nil)
 	})
