@@ -498,24 +498,43 @@ func fsyncDir(fd int, path string) error {
 	return nil
 }
 
-// readFile reads the regular file name under the directory parent.
+// maxEntrySize bounds a reservation or owner index entry: podnet-ipam
+// writes a few hundred bytes there (an owner index entry's Meta strings
+// are at most maxMetaValue each). A bigger file is not one it wrote, and
+// reading it whole could take all the memory of the reader, podnet-routed
+// included, which reads every entry at each leak reconcile pass.
+const maxEntrySize = 1 << 20
+
+// readFile reads the regular file name under the directory parent, a
+// reservation or an owner index entry: one bigger than maxEntrySize is
+// refused (ErrUnsafeEntry) without being read.
 func readFile(parent int, name, path string) ([]byte, error) {
 	fd, err := openFile(parent, name, path, unix.O_RDONLY)
 	if err != nil {
 		return nil, err
 	}
 	defer unix.Close(fd)
-	return readAll(fd, path)
+	return readAll(fd, path, maxEntrySize)
 }
 
-// readAll reads fd from offset 0 to its end.
-func readAll(fd int, path string) ([]byte, error) {
+// readAll reads fd from offset 0 to its end; with limit > 0, a file longer
+// than limit bytes is an ErrUnsafeEntry error.
+func readAll(fd int, path string, limit int64) ([]byte, error) {
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
 		return nil, fmt.Errorf("stat %s: %w", path, err)
 	}
+	tooBig := func(size string) error {
+		return fmt.Errorf("%w: %s is %s bytes long, more than podnet-ipam ever writes there (%d)", ErrUnsafeEntry, path, size, limit)
+	}
+	if limit > 0 && st.Size > limit {
+		return nil, tooBig(strconv.FormatInt(st.Size, 10))
+	}
 	buf := make([]byte, 0, st.Size+1)
 	for {
+		if limit > 0 && int64(len(buf)) > limit { // grown since the stat
+			return nil, tooBig(fmt.Sprintf("at least %d", len(buf)))
+		}
 		if len(buf) == cap(buf) {
 			buf = append(buf, 0)[:len(buf)]
 		}
@@ -653,7 +672,7 @@ func (f *hintFile) read() ([]byte, error) {
 		return nil, err
 	}
 	f.fd = fd
-	return readAll(fd, f.path())
+	return readAll(fd, f.path(), 0)
 }
 
 func (f *hintFile) close() {

@@ -333,3 +333,74 @@ func TestDiskCloseTwice(t *testing.T) {
 		t.Errorf("second Close closed an unrelated file: %v", err)
 	}
 }
+
+// TestDiskRefusesHugeEntries: a reservation or owner index entry bigger
+// than podnet-ipam ever writes (1 TiB, sparse, so it takes no disk; and
+// one byte over the 1 MiB bound) is refused with an ErrUnsafeEntry error
+// naming it, unread: reading it whole would take all the memory of the
+// verb or of podnet-routed's reconcile (ReadSnapshot), which died of it.
+// Nothing in the store changes.
+func TestDiskRefusesHugeEntries(t *testing.T) {
+	snapshot := func(dataDir string) error {
+		_, err := store.ReadSnapshot(dataDir, "net")
+		return err
+	}
+	record := func(dataDir string) error {
+		d, err := store.OpenDisk(dataDir, "net")
+		if err != nil {
+			return err
+		}
+		defer d.Close()
+		_, _, err = d.Record(bob)
+		return err
+	}
+	reservation := func(dataDir string) error {
+		d, err := store.OpenDisk(dataDir, "net")
+		if err != nil {
+			return err
+		}
+		defer d.Close()
+		_, _, err = d.Reservation(addr("10.0.0.2"))
+		return err
+	}
+	verbs := map[string]func(string) error{"DEL": delBob, "GC": gcAll, "ReadSnapshot": snapshot, "Record": record, "Reservation": reservation}
+	for _, c := range []struct {
+		entry string
+		size  int64
+		verbs []string
+	}{
+		{"owners/bob-1.x_y:net1", 1 << 40, []string{"DEL", "GC", "ReadSnapshot", "Record"}},
+		{"owners/bob-1.x_y:net1", 1<<20 + 1, []string{"DEL", "ReadSnapshot"}},
+		{"ips/10.0.0.2", 1 << 40, []string{"GC", "ReadSnapshot", "Reservation"}},
+	} {
+		for _, verb := range c.verbs {
+			t.Run(fmt.Sprintf("%s/%s/%d", verb, strings.ReplaceAll(c.entry, "/", "_"), c.size), func(t *testing.T) {
+				h := newHostileStore(t)
+				p := h.path(c.entry)
+				must(t, os.Truncate(p, c.size))
+				names := func() []string {
+					var out []string
+					for _, sub := range []string{"ips", "owners"} {
+						es, err := os.ReadDir(h.path(sub))
+						must(t, err)
+						for _, e := range es {
+							out = append(out, sub+"/"+e.Name())
+						}
+					}
+					return out
+				}
+				before := names()
+				err := runBounded(t, func() error { return verbs[verb](h.dataDir) })
+				if !errors.Is(err, store.ErrUnsafeEntry) || !strings.Contains(err.Error(), p) || !strings.Contains(err.Error(), "bytes long") {
+					t.Fatalf("got %v, want an ErrUnsafeEntry error naming %s and its size", err, p)
+				}
+				if after := names(); fmt.Sprint(after) != fmt.Sprint(before) {
+					t.Errorf("store entries %v, were %v", after, before)
+				}
+				if fi, err := os.Stat(p); err != nil || fi.Size() != c.size {
+					t.Errorf("%s: %v %v, want %d bytes still", p, fi, err, c.size)
+				}
+			})
+		}
+	}
+}

@@ -298,7 +298,7 @@ func (d *Disk) reservation(ip netip.Addr) (Reservation, bool, error) {
 	if err := unix.Fstat(fd, &st); err != nil {
 		return Reservation{}, false, fmt.Errorf("stat %s: %w", d.ipPath(ip), err)
 	}
-	data, err := readAll(fd, d.ipPath(ip))
+	data, err := readAll(fd, d.ipPath(ip), maxEntrySize)
 	if err != nil {
 		return Reservation{}, false, err
 	}

@@ -216,14 +216,17 @@ func ipamError(res execResult) (*types.Error, error) {
 type ipamStore struct {
 	ips    map[string]string   // ips/<ip> -> "cid:ifname" ("?<raw>" when it does not parse)
 	owners map[string][]string // owners/<cid:ifname> -> addresses
-	temps  []string            // .tmp-* files anywhere in the network dir
-	stray  []string            // any other unexpected file
+	// meta are the owner index entries' "key=value" lines (what ADD
+	// records with the addresses: netns, pod, created, boot-id), raw.
+	meta  map[string]map[string]string
+	temps []string // .tmp-* files anywhere in the network dir
+	stray []string // any other unexpected file
 }
 
 func readIPAMStore(t *testing.T, dataDir, network string) ipamStore {
 	t.Helper()
 	dir := filepath.Join(dataDir, network)
-	s := ipamStore{ips: map[string]string{}, owners: map[string][]string{}}
+	s := ipamStore{ips: map[string]string{}, owners: map[string][]string{}, meta: map[string]map[string]string{}}
 	err := filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -259,11 +262,16 @@ func readIPAMStore(t *testing.T, dataDir, network string) ipamStore {
 				s.ips[base] = lines[0] + ":" + lines[1]
 			}
 		case "owners":
-			// the addresses; the lines of what ADD recorded with them
-			// (key=value) are checked by the tests of the record
+			// the addresses, and apart the lines of what ADD recorded
+			// with them (key=value)
 			var list []string
 			for _, l := range strings.Split(string(data), "\n") {
-				if l != "" && !strings.Contains(l, "=") {
+				if k, v, isMeta := strings.Cut(l, "="); isMeta {
+					if s.meta[base] == nil {
+						s.meta[base] = map[string]string{}
+					}
+					s.meta[base][k] = v
+				} else if l != "" {
 					list = append(list, l)
 				}
 			}
