@@ -188,10 +188,16 @@ func (d *Disk) Record(o allocator.Owner) (Record, bool, error) {
 	}
 	r, err := ParseRecord(data)
 	if err != nil {
-		return Record{}, false, fmt.Errorf("%s: %w", d.ownerPath(o), err)
+		return Record{}, false, &parseError{fmt.Errorf("%s: %w", d.ownerPath(o), err)}
 	}
 	return r, true, nil
 }
+
+// parseError is an owner index entry that was read but does not parse.
+type parseError struct{ err error }
+
+func (e *parseError) Error() string { return e.err.Error() }
+func (e *parseError) Unwrap() error { return e.err }
 
 // Reservation is one ips/ entry as a snapshot saw it.
 type Reservation struct {
@@ -209,6 +215,13 @@ type Snapshot struct {
 	Reservations map[netip.Addr]Reservation
 	// Corrupt lists owner index entries that do not parse.
 	Corrupt []allocator.Owner
+	// Unreadable lists owner index entries that could not be read (one
+	// podnet-ipam never makes: a symlink, a huge file, ...); Skipped says
+	// why, for them and for the reservations that could not be read. Such
+	// entries are left alone: one cannot keep the rest of the store from
+	// being read.
+	Unreadable []allocator.Owner
+	Skipped    []error
 }
 
 // ReadSnapshot reads the store of network under dataDir without taking its
@@ -249,11 +262,13 @@ func ReadSnapshot(dataDir, network string) (*Snapshot, error) {
 				continue
 			}
 			r, found, err := d.Record(o)
+			var pe *parseError
 			switch {
-			case errors.Is(err, ErrUnsafeEntry):
-				return nil, err
-			case err != nil:
+			case errors.As(err, &pe):
 				s.Corrupt = append(s.Corrupt, o)
+			case err != nil:
+				s.Unreadable = append(s.Unreadable, o)
+				s.Skipped = append(s.Skipped, err)
 			case found:
 				s.Records[o] = r
 			}
@@ -271,7 +286,8 @@ func ReadSnapshot(dataDir, network string) (*Snapshot, error) {
 			}
 			res, ok, err := d.reservation(ip)
 			if err != nil {
-				return nil, err
+				s.Skipped = append(s.Skipped, err)
+				continue
 			}
 			if ok {
 				s.Reservations[ip] = res

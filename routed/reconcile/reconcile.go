@@ -266,14 +266,16 @@ func (l *Loop) network(dir, network string, facts Facts, links map[attachment.Ow
 		l.log.Warn("leak reconcile: owner index entry does not parse; CNI GC rewrites it from the reservations", "network", network, "container", o.ContainerID, "ifname", o.IfName)
 	}
 	for ip, rv := range snap.Reservations {
-		if indexed[ip] || (rv.Owner != allocator.Owner{} && slices.Contains(snap.Corrupt, rv.Owner)) {
+		if indexed[ip] || (rv.Owner != allocator.Owner{} && (slices.Contains(snap.Corrupt, rv.Owner) || slices.Contains(snap.Unreadable, rv.Owner))) {
 			continue
 		}
 		if v := JudgeOrphan(rv.Changed, facts); v.Dead {
 			dead = append(dead, candidate{owner: rv.Owner, orphan: ip, changed: rv.Changed, verdict: v})
 		}
 	}
-	var errs []error
+	// Entries that could not be read are left alone and reported (each
+	// pass, until someone removes them); the rest of the store goes on.
+	errs := slices.Clone(snap.Skipped)
 	if len(repairs) > 0 {
 		if err := l.withLock(dir, network, func(d *store.Disk) error {
 			for _, lr := range repairs {
