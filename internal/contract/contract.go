@@ -19,6 +19,13 @@ import (
 // Calico 80, bgp 186, ...) are avoided.
 const RouteProtocol netlink.RouteProtocol = 77
 
+// BlackholeMetric is the metric of podnet-routed's blackhole for the node's
+// own PodCIDR: the highest of any route to it, so that it catches only what
+// nothing else routes. podnet-bridge's bridge podnet0 holds the gateway
+// address of the same PodCIDR, and its connected route (metric 0, or 256
+// for IPv6) must win, or the node's own bridged pods are unreachable.
+const BlackholeMetric = 1 << 20
+
 // IsPodHostRoute reports whether r is a pod's host route, which the
 // plugins write on ADD (podIP dev <host veth> scope link): RouteProtocol,
 // neither a blackhole nor via a gateway. podnet-routed must never prune

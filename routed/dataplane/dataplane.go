@@ -511,6 +511,10 @@ func withRoutes(f func(netlinkRoutes) error) error {
 type routeTable struct {
 	owned   map[netip.Prefix]desired.Route
 	foreign map[netip.Prefix]netlink.RouteProtocol
+	// oldBlackholes are podnet blackholes without contract.BlackholeMetric
+	// (made by an older podnet-routed, which shadowed podnet0's connected
+	// route): write deletes them once the new one is in.
+	oldBlackholes []netlink.Route
 }
 
 // readRoutes dumps the main table once.
@@ -530,6 +534,10 @@ func readRoutes(k routeKernel) (*routeTable, error) {
 		}
 		if r.Protocol != contract.RouteProtocol {
 			t.foreign[dst] = r.Protocol
+			continue
+		}
+		if r.Type == unix.RTN_BLACKHOLE && r.Priority != contract.BlackholeMetric && contract.IsRoutedRoute(&r) {
+			t.oldBlackholes = append(t.oldBlackholes, r)
 			continue
 		}
 		if dr, ok := ownedRoute(k, r, dst); ok {
@@ -634,6 +642,9 @@ func (c *RouteCache) Observe(u netlink.RouteUpdate) (lost bool) {
 	}
 	if t == nil {
 		return true // nothing to compare with: let an apply dump and see
+	}
+	if u.Type == unix.RTN_BLACKHOLE && u.Priority != contract.BlackholeMetric {
+		return false // an old blackhole, which write deletes
 	}
 	if _, ok := t.owned[dst]; !ok {
 		return false // we deleted it
@@ -748,7 +759,10 @@ func (c *RouteCache) write(k routeKernel, t *routeTable, upsert, remove []desire
 	}
 	links := map[string]int{}
 	for _, r := range upsert {
-		if proto, held := t.foreign[r.Dst]; held {
+		// A blackhole goes under any other route to its destination
+		// (contract.BlackholeMetric): podnet0's connected route to the
+		// node's PodCIDR holds it already in bridge mode.
+		if proto, held := t.foreign[r.Dst]; held && r.Kind != desired.Blackhole {
 			errs = append(errs, foreignError(r, proto))
 			continue
 		}
@@ -779,6 +793,16 @@ func (c *RouteCache) write(k routeKernel, t *routeTable, upsert, remove []desire
 		changed++
 		t.owned[r.Dst] = r
 	}
+	// An older podnet-routed's blackholes, after the new ones are in (at
+	// the highest metric, so that podnet0's connected route wins).
+	for _, old := range t.oldBlackholes {
+		if err := k.Delete(&old); err != nil && !errors.Is(err, unix.ESRCH) {
+			errs = append(errs, fmt.Errorf("delete blackhole %s of an older podnet-routed: %w", old.Dst, err))
+			continue
+		}
+		changed++
+	}
+	t.oldBlackholes = nil
 	if len(errs) == 0 {
 		c.table = t
 	}
@@ -793,6 +817,7 @@ func kernelRoute(r desired.Route, linkIndex int) *netlink.Route {
 	kr := &netlink.Route{Dst: prefixNet(r.Dst), Protocol: contract.RouteProtocol, Table: unix.RT_TABLE_MAIN}
 	if r.Kind == desired.Blackhole {
 		kr.Type = unix.RTN_BLACKHOLE
+		kr.Priority = contract.BlackholeMetric
 		return kr
 	}
 	kr.LinkIndex = linkIndex
