@@ -149,7 +149,9 @@ clean:
 
 # podnet against the reference plugins (issue 8), all in one invocation,
 # interleaved: the plugin stacks through libcni (200 pods sequential and 8
-# concurrent, 1,000 pods on one node, floors, leak checks), podnet-ipam vs
+# concurrent, 1,000 pods on one node, floors, leak checks; podnet's stack
+# also with podnet-routed's leak reconcile passing during it, and one
+# reconcile pass over 250 reservations: issue 22), podnet-ipam vs
 # host-local (scripts/bench-ipam.sh), podnet-routed at 100/1,000/5,000 Nodes
 # of a real kube-apiserver, iperf3 pod<->pod vs node<->node. Writes
 # bench/REPORT.md, bench/plots/*.png and the raw bench/results/; asserts

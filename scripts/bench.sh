@@ -8,9 +8,14 @@
 #   datapath  test/bench/routedbench TestDatapath: iperf3 pod<->pod across
 #             node netns (none, vxlan) vs node<->node, MTU and fragmentation
 #                                                     -> bench/results/datapath.json
-#   cni       test/bench/cnibench: the four plugin stacks through libcni,
-#             200 pods sequential and 8 concurrent, 1,000 pods on one node,
-#             floors, leak checks                     -> bench/results/cni.json
+#   cni       test/bench/cnibench: the plugin stacks through libcni (the
+#             four of issue 8, and podnet's while podnet-routed's leak
+#             reconcile passes every 50 ms), 200 pods sequential and 8
+#             concurrent, 1,000 pods on one node, floors, leak checks
+#                                                     -> bench/results/cni.json
+#   reconcile test/bench/reconcilebench TestReconcileCost: one leak
+#             reconcile pass over 250 reservations, alive and dead (issue
+#             22): pass time, store lock holds        -> bench/results/reconcile.json
 #   ipam      scripts/bench-ipam.sh: podnet-ipam vs host-local alone
 #                                                     -> bench/results/ipam.md
 #   report    bench/report (its own module, gonum.org/v1/plot)
@@ -26,7 +31,8 @@
 # Knobs: BENCH_PODS (200), BENCH_REPS (3), BENCH_WORKERS (8),
 # BENCH_OCCUPANCY (1000, 0 skips), BENCH_ROUTED_SCALES (100,1000,5000),
 # BENCH_ROUTED_SAMPLES (100), BENCH_IPERF_SECONDS (3), BENCH_IPERF_REPS (3),
-# BENCH_STAGES (routed,datapath,cni,ipam), BENCH_DIR (bench: where
+# BENCH_RECONCILE_N (250), BENCH_RECONCILE_REPS (5),
+# BENCH_STAGES (routed,datapath,cni,reconcile,ipam), BENCH_DIR (bench: where
 # REPORT.md, plots/ and results/ go), BENCH_QUICK=1 (a small smoke run of
 # everything, into $TMPDIR/podnet-bench-quick unless BENCH_DIR is set), plus
 # scripts/bench-ipam.sh's own knobs.
@@ -42,14 +48,14 @@ if [ "${BENCH_QUICK:-0}" = 1 ]; then
 	# Written elsewhere, so that a smoke run never overwrites the report.
 	: "${BENCH_DIR:=${TMPDIR:-/tmp}/podnet-bench-quick}"
 	: "${BENCH_PODS:=30}" "${BENCH_REPS:=1}" "${BENCH_OCCUPANCY:=100}" "${BENCH_ROUTED_SCALES:=20,100}"
-	: "${BENCH_ROUTED_SAMPLES:=10}" "${BENCH_IPERF_SECONDS:=1}" "${BENCH_IPERF_REPS:=1}"
+	: "${BENCH_ROUTED_SAMPLES:=10}" "${BENCH_IPERF_SECONDS:=1}" "${BENCH_IPERF_REPS:=1}" "${BENCH_RECONCILE_REPS:=2}"
 	export BENCH_PAIRS=${BENCH_PAIRS:-20} BENCH_PAIRS_FULL=${BENCH_PAIRS_FULL:-0} BENCH_GO_TIME=${BENCH_GO_TIME:-200x} BENCH_GO_COUNT=${BENCH_GO_COUNT:-1}
 fi
 pods=${BENCH_PODS:-200}
 reps=${BENCH_REPS:-3}
 workers=${BENCH_WORKERS:-8}
 occupancy=${BENCH_OCCUPANCY:-1000}
-stages=${BENCH_STAGES:-routed,datapath,cni,ipam}
+stages=${BENCH_STAGES:-routed,datapath,cni,reconcile,ipam}
 dir=${BENCH_DIR:-bench} # REPORT.md, plots/ and results/ go here
 results=$dir/results
 mkdir -p "$results" "$dir/plots"
@@ -73,6 +79,7 @@ fi
 CGO_ENABLED=0 go build -trimpath -o "$tmp/noop/noop" ./test/bench/noop
 go build -o "$tmp/cnibench" ./test/bench/cnibench
 go test -tags bench -c -o "$tmp/routedbench.test" ./test/bench/routedbench
+go test -tags bench -c -o "$tmp/reconcilebench.test" ./test/bench/reconcilebench
 go build -C bench/report -o "$tmp/report" .
 
 # ---- stages ----
@@ -103,11 +110,13 @@ export PODNET_BENCH_ROUTED_SAMPLES=${BENCH_ROUTED_SAMPLES:-100}
 export PODNET_BENCH_ROUTED_MODES=${BENCH_ROUTED_MODES:-none,vxlan} PODNET_BENCH_ROUTED_CHURN=${BENCH_ROUTED_CHURN:-10}
 export PODNET_BENCH_IPERF_SECONDS=${BENCH_IPERF_SECONDS:-3}
 export PODNET_BENCH_IPERF_REPS=${BENCH_IPERF_REPS:-3}
+export PODNET_BENCH_RECONCILE_N=${BENCH_RECONCILE_N:-250} PODNET_BENCH_RECONCILE_REPS=${BENCH_RECONCILE_REPS:-5}
 
 run_stage routed "$tmp/routedbench.test" -test.run '^TestRoutedScale$' -test.v -test.count=1 -test.timeout=30m
 run_stage datapath "$tmp/routedbench.test" -test.run '^TestDatapath$' -test.v -test.count=1 -test.timeout=10m
 run_stage cni "$tmp/cnibench" -bin bin -ref "$tools" -noop "$tmp/noop/noop" -pods "$pods" -reps "$reps" \
 	-workers "$workers" -occupancy "$occupancy" -out "$results/cni.json"
+run_stage reconcile "$tmp/reconcilebench.test" -test.run '^TestReconcileCost$' -test.v -test.count=1 -test.timeout=10m
 run_stage ipam env BENCH_OUT="$results/ipam.md" scripts/bench-ipam.sh
 
 # ---- versions, then the report ----

@@ -21,6 +21,9 @@ type cniData struct {
 		Plugin string `json:"plugin"`
 		IPAM   string `json:"ipam"`
 		Conf   string `json:"conflist"`
+		// Reconcile describes the leak reconcile running during the
+		// stack's phases ("" none)
+		Reconcile string `json:"reconcile"`
 	} `json:"stacks"`
 	Runs      []cniRun   `json:"runs"`
 	Occupancy []occRun   `json:"occupancy"`
@@ -46,6 +49,13 @@ type cniRun struct {
 	Steps     map[string]*verbTrace `json:"steps"`
 	NetnsDelS float64               `json:"netns_del_s"`
 	SettleS   float64               `json:"settle_s"`
+	// the leak reconcile during the phases (reconcileStack)
+	ReconcilePasses        int       `json:"reconcile_passes"`
+	ReconcilePassMs        []float64 `json:"reconcile_pass_ms"`
+	ReconcileHolds         int       `json:"reconcile_lock_holds"`
+	ReconcileMaxLockHoldMs float64   `json:"reconcile_max_lock_hold_ms"`
+	ReconcilePlanted       int       `json:"reconcile_planted"`
+	ReconcileReclaimed     int       `json:"reconcile_reclaimed"`
 }
 
 func (r cniRun) addCPU() float64 { return (r.AddUserMs + r.AddSysMs) / float64(r.Pods) }
@@ -63,6 +73,37 @@ type occRun struct {
 	DelSysMs  float64   `json:"del_sys_ms"`
 	Errors    []string  `json:"errors"`
 	Leak      string    `json:"leak"`
+}
+
+// reconcileData is test/bench/reconcilebench's reconcile.json: one leak
+// reconcile pass over Reservations reservations, alive and dead.
+type reconcileData struct {
+	Reservations int             `json:"reservations"`
+	Reps         int             `json:"reps"`
+	SettleS      float64         `json:"settle_s"`
+	LockBudgetMs float64         `json:"lock_budget_ms"`
+	GraceS       float64         `json:"grace_s"`
+	DataFS       string          `json:"data_fs"`
+	Note         string          `json:"note"`
+	FillMs       []float64       `json:"fill_ms"`
+	Live         []reconcilePass `json:"live"`
+	Dead         []reconcilePass `json:"dead"`
+	Seconds      float64         `json:"seconds"`
+}
+
+type reconcilePass struct {
+	Rep                int     `json:"rep"`
+	PassMs             float64 `json:"pass_ms"`
+	MaxLockHoldMs      float64 `json:"max_lock_hold_ms"`
+	Holds              int     `json:"holds"`
+	HoldSumMs          float64 `json:"hold_sum_ms"`
+	Reclaimed          int     `json:"reclaimed"`
+	RecordsAfter       int     `json:"records_after"`
+	ReservedAfter      int     `json:"reserved_after"`
+	ContenderTakes     int     `json:"contender_takes"`
+	ContenderMaxWaitMs float64 `json:"contender_max_wait_ms"`
+	ContenderP50WaitMs float64 `json:"contender_p50_wait_ms"`
+	Err                string  `json:"error"`
 }
 
 type floorRun struct {

@@ -19,10 +19,11 @@ import (
 // One colour per stack, the same in every plot; podnet's stacks solid,
 // the reference plugins dashed.
 var stackColor = map[string]color.Color{
-	podnetStack: color.RGBA{R: 0x1f, G: 0x77, B: 0xb4, A: 0xff},
-	bridgeStack: color.RGBA{R: 0x2c, G: 0xa0, B: 0x2c, A: 0xff},
-	ptpStack:    color.RGBA{R: 0xd6, G: 0x27, B: 0x28, A: 0xff},
-	refBrStack:  color.RGBA{R: 0xff, G: 0x7f, B: 0x0e, A: 0xff},
+	podnetStack:    color.RGBA{R: 0x1f, G: 0x77, B: 0xb4, A: 0xff},
+	reconcileStack: color.RGBA{R: 0x94, G: 0x67, B: 0xbd, A: 0xff},
+	bridgeStack:    color.RGBA{R: 0x2c, G: 0xa0, B: 0x2c, A: 0xff},
+	ptpStack:       color.RGBA{R: 0xd6, G: 0x27, B: 0x28, A: 0xff},
+	refBrStack:     color.RGBA{R: 0xff, G: 0x7f, B: 0x0e, A: 0xff},
 }
 
 func styleLine(l *plotter.Line, stack string) {

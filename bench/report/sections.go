@@ -9,7 +9,7 @@ import (
 	"strings"
 )
 
-var stackOrder = []string{podnetStack, bridgeStack, ptpStack, refBrStack}
+var stackOrder = []string{podnetStack, reconcileStack, bridgeStack, ptpStack, refBrStack}
 
 func (r *report) cniSection(c *cniData) {
 	cells := aggregate(c.Runs)

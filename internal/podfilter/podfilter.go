@@ -12,12 +12,12 @@ import (
 	"strings"
 	"time"
 
-	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/google/nftables"
 	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
 	"github.com/google/nftables/userdata"
 	"github.com/mdlayher/netlink"
+	vnl "github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/podnet/podnet/internal/contract"
@@ -528,10 +528,30 @@ func hasTimeout(b []byte) bool {
 // has (a pod whose DEL never came, a crash between a veth's deletion and
 // its elements'). The links are listed after the elements: an ADD adds
 // its elements only once its veth exists, so one that runs meanwhile
-// keeps them.
+// keeps them. A listing the kernel marks interrupted (links came or went
+// while it was dumped, as during a burst of ADDs: it may lack some) is
+// retried, and when it stays so each element's link is looked up on its
+// own: netlinksafe.LinkList would hand back the incomplete list, and the
+// elements of every live pod missing from it would go.
 func Prune(g Guard) error {
 	_, err := g.removeAfterList(func() (func(int) bool, error) {
-		links, err := netlinksafe.LinkList()
+		links, err := vnl.LinkList()
+		for try := 0; errors.Is(err, vnl.ErrDumpInterrupted) && try < 4; try++ {
+			links, err = vnl.LinkList()
+		}
+		if errors.Is(err, vnl.ErrDumpInterrupted) {
+			gone := map[int]bool{}
+			return func(i int) bool {
+				isGone, ok := gone[i]
+				if !ok {
+					_, err := vnl.LinkByIndex(i)
+					var nf vnl.LinkNotFoundError
+					isGone = errors.As(err, &nf)
+					gone[i] = isGone
+				}
+				return isGone
+			}, nil
+		}
 		if err != nil {
 			return nil, fmt.Errorf("list links: %w", err)
 		}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/containernetworking/plugins/pkg/testutils"
+	"github.com/vishvananda/netlink"
 )
 
 // TestPodFilterDrop removes elements of the pod filter the ways DEL, GC and
@@ -118,4 +119,78 @@ func filterElements(g Guard) ([]string, error) {
 	}
 	slices.Sort(out)
 	return out, nil
+}
+
+// TestPruneKeepsNewPorts runs Prune over and over (as podnet-routed's leak
+// reconcile and CNI GC do) while ports come up one after the other, each
+// a link created and then given its elements (as ADD does): no port that
+// exists may lose its elements. Listing the links before reading the
+// elements lost those of a port created in between.
+func TestPruneKeepsNewPorts(t *testing.T) {
+	const ports = 150
+	n, err := testutils.NewNS()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = n.Close(); _ = testutils.UnmountNS(n) })
+	g := Routed
+	stop := make(chan struct{})
+	pruned := make(chan error, 1)
+	go func() {
+		pruned <- n.Do(func(ns.NetNS) error {
+			for passes := 0; ; passes++ {
+				select {
+				case <-stop:
+					if passes == 0 {
+						return fmt.Errorf("no Prune ran")
+					}
+					return nil
+				default:
+				}
+				if err := Prune(g); err != nil {
+					return err
+				}
+			}
+		})
+	}()
+	var want []string
+	err = n.Do(func(ns.NetNS) error {
+		for i := range ports {
+			name := fmt.Sprintf("port%d", i)
+			if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: fmt.Sprintf("peer%d", i)}); err != nil {
+				return err
+			}
+			l, err := netlink.LinkByName(name)
+			if err != nil {
+				return err
+			}
+			p := Port{Index: l.Attrs().Index, IPs: []net.IP{net.IPv4(10, 1, byte(i/250), byte(1+i%250)).To4()}, MAC: net.HardwareAddr{2, 0, 0, 0, 1, byte(i)}}
+			if err := g.Install(p); err != nil {
+				return err
+			}
+			want = append(want, elementStrings(g, p)...)
+		}
+		return nil
+	})
+	close(stop)
+	if perr := <-pruned; perr != nil {
+		t.Fatal(perr)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	if err := n.Do(func(ns.NetNS) error { got, err = filterElements(g); return err }); err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(want)
+	var lost []string
+	for _, w := range want {
+		if !slices.Contains(got, w) {
+			lost = append(lost, w)
+		}
+	}
+	if len(lost) > 0 {
+		t.Errorf("Prune removed %d elements of %d ports that exist: %v", len(lost), ports, lost[:min(len(lost), 6)])
+	}
 }

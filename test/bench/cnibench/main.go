@@ -7,13 +7,18 @@
 // Workloads (issue 8 §1, §2 and the floors):
 //
 //   - -pods pods ADD then DEL, sequential and -workers concurrent, for every
-//     config (podnet+podnet-ipam, podnet-bridge+podnet-ipam, reference
-//     ptp+host-local, reference bridge+host-local), -reps repetitions; in each
-//     repetition the configs take turns (the order rotates) so that a noisy
-//     neighbour hits them all alike. CPU per verb is the RUSAGE_CHILDREN
-//     delta of the phase (the plugin processes and the IPAM processes they
-//     reap) over its verbs. After every run the leak check (leak.go) must
-//     find the node as it was and no reservation left.
+//     config (podnet+podnet-ipam, podnet+podnet-ipam+reconcile,
+//     podnet-bridge+podnet-ipam, reference ptp+host-local, reference
+//     bridge+host-local), -reps repetitions; in each repetition the configs
+//     take turns (the order rotates) so that a noisy neighbour hits them
+//     all alike. CPU per verb is the RUSAGE_CHILDREN delta of the phase (the
+//     plugin processes and the IPAM processes they reap) over its verbs.
+//     After every run the leak check (leak.go) must find the node as it was
+//     and no reservation left; after the ADD phase of a podnet stack every
+//     pod must have its pod filter elements. podnet+podnet-ipam+reconcile
+//     is podnet+podnet-ipam while podnet-routed's leak reconcile passes
+//     every -reconcile-every during its phases, freeing -reconcile-dead
+//     reservations of dead pods planted before each (reconcile.go).
 //
 //   - -occupancy pods on one node for podnet+podnet-ipam and ptp+host-local,
 //     added in chunks of -chunk that alternate between the two stacks, then
@@ -35,6 +40,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"math"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -63,7 +69,11 @@ type stack struct {
 	Plugin string `json:"plugin"`
 	IPAM   string `json:"ipam"`
 	Conf   string `json:"conflist"`
+	// Reconcile describes the leak reconcile running during the stack's
+	// phases ("" none; reconcile.go).
+	Reconcile string `json:"reconcile,omitempty"`
 
+	rc       *reconcileConf
 	node     ns.NetNS
 	dataDirs []string
 	cni      *libcni.CNIConfig
@@ -98,6 +108,16 @@ type runResult struct {
 	// Steps is podnet's own step trace (PODNET_TRACE) of the run, by verb;
 	// empty for the reference plugins.
 	Steps map[string]*verbTrace `json:"steps,omitempty"`
+	// The leak reconcile's passes during the ADD and DEL phases (a stack
+	// with Reconcile): how many, how long each took, how many times and
+	// for how long at most they held the store's lock, how many dead
+	// reservations were planted and how many they freed.
+	ReconcilePasses        int       `json:"reconcile_passes,omitempty"`
+	ReconcilePassMs        []float64 `json:"reconcile_pass_ms,omitempty"`
+	ReconcileHolds         int       `json:"reconcile_lock_holds,omitempty"`
+	ReconcileMaxLockHoldMs float64   `json:"reconcile_max_lock_hold_ms,omitempty"`
+	ReconcilePlanted       int       `json:"reconcile_planted,omitempty"`
+	ReconcileReclaimed     int       `json:"reconcile_reclaimed,omitempty"`
 }
 
 // occResult is the one-node occupancy run of one stack.
@@ -179,6 +199,8 @@ func main() {
 	floorN := flag.Int("floor-n", 60, "operations per floor and repetition")
 	only := flag.String("stacks", "", "comma-separated stack names to run (default all)")
 	dataRoot := flag.String("dir", "/dev/shm", "where the IPAM data dirs and caches go")
+	reconcileEvery := flag.Duration("reconcile-every", 50*time.Millisecond, "podnet+podnet-ipam+reconcile: a leak reconcile pass every this long during ADD and DEL")
+	reconcileDead := flag.Int("reconcile-dead", 250, "podnet+podnet-ipam+reconcile: dead reservations planted before each phase, freed by its first pass")
 	out := flag.String("out", "", "JSON file to write (default stdout)")
 	flag.Parse()
 	if *refDir == "" || *noop == "" {
@@ -206,6 +228,7 @@ func main() {
 
 	all := []*stack{
 		newStack(root, "podnet+podnet-ipam", "podnet", "podnet-ipam", "10.201.0.0/16", paths),
+		newStack(root, reconcileStackName, "podnet", "podnet-ipam", "10.205.0.0/16", paths).withReconcile("10.205.0.0/16", *reconcileEvery, *reconcileDead),
 		newStack(root, "podnet-bridge+podnet-ipam", "podnet-bridge", "podnet-ipam", "10.202.0.0/16", paths),
 		newStack(root, "ptp+host-local", "ptp", "host-local", "10.203.0.0/16", paths),
 		newStack(root, "bridge+host-local", "bridge", "host-local", "10.204.0.0/16", paths),
@@ -241,8 +264,12 @@ func main() {
 				pool := newPods(*pods)
 				res.PodNetNS += time.Since(t0).Seconds()
 				r := s.run(pool, mode.name, mode.workers, rep)
-				logf("rep %d %-10s %-26s ADD p50 %6.2f ms  DEL p50 %6.2f ms  cpu/ADD %5.2f ms  leak: %s",
-					rep, mode.name, s.Name, median(r.AddMs), median(r.DelMs), (r.AddUserMs+r.AddSysMs)/float64(r.Pods), orNone(r.Leak))
+				extra := ""
+				if s.rc != nil {
+					extra = fmt.Sprintf("  reconcile: %d passes, max lock hold %.2f ms, freed %d of %d planted", r.ReconcilePasses, r.ReconcileMaxLockHoldMs, r.ReconcileReclaimed, r.ReconcilePlanted)
+				}
+				logf("rep %d %-10s %-29s ADD p50 %6.2f ms p99 %6.2f ms  DEL p50 %6.2f ms  cpu/ADD %5.2f ms  leak: %s  errors: %d%s",
+					rep, mode.name, s.Name, median(r.AddMs), pct(r.AddMs, 99), median(r.DelMs), (r.AddUserMs+r.AddSysMs)/float64(r.Pods), orNone(r.Leak), len(r.Errors), extra)
 				res.Runs = append(res.Runs, r)
 			}
 		}
@@ -459,10 +486,26 @@ func (s *stack) run(pods []ns.NetNS, mode string, workers, rep int) runResult {
 	defer os.Remove(trace.Name())
 	os.Setenv("PODNET_TRACE", trace.Name())
 	defer os.Unsetenv("PODNET_TRACE")
-	r.AddMs, wall, user, sys, errs = s.phase("ADD", rts, workers)
+	// the reconcile of a stack that runs one (in this process: its CPU is
+	// not in the phases' RUSAGE_CHILDREN)
+	reconciling := func(phase string, f func()) {
+		if s.rc == nil {
+			f()
+			return
+		}
+		run := s.startReconcile(fmt.Sprintf("dead-r%d-%s-%s", rep, mode[:3], phase), &r)
+		f()
+		s.stopReconcile(run, &r)
+	}
+	reconciling("add", func() { r.AddMs, wall, user, sys, errs = s.phase("ADD", rts, workers) })
 	r.AddWallS, r.AddUserMs, r.AddSysMs = wall.Seconds(), ms(user), ms(sys)
 	r.Errors = append(r.Errors, errs...)
-	r.DelMs, wall, user, sys, errs = s.phase("DEL", rts, workers)
+	if s.Plugin == "podnet" && len(errs) == 0 {
+		if err := checkLivePods(s.node, len(pods)); err != nil {
+			r.Errors = append(r.Errors, "after ADD: "+err.Error())
+		}
+	}
+	reconciling("del", func() { r.DelMs, wall, user, sys, errs = s.phase("DEL", rts, workers) })
 	r.DelWallS, r.DelUserMs, r.DelSysMs = wall.Seconds(), ms(user), ms(sys)
 	r.Errors = append(r.Errors, errs...)
 	os.Unsetenv("PODNET_TRACE")
@@ -881,6 +924,17 @@ func median(xs []float64) float64 {
 	s := append([]float64(nil), xs...)
 	slices.Sort(s)
 	return s[len(s)/2]
+}
+
+// pct is the nearest-rank percentile p of xs (0 when empty).
+func pct(xs []float64, p float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := append([]float64(nil), xs...)
+	slices.Sort(s)
+	i := int(math.Ceil(p/100*float64(len(s)))) - 1
+	return s[max(0, min(i, len(s)-1))]
 }
 
 func fsType(dir string) string {
