@@ -11,7 +11,6 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
@@ -25,9 +24,9 @@ type Owner = contract.VethOwner
 // HostLinks lists the veth ends podnet created in the current netns, by
 // attachment, in service or detached. network "" lists every network's.
 func HostLinks(network string) (map[Owner][]netlink.Link, error) {
-	links, err := netlinksafe.LinkList()
+	links, err := CompleteLinkList()
 	if err != nil {
-		return nil, fmt.Errorf("list links: %w", err)
+		return nil, err
 	}
 	owned := make(map[Owner][]netlink.Link)
 	for _, l := range links {
@@ -39,6 +38,43 @@ func HostLinks(network string) (map[Owner][]netlink.Link, error) {
 		}
 	}
 	return owned, nil
+}
+
+// dumpAttempts bounds the retries of a netlink dump the kernel
+// interrupted (links or routes changed while it ran).
+const dumpAttempts = 20
+
+// CompleteLinkList lists the links of the current netns, retrying a dump
+// the kernel interrupted, and fails rather than return a list that may
+// miss links (netlinksafe hands one back after a few tries): whoever
+// frees what it does not find listed must never see a partial list.
+func CompleteLinkList() ([]netlink.Link, error) {
+	for range dumpAttempts {
+		links, err := netlink.LinkList() //nolint:forbidigo // retried here, never partial
+		if errors.Is(err, netlink.ErrDumpInterrupted) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("list links: %w", err)
+		}
+		return links, nil
+	}
+	return nil, fmt.Errorf("list links: the kernel interrupted %d dumps in a row (links changing fast); try again later", dumpAttempts)
+}
+
+// CompleteRouteList is RouteListFiltered with the same guarantee.
+func CompleteRouteList(family int, filter *netlink.Route, mask uint64) ([]netlink.Route, error) {
+	for range dumpAttempts {
+		routes, err := netlink.RouteListFiltered(family, filter, mask) //nolint:forbidigo // retried here, never partial
+		if errors.Is(err, netlink.ErrDumpInterrupted) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("list routes: %w", err)
+		}
+		return routes, nil
+	}
+	return nil, fmt.Errorf("list routes: the kernel interrupted %d dumps in a row (routes changing fast); try again later", dumpAttempts)
 }
 
 // FreeHost deletes the attachment's veth ends (as HostLinks listed them)

@@ -9,10 +9,10 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/podnet/podnet/internal/attachment"
 	"github.com/podnet/podnet/internal/contract"
 	"github.com/podnet/podnet/ipam/allocator"
 	"github.com/podnet/podnet/ipam/store"
@@ -35,9 +35,9 @@ type hostRoutes map[netip.Addr]int
 
 func listHostRoutes() (hostRoutes, error) {
 	filter := &netlink.Route{Protocol: contract.RouteProtocol, Table: unix.RT_TABLE_MAIN}
-	routes, err := netlinksafe.RouteListFiltered(netlink.FAMILY_ALL, filter, netlink.RT_FILTER_PROTOCOL|netlink.RT_FILTER_TABLE)
+	routes, err := attachment.CompleteRouteList(netlink.FAMILY_ALL, filter, netlink.RT_FILTER_PROTOCOL|netlink.RT_FILTER_TABLE)
 	if err != nil {
-		return nil, fmt.Errorf("list podnet routes: %w", err)
+		return nil, fmt.Errorf("podnet routes: %w", err)
 	}
 	out := hostRoutes{}
 	for i := range routes {

@@ -276,15 +276,21 @@ func (l *Loop) network(dir, network string, facts Facts, links map[attachment.Ow
 	// Entries that could not be read are left alone and reported (each
 	// pass, until someone removes them); the rest of the store goes on.
 	errs := slices.Clone(snap.Skipped)
-	if len(repairs) > 0 {
-		if err := l.withLock(dir, network, func(d *store.Disk) error {
-			for _, lr := range repairs {
-				res.Repaired += l.repairRoutes(d, network, lr)
+	for len(repairs) > 0 { // in holds of about LockBudget, as release
+		n := 0
+		err := l.withLock(dir, network, func(d *store.Disk) error {
+			start := time.Now()
+			for n < len(repairs) && (n == 0 || time.Since(start) < l.cfg.LockBudget) {
+				res.Repaired += l.repairRoutes(d, network, repairs[n])
+				n++
 			}
 			return nil
-		}, res); err != nil {
+		}, res)
+		if err != nil {
 			errs = append(errs, err)
+			break
 		}
+		repairs = repairs[n:]
 	}
 	if len(dead) == 0 {
 		return errors.Join(errs...)
