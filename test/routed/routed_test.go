@@ -203,6 +203,9 @@ func TestStaleAndForeignRoutes(t *testing.T) {
 	// Left by a "previous run": podnet routes for nodes that are gone.
 	a.addRoute("10.244.99.0/24", "172.30.0.99", uplinkName, contract.RouteProtocol)
 	a.addRoute("10.244.100.0/24", "", "", contract.RouteProtocol)
+	// An older podnet-routed's blackhole of node-a's own PodCIDR (metric
+	// 0, which shadowed podnet0's connected route in bridge mode).
+	a.addRoute("10.244.1.0/24", "", "", contract.RouteProtocol)
 	// Someone else's: a static route inside the cluster CIDR for no node,
 	// and a boot route holding node-c's PodCIDR.
 	a.addRoute("10.244.98.0/24", "172.30.0.98", uplinkName, unix.RTPROT_STATIC)
@@ -212,6 +215,18 @@ func TestStaleAndForeignRoutes(t *testing.T) {
 
 	d := a.startDaemon()
 	a.expectRoutes(syncT, d, bhA, viaB) // stale ones pruned, none for node-c
+	// the own blackhole is one, at the highest metric
+	a.c.do(a.ns, func() error {
+		_, own, _ := net.ParseCIDR("10.244.1.0/24")
+		rs, err := netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Dst: own, Table: mainTable}, netlink.RT_FILTER_DST|netlink.RT_FILTER_TABLE)
+		if err != nil {
+			return err
+		}
+		if len(rs) != 1 || rs[0].Type != unix.RTN_BLACKHOLE || rs[0].Priority != contract.BlackholeMetric {
+			return fmt.Errorf("routes to node-a's own PodCIDR: %+v, want one blackhole with metric %d", rs, contract.BlackholeMetric)
+		}
+		return nil
+	})
 	// The rest of the node's setup does not depend on node-c's route.
 	a.expectState(changeT, nodestate.State{NodeName: "node-a", PodCIDRs: []string{"10.244.1.0/24"}, MTU: underlayMTU, Encap: "none"})
 
