@@ -110,7 +110,7 @@ func New(cfg Config, m *Metrics, log *slog.Logger) (*Loop, error) {
 		cfg.ProcSys = "/proc/sys"
 	}
 	if cfg.LockBudget <= 0 {
-		cfg.LockBudget = 5 * time.Millisecond
+		cfg.LockBudget = 2 * time.Millisecond
 	}
 	l := &Loop{cfg: cfg, log: log, m: m, now: time.Now}
 	if cfg.CRISocket != "" {
