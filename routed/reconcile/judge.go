@@ -105,9 +105,15 @@ func dead(k Kind, format string, args ...any) Verdict {
 //     still owes it a DEL). A pod the runtime made (the record names a
 //     pod) that the runtime no longer lists is dead.
 //  4. Otherwise (no runtime answered, or an attachment made by hand) the
-//     netns decides: alive while the recorded netns is at its path, or,
-//     for a record without a netns (older podnet), while the host veth is
-//     in service; dead when the netns is gone or replaced.
+//     netns decides: alive while the recorded netns is at its path or the
+//     attachment's host veth is in service; dead when neither holds.
+//
+// A host veth in service outweighs a netns path that looks gone: its peer,
+// the pod end, lives in the pod's netns, which the kernel destroys (and
+// the pair with it) only once nothing holds it. The path alone can lie:
+// podnet-routed, in its container, may not see where the runtime mounts
+// its netns (containerd's state directory, a mount that does not
+// propagate), and would take every pod for gone.
 func Judge(containerID string, r store.Record, created time.Time, f Facts) Verdict {
 	if r.BootID != "" && f.BootID != "" && r.BootID != f.BootID {
 		return dead(KindReboot, "made in boot %s, this is boot %s", r.BootID, f.BootID)
@@ -116,7 +122,7 @@ func Judge(containerID string, r store.Record, created time.Time, f Facts) Verdi
 		return alive("made %s ago, within the grace of %s", age.Round(time.Second), f.Grace)
 	}
 	netns := func() NetnsState {
-		if r.Netns == "" || f.Netns == nil {
+		if r.Netns == "" || f.Netns == nil || f.HostVethInService {
 			return NetnsSame
 		}
 		return f.Netns(r.Netns, r.NetnsIno)
@@ -127,7 +133,7 @@ func Judge(containerID string, r store.Record, created time.Time, f Facts) Verdi
 		case listed && state == SandboxReady:
 			return alive("the runtime reports its sandbox ready")
 		case listed && r.Netns != "" && netns() != NetnsSame:
-			return dead(KindRuntime, "the runtime reports its sandbox stopped and its netns %s is gone", r.Netns)
+			return dead(KindRuntime, "the runtime reports its sandbox stopped, its netns %s is gone and it has no host veth in service", r.Netns)
 		case listed:
 			return alive("the runtime reports its sandbox stopped; its netns is still there")
 		case r.HasPod():
@@ -143,11 +149,14 @@ func Judge(containerID string, r store.Record, created time.Time, f Facts) Verdi
 		}
 		return alive("no netns recorded (made by an older podnet) and no runtime to ask")
 	}
+	if f.HostVethInService {
+		return alive("its host veth is in service (its pod end lives in the pod's netns)")
+	}
 	switch netns() {
 	case NetnsGone:
-		return dead(KindNetns, "its netns %s is gone", r.Netns)
+		return dead(KindNetns, "its netns %s is gone and it has no host veth in service", r.Netns)
 	case NetnsOther:
-		return dead(KindNetns, "its netns %s is another network namespace now", r.Netns)
+		return dead(KindNetns, "its netns %s is another network namespace now and it has no host veth in service", r.Netns)
 	}
 	return alive("its netns %s is there", r.Netns)
 }

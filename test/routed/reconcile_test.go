@@ -559,9 +559,12 @@ func allGone(ps ...*rcPod) error {
 // TestReconcileNetnsGone is issue 22's "Must show 2", in both modes: of
 // three pods attached by hand, "gone" loses its netns without DEL (the
 // namespace dies, and its veth with it), "held" loses its netns name
-// while the namespace lives on (its host veth stays until the reconcile
-// deletes it), "kept" keeps its netns. The two are reclaimed once the
-// grace from their ADD has passed, not before; "kept" never is.
+// while the namespace lives on, "kept" keeps its netns. "gone" is
+// reclaimed once the grace from its ADD has passed, not before; "kept"
+// never is. "held" is not either while its namespace lives: its host veth
+// is in service, and podnet-routed cannot tell a netns mounted where it
+// cannot see from one unmounted while in use. Once the namespace dies
+// (and its veth with it) it is reclaimed.
 func TestReconcileNetnsGone(t *testing.T) {
 	t.Parallel()
 	c := newCluster(t)
@@ -597,7 +600,6 @@ func testNetnsGone(t *testing.T, n *rcNode) {
 	}
 	gone.dropNetNS(t, false)
 	held.dropNetNS(t, true)
-	t.Cleanup(func() { _ = held.ns.Close() })
 
 	// Not before the grace: once a whole pass has run since the netns
 	// went, both still hold their address (and "held" its veth), as long
@@ -623,23 +625,41 @@ func testNetnsGone(t *testing.T, n *rcNode) {
 		t.Logf("%s: the machine was too slow to look inside the grace (%s); the reclaim records' times are checked below", n.name, age)
 	}
 
-	// Reclaimed after the grace, within a few passes.
-	within(t, rcGrace+rcSlack, n.name+" pods without netns reclaimed", func() error {
-		if err := allGone(gone, held); err != nil {
+	// "gone" reclaimed after the grace, within a few passes; "held"
+	// kept while its namespace (and so its host veth) lives.
+	within(t, rcGrace+rcSlack, n.name+" pod without netns reclaimed", func() error {
+		if err := allGone(gone); err != nil {
+			return err
+		}
+		return n.expectReclaimed(map[string]float64{"netns": 1})
+	})
+	t.Logf("MEASURE %s (%s): pod without netns reclaimed %s after its ADD (grace %s, interval %s)",
+		n.name, n.mode.name, time.Since(gone.created).Round(10*time.Millisecond), rcGrace, rcInterval)
+	holds(t, 2*rcInterval, "the pod whose netns lives on unnamed", func() error {
+		if _, err := os.Stat(held.ipFile()); err != nil {
+			return fmt.Errorf("pod held reclaimed while its namespace and host veth live: %w", err)
+		}
+		if l, err := held.hostLink(); err != nil || l == nil {
+			return fmt.Errorf("pod held: host veth deleted while its namespace lives (%v)", err)
+		}
+		return n.expectReclaimed(map[string]float64{"netns": 1})
+	})
+	if err := held.ns.Close(); err != nil { // the namespace dies, its veth with it
+		t.Fatal(err)
+	}
+	within(t, rcSlack+2*rcInterval, n.name+" pod whose namespace died reclaimed", func() error {
+		if err := allGone(held); err != nil {
 			return err
 		}
 		return n.expectReclaimed(map[string]float64{"netns": 2})
 	})
-	t.Logf("MEASURE %s (%s): pods without netns reclaimed %s after their ADD (grace %s, interval %s)",
-		n.name, n.mode.name, time.Since(gone.created).Round(10*time.Millisecond), rcGrace, rcInterval)
-	for p, links := range map[*rcPod]float64{gone: 0, held: 1} {
+	for _, p := range []*rcPod{gone, held} {
 		if err := p.checkReclaimLog("netns", rcGrace); err != nil {
 			t.Error(err)
 		}
-		// "held"'s veth was the reconcile's to delete; "gone"'s died
-		// with its netns.
-		if rec, _ := n.reclaimLog(p.cid); rec != nil && rec["hostLinks"] != links {
-			t.Errorf("pod %s reclaimed with hostLinks %v, want %v", p.name, rec["hostLinks"], links)
+		// both veths died with their namespace
+		if rec, _ := n.reclaimLog(p.cid); rec != nil && rec["hostLinks"] != float64(0) {
+			t.Errorf("pod %s reclaimed with hostLinks %v, want 0", p.name, rec["hostLinks"])
 		}
 	}
 	if t.Failed() {
