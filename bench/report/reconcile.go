@@ -25,7 +25,7 @@ func (r *report) reconcileSection(c *cniData, d *reconcileData, dErr error) {
 		r.f("The %s stack was not run.\n\n", reconcileStack)
 	} else {
 		r.f("**During the plugin runs.** %s is %s, its runs taking turns with the other stacks' in section 1: %s. ", reconcileStack, podnetStack, desc)
-		r.f("A pass every 50 ms is some 1,200 times harsher than podnet-routed's default interval of a minute. The reconcile runs in the benchmark's own process, so its CPU is not in the CPU columns of section 1 (it competes for the machine's cores all the same).\n\n")
+		r.f("A pass every second is 60 times podnet-routed's default rate (one a minute); each phase's first pass frees the 250 planted reservations while the phase's ADDs or DELs queue on the store's lock. The reconcile runs in the benchmark's own process, so its CPU is not in the CPU columns of section 1 (it competes for the machine's cores all the same).\n\n")
 		r.f("| mode | stack | ADD p50 | ADD p99 | DEL p50 | DEL p99 | reconcile passes | pass p50 / max (ms) | lock holds | longest hold (ms) | dead freed / planted | leaks | errors |\n")
 		r.f("|---|---|---:|---:|---:|---:|---:|---|---:|---:|---|---|---:|\n")
 		for _, mode := range []string{seqMode, concMode} {
@@ -65,7 +65,7 @@ func (r *report) reconcileSection(c *cniData, d *reconcileData, dErr error) {
 			addP99, delP99 := a.add.p(99)/b.add.p(99), a.del.p(99)/b.del.p(99)
 			r.f("| %s | %s | %.2f× | %s | %.2f× |\n", mode, repRatio(a.add.RepP50, b.add.RepP50), addP99, repRatio(a.del.RepP50, b.del.RepP50), delP99)
 			gap := fmt.Sprintf("%s vs %s ms", fmtMs(a.add.p(99)), fmtMs(b.add.p(99)))
-			r.targets = append(r.targets, target{fmt.Sprintf("ADD p99 does not move with the leak reconcile passing every 50 ms (≤ 1.10× without), %s", mode),
+			r.targets = append(r.targets, target{fmt.Sprintf("ADD p99 does not move with the leak reconcile passing every second (≤ 1.10× without), %s", mode),
 				fmt.Sprintf("%.2f× (%s)", addP99, gap), met(addP99 <= 1.10), gapRatio(addP99, 1.10)})
 		}
 		r.f("\n")

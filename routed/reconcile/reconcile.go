@@ -44,6 +44,10 @@ type Config struct {
 	LockBudget time.Duration
 }
 
+// DefaultLockBudget is how long one hold of a store's lock frees
+// attachments before letting queued ADDs and DELs in.
+const DefaultLockBudget = 2 * time.Millisecond
+
 // Metrics are the reconcile's counters.
 type Metrics struct {
 	// Reclaimed is podnet_leaks_reclaimed_total{kind}.
@@ -110,7 +114,7 @@ func New(cfg Config, m *Metrics, log *slog.Logger) (*Loop, error) {
 		cfg.ProcSys = "/proc/sys"
 	}
 	if cfg.LockBudget <= 0 {
-		cfg.LockBudget = 2 * time.Millisecond
+		cfg.LockBudget = DefaultLockBudget
 	}
 	l := &Loop{cfg: cfg, log: log, m: m, now: time.Now}
 	if cfg.CRISocket != "" {

@@ -199,7 +199,7 @@ func main() {
 	floorN := flag.Int("floor-n", 60, "operations per floor and repetition")
 	only := flag.String("stacks", "", "comma-separated stack names to run (default all)")
 	dataRoot := flag.String("dir", "/dev/shm", "where the IPAM data dirs and caches go")
-	reconcileEvery := flag.Duration("reconcile-every", 50*time.Millisecond, "podnet+podnet-ipam+reconcile: a leak reconcile pass every this long during ADD and DEL")
+	reconcileEvery := flag.Duration("reconcile-every", time.Second, "podnet+podnet-ipam+reconcile: a leak reconcile pass every this long during ADD and DEL")
 	reconcileDead := flag.Int("reconcile-dead", 250, "podnet+podnet-ipam+reconcile: dead reservations planted before each phase, freed by its first pass")
 	out := flag.String("out", "", "JSON file to write (default stdout)")
 	flag.Parse()

@@ -127,7 +127,7 @@ func measure(t testing.TB, n, reps, livePasses int, budget, settle time.Duration
 		if res.LockBudgetMs == 0 {
 			res.LockBudgetMs = ms(budget)
 			if budget == 0 {
-				res.LockBudgetMs = 5 // reconcile.New's default
+				res.LockBudgetMs = ms(reconcile.DefaultLockBudget)
 			}
 		}
 		for range livePasses {
