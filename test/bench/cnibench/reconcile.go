@@ -22,6 +22,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 
 	"github.com/podnet/podnet/internal/attachment"
+	"github.com/podnet/podnet/internal/contract"
 	"github.com/podnet/podnet/routed/reconcile"
 	"github.com/podnet/podnet/test/bench/reconcilebench"
 	"github.com/podnet/podnet/test/nettest"
@@ -106,7 +107,11 @@ func checkLivePods(node ns.NetNS, want int) error {
 		links = map[attachment.Owner][]int{}
 		for o, ls := range hl {
 			for _, l := range ls {
-				links[o] = append(links[o], l.Attrs().Index)
+				// a veth an earlier DEL detached is still dying with
+				// its pod netns: not a pod attached
+				if _, detached, _ := contract.ParseVethAlias(l.Attrs().Alias); !detached {
+					links[o] = append(links[o], l.Attrs().Index)
+				}
 			}
 		}
 		return nil
