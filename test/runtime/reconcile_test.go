@@ -275,24 +275,7 @@ func (h *harness) reconcileReboot(t *testing.T, r *routed, old []*criclient.Sand
 	all, err := h.cri.List(ctx)
 	cancel()
 	must(t, err)
-	runParallel(len(all), workers, func(i int) {
-		ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
-		defer cancel()
-		if err := h.cri.StopAndRemove(ctx, all[i].Id); err != nil {
-			t.Error(err)
-		}
-	})
-	r.cleanup(t)
-	if left := h.cniLeftovers(); len(left) > 0 {
-		t.Errorf("left behind after teardown:\n  %s", strings.Join(left, "\n  "))
-	}
-	// containerd's own leftovers of the sandboxes it lost (libcni cache
-	// entries of pods it never tore down) are not podnet's.
-	if leaks := h.runtimeLeftovers(); len(leaks) > 0 {
-		h.note(t, "containerd left of the sandboxes it lost (not podnet's; removed by the harness):\n  %s", strings.Join(leaks, "\n  "))
-		h.removeRuntimeLeaks(t)
-	}
-	h.requireClean(t)
+	h.teardownLost(t, all, func() { r.cleanup(t) })
 }
 
 // raceSummary says when, after podnet-routed started, its reclaims were

@@ -17,6 +17,7 @@ import (
 
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/plugins/pkg/ns"
+	cri "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/podnet/podnet/test/nettest"
 	"github.com/podnet/podnet/test/runtime/criclient"
@@ -261,6 +262,16 @@ func (h *harness) testKillRestartGC(t *testing.T) {
 	h.checkConnectivity(t, survivors)
 
 	// Tear down what is left the normal way; DEL after GC must succeed.
+	h.teardownLost(t, all, nil)
+}
+
+// teardownLost stops and removes every sandbox of all the way kubelet
+// does (DEL included), runs before (when not nil) once they are gone,
+// and checks that no CNI state is left. What containerd itself lost of
+// sandboxes it was killed in the middle of (netns, runc containers,
+// cgroups, libcni cache entries) is not CNI state: it is reported and
+// removed.
+func (h *harness) teardownLost(t *testing.T, all []*cri.PodSandbox, before func()) {
 	runParallel(len(all), workers, func(i int) {
 		ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
 		defer cancel()
@@ -268,14 +279,14 @@ func (h *harness) testKillRestartGC(t *testing.T) {
 			t.Error(err)
 		}
 	})
+	if before != nil {
+		before()
+	}
 	if left := h.cniLeftovers(); len(left) > 0 {
 		t.Errorf("left behind after teardown:\n  %s", strings.Join(left, "\n  "))
 	}
-	// What containerd itself loses when it is killed in the middle of
-	// creating or removing a sandbox (its netns, runc container, cgroup)
-	// is not CNI state: report it and clean it up.
 	if leaks := h.runtimeLeftovers(); len(leaks) > 0 {
-		h.note(t, "containerd 1.6 itself left after the SIGKILL (not podnet's; removed by the harness):\n  %s", strings.Join(leaks, "\n  "))
+		h.note(t, "containerd left of the sandboxes it lost (not podnet's; removed by the harness):\n  %s", strings.Join(leaks, "\n  "))
 		h.removeRuntimeLeaks(t)
 	}
 	h.requireClean(t)
