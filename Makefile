@@ -124,7 +124,7 @@ test-ship: build cni-tools go-suite-ship
 # (report in bin/conformance-REPORT.md; `make conformance` writes the
 # committed test/conformance/REPORT.md).
 test-conformance: build k8s
-	REPORT=$(CURDIR)/bin/conformance-REPORT.md scripts/k8s/conformance.sh
+	FAMILY=dual REPORT=$(CURDIR)/bin/conformance-REPORT.md scripts/k8s/conformance.sh
 
 # Every package with Go files is in exactly one suite.
 test-suites-complete:
@@ -191,7 +191,7 @@ image: build
 # until `make demo-down`.
 .PHONY: demo demo-down
 demo: build
-	@MODE="$(MODE)" KEEP="$(KEEP)" GO="$(GO)" scripts/demo.sh
+	@MODE="$(MODE)" FAMILY="$(FAMILY)" KEEP="$(KEEP)" GO="$(GO)" scripts/demo.sh
 
 demo-down:
 	@GO="$(GO)" scripts/demo.sh down
@@ -209,7 +209,7 @@ demo-down:
 # such a cluster and writes test/conformance/REPORT.md.
 .PHONY: cluster cluster-down cluster-check conformance
 cluster: build
-	@MODE="$(MODE)" NODES="$(NODES)" scripts/k8s/cluster.sh up
+	@MODE="$(MODE)" NODES="$(NODES)" FAMILY="$(FAMILY)" scripts/k8s/cluster.sh up
 	@scripts/k8s/cluster.sh check
 
 cluster-check:
@@ -219,4 +219,4 @@ cluster-down:
 	@scripts/k8s/cluster.sh down
 
 conformance: build
-	@MODE="$(MODE)" NODES="$(NODES)" scripts/k8s/conformance.sh
+	@MODE="$(MODE)" NODES="$(NODES)" FAMILY="$(FAMILY)" scripts/k8s/conformance.sh

@@ -42,6 +42,11 @@ type Conf struct {
 	// Subnet is the IPAM range. Empty means "usePodCidr": the node's PodCIDR
 	// as published by podnet-routed. Hosts without Kubernetes give one.
 	Subnet string
+	// ClusterCIDRs, with Subnet empty, give the families of the pod
+	// addresses: one IPAM range set per family, "usePodCidr" for IPv4 and
+	// "usePodCidrIPv6" for IPv6 (a dual-stack pod gets one of each). None
+	// means "usePodCidr" alone.
+	ClusterCIDRs []netip.Prefix
 	// StateDir is where node.json and (under ipam/) the IPAM store live.
 	// Empty means the plugins' default, /run/podnet.
 	StateDir string
@@ -95,15 +100,24 @@ func Render(c Conf) ([]byte, error) {
 	if c.MTU != 0 && (c.MTU < 576 || c.MTU > 65535) {
 		return nil, fmt.Errorf("mtu %d: want 0 (automatic) or 576-65535", c.MTU)
 	}
-	subnet := "usePodCidr"
+	var ranges [][]rangeConf
 	if c.Subnet != "" {
 		p, err := netip.ParsePrefix(c.Subnet)
 		if err != nil {
 			return nil, fmt.Errorf("subnet: %w", err)
 		}
-		subnet = p.Masked().String()
+		ranges = [][]rangeConf{{{Subnet: p.Masked().String()}}}
+	} else {
+		has4 := slices.ContainsFunc(c.ClusterCIDRs, func(p netip.Prefix) bool { return p.Addr().Is4() })
+		has6 := slices.ContainsFunc(c.ClusterCIDRs, func(p netip.Prefix) bool { return p.Addr().Is6() })
+		if has4 || !has6 {
+			ranges = append(ranges, []rangeConf{{Subnet: "usePodCidr"}})
+		}
+		if has6 {
+			ranges = append(ranges, []rangeConf{{Subnet: "usePodCidrIPv6"}})
+		}
 	}
-	p := pluginConf{Type: c.Plugin, MTU: c.MTU, IPAM: ipamConf{Type: "podnet-ipam", Ranges: [][]rangeConf{{{Subnet: subnet}}}}}
+	p := pluginConf{Type: c.Plugin, MTU: c.MTU, IPAM: ipamConf{Type: "podnet-ipam", Ranges: ranges}}
 	switch c.Plugin {
 	case "podnet":
 	case "podnet-bridge":

@@ -74,7 +74,7 @@ pki() {
 			rm -f "$1.csr" "$1.ext"
 		}
 		cert apiserver /CN=kube-apiserver serverAuth \
-			"IP:$UNDERLAY_GW,IP:127.0.0.1,IP:10.96.0.1,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local,DNS:localhost"
+			"IP:$UNDERLAY_GW4,IP:$UNDERLAY_GW6,IP:127.0.0.1,IP:::1,IP:10.96.0.1,IP:fd00:10:96::1,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local,DNS:localhost"
 		cert apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client" clientAuth
 		cert admin "/O=system:masters/CN=kubernetes-admin" clientAuth
 		cert controller-manager /CN=system:kube-controller-manager clientAuth
@@ -83,7 +83,7 @@ pki() {
 		for i in $(seq 1 "$NODES"); do
 			cert "node$i" "/O=system:nodes/CN=system:node:node$i" clientAuth
 			# kubelet's serving certificate (kubectl exec/logs, the API server's proxy)
-			cert "node$i-serving" "/O=system:nodes/CN=system:node:node$i" serverAuth "IP:$(node_ip "$i"),DNS:node$i"
+			cert "node$i-serving" "/O=system:nodes/CN=system:node:node$i" serverAuth "IP:$(node_ip4 "$i"),IP:$(node_ip6 "$i"),DNS:node$i"
 		done
 	)
 	kubeconfig admin "$API"
@@ -118,10 +118,12 @@ control_plane_up() {
 	echo "$CP_NS" >>"$RUN/netns"
 	ip -n "$CP_NS" link set lo up
 	ip -n "$CP_NS" link add br0 type bridge
-	ip -n "$CP_NS" addr add "$UNDERLAY_GW/24" dev br0
+	has4 && ip -n "$CP_NS" addr add "$UNDERLAY_GW4/24" dev br0
+	has6 && ip -n "$CP_NS" addr add "$UNDERLAY_GW6/64" dev br0 nodad
 	ip -n "$CP_NS" link set br0 up
 	# the control plane routes to pods through the nodes (see the header)
 	ip netns exec "$CP_NS" sysctl -qw net.ipv4.ip_forward=1
+	has6 && ip netns exec "$CP_NS" sysctl -qw net.ipv6.conf.all.forwarding=1
 	local in="nsenter --net=/run/netns/$CP_NS" p=$PKI
 	mkdir -p "$CLUSTER_DIR/etcd"
 	start_bg etcd $in "$KAPI/etcd" --name=podnet --data-dir="$CLUSTER_DIR/etcd" \
@@ -130,7 +132,7 @@ control_plane_up() {
 		--initial-cluster=podnet=http://127.0.0.1:2380 --unsafe-no-fsync --log-level=warn
 	wait_for 30 etcd $in curl -sf http://127.0.0.1:2379/health
 	start_bg kube-apiserver $in "$KAPI/kube-apiserver" --etcd-servers=http://127.0.0.1:2379 \
-		--bind-address=0.0.0.0 --secure-port=6443 --advertise-address="$UNDERLAY_GW" \
+		--bind-address=:: --secure-port=6443 --advertise-address="$UNDERLAY_GW" \
 		--tls-cert-file="$p/apiserver.crt" --tls-private-key-file="$p/apiserver.key" --client-ca-file="$p/ca.crt" \
 		--service-account-issuer=https://kubernetes.default.svc.cluster.local \
 		--service-account-key-file="$p/sa.pub" --service-account-signing-key-file="$p/sa.key" \
@@ -143,7 +145,7 @@ control_plane_up() {
 	start_bg kube-controller-manager $in "$K8S/kube-controller-manager" --kubeconfig="$p/controller-manager.kubeconfig" \
 		--authentication-kubeconfig="$p/controller-manager.kubeconfig" --authorization-kubeconfig="$p/controller-manager.kubeconfig" \
 		--bind-address=127.0.0.1 --leader-elect=false --allocate-node-cidrs=true --cluster-cidr="$CLUSTER_CIDR" \
-		--node-cidr-mask-size=24 --service-cluster-ip-range="$SVC_CIDR" --root-ca-file="$p/ca.crt" \
+		--node-cidr-mask-size-ipv4=24 --node-cidr-mask-size-ipv6=64 --service-cluster-ip-range="$SVC_CIDR" --root-ca-file="$p/ca.crt" \
 		--service-account-private-key-file="$p/sa.key" --use-service-account-credentials=true \
 		--cluster-signing-cert-file="$p/ca.crt" --cluster-signing-key-file="$p/ca.key" \
 		--profiling=false --v=1
@@ -168,9 +170,11 @@ node_up() {
 	ip -n "$ns" link set lo up
 	ip -n "$CP_NS" link add "vn$n" type veth peer name eth0 netns "$ns"
 	ip -n "$CP_NS" link set "vn$n" master br0 up
-	ip -n "$ns" addr add "$ip/24" dev eth0
+	if has4; then ip -n "$ns" addr add "$(node_ip4 "$n")/24" dev eth0; fi
+	if has6; then ip -n "$ns" addr add "$(node_ip6 "$n")/64" dev eth0 nodad; fi
 	ip -n "$ns" link set eth0 up
-	ip -n "$ns" route add default via "$UNDERLAY_GW"
+	if has4; then ip -n "$ns" route add default via "$UNDERLAY_GW4"; fi
+	if has6; then ip -n "$ns" -6 route add default via "$UNDERLAY_GW6"; fi
 	# cgroupfs driver: one cgroup root per kubelet (kubelet wants it to exist)
 	for h in /sys/fs/cgroup/*/; do
 		[ "$(stat -f -c %T "$h")" = cgroupfs ] || continue
@@ -215,7 +219,7 @@ kind: KubeProxyConfiguration
 mode: nftables
 clientConnection: {kubeconfig: $PKI/kube-proxy.kubeconfig}
 hostnameOverride: node$n
-clusterCIDR: $CLUSTER_CIDR
+clusterCIDR: "$CLUSTER_CIDR"
 healthzBindAddress: 127.0.0.1:10256
 metricsBindAddress: 127.0.0.1:10249
 conntrack: {maxPerCore: 0, min: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}
@@ -228,21 +232,36 @@ node_ready() {
 	[ "$(kc get node "node$1" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}')" = True ]
 }
 
-# control-plane routes to each node's PodCIDR (once the controller-manager
-# has allocated them)
+# control-plane routes to each node's PodCIDRs, one per family (once the
+# controller-manager has allocated them)
 cp_pod_routes() {
-	local n cidr
+	local n cidr cidrs want
+	want=$(echo "$CLUSTER_CIDR" | tr ',' ' ' | wc -w)
 	for n in $(seq 1 "$NODES"); do
-		cidr=$(kc get node "node$n" -o jsonpath='{.spec.podCIDR}')
-		[ -n "$cidr" ] || die "node$n has no PodCIDR"
-		ip -n "$CP_NS" route replace "$cidr" via "$(node_ip "$n")"
+		cidrs=$(kc get node "node$n" -o jsonpath='{.spec.podCIDRs[*]}')
+		[ "$(echo "$cidrs" | wc -w)" = "$want" ] || die "node$n has PodCIDRs '$cidrs', want one per family of $CLUSTER_CIDR"
+		for cidr in $cidrs; do
+			case $cidr in
+			*:*) ip -n "$CP_NS" -6 route replace "$cidr" via "$(node_ip6 "$n")" ;;
+			*) ip -n "$CP_NS" route replace "$cidr" via "$(node_ip4 "$n")" ;;
+			esac
+		done
 	done
+}
+
+# coredns_manifest: manifests/coredns.yaml with the kube-dns Service's
+# address for FAMILY (dual: both families, the v4 address first).
+coredns_manifest() {
+	local policy=SingleStack
+	[ "$FAMILY" = dual ] && policy=RequireDualStack
+	sed -e "s|clusterIP: 10.96.0.10|clusterIP: $DNS_IP\n  ipFamilyPolicy: $policy|" "$K8S_SCRIPTS/manifests/coredns.yaml"
 }
 
 up() {
 	[ "$(id -u)" = 0 ] || die "the cluster creates network namespaces: run it as root"
 	case $MODE in vxlan | none) ;; ipip) die "MODE=ipip needs the ipip module, which this kernel lacks: IPIP is tested in a VM (make ipipvm)" ;; *) die "MODE=$MODE: want vxlan or none" ;; esac
 	case $NODES in 2 | 3) ;; *) die "NODES=$NODES: want 2 or 3" ;; esac
+	case $FAMILY in ipv4 | dual | ipv6) ;; *) die "FAMILY=$FAMILY: want ipv4, dual or ipv6" ;; esac
 	[ ! -e "/run/netns/$CP_NS" ] || die "a cluster is already up (netns $CP_NS): make cluster-down first"
 	local t0=$SECONDS t=$SECONDS
 	phase() { log "$1: $((SECONDS - t))s"; t=$SECONDS; }
@@ -251,7 +270,7 @@ up() {
 	mkdir -p "$RUN"
 	"$K8S_SCRIPTS/images.sh" 2>/dev/null
 	host_state >"$CLUSTER_DIR/host-before.txt"
-	echo "$MODE $NODES" >"$RUN/config"
+	echo "$MODE $NODES $FAMILY" >"$RUN/config"
 	phase "binaries and images (built once, then cached)"
 	pki
 	control_plane_up
@@ -260,8 +279,8 @@ up() {
 	# ConfigMap before the nodes join.
 	kc apply -f "$REPO/conf/k8s/podnet.yaml" >/dev/null
 	kc -n kube-system patch configmap podnet-config --type merge \
-		-p "{\"data\":{\"encap\":\"$MODE\",\"portmap\":\"true\"}}" >/dev/null
-	kc apply -f "$K8S_SCRIPTS/manifests/coredns.yaml" >/dev/null
+		-p "{\"data\":{\"encap\":\"$MODE\",\"portmap\":\"true\",\"clusterCIDR\":\"$CLUSTER_CIDR\"}}" >/dev/null
+	coredns_manifest | kc apply -f - >/dev/null
 	for n in $(seq 1 "$NODES"); do node_up "$n"; done
 	for n in $(seq 1 "$NODES"); do wait_for 180 "node$n Ready" node_ready "$n"; done
 	phase "$NODES nodes Ready (podnet-node DaemonSet installed the CNI config)"
@@ -269,7 +288,7 @@ up() {
 	cp_pod_routes
 	kc -n kube-system rollout status deployment/coredns --timeout=180s >/dev/null
 	phase "podnet-node DaemonSet and CoreDNS ready"
-	log "cluster up in $((SECONDS - t0))s (MODE=$MODE, $NODES nodes)"
+	log "cluster up in $((SECONDS - t0))s (MODE=$MODE, FAMILY=$FAMILY, $NODES nodes)"
 	status
 }
 
@@ -291,6 +310,7 @@ apiVersion: v1
 kind: Service
 metadata: {name: web}
 spec:
+  ipFamilyPolicy: $([ "$FAMILY" = dual ] && echo RequireDualStack || echo SingleStack)
   selector: {app: web}
   ports: [{port: 80, targetPort: 8080}]
 Y
@@ -316,10 +336,19 @@ Y
 		return 1
 	}
 	log "one web pod per node Ready in $((SECONDS - t))s"
+	# every pod address and every ClusterIP: one per family
 	declare -A ip
-	for n in $nodes; do ip[$n]=$(kc get pod "web-$n" -o jsonpath='{.status.podIP}'); done
-	local svc
-	svc=$(kc get service web -o jsonpath='{.spec.clusterIP}')
+	for n in $nodes; do ip[$n]=$(kc get pod "web-$n" -o jsonpath='{.status.podIPs[*].ip}'); done
+	local svc svcs want
+	want=$(echo "$CLUSTER_CIDR" | tr ',' ' ' | wc -w)
+	svcs=$(kc get service web -o jsonpath='{.spec.clusterIPs[*]}')
+	svc=${svcs// /,}
+	for n in $nodes; do
+		[ "$(echo "${ip[$n]}" | wc -w)" = "$want" ] || {
+			log "pod web-$n has addresses '${ip[$n]}', want one per family of $CLUSTER_CIDR"
+			fail=1
+		}
+	done
 	kc get pods -l app=web -o wide
 	echo
 	local nnodes
@@ -340,16 +369,23 @@ Y
 	for a in $nodes; do
 		cell 14 "web-$a"
 		for b in $nodes; do
-			if kc exec "web-$a" -- sh -c "ping -c1 -W2 ${ip[$b]} >/dev/null && [ \"\$(timeout 3 wget -qO- http://${ip[$b]}:8080/)\" = web-$b ]" >/dev/null 2>&1; then mark 12 OK; else mark 12 FAIL; fi
+			local ok=OK x
+			for x in ${ip[$b]}; do
+				kc exec "web-$a" -- sh -c "ping -c1 -W2 $x >/dev/null && [ \"\$(timeout 3 wget -qO- http://$(urlhost "$x"):8080/)\" = web-$b ]" >/dev/null 2>&1 || ok=FAIL
+			done
+			mark 12 $ok
 		done
 		# the Service until every node's pod has answered (the pod's own
 		# too: hairpin), at most 30 requests 0.2 s apart; kube-proxy may
 		# take a second or more to program a just-Ready endpoint (30
 		# requests back to back took 0.3 s and once missed one)
-		local got
-		got=$(kc exec "web-$a" -- sh -c "seen=''; for i in \$(seq 30); do r=\$(timeout 2 wget -qO- http://$svc/) && case \" \$seen \" in *\" \$r \"*) ;; *) seen=\"\$seen \$r\" ;; esac; [ \$(echo \$seen | wc -w) = $nnodes ] && break; sleep 0.2; done; echo \$seen" 2>/dev/null | tr ' ' '\n' | sort | tr '\n' ' ')
-		got=${got# }
-		if [ "$(echo "$got" | wc -w)" = "$nnodes" ]; then mark 34 OK "$got"; else mark 34 FAIL "${got:-nothing}"; fi
+		local got s all=""
+		for s in $svcs; do
+			got=$(kc exec "web-$a" -- sh -c "seen=''; for i in \$(seq 30); do r=\$(timeout 2 wget -qO- http://$(urlhost "$s")/) && case \" \$seen \" in *\" \$r \"*) ;; *) seen=\"\$seen \$r\" ;; esac; [ \$(echo \$seen | wc -w) = $nnodes ] && break; sleep 0.2; done; echo \$seen" 2>/dev/null | tr ' ' '\n' | sort | tr '\n' ' ')
+			got=${got# }
+			[ "$(echo "$got" | wc -w)" = "$nnodes" ] || all=FAIL
+		done
+		if [ -z "$all" ]; then mark 34 OK "$got"; else mark 34 FAIL "${got:-nothing}"; fi
 		got=$(kc exec "web-$a" -- sh -c "timeout 3 wget -qO- http://web.default.svc.cluster.local/" 2>/dev/null || true)
 		if [ -n "$got" ]; then mark 1 OK "$got"; else mark 1 FAIL; fi
 		echo
@@ -359,9 +395,13 @@ Y
 		i=$((i + 1))
 		cell 14 "$a (host)"
 		for b in $nodes; do
-			if on_node "$i" curl -sf -m 3 "http://${ip[$b]}:8080/" >/dev/null 2>&1; then mark 12 OK; else mark 12 FAIL; fi
+			local ok=OK x
+			for x in ${ip[$b]}; do on_node "$i" curl -sf -m 3 "http://$(urlhost "$x"):8080/" >/dev/null 2>&1 || ok=FAIL; done
+			mark 12 $ok
 		done
-		if on_node "$i" curl -sf -m 3 "http://$svc/" >/dev/null 2>&1; then mark 34 OK; else mark 34 FAIL; fi
+		local ok=OK x
+		for x in $svcs; do on_node "$i" curl -sf -m 3 "http://$(urlhost "$x")/" >/dev/null 2>&1 || ok=FAIL; done
+		mark 34 $ok
 		echo
 	done
 	kc delete pod -l app=web --wait=false >/dev/null

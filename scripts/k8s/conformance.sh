@@ -4,11 +4,14 @@
 # minus the skips in test/conformance/skips.txt, each with its reason)
 # against the cluster of scripts/k8s/cluster.sh, and writes the report.
 #
-#   scripts/k8s/conformance.sh        MODE=vxlan|none NODES=2|3
+#   scripts/k8s/conformance.sh        MODE=vxlan|none NODES=2|3 FAMILY=ipv4|dual|ipv6
 #       brings a cluster up (unless one is up), runs the specs, brings the
 #       cluster down (unless it was already up, or KEEP=1), and writes
-#       test/conformance/REPORT.md (REPORT=path to write elsewhere).
-#   FOCUS=regexp  runs only the selected specs whose name matches too.
+#       test/conformance/REPORT.md (FAMILY=ipv4), REPORT-dual.md or
+#       REPORT-ipv6.md (REPORT=path to write elsewhere). FAMILY=dual adds
+#       upstream's [Feature:IPv6DualStack] specs.
+#   FOCUS=regexp  runs the sig-network specs matching it instead (any
+#       spec, Conformance or not).
 #
 # The e2e images are built here (images.sh) and mapped through the e2e
 # framework's image repository config (KUBE_TEST_REPO_LIST): the specs ask
@@ -16,9 +19,17 @@
 # Exit status: non-zero when a spec failed or the cluster did not come up.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
-export MODE=${MODE:-vxlan} NODES=${NODES:-2}
-REPORT=${REPORT:-$REPO/test/conformance/REPORT.md}
+export MODE=${MODE:-vxlan} NODES=${NODES:-2} FAMILY
+# the report of each family: REPORT.md (ipv4), REPORT-dual.md, REPORT-ipv6.md
+suffix=""
+[ "$FAMILY" = ipv4 ] || suffix=-$FAMILY
+REPORT=${REPORT:-$REPO/test/conformance/REPORT$suffix.md}
+# every sig-network [Conformance] spec; on a dual-stack cluster also every
+# [Feature:IPv6DualStack] spec but those that need SCTP in the kernel
+# (Feature:SCTPConnectivity: a feature of its own, which this machine's
+# kernel lacks) or a cloud load balancer (none here has one)
 SELECT='\[sig-network\].*\[Conformance\]'
+[ "$FAMILY" = dual ] && SELECT='\[sig-network\].*(\[Conformance\]|\[Feature:IPv6DualStack\])'
 SKIPS=$REPO/test/conformance/skips.txt
 
 t0=$SECONDS
@@ -38,7 +49,7 @@ teardown() {
 }
 trap teardown EXIT
 bins
-read -r MODE NODES <"$RUN/config"
+read -r MODE NODES FAMILY <"$RUN/config"
 t_up=$((SECONDS - t0))
 
 out=$CLUSTER_DIR/e2e
@@ -65,24 +76,25 @@ e2e() {
 		--dump-logs-on-failure=false --ginkgo.no-color --ginkgo.timeout=60m "$@"
 }
 # every selected spec, then the run
-e2e --ginkgo.focus="$SELECT" --ginkgo.dry-run --ginkgo.json-report="$out/all.json" >"$out/dry-run.log" 2>&1
 focus=$SELECT
-[ -n "${FOCUS:-}" ] && focus="\\[sig-network\\].*($FOCUS).*\\[Conformance\\]"
+[ -n "${FOCUS:-}" ] && focus="\\[sig-network\\].*($FOCUS)"
+e2e --ginkgo.focus="$focus" --ginkgo.label-filter='!Feature:SCTPConnectivity' --ginkgo.dry-run \
+	--ginkgo.json-report="$out/all.json" >"$out/dry-run.log" 2>&1
 log "running the specs (log: $out/e2e.log)"
 t1=$SECONDS
-e2e --ginkgo.focus="$focus" "${skip_args[@]}" --ginkgo.json-report="$out/run.json" --ginkgo.v >"$out/e2e.log" 2>&1 || rc=1
+e2e --ginkgo.focus="$focus" --ginkgo.label-filter='!Feature:SCTPConnectivity' "${skip_args[@]}" --ginkgo.json-report="$out/run.json" --ginkgo.v >"$out/e2e.log" 2>&1 || rc=1
 t_run=$((SECONDS - t1))
 grep -E '^\s*(\[(PASSED|FAILED|SKIPPED)\]|Ran [0-9]+ of)' "$out/e2e.log" | tail -3 >&2 || true
 
 go build -C "$REPO" -o "$out/report" ./test/conformance/report
 mkdir -p "$(dirname "$REPORT")"
 "$out/report" -dry-run "$out/all.json" -run "$out/run.json" -skips "$SKIPS" -check "$out/check.txt" \
-	-title "Kubernetes sig-network conformance on podnet" \
+	-title "Kubernetes sig-network conformance on podnet ($FAMILY)" \
 	-meta "Kubernetes=v1.34.10 (kube-apiserver, controller-manager --allocate-node-cidrs, scheduler, kubelet, kube-proxy in nftables mode, e2e.test), etcd v3.6.8, containerd $(containerd --version | awk '{print $3}'), runc $(runc --version | awk 'NR==1{print $3}'), CoreDNS v1.12.1" \
 	-meta "podnet=$(git -C "$REPO" describe --always --dirty 2>/dev/null || echo unknown), installed by conf/k8s/podnet.yaml (encap $MODE, portmap chained), $NODES nodes" \
 	-meta "Machine=$(nproc) cores, kernel $(uname -r)" \
 	-meta "Wall time=cluster up ${t_up}s, specs ${t_run}s, total $((SECONDS - t0))s before teardown" \
-	-meta "Command=scripts/k8s/conformance.sh (make conformance, make test) with MODE=$MODE NODES=$NODES" >"$REPORT"
+	-meta "Command=scripts/k8s/conformance.sh (make conformance, make test) with MODE=$MODE NODES=$NODES FAMILY=$FAMILY" >"$REPORT"
 log "report: $REPORT"
 t_total=$((SECONDS - t0))
 teardown || rc=1

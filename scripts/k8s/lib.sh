@@ -11,16 +11,58 @@ CP_NS=$NSP-cp
 PKI=$CLUSTER_DIR/pki
 RUN=$CLUSTER_DIR/run                   # pid files, logs, what to undo
 IMG=$CLUSTER_DIR/images
-UNDERLAY_GW=172.31.77.1                # br0 in $CP_NS; the API server listens here
-API=https://$UNDERLAY_GW:6443
-CLUSTER_CIDR=10.244.0.0/16             # kubeadm --pod-network-cidr
-SVC_CIDR=10.96.0.0/16
-DNS_IP=10.96.0.10
+# FAMILY=ipv4|dual|ipv6: the cluster's IP families (`up` records it in
+# $RUN/config; later commands read it from there).
+FAMILY=${FAMILY:-}
+if [ -z "$FAMILY" ] && [ -f "$RUN/config" ]; then read -r _ _ FAMILY _ <"$RUN/config" || true; fi
+FAMILY=${FAMILY:-ipv4}
+UNDERLAY_GW4=172.31.77.1               # br0 in $CP_NS (ipv4, dual)
+UNDERLAY_GW6=fd00:31:77::1             # br0 in $CP_NS (dual, ipv6)
+case $FAMILY in
+ipv4)
+	UNDERLAY_GW=$UNDERLAY_GW4          # the API server's address
+	CLUSTER_CIDR=10.244.0.0/16         # kubeadm --pod-network-cidr
+	SVC_CIDR=10.96.0.0/16
+	DNS_IP=10.96.0.10
+	;;
+dual)
+	UNDERLAY_GW=$UNDERLAY_GW4          # the first family is the primary one
+	CLUSTER_CIDR=10.244.0.0/16,fd00:10:244::/56
+	SVC_CIDR=10.96.0.0/16,fd00:10:96::/112
+	DNS_IP=10.96.0.10
+	;;
+ipv6)
+	UNDERLAY_GW=$UNDERLAY_GW6
+	CLUSTER_CIDR=fd00:10:244::/56
+	SVC_CIDR=fd00:10:96::/112
+	DNS_IP=fd00:10:96::a
+	;;
+*)
+	echo "FAMILY=$FAMILY: want ipv4, dual or ipv6" >&2
+	exit 2
+	;;
+esac
+has4() { [ "$FAMILY" != ipv6 ]; }
+has6() { [ "$FAMILY" != ipv4 ]; }
+# urlhost ADDR: ADDR as the host part of a URL ([v6]).
+urlhost() { case $1 in *:*) echo "[$1]" ;; *) echo "$1" ;; esac; }
+API=https://$(urlhost "$UNDERLAY_GW"):6443
 E2E_REGISTRY=localhost/podnet-e2e      # where the e2e images are mapped (KUBE_TEST_REPO_LIST)
 export PATH=$PATH:/usr/local/go/bin:/usr/sbin:/sbin
 export LC_ALL=C.UTF-8
 
-node_ip() { echo "172.31.77.$((10 + $1))"; }
+node_ip4() { echo "172.31.77.$((10 + $1))"; }
+node_ip6() { echo "fd00:31:77::$((10 + $1))"; }
+# node_ip N: node N's primary address (the API server reaches its kubelet
+# there); node_ips N: every address, primary first (kubelet --node-ip).
+node_ip() { if has4; then node_ip4 "$1"; else node_ip6 "$1"; fi; }
+node_ips() {
+	case $FAMILY in
+	ipv4) node_ip4 "$1" ;;
+	dual) echo "$(node_ip4 "$1"),$(node_ip6 "$1")" ;;
+	ipv6) node_ip6 "$1" ;;
+	esac
+}
 node_dir() { echo "$CLUSTER_DIR/nodes/node$1"; }
 node_ns() { echo "$NSP-n$1"; }
 log() { echo "[$(date +%T)] $*" >&2; }

@@ -53,7 +53,7 @@ for i in "$IMG"/*.tar; do
 	ctr --address "$SOCK" -n k8s.io images import "$i" >/dev/null
 done
 bg kubelet "$K8S/kubelet" --config="$D/kubelet.yaml" --kubeconfig="$PKI/node$N.kubeconfig" \
-	--hostname-override="node$N" --node-ip="$(node_ip "$N")" --root-dir=/var/lib/kubelet --v=1
+	--hostname-override="node$N" --node-ip="$(node_ips "$N")" --root-dir=/var/lib/kubelet --v=1
 bg kube-proxy "$K8S/kube-proxy" --config="$D/kube-proxy.yaml" --v=1
 echo "node$N: $(cd "$D/pids" && for f in *; do printf '%s=%s ' "$f" "$(cat "$f")"; done)"
 wait

@@ -2,8 +2,10 @@ package ship
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"io"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -178,6 +180,8 @@ func TestInstallerRendersShippedConflists(t *testing.T) {
 		"10-podnet-1.1.conflist":     {CNIVersion: "1.1.0"},
 		"10-podnet-bridge.conflist":  {CNIVersion: "1.1.0", Plugin: "podnet-bridge"},
 		"10-podnet-portmap.conflist": {Portmap: true},
+		"10-podnet-dualstack.conflist": {ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16"),
+			netip.MustParsePrefix("fd00:10:244::/56")}},
 	} {
 		path := filepath.Join(repo(t), "conf", file)
 		if _, err := libcni.ConfListFromFile(path); err != nil {
@@ -193,6 +197,48 @@ func TestInstallerRendersShippedConflists(t *testing.T) {
 	}
 	if v := readFile(t, repo(t), "conf", "10-podnet.conflist"); !bytes.Contains(v, []byte(`"cniVersion": "1.0.0"`)) {
 		t.Errorf("conf/10-podnet.conflist is not cniVersion 1.0.0")
+	}
+	// the families of the cluster CIDRs give the range sets: an IPv6-only
+	// cluster's pods get only an IPv6 address (usePodCidr is the node's
+	// IPv4 PodCIDR)
+	for _, c := range []struct {
+		cidrs string
+		want  []string
+	}{
+		{"", []string{"usePodCidr"}},
+		{"10.244.0.0/16", []string{"usePodCidr"}},
+		{"fd00:10:244::/56", []string{"usePodCidrIPv6"}},
+		{"fd00:10:244::/56,10.244.0.0/16", []string{"usePodCidr", "usePodCidrIPv6"}},
+	} {
+		var conf install.Conf
+		for _, f := range strings.Split(c.cidrs, ",") {
+			if f != "" {
+				conf.ClusterCIDRs = append(conf.ClusterCIDRs, netip.MustParsePrefix(f))
+			}
+		}
+		out, err := install.Render(conf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var list struct {
+			Plugins []struct {
+				IPAM struct {
+					Ranges [][]struct{ Subnet string }
+				}
+			}
+		}
+		if err := json.Unmarshal(out, &list); err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for _, rs := range list.Plugins[0].IPAM.Ranges {
+			for _, r := range rs {
+				got = append(got, r.Subnet)
+			}
+		}
+		if !slices.Equal(got, c.want) {
+			t.Errorf("cluster CIDRs %q: range sets %v, want %v", c.cidrs, got, c.want)
+		}
 	}
 	for _, bad := range []install.Conf{{MTU: 100}, {Plugin: "flannel"}, {CNIVersion: "2.0.0"}, {Subnet: "10.1.2.3"}, {StateDir: "relative"}} {
 		if _, err := install.Render(bad); err == nil {

@@ -74,6 +74,7 @@ func runInstall(argv []string) error {
 	mtu := fs.Int("mtu", envInt("PODNET_MTU", 0), "pod MTU in the conflist; 0 leaves it to podnet-routed's node.json (env PODNET_MTU)")
 	subnet := fs.String("subnet", env("PODNET_SUBNET", ""), "pod subnet of this host; empty uses the node's PodCIDR from podnet-routed (env PODNET_SUBNET)")
 	stateDir := fs.String("state-dir", env("PODNET_STATE_DIR", ""), "podnet state dir written into the conflist (node.json, ipam/); empty: /run/podnet (env PODNET_STATE_DIR)")
+	clusterCIDR := fs.String("cluster-cidr", os.Getenv("CLUSTER_CIDR"), "comma-separated cluster pod CIDRs: the conflist gives pods an address of each of their families from the node's PodCIDRs (env CLUSTER_CIDR; empty: IPv4)")
 	portmap := fs.Bool("portmap", env("PODNET_PORTMAP", "") == "true", "chain the reference portmap plugin for hostPort (its binary is not shipped) (env PODNET_PORTMAP=true)")
 	force := fs.Bool("force", false, "overwrite a foreign conflist of the same name; install even when another config sorts first")
 	uninstall := fs.Bool("uninstall", false, "remove the conflist and the plugin binaries instead")
@@ -83,9 +84,14 @@ func runInstall(argv []string) error {
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
+	cidrs, err := parseCIDRList(*clusterCIDR)
+	if err != nil {
+		return fmt.Errorf("--cluster-cidr: %w", err)
+	}
 	o := install.Options{
 		SrcDir: *src, BinDir: *binDir, ConfDir: *confDir, ConfName: *confName, Force: *force, Logf: logf,
-		Conf: install.Conf{CNIVersion: *cniVersion, Plugin: *plugin, MTU: *mtu, Subnet: *subnet, StateDir: *stateDir, Portmap: *portmap},
+		Conf: install.Conf{CNIVersion: *cniVersion, Plugin: *plugin, MTU: *mtu, Subnet: *subnet, ClusterCIDRs: cidrs,
+			StateDir: *stateDir, Portmap: *portmap},
 	}
 	if *uninstall {
 		return install.Uninstall(o)
@@ -121,15 +127,8 @@ func prepareNode(argv []string) error {
 	}
 	p := install.Prep{NodeName: *nodeName, Encap: e, MTU: *mtu, VXLANVNI: *vni, VXLANPort: *port, ProcSys: *procSys,
 		Log: slog.New(slog.NewJSONHandler(os.Stderr, nil))}
-	for _, f := range strings.Split(*clusterCIDR, ",") {
-		if f = strings.TrimSpace(f); f == "" {
-			continue
-		}
-		c, err := parsePrefix(f)
-		if err != nil {
-			return fmt.Errorf("--cluster-cidr: %w", err)
-		}
-		p.ClusterCIDRs = append(p.ClusterCIDRs, c)
+	if p.ClusterCIDRs, err = parseCIDRList(*clusterCIDR); err != nil {
+		return fmt.Errorf("--cluster-cidr: %w", err)
 	}
 	var cfg *rest.Config
 	if *kubeconfig == "" {
@@ -156,4 +155,21 @@ func prepareNode(argv []string) error {
 func parsePrefix(s string) (netip.Prefix, error) {
 	p, err := netip.ParsePrefix(s)
 	return p.Masked(), err
+}
+
+// parseCIDRList parses a comma-separated list of CIDRs (empty items are
+// skipped).
+func parseCIDRList(list string) ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, f := range strings.Split(list, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		c, err := parsePrefix(f)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, c)
+	}
+	return out, nil
 }
