@@ -126,8 +126,11 @@ func measureMode(t *testing.T, encap, underlay string, dur, omit, reps int) mode
 		// recorded for the report, and the stage fails
 		// its first line, and the first error podnet-routed logged
 		mr.Failed, _, _ = strings.Cut(err.Error(), "\n")
-		if logged := firstLine(err.Error(), `"level":"ERROR"`); logged != err.Error() {
-			mr.Failed += " — podnet-routed: " + logged
+		for _, key := range []string{`"msg":"apply failed"`, `"level":"ERROR"`} {
+			if logged := firstLine(err.Error(), key); logged != err.Error() {
+				mr.Failed += " — podnet-routed: " + logged
+				break
+			}
 		}
 		t.Errorf("cluster up: %v", err)
 		return mr
