@@ -6,7 +6,8 @@
 #             1,000 and 5,000 Nodes of a real kube-apiserver (sync -> routes,
 #             Node change -> route, RSS)             -> bench/results/routed.json
 #   datapath  test/bench/routedbench TestDatapath: iperf3 pod<->pod across
-#             node netns (none, vxlan) vs node<->node, MTU and fragmentation
+#             dual-stack node netns (none, vxlan; IPv4 then IPv6 underlay)
+#             vs node<->node, in IPv4 and IPv6, MTU and fragmentation
 #                                                     -> bench/results/datapath.json
 #   cni       test/bench/cnibench: the plugin stacks through libcni (the
 #             four of issue 8, and podnet's while podnet-routed's leak

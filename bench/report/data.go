@@ -169,10 +169,12 @@ type datapathData struct {
 	Omit     int     `json:"omit_s"`
 	Iperf    string  `json:"iperf3"`
 	Modes    []struct {
-		Encap  string `json:"encap"`
-		PodMTU int    `json:"pod_mtu"`
-		Runs   []struct {
+		Encap    string `json:"encap"`
+		Underlay string `json:"underlay"` // "" (results from before dual-stack) = ipv4
+		PodMTU   int    `json:"pod_mtu"`
+		Runs     []struct {
 			Path        string  `json:"path"`
+			Family      string  `json:"family"` // "" = ipv4
 			Rep         int     `json:"rep"`
 			Gbps        float64 `json:"gbps"`
 			Retransmits int     `json:"retransmits"`
@@ -180,7 +182,11 @@ type datapathData struct {
 		} `json:"runs"`
 		PingFits  string            `json:"ping_fits"`
 		PingOver  string            `json:"ping_over"`
+		PingFits6 string            `json:"ping_fits6"`
+		PingOver6 string            `json:"ping_over6"`
 		FragDelta map[string]string `json:"frag_delta"`
+		Unrouted  map[string]string `json:"unrouted"`
+		Failed    string            `json:"failed"`
 	} `json:"modes"`
 }
 

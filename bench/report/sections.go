@@ -388,42 +388,17 @@ func gapSecs(got, want float64) string {
 
 func (r *report) datapathSection(d *datapathData) {
 	r.f("## 6. Data path\n\n")
-	r.f("Two node netns on one L2 underlay (a bridge in its own netns, MTU 1500), podnet-routed in each, one pod per node attached by podnet + podnet-ipam (`usePodCidr`) through libcni. %s, one TCP stream, %d s per run after %d s omitted, pod → pod across the nodes and node → node over the same underlay, taking turns. Throughput is the receiver's, in Gbit/s; ratio = median(pod) ÷ median(node) of the same mode.\n\n", d.Iperf, d.Duration, d.Omit)
-	r.f("| encap | pod MTU | node↔node | pod↔pod | pod ÷ node | per-repetition ratios | MSS pod / node | retransmits pod / node | DF ping of the pod MTU | one byte more | fragmentation on the path |\n")
-	r.f("|---|---:|---:|---:|---:|---|---|---|---|---|---|\n")
+	r.f("Two node netns on one L2 underlay (a bridge in its own netns, MTU 1500), each with an IPv4 and an IPv6 address, podnet-routed in each with a PodCIDR of each family, one pod per node attached by podnet + podnet-ipam (`usePodCidr` and `usePodCidrIPv6`: an address of each family) through libcni. ")
+	r.f("*Underlay* is the family of the nodes' first InternalIP (kubelet `--node-ip=v4,v6` or `v6,v4`): podnet-routed routes and encapsulates over it, so VXLAN adds 50 B over an IPv4 underlay and 70 B over an IPv6 one, whatever the inner family, and `none` routes only the PodCIDRs of the underlay's family (a direct route needs a next hop of its family). ")
+	r.f("%s, one TCP stream, %d s per run after %d s omitted, pod → pod across the nodes and node → node over the same underlay, in each family, taking turns. Throughput is the receiver's, in Gbit/s; ratio = median(pod) ÷ median(node) of the same mode and family.\n\n", d.Iperf, d.Duration, d.Omit)
+	r.f("| encap | underlay | family | pod MTU | node↔node | pod↔pod | pod ÷ node | per-repetition ratios | MSS pod / node | retransmits pod / node | DF ping of the pod MTU | one byte more | fragmentation on the path |\n")
+	r.f("|---|---|---|---:|---:|---:|---:|---|---|---|---|---|---|\n")
 	for _, m := range d.Modes {
-		var pod, node []float64
-		var podRe, nodeRe, podMSS, nodeMSS int
-		byRep := map[int][2]float64{}
-		for _, run := range m.Runs {
-			v := byRep[run.Rep]
-			if run.Path == "pod" {
-				pod = append(pod, run.Gbps)
-				podRe += run.Retransmits
-				podMSS = run.MSS
-				v[0] = run.Gbps
-			} else {
-				node = append(node, run.Gbps)
-				nodeRe += run.Retransmits
-				nodeMSS = run.MSS
-				v[1] = run.Gbps
-			}
-			byRep[run.Rep] = v
-		}
-		var per []string
-		for rep := 1; rep <= len(byRep); rep++ {
-			if v := byRep[rep]; v[1] > 0 {
-				per = append(per, fmt.Sprintf("%.2f", v[0]/v[1]))
-			}
-		}
-		ratio := median(pod) / median(node)
-		fits := "passes"
-		if m.PingFits != "" {
-			fits = "FAILS: " + mdEscape(m.PingFits)
-		}
-		over := "answered (wrong)"
-		if m.PingOver != "" {
-			over = "refused: `" + mdEscape(m.PingOver) + "`"
+		underlay := orDefault(m.Underlay, "ipv4")
+		if m.Failed != "" {
+			r.f("| %s | %s | — | — | — | — | — | not measured: %s | | | | | |\n", m.Encap, underlay, mdEscape(m.Failed))
+			r.notes = append(r.notes, fmt.Sprintf("%s over an %s underlay: the cluster did not come up, nothing measured (%s).", m.Encap, underlay, mdEscape(m.Failed)))
+			continue
 		}
 		frag := "none"
 		if len(m.FragDelta) > 0 {
@@ -434,21 +409,88 @@ func (r *report) datapathSection(d *datapathData) {
 			slices.Sort(parts)
 			frag = strings.Join(parts, "; ")
 		}
-		r.f("| %s | %d | %.2f | %.2f | %.0f %% | %s | %d / %d | %d / %d | %s | %s | %s |\n", m.Encap, m.PodMTU, median(node), median(pod), ratio*100, strings.Join(per, ", "),
-			podMSS, nodeMSS, podRe, nodeRe, fits, over, frag)
-		if m.Encap == "none" {
-			gap := fmt.Sprintf("%.0f points above", (ratio-0.9)*100)
-			if ratio < 0.9 {
-				gap = fmt.Sprintf("%.0f points short", (0.9-ratio)*100)
+		for _, fam := range []string{"ipv4", "ipv6"} {
+			var pod, node []float64
+			var podRe, nodeRe, podMSS, nodeMSS int
+			byRep := map[int][2]float64{}
+			for _, run := range m.Runs {
+				if orDefault(run.Family, "ipv4") != fam {
+					continue
+				}
+				v := byRep[run.Rep]
+				if run.Path == "pod" {
+					pod = append(pod, run.Gbps)
+					podRe += run.Retransmits
+					podMSS = run.MSS
+					v[0] = run.Gbps
+				} else {
+					node = append(node, run.Gbps)
+					nodeRe += run.Retransmits
+					nodeMSS = run.MSS
+					v[1] = run.Gbps
+				}
+				byRep[run.Rep] = v
 			}
-			r.targets = append(r.targets, target{"pod↔pod ≥ 90 % of node↔node, `none` mode", fmt.Sprintf("%.0f %% (%.2f vs %.2f Gbit/s)", ratio*100, median(pod), median(node)), met(ratio >= 0.9), gap})
+			if len(node) == 0 {
+				continue // results from before dual-stack: IPv4 only
+			}
+			if len(pod) == 0 {
+				why := "pods not routed in this family"
+				if u := m.Unrouted[fam]; u != "" {
+					why, _, _ = strings.Cut(u, ";")
+				}
+				r.f("| %s | %s | %s | %d | %.2f | — | — | %s | — / %d | — / %d | — | — | %s |\n", m.Encap, underlay, fam, m.PodMTU, median(node), mdEscape(why), nodeMSS, nodeRe, frag)
+				continue
+			}
+			var per []string
+			for rep := 1; rep <= len(byRep); rep++ {
+				if v := byRep[rep]; v[1] > 0 && v[0] > 0 {
+					per = append(per, fmt.Sprintf("%.2f", v[0]/v[1]))
+				}
+			}
+			ratio := median(pod) / median(node)
+			fitsErr, overErr := m.PingFits, m.PingOver
+			if fam == "ipv6" {
+				fitsErr, overErr = m.PingFits6, m.PingOver6
+			}
+			fits := "passes"
+			if fitsErr != "" {
+				fits = "FAILS: " + mdEscape(fitsErr)
+			}
+			over := "answered (wrong)"
+			if overErr != "" {
+				over = "refused: `" + mdEscape(overErr) + "`"
+			}
+			r.f("| %s | %s | %s | %d | %.2f | %.2f | %.0f %% | %s | %d / %d | %d / %d | %s | %s | %s |\n", m.Encap, underlay, fam, m.PodMTU, median(node), median(pod), ratio*100, strings.Join(per, ", "),
+				podMSS, nodeMSS, podRe, nodeRe, fits, over, frag)
+			if m.Encap == "none" && fam == underlay {
+				gap := fmt.Sprintf("%.0f points above", (ratio-0.9)*100)
+				if ratio < 0.9 {
+					gap = fmt.Sprintf("%.0f points short", (0.9-ratio)*100)
+				}
+				goal := "pod↔pod ≥ 90 % of node↔node, `none` mode"
+				if fam == "ipv6" {
+					goal = "pod↔pod IPv6 ≥ 90 % of node↔node IPv6, `none` mode (IPv6 underlay)"
+				}
+				r.targets = append(r.targets, target{goal, fmt.Sprintf("%.0f %% (%.2f vs %.2f Gbit/s)", ratio*100, median(pod), median(node)), met(ratio >= 0.9), gap})
+			}
+			if fitsErr != "" || overErr == "" {
+				r.notes = append(r.notes, fmt.Sprintf("%s over an %s underlay, %s: the MTU checks did not all pass (see section 6).", m.Encap, underlay, fam))
+			}
 		}
-		if m.PingFits != "" || m.PingOver == "" || len(m.FragDelta) > 0 {
-			r.notes = append(r.notes, fmt.Sprintf("%s mode: the MTU checks did not all pass (see section 6).", m.Encap))
+		if len(m.FragDelta) > 0 {
+			r.notes = append(r.notes, fmt.Sprintf("%s over an %s underlay: packets were fragmented or reassembled on the path (see section 6).", m.Encap, underlay))
 		}
 	}
 	r.f("\n")
-	r.f("*Fragmentation on the path* lists the IPv4 `Frag*`/`Reasm*` counters (/proc/net/snmp of each node, pod and underlay netns) that moved during the transfers and pings; \"none\" means MTU-sized segments crossed without any fragmentation.\n\n")
+	r.f("*Fragmentation on the path* lists the IPv4 `Frag*`/`Reasm*` and IPv6 `Ip6Frag*`/`Ip6Reasm*` counters (/proc/net/snmp and snmp6 of each node, pod and underlay netns) that moved during the transfers and pings of the mode; \"none\" means MTU-sized segments crossed without any fragmentation.\n\n")
+}
+
+func orDefault(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
 }
 
 // teardownTable shows the whole teardown of a run as the node pays it: the

@@ -33,14 +33,14 @@ import (
 //	  counter spoofed, counter ra-Guard
 //	  set ports  { type iface_index }                 guarded host veths
 //	  set addrs4 { type iface_index . ipv4_addr }     what each may send from
-//	  set addrs6 { type iface_index . ipv6_addr }
+//	  set addrs6 { type iface_index . ipv6_addr }     (bridge: + the EUI-64 link-local)
 //	  set macs   { type iface_index . ether_addr }    bridge only
 //	  chain prerouting { type filter hook prerouting priority -300
 //	    iif != @ports accept                           not a pod: not ours to judge
 //	    iif . ether saddr != @macs  -> spoofed, drop   bridge only
 //	    ICMPv6 Router Advertisement or Redirect -> ra-Guard, drop
-//	    ICMPv6 Neighbor Advertisement for a target neither link-local nor
-//	      (iif . target) in @addrs6 -> spoofed, drop
+//	    ICMPv6 Neighbor Advertisement for a target neither link-local (inet
+//	      only) nor (iif . target) in @addrs6 -> spoofed, drop
 //	    ARP (bridge only): sender IP 0.0.0.0 or (iif . sender IP) in @addrs4, else spoofed, drop
 //	    IPv4: (iif . saddr) in @addrs4, else spoofed, drop
 //	    IPv6: saddr fe80::/10, :: (ICMPv6 only: DAD, MLD), or (iif . saddr) in @addrs6, else spoofed, drop
@@ -150,8 +150,22 @@ func (g Guard) elements(p Port) map[string][]nftables.SetElement {
 	}
 	if g.l2() && len(p.MAC) == 6 {
 		out[setMACs] = []nftables.SetElement{{Key: append(append(ifKey(p.Index), p.MAC...), 0, 0)}}
+		// the pod's link-local address (the kernel's EUI-64 one of its
+		// MAC): on the shared L2 of the bridge, the only link-local
+		// address its Neighbor Advertisements may claim
+		out[setAddrs6] = append(out[setAddrs6], nftables.SetElement{Key: append(ifKey(p.Index), EUI64LinkLocal(p.MAC)...)})
 	}
 	return out
+}
+
+// EUI64LinkLocal is the link-local address the kernel gives an interface
+// with MAC mac (addr_gen_mode eui64, the default): fe80::/64 with the
+// modified EUI-64 interface identifier.
+func EUI64LinkLocal(mac net.HardwareAddr) net.IP {
+	ip := make(net.IP, 16)
+	ip[0], ip[1] = 0xfe, 0x80
+	copy(ip[8:], []byte{mac[0] ^ 0x02, mac[1], mac[2], 0xff, 0xfe, mac[3], mac[4], mac[5]})
+	return ip
 }
 
 // ifKey is an interface index as nftables keys it (host byte order, as
@@ -776,9 +790,20 @@ func (g Guard) rules() []guardRule {
 	rules = append(rules,
 		guardRule{"router advertisement from a pod", join(g.is(l3IPv6), icmp6Type(icmp6RA), count(raGuard), []expr.Any{drop})},
 		guardRule{"redirect from a pod", join(g.is(l3IPv6), icmp6Type(icmp6Redir), count(raGuard), []expr.Any{drop})},
-		guardRule{"neighbor advertisement for an address not the pod's",
-			join(g.is(l3IPv6), icmp6Type(icmp6NA), isLinkLocal6(th, ndTarget, true), inSet(setAddrs6, th, ndTarget, 16, true), count(spoofed), []expr.Any{drop})},
 	)
+	if g.l2() {
+		// on the bridge every pod shares the link: a pod's NA for another
+		// pod's link-local address would take it over in the node's and the
+		// other pods' neighbor tables, so link-local targets are checked
+		// too (addrs6 holds the pod's own link-local address)
+		rules = append(rules, guardRule{"neighbor advertisement for an address not the pod's",
+			join(g.is(l3IPv6), icmp6Type(icmp6NA), inSet(setAddrs6, th, ndTarget, 16, true), count(spoofed), []expr.Any{drop})})
+	} else {
+		// a routed host veth is the pod's only neighbor, with a neighbor
+		// table of its own: link-local targets cannot reach another pod's
+		rules = append(rules, guardRule{"neighbor advertisement for an address not the pod's",
+			join(g.is(l3IPv6), icmp6Type(icmp6NA), isLinkLocal6(th, ndTarget, true), inSet(setAddrs6, th, ndTarget, 16, true), count(spoofed), []expr.Any{drop})})
+	}
 	if g.l2() {
 		rules = append(rules,
 			guardRule{"ARP probe", join(g.is(l3ARP), []expr.Any{

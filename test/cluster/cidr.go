@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"fmt"
+	"math/big"
 	"net/netip"
 	"strings"
 	"sync"
@@ -19,7 +20,7 @@ type cidrAllocator struct {
 }
 
 // A comma-separated list (podnet-routed's --cluster-cidr) allocates from
-// its first CIDR.
+// its first CIDR, which must be IPv4.
 func newCIDRAllocator(clusterCIDR string, maskSize int) (*cidrAllocator, error) {
 	first, _, _ := strings.Cut(clusterCIDR, ",")
 	p, err := netip.ParsePrefix(strings.TrimSpace(first))
@@ -32,14 +33,29 @@ func newCIDRAllocator(clusterCIDR string, maskSize int) (*cidrAllocator, error) 
 	return &cidrAllocator{cluster: p.Masked(), bits: maskSize, used: map[int]bool{}}, nil
 }
 
+// newCIDRAllocator6 is newCIDRAllocator for the IPv6 cluster CIDR of a
+// dual-stack cluster (kube-controller-manager's --node-cidr-mask-size-ipv6).
+func newCIDRAllocator6(clusterCIDR string, maskSize int) (*cidrAllocator, error) {
+	p, err := netip.ParsePrefix(strings.TrimSpace(clusterCIDR))
+	if err != nil {
+		return nil, fmt.Errorf("IPv6 cluster CIDR: %w", err)
+	}
+	if !p.Addr().Is6() || p.Addr().Is4In6() || maskSize < p.Bits() || maskSize > 120 || maskSize-p.Bits() > 16 {
+		return nil, fmt.Errorf("IPv6 cluster CIDR %s with node mask /%d: want IPv6, a mask in [%d, 120] and at most 65536 blocks", p, maskSize, p.Bits())
+	}
+	return &cidrAllocator{cluster: p.Masked(), bits: maskSize, used: map[int]bool{}}, nil
+}
+
 func (a *cidrAllocator) size() int { return 1 << (a.bits - a.cluster.Bits()) }
 
-// block returns the i-th block.
+// block returns the i-th block: the cluster CIDR's address plus i << (the
+// address length - the node mask size), in either family.
 func (a *cidrAllocator) block(i int) netip.Prefix {
-	base := a.cluster.Addr().As4()
-	v := uint32(base[0])<<24 | uint32(base[1])<<16 | uint32(base[2])<<8 | uint32(base[3])
-	v += uint32(i) << (32 - a.bits)
-	return netip.PrefixFrom(netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)}), a.bits)
+	base := a.cluster.Addr().AsSlice()
+	v := new(big.Int).SetBytes(base)
+	v.Add(v, new(big.Int).Lsh(big.NewInt(int64(i)), uint(len(base)*8-a.bits)))
+	addr, _ := netip.AddrFromSlice(v.FillBytes(make([]byte, len(base))))
+	return netip.PrefixFrom(addr, a.bits)
 }
 
 // allocate takes the lowest free block.

@@ -58,3 +58,29 @@ func TestCIDRAllocator(t *testing.T) {
 		}
 	}
 }
+
+// TestCIDRAllocator6: the IPv6 blocks of a dual-stack cluster, in order.
+func TestCIDRAllocator6(t *testing.T) {
+	a, err := newCIDRAllocator6("fd00:10:244::/56", 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"fd00:10:244::/64", "fd00:10:244:1::/64", "fd00:10:244:2::/64"} {
+		if p, err := a.allocate(); err != nil || p != netip.MustParsePrefix(want) {
+			t.Errorf("block %s (%v), want %s", p, err, want)
+		}
+	}
+	b, err := newCIDRAllocator6("fd00:10:244:ff00::/56", 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = b.allocate()
+	if p, _ := b.allocate(); p != netip.MustParsePrefix("fd00:10:244:ff10::/60") {
+		t.Errorf("second /60: %s", p)
+	}
+	for _, bad := range [][2]any{{"10.0.0.0/16", 24}, {"fd00::/32", 64}, {"fd00::/64", 56}} {
+		if _, err := newCIDRAllocator6(bad[0].(string), bad[1].(int)); err == nil {
+			t.Errorf("newCIDRAllocator6(%v, %v) accepted", bad[0], bad[1])
+		}
+	}
+}

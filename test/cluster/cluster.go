@@ -72,6 +72,10 @@ var (
 	OutsideIP = netip.MustParseAddr("172.30.0.200")
 	// RouterHost is the router's host number on every subnet (.254).
 	RouterHost = 254
+	// Subnets6 are the IPv6 prefixes of the underlay subnets of a
+	// dual-stack cluster (Config.ClusterCIDR6): a node has host number h
+	// in both families.
+	Subnets6 = []netip.Prefix{netip.MustParsePrefix("fd00:172:30::/64"), netip.MustParsePrefix("fd00:172:30:1::/64")}
 )
 
 // APIServerPort is kube-apiserver's port in the control plane netns.
@@ -105,6 +109,22 @@ type Config struct {
 	// podnet-routed gets it whole, PodCIDRs come from its first CIDR.
 	ClusterCIDR      string
 	NodeCIDRMaskSize int
+	// ClusterCIDR6, when set, makes the cluster dual-stack, as
+	// kube-controller-manager with a cluster CIDR of each family and
+	// kubelet --node-ip=v4,v6 make it: every node also gets an IPv6
+	// underlay address (host number h of Subnets6) reported as a second
+	// InternalIP after the IPv4 one, and an IPv6 PodCIDR of
+	// NodeCIDRMaskSize6 (default 64) carved from ClusterCIDR6;
+	// podnet-routed's --cluster-cidr gets both, and the conflist a second
+	// range, usePodCidrIPv6, so that every pod gets an address of each
+	// family. Not with CrossSubnet (the router is IPv4 only).
+	ClusterCIDR6      string
+	NodeCIDRMaskSize6 int
+	// IPv6First lists a dual-stack node's IPv6 InternalIP first
+	// (kubelet --node-ip=v6,v4): podnet-routed takes the first as the
+	// Node's next hop, so the underlay of direct routes and of VXLAN is
+	// IPv6 then.
+	IPv6First bool
 	// Resync is podnet-routed's --resync-interval (0: its default).
 	Resync time.Duration
 	// UnderlayMTU is the MTU of every underlay link (default 1500).
@@ -139,7 +159,8 @@ type Cluster struct {
 
 	conflist   []byte
 	cidrs      *cidrAllocator
-	kubeconfig string // podnet-routed's (RBAC user), server on the underlay
+	cidrs6     *cidrAllocator // dual-stack only
+	kubeconfig string         // podnet-routed's (RBAC user), server on the underlay
 	mu         sync.Mutex
 	netns      map[string]*NetNS
 	servers    []io.Closer
@@ -182,10 +203,22 @@ func Up(ctx context.Context, cfg Config) (c *Cluster, err error) {
 	if err != nil {
 		return nil, err
 	}
+	var cidrs6 *cidrAllocator
+	if cfg.ClusterCIDR6 != "" {
+		if cfg.NodeCIDRMaskSize6 == 0 {
+			cfg.NodeCIDRMaskSize6 = 64
+		}
+		if cfg.CrossSubnet {
+			return nil, errors.New("cluster: dual-stack (ClusterCIDR6) is not with cross-subnet (the router netns is IPv4 only)")
+		}
+		if cidrs6, err = newCIDRAllocator6(cfg.ClusterCIDR6, cfg.NodeCIDRMaskSize6); err != nil {
+			return nil, err
+		}
+	}
 	if left, _ := NetNSNames(cfg.Name + "-"); len(left) > 0 {
 		return nil, fmt.Errorf("cluster %s: netns %v already exist (a cluster of that name is up: tear it down first)", cfg.Name, left)
 	}
-	c = &Cluster{Cfg: cfg, cidrs: cidrs, netns: map[string]*NetNS{}}
+	c = &Cluster{Cfg: cfg, cidrs: cidrs, cidrs6: cidrs6, netns: map[string]*NetNS{}}
 	defer func() {
 		if err != nil {
 			if derr := c.Down(); derr != nil {
@@ -465,27 +498,51 @@ func GrantRBAC(ctx context.Context, client kubernetes.Interface, repoRoot string
 	return nil
 }
 
-// createNodeObject registers the Node of n (CreateNode).
+// createNodeObject registers the Node of n (CreateNode; with both
+// families when the cluster is dual-stack).
 func (c *Cluster) createNodeObject(ctx context.Context, n *Node) error {
-	return CreateNode(ctx, c.Client, n.Name, n.IP.String(), n.PodCIDR.String())
+	if !n.IP6.IsValid() {
+		return CreateNode(ctx, c.Client, n.Name, n.IP.String(), n.PodCIDR.String())
+	}
+	ips := []string{n.IP.String(), n.IP6.String()}
+	if c.Cfg.IPv6First {
+		slices.Reverse(ips)
+	}
+	return CreateNodeDual(ctx, c.Client, n.Name, ips, []string{n.PodCIDR.String(), n.PodCIDR6.String()})
 }
 
 // CreateNode registers a Node as a kubelet and kube-controller-manager
 // would: spec.podCIDRs (none when podCIDR is ""), then, when ip is not "",
 // status.addresses (InternalIP, Hostname) through the status subresource.
 func CreateNode(ctx context.Context, client kubernetes.Interface, name, ip, podCIDR string) error {
-	obj := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"kubernetes.io/hostname": name}}}
+	var ips, podCIDRs []string
+	if ip != "" {
+		ips = []string{ip}
+	}
 	if podCIDR != "" {
-		obj.Spec = corev1.NodeSpec{PodCIDR: podCIDR, PodCIDRs: []string{podCIDR}}
+		podCIDRs = []string{podCIDR}
+	}
+	return CreateNodeDual(ctx, client, name, ips, podCIDRs)
+}
+
+// CreateNodeDual is CreateNode with several PodCIDRs and InternalIPs (a
+// dual-stack Node: one of each family, in the order given).
+func CreateNodeDual(ctx context.Context, client kubernetes.Interface, name string, ips, podCIDRs []string) error {
+	obj := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"kubernetes.io/hostname": name}}}
+	if len(podCIDRs) > 0 {
+		obj.Spec = corev1.NodeSpec{PodCIDR: podCIDRs[0], PodCIDRs: podCIDRs}
 	}
 	created, err := client.CoreV1().Nodes().Create(ctx, obj, metav1.CreateOptions{})
 	if err != nil {
 		return fmt.Errorf("create Node %s: %w", name, err)
 	}
-	if ip == "" {
+	if len(ips) == 0 {
 		return nil
 	}
-	created.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: ip}, {Type: corev1.NodeHostName, Address: name}}
+	for _, ip := range ips {
+		created.Status.Addresses = append(created.Status.Addresses, corev1.NodeAddress{Type: corev1.NodeInternalIP, Address: ip})
+	}
+	created.Status.Addresses = append(created.Status.Addresses, corev1.NodeAddress{Type: corev1.NodeHostName, Address: name})
 	if _, err := client.CoreV1().Nodes().UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
 		return fmt.Errorf("Node %s status: %w", name, err)
 	}
@@ -536,9 +593,16 @@ func DeleteNodeObject(ctx context.Context, client kubernetes.Interface, name str
 }
 
 // ExpectedRoutes is the podnet routes (pod host routes aside) n must have:
-// a blackhole for its own PodCIDR and one route per other node's.
+// a blackhole for each of its own PodCIDRs and one route per other node's
+// PodCIDR that the encapsulation can reach. podnet-routed routes a Node
+// by its first InternalIP (NextHop): a direct or IPIP route needs a next
+// hop of the PodCIDR's family (IPIP IPv4), VXLAN carries either family
+// (desired.ForNode).
 func (c *Cluster) ExpectedRoutes(n *Node) []string {
 	want := []string{"blackhole " + n.PodCIDR.String()}
+	if n.PodCIDR6.IsValid() {
+		want = append(want, "blackhole "+n.PodCIDR6.String())
+	}
 	for _, m := range c.Nodes {
 		if m == n {
 			continue
@@ -547,13 +611,20 @@ func (c *Cluster) ExpectedRoutes(n *Node) []string {
 		if c.Cfg.CrossSubnet && m.Subnet == n.Subnet {
 			encap = "none"
 		}
-		switch encap {
-		case "none":
-			want = append(want, fmt.Sprintf("%s via %s dev %s", m.PodCIDR, m.IP, UnderlayDev))
-		case "vxlan":
-			want = append(want, fmt.Sprintf("%s via %s dev %s onlink", m.PodCIDR, m.PodCIDR.Addr(), desired.VXLANDevice))
-		case "ipip":
-			want = append(want, fmt.Sprintf("%s via %s dev %s onlink", m.PodCIDR, m.IP, desired.TunnelDevice))
+		nh := m.NextHop()
+		for _, p := range []netip.Prefix{m.PodCIDR, m.PodCIDR6} {
+			if !p.IsValid() {
+				continue
+			}
+			sameFamily := p.Addr().Is4() == nh.Is4()
+			switch {
+			case encap == "none" && sameFamily:
+				want = append(want, fmt.Sprintf("%s via %s dev %s", p, nh, UnderlayDev))
+			case encap == "vxlan":
+				want = append(want, fmt.Sprintf("%s via %s dev %s onlink", p, p.Addr(), desired.VXLANDevice))
+			case encap == "ipip" && sameFamily && p.Addr().Is4():
+				want = append(want, fmt.Sprintf("%s via %s dev %s onlink", p, nh, desired.TunnelDevice))
+			}
 		}
 	}
 	slices.Sort(want)

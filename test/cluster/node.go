@@ -38,8 +38,12 @@ type Node struct {
 	Subnet  int          // index in Subnets
 	IP      netip.Addr   // InternalIP, on eth0
 	PodCIDR netip.Prefix // spec.podCIDRs[0]
-	NS      *NetNS
-	Dir     string // this node's files
+	// IP6 and PodCIDR6 are the IPv6 InternalIP (on eth0 too) and
+	// spec.podCIDRs[1] of a dual-stack cluster's node (Config.ClusterCIDR6).
+	IP6      netip.Addr
+	PodCIDR6 netip.Prefix
+	NS       *NetNS
+	Dir      string // this node's files
 	// StateDir holds node.json (podnet-routed --state-dir, the plugins'
 	// stateDir); DataDir the IPAM reservations (podnet-ipam dataDir).
 	StateDir, DataDir string
@@ -83,11 +87,17 @@ func (c *Cluster) addNode() (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
+	var cidr6 netip.Prefix
+	if c.cidrs6 != nil {
+		if cidr6, err = c.cidrs6.allocate(); err != nil {
+			return nil, err
+		}
+	}
 	n, err := c.newMachine(fmt.Sprintf("node%d", num), subnet, num)
 	if err != nil {
 		return nil, err
 	}
-	n.PodCIDR = cidr
+	n.PodCIDR, n.PodCIDR6 = cidr, cidr6
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	if err := c.createNodeObject(ctx, n); err != nil {
@@ -134,6 +144,21 @@ func (c *Cluster) newMachine(name string, subnet, host int) (*Node, error) {
 	}
 	if err := c.plug(n.NS, subnet, n.Name, UnderlayDev, addr, c.routerOf(subnet)); err != nil {
 		return nil, err
+	}
+	if c.cidrs6 != nil {
+		// the IPv6 underlay address of a dual-stack node, same host number
+		a6 := Subnets6[subnet].Addr().As16()
+		a6[14], a6[15] = byte(host>>8), byte(host)
+		n.IP6 = netip.AddrFrom16(a6)
+		if err := n.NS.Do(func() error {
+			l, err := netlink.LinkByName(UnderlayDev)
+			if err != nil {
+				return err
+			}
+			return netlink.AddrAdd(l, &netlink.Addr{IPNet: prefixIPNet(netip.PrefixFrom(n.IP6, Subnets6[subnet].Bits()))})
+		}); err != nil {
+			return nil, fmt.Errorf("%s: IPv6 underlay address: %w", n.Name, err)
+		}
 	}
 	if c.Cfg.APIProxy {
 		target := fmt.Sprintf("%s:%d", APIServerIP, APIServerPort)
@@ -188,6 +213,9 @@ func (c *Cluster) DeleteNode(ctx context.Context, n *Node) error {
 		return err
 	}
 	c.cidrs.release(n.PodCIDR)
+	if c.cidrs6 != nil && n.PodCIDR6.IsValid() {
+		c.cidrs6.release(n.PodCIDR6)
+	}
 	c.Nodes = slices.DeleteFunc(c.Nodes, func(m *Node) bool { return m == n })
 	for _, p := range n.Pods {
 		p.closeServers()
@@ -210,7 +238,7 @@ func (n *Node) StartRouted() error {
 		"--kubeconfig=" + n.kubeconfigPath(),
 		"--node-name=" + n.Name,
 		"--encap=" + cfg.Encap,
-		"--cluster-cidr=" + cfg.ClusterCIDR,
+		"--cluster-cidr=" + n.c.clusterCIDRs(),
 		"--state-dir=" + n.StateDir,
 		// the node's own IPAM store; no container runtime on these
 		// nodes: the leak reconcile judges pods by their netns
@@ -232,6 +260,33 @@ func (n *Node) StartRouted() error {
 	}
 	n.routed = p
 	return n.c.saveState()
+}
+
+// NextHop is the address other nodes route this node's pods through: its
+// first InternalIP (IP6 with Config.IPv6First).
+func (n *Node) NextHop() netip.Addr {
+	if n.c.Cfg.IPv6First && n.IP6.IsValid() {
+		return n.IP6
+	}
+	return n.IP
+}
+
+// podCIDRs are the node's PodCIDRs as spec.podCIDRs lists them.
+func (n *Node) podCIDRs() []string {
+	out := []string{n.PodCIDR.String()}
+	if n.PodCIDR6.IsValid() {
+		out = append(out, n.PodCIDR6.String())
+	}
+	return out
+}
+
+// clusterCIDRs is podnet-routed's --cluster-cidr: both families' when
+// dual-stack.
+func (c *Cluster) clusterCIDRs() string {
+	if c.Cfg.ClusterCIDR6 == "" {
+		return c.Cfg.ClusterCIDR
+	}
+	return c.Cfg.ClusterCIDR + "," + c.Cfg.ClusterCIDR6
 }
 
 func (n *Node) kubeconfigPath() string {
@@ -276,8 +331,8 @@ func (n *Node) WaitReady(ctx context.Context, limit time.Duration) error {
 		if err != nil {
 			return err
 		}
-		if !slices.Equal(st.PodCIDRs, []string{n.PodCIDR.String()}) {
-			return fmt.Errorf("node.json podCIDRs %v, want [%s]", st.PodCIDRs, n.PodCIDR)
+		if want := n.podCIDRs(); !slices.Equal(st.PodCIDRs, want) {
+			return fmt.Errorf("node.json podCIDRs %v, want %v", st.PodCIDRs, want)
 		}
 		resp, err := client.Get("http://" + HealthAddr + "/readyz")
 		if err != nil {

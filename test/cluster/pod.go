@@ -26,6 +26,7 @@ type Pod struct {
 	Node        *Node
 	NS          *NetNS
 	IP          netip.Addr
+	IP6         netip.Addr // dual-stack clusters only
 	ContainerID string
 	Result      *current.Result
 
@@ -49,7 +50,8 @@ func conflist(path string) ([]byte, error) {
 
 // NodeConflist is the shipped conflist with the node's stateDir (node.json)
 // and IPAM dataDir, so that nodes sharing this machine's filesystem keep
-// their files apart. Nothing else changes.
+// their files apart, and in a dual-stack cluster a second range,
+// usePodCidrIPv6. Nothing else changes.
 func (n *Node) NodeConflist() ([]byte, error) {
 	var conf map[string]any
 	if err := json.Unmarshal(n.c.conflist, &conf); err != nil {
@@ -69,6 +71,11 @@ func (n *Node) NodeConflist() ([]byte, error) {
 			return nil, errors.New("conflist: podnet plugin without ipam")
 		}
 		ipam["dataDir"] = n.DataDir
+		if n.c.Cfg.ClusterCIDR6 != "" {
+			// dual-stack: an address of each family, as ipam/README shows
+			ranges, _ := ipam["ranges"].([]any)
+			ipam["ranges"] = append(ranges, []any{map[string]any{"subnet": "usePodCidrIPv6"}})
+		}
 	}
 	if !found {
 		return nil, errors.New("conflist: no podnet plugin")
@@ -131,10 +138,15 @@ func (n *Node) AddPod(ctx context.Context, name string) (*Pod, error) {
 	for _, ip := range p.Result.IPs {
 		if a, ok := netip.AddrFromSlice(ip.Address.IP); ok && a.Unmap().Is4() {
 			p.IP = a.Unmap()
+		} else if ok && a.Is6() {
+			p.IP6 = a
 		}
 	}
 	if !p.IP.IsValid() || !n.PodCIDR.Contains(p.IP) {
 		return nil, fmt.Errorf("pod %s got %v, want an address in %s", name, p.Result.IPs, n.PodCIDR)
+	}
+	if n.PodCIDR6.IsValid() && !n.PodCIDR6.Contains(p.IP6) {
+		return nil, fmt.Errorf("pod %s got %v, want an address in %s too", name, p.Result.IPs, n.PodCIDR6)
 	}
 	n.Pods = append(n.Pods, p)
 	return p, nil

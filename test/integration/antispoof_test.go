@@ -140,7 +140,8 @@ func (m spoofMode) wantElements(p *spoofPod) []nettest.PodFilterElement {
 		out = append(out, nettest.PodFilterElement{Family: m.family, Set: "addrs6", Index: p.hostIdx, Value: p.v6.String()})
 	}
 	if m.family == nftables.TableFamilyBridge {
-		out = append(out, nettest.PodFilterElement{Family: m.family, Set: "macs", Index: p.hostIdx, Value: p.mac.String()})
+		out = append(out, nettest.PodFilterElement{Family: m.family, Set: "macs", Index: p.hostIdx, Value: p.mac.String()},
+			nettest.PodFilterElement{Family: m.family, Set: "addrs6", Index: p.hostIdx, Value: podfilter.EUI64LinkLocal(p.mac).String()})
 	}
 	return out
 }

@@ -2,14 +2,26 @@
 
 package routedbench
 
-// Data path (issue 8 §5): a two-node test/cluster per mode (--encap=none,
-// then --encap=vxlan: node netns on one L2 underlay, MTU 1500,
-// podnet-routed in each), one pod per node attached through libcni with
-// the shipped conflist (podnet + podnet-ipam, usePodCidr). iperf3 (TCP, one stream) pod to
-// pod across the nodes, and node to node over the same underlay, taking
-// turns, -reps times per mode. Then the MTU: a don't-fragment ping that
-// fills the pod MTU crosses the nodes, one byte more fails, and no netns
-// on the path fragmented or reassembled anything during the transfers.
+// Data path (issue 8 §5, issue 23 "Must show" 4): a dual-stack two-node
+// test/cluster per mode (node netns on one L2 underlay, MTU 1500, with an
+// IPv4 and an IPv6 address each; a PodCIDR of each family; podnet-routed
+// in each), one pod per node attached through libcni with the shipped
+// conflist plus its usePodCidrIPv6 range (podnet + podnet-ipam: an address
+// of each family). The modes: --encap=none and --encap=vxlan, each with
+// the IPv4 InternalIP first (kubelet --node-ip=v4,v6: the underlay
+// podnet-routed routes and encapsulates over is IPv4), then the IPv6 one
+// first (an IPv6 underlay). iperf3 (TCP, one stream) pod to pod across
+// the nodes, and node to node over the same underlay, in each family,
+// taking turns, -reps times per mode. Then the MTU, in each family: a
+// don't-fragment ping that fills the pod MTU crosses the nodes, one byte
+// more fails, and no netns on the path fragmented or reassembled anything
+// during the transfers.
+//
+// podnet-routed routes a Node by its first InternalIP, so with
+// --encap=none the PodCIDR of the other family is not routed (a direct
+// route needs a next hop of its family): pods are measured in the
+// underlay's family only there. VXLAN carries either family: 50 B of
+// headers over an IPv4 underlay, 70 B over an IPv6 one.
 
 import (
 	"context"
@@ -33,7 +45,8 @@ import (
 )
 
 type iperfRun struct {
-	Path        string  `json:"path"` // "pod" or "node"
+	Path        string  `json:"path"`   // "pod" or "node"
+	Family      string  `json:"family"` // "ipv4" or "ipv6"
 	Rep         int     `json:"rep"`
 	Gbps        float64 `json:"gbps"` // receiver side
 	Retransmits int     `json:"retransmits"`
@@ -41,12 +54,23 @@ type iperfRun struct {
 }
 
 type modeResult struct {
-	Encap     string            `json:"encap"`
+	Encap string `json:"encap"`
+	// Underlay is the family of the nodes' first InternalIP, which
+	// podnet-routed routes and encapsulates over ("ipv4" when absent: the
+	// results from before dual-stack)
+	Underlay  string            `json:"underlay"`
 	PodMTU    int               `json:"pod_mtu"`
 	Runs      []iperfRun        `json:"runs"`
 	PingFits  string            `json:"ping_fits"`  // "" = passed, else the failure
 	PingOver  string            `json:"ping_over"`  // how one byte over the MTU failed ("" = it was answered)
 	FragDelta map[string]string `json:"frag_delta"` // netns -> counters that moved (empty map = none moved)
+	// the IPv6 half's MTU pings
+	PingFits6 string `json:"ping_fits6"`
+	PingOver6 string `json:"ping_over6"`
+	// Unrouted says, per family, why pods were not measured in it
+	Unrouted map[string]string `json:"unrouted,omitempty"`
+	// Failed: the cluster did not come up (nothing measured), and why
+	Failed string `json:"failed,omitempty"`
 }
 
 type datapathResult struct {
@@ -66,21 +90,22 @@ func TestDatapath(t *testing.T) {
 	dur, omit, reps := envInt("PODNET_BENCH_IPERF_SECONDS", 3), 1, envInt("PODNET_BENCH_IPERF_REPS", 3)
 	ver, _ := exec.Command("iperf3", "--version").Output()
 	res := datapathResult{Started: time.Now().UTC(), Duration: dur, Omit: omit, Iperf: strings.SplitN(string(ver), "\n", 2)[0]}
-	for _, encap := range []string{"none", "vxlan"} {
-		t.Run(encap, func(t *testing.T) {
-			res.Modes = append(res.Modes, measureMode(t, encap, dur, omit, reps))
+	for _, m := range []struct{ encap, underlay string }{{"none", "ipv4"}, {"vxlan", "ipv4"}, {"none", "ipv6"}, {"vxlan", "ipv6"}} {
+		t.Run(m.encap+"-"+m.underlay+"-underlay", func(t *testing.T) {
+			res.Modes = append(res.Modes, measureMode(t, m.encap, m.underlay, dur, omit, reps))
 		})
 	}
 	res.Seconds = time.Since(res.Started).Seconds()
 	writeJSON(t, filepath.Join(out, "datapath.json"), res)
 }
 
-// measureMode brings up a two-node test/cluster in mode encap (a real
-// kube-apiserver, podnet-routed per node, pods attached through libcni
-// with the shipped conflist) and measures its data path; the cluster goes
-// when the subtest ends.
-func measureMode(t *testing.T, encap string, dur, omit, reps int) modeResult {
-	mr := modeResult{Encap: encap, FragDelta: map[string]string{}}
+// measureMode brings up a dual-stack two-node test/cluster in mode encap
+// over an underlay of family underlay (a real kube-apiserver,
+// podnet-routed per node, pods attached through libcni with the shipped
+// conflist) and measures its data path; the cluster goes when the subtest
+// ends.
+func measureMode(t *testing.T, encap, underlay string, dur, omit, reps int) modeResult {
+	mr := modeResult{Encap: encap, Underlay: underlay, FragDelta: map[string]string{}, Unrouted: map[string]string{}}
 	id := make([]byte, 3)
 	_, _ = rand.Read(id)
 	c, err := cluster.Up(context.Background(), cluster.Config{
@@ -91,11 +116,24 @@ func measureMode(t *testing.T, encap string, dur, omit, reps int) modeResult {
 		KapiDir:  kapi.BinDir(t),
 		Encap:    encap,
 		Nodes:    2,
-		Resync:   time.Hour,
-		Logf:     t.Logf,
+		// dual-stack: IPv4 first, as a cluster upgraded to dual-stack
+		ClusterCIDR6: "fd00:10:244::/56",
+		IPv6First:    underlay == "ipv6",
+		Resync:       time.Hour,
+		Logf:         t.Logf,
 	})
 	if err != nil {
-		t.Fatalf("cluster up: %v", err)
+		// recorded for the report, and the stage fails
+		// its first line, and the first error podnet-routed logged
+		mr.Failed, _, _ = strings.Cut(err.Error(), "\n")
+		for _, key := range []string{`"msg":"apply failed"`, `"level":"ERROR"`} {
+			if logged := firstLine(err.Error(), key); logged != err.Error() {
+				mr.Failed += " — podnet-routed: " + logged
+				break
+			}
+		}
+		t.Errorf("cluster up: %v", err)
+		return mr
 	}
 	t.Cleanup(func() {
 		if err := c.Down(); err != nil {
@@ -106,9 +144,9 @@ func measureMode(t *testing.T, encap string, dur, omit, reps int) modeResult {
 
 	// One pod per node.
 	type pod struct {
-		ns  ns.NetNS
-		ip  string
-		mtu int
+		ns      ns.NetNS
+		ip, ip6 string
+		mtu     int
 	}
 	var pods []pod
 	for _, n := range nodes {
@@ -120,41 +158,70 @@ func measureMode(t *testing.T, encap string, dur, omit, reps int) modeResult {
 		if err != nil {
 			t.Fatal(err)
 		}
-		pods = append(pods, pod{ns: p.NS.NetNS, ip: p.IP.String(), mtu: mtu})
+		pods = append(pods, pod{ns: p.NS.NetNS, ip: p.IP.String(), ip6: p.IP6.String(), mtu: mtu})
 	}
 	mr.PodMTU = pods[0].mtu
-	poll(t, 20*time.Second, "first pod->pod ping", func() error { return ping(pods[0].ns, pods[1].ip, "-c1", "-W1") })
+	poll(t, 20*time.Second, "first node->node IPv6 ping", func() error { return ping(nodes[0].NS.NetNS, nodes[1].IP6.String(), "-c1", "-W1") })
+	podIPs := map[string][2]string{"ipv4": {pods[0].ip, pods[1].ip}, "ipv6": {pods[0].ip6, pods[1].ip6}}
+	routed := map[string]bool{}
+	for _, fam := range []string{"ipv4", "ipv6"} {
+		if encap == "vxlan" || fam == underlay {
+			routed[fam] = true
+			poll(t, 20*time.Second, "first pod->pod "+fam+" ping", func() error { return ping(pods[0].ns, podIPs[fam][1], "-c1", "-W1") })
+			continue
+		}
+		// not routed, by design (see the top): record what the node has
+		routes, _ := nodes[0].NodeRoutes()
+		mr.Unrouted[fam] = fmt.Sprintf("podnet-routed routes a Node by its first InternalIP (%s) and a direct route needs a next hop of the PodCIDR's family; its routes: %s", nodes[1].NextHop(), strings.Join(routes, "; "))
+		if err := ping(pods[0].ns, podIPs[fam][1], "-c1", "-W1"); err == nil {
+			t.Errorf("%s: pod->pod %s answered without a route for it", encap, fam)
+		}
+	}
 
 	netnsOnPath := map[string]ns.NetNS{"node1": nodes[0].NS.NetNS, "node2": nodes[1].NS.NetNS, "pod1": pods[0].ns, "pod2": pods[1].ns, "underlay": c.Underlay.NetNS}
 	before := map[string]map[string]int{}
 	for name, n := range netnsOnPath {
 		before[name] = fragCounters(t, n)
 	}
-	srvNode := startIperfServer(t, nodes[1].NS.NetNS, nodes[1].IP.String())
-	srvPod := startIperfServer(t, pods[1].ns, pods[1].ip)
-	for rep := 1; rep <= reps; rep++ {
-		order := []string{"node", "pod"}
-		if rep%2 == 0 {
-			order = []string{"pod", "node"}
+	// One server per address, each on a port of its own.
+	type target struct {
+		client ns.NetNS
+		dst    string
+		port   int
+	}
+	targets := map[[2]string]target{
+		{"node", "ipv4"}: {nodes[0].NS.NetNS, nodes[1].IP.String(), startIperfServer(t, nodes[1].NS.NetNS, nodes[1].IP.String(), 5201)},
+		{"node", "ipv6"}: {nodes[0].NS.NetNS, nodes[1].IP6.String(), startIperfServer(t, nodes[1].NS.NetNS, nodes[1].IP6.String(), 5202)},
+	}
+	for fam, port := range map[string]int{"ipv4": 5201, "ipv6": 5202} {
+		if routed[fam] {
+			targets[[2]string{"pod", fam}] = target{pods[0].ns, podIPs[fam][1], startIperfServer(t, pods[1].ns, podIPs[fam][1], port)}
 		}
-		for _, path := range order {
-			var r iperfRun
-			if path == "node" {
-				r = iperf(t, nodes[0].NS.NetNS, nodes[1].IP.String(), srvNode, dur, omit)
-			} else {
-				r = iperf(t, pods[0].ns, pods[1].ip, srvPod, dur, omit)
+	}
+	for rep := 1; rep <= reps; rep++ {
+		// node and pod take turns in each family, the first rotating
+		order := [][2]string{{"node", "ipv4"}, {"pod", "ipv4"}, {"node", "ipv6"}, {"pod", "ipv6"}}
+		if rep%2 == 0 {
+			order = [][2]string{{"pod", "ipv6"}, {"node", "ipv6"}, {"pod", "ipv4"}, {"node", "ipv4"}}
+		}
+		for _, k := range order {
+			tg, ok := targets[k]
+			if !ok {
+				continue
 			}
-			r.Path, r.Rep = path, rep
-			t.Logf("%s rep %d %s<->%s: %.2f Gbit/s, %d retransmits, MSS %d", encap, rep, path, path, r.Gbps, r.Retransmits, r.MSS)
+			r := iperf(t, tg.client, tg.dst, tg.port, dur, omit)
+			r.Path, r.Family, r.Rep = k[0], k[1], rep
+			t.Logf("%s over %s rep %d %s %s<->%s: %.2f Gbit/s, %d retransmits, MSS %d", encap, underlay, rep, k[1], k[0], k[0], r.Gbps, r.Retransmits, r.MSS)
 			mr.Runs = append(mr.Runs, r)
 		}
 	}
-	// MTU: exactly the pod MTU with DF crosses; one byte more does not.
-	if err := ping(pods[0].ns, pods[1].ip, "-M", "do", "-c1", "-W2", "-s", strconv.Itoa(mr.PodMTU-28)); err != nil {
-		mr.PingFits = err.Error()
+	// MTU: exactly the pod MTU with DF crosses; one byte more does not
+	// (IPv4: 20 B IP + 8 B ICMP; IPv6: 40 + 8).
+	if routed["ipv4"] {
+		mr.PingFits, mr.PingOver = mtuPings(pods[0].ns, pods[1].ip, mr.PodMTU-28)
 	}
-	if err := ping(pods[0].ns, pods[1].ip, "-M", "do", "-c1", "-W2", "-s", strconv.Itoa(mr.PodMTU-27)); err != nil {
-		mr.PingOver = firstLine(err.Error(), "message too long", "Frag", "error", "100% packet loss")
+	if routed["ipv6"] {
+		mr.PingFits6, mr.PingOver6 = mtuPings(pods[0].ns, pods[1].ip6, mr.PodMTU-48)
 	}
 	for name, n := range netnsOnPath {
 		after := fragCounters(t, n)
@@ -169,6 +236,19 @@ func measureMode(t *testing.T, encap string, dur, omit, reps int) modeResult {
 		}
 	}
 	return mr
+}
+
+// mtuPings sends a don't-fragment ping of payload bytes, which must be
+// answered (fits: "" or the failure), then one of a byte more, which must
+// not (over: how it failed, "" when it was answered).
+func mtuPings(n ns.NetNS, dst string, payload int) (fits, over string) {
+	if err := ping(n, dst, "-M", "do", "-c1", "-W2", "-s", strconv.Itoa(payload)); err != nil {
+		fits = err.Error()
+	}
+	if err := ping(n, dst, "-M", "do", "-c1", "-W2", "-s", strconv.Itoa(payload+1)); err != nil {
+		over = firstLine(err.Error(), "message too long", "Frag", "error", "100% packet loss")
+	}
+	return fits, over
 }
 
 func poll(t *testing.T, limit time.Duration, what string, f func() error) {
@@ -198,8 +278,9 @@ func firstLine(s string, keys ...string) string {
 	return s
 }
 
-// fragCounters reads the IPv4 fragmentation and reassembly counters of a
-// netns (/proc/thread-self/net/snmp: the netns of the locked thread).
+// fragCounters reads the IPv4 and IPv6 fragmentation and reassembly
+// counters of a netns (/proc/thread-self/net/snmp and snmp6: the netns of
+// the locked thread).
 func fragCounters(t *testing.T, n ns.NetNS) map[string]int {
 	t.Helper()
 	out := map[string]int{}
@@ -224,16 +305,25 @@ func fragCounters(t *testing.T, n ns.NetNS) map[string]int {
 				}
 			}
 		}
+		data6, err := os.ReadFile("/proc/thread-self/net/snmp6")
+		if err != nil {
+			return err
+		}
+		for _, line := range strings.Split(string(data6), "\n") {
+			f := strings.Fields(line)
+			if len(f) == 2 && (strings.HasPrefix(f[0], "Ip6Frag") || strings.HasPrefix(f[0], "Ip6Reasm")) {
+				out[f[0]], _ = strconv.Atoi(f[1])
+			}
+		}
 		return nil
 	})
 	return out
 }
 
-// startIperfServer runs `iperf3 -s` bound to ip inside netns until the
-// test ends and returns its port.
-func startIperfServer(t *testing.T, n ns.NetNS, ip string) int {
+// startIperfServer runs `iperf3 -s` bound to ip:port inside netns until
+// the test ends and returns port.
+func startIperfServer(t *testing.T, n ns.NetNS, ip string, port int) int {
 	t.Helper()
-	port := 5201
 	nettest.StartProcT(t, n, filepath.Join(t.TempDir(), "iperf3-server.log"), mustLook(t, "iperf3"), "-s", "-B", ip, "-p", strconv.Itoa(port))
 	return port
 }
