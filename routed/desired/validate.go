@@ -188,9 +188,9 @@ type Validation struct {
 	lost     *prefixTrie
 	lostIPs  map[netip.Addr]string
 	lostMACs map[string]string
-	family  int
-	local   localChecks
-	own     *prefixTrie
+	family   int
+	local    localChecks
+	own      *prefixTrie
 }
 
 // Validate decides which Nodes may become routes, seen from cfg.Self:
