@@ -52,8 +52,11 @@ type Config struct {
 	ServiceCIDRs []netip.Prefix
 	// APIServers are the addresses this node reaches the API server at:
 	// no PodCIDR may hold one.
-	APIServers     []netip.Addr
-	Masquerade     bool
+	APIServers []netip.Addr
+	Masquerade bool
+	// MasqueradeIPv6 narrows Masquerade for IPv6 PodCIDRs
+	// (--masquerade-ipv6; "" is auto).
+	MasqueradeIPv6 dataplane.MasqueradeIPv6
 	MTU            int
 	StateDir       string
 	ResyncInterval time.Duration
@@ -675,6 +678,7 @@ func (d *Daemon) apply(lister listersv1.NodeLister, why string) (own, remote err
 	var underlay netlink.Link
 	var errs []error
 	if selfIP.IsValid() {
+		d.dp.UnderlayIP = selfIP // VXLAN over IPv6 costs 20 bytes more
 		underlay, err = dataplane.Underlay(selfIP)
 	} else {
 		// this node's Node is gone and nothing is known of it (a
@@ -715,7 +719,7 @@ func (d *Daemon) apply(lister listersv1.NodeLister, why string) (own, remote err
 	// Node's packets are let in before its route exists. While this
 	// node's own Node cannot be used, its last PodCIDRs (its pods are
 	// still there) and the peers keep following the other Nodes.
-	spec := dataplane.TableSpec{Masquerade: d.cfg.Masquerade, ClusterCIDRs: d.cfg.ClusterCIDRs,
+	spec := dataplane.TableSpec{Masquerade: d.cfg.Masquerade, MasqueradeIPv6: d.cfg.MasqueradeIPv6, ClusterCIDRs: d.cfg.ClusterCIDRs,
 		Encap: d.cfg.Encap, VXLANPort: d.cfg.VXLANPort}
 	if d.lastSelf != nil {
 		spec.LocalPodCIDRs = d.lastSelf.PodCIDRs

@@ -32,10 +32,13 @@ const (
 	VXLANDevice  = "podnet.vxlan"
 )
 
-// Overheads subtracted from the underlay MTU.
+// Overheads subtracted from the underlay MTU: an IPv4 outer header (20)
+// plus, for VXLAN, UDP, VXLAN and the inner Ethernet header; over an IPv6
+// underlay the outer header is 40.
 const (
-	IPIPOverhead  = 20
-	VXLANOverhead = 50
+	IPIPOverhead   = 20
+	VXLANOverhead  = 50
+	VXLAN6Overhead = 70
 )
 
 // ParseEncap validates an --encap value.
@@ -47,7 +50,16 @@ func ParseEncap(s string) (Encap, error) {
 	return "", fmt.Errorf("unknown encapsulation %q: use ipip, vxlan or none", s)
 }
 
-// Overhead is the per-packet cost of e.
+// OverheadOver is the per-packet cost of e over an underlay of the
+// family of the node address ip (IPv4 when ip is not valid).
+func (e Encap) OverheadOver(ip netip.Addr) int {
+	if e == VXLAN && ip.Is6() && !ip.Is4In6() {
+		return VXLAN6Overhead
+	}
+	return e.Overhead()
+}
+
+// Overhead is the per-packet cost of e over an IPv4 underlay.
 func (e Encap) Overhead() int {
 	switch e {
 	case IPIP:

@@ -858,6 +858,13 @@ func TestOverhead(t *testing.T) {
 		if got := e.Overhead(); got != want {
 			t.Errorf("%q.Overhead() = %d, want %d", e, got, want)
 		}
+		if got := e.OverheadOver(addr("192.168.1.1")); got != want {
+			t.Errorf("%q.OverheadOver(IPv4) = %d, want %d", e, got, want)
+		}
+	}
+	// an IPv6 outer header is 20 bytes longer
+	if got := VXLAN.OverheadOver(addr("fd00::1")); got != 70 {
+		t.Errorf("vxlan over IPv6: overhead %d, want 70", got)
 	}
 }
 
