@@ -273,3 +273,26 @@ func TestIPIPOwnIPv6PodCIDR(t *testing.T) {
 		t.Fatalf("self %v, problem %q: want this node unusable, its IPv6 PodCIDR outside the cluster CIDR", v.Self, v.SelfProblem)
 	}
 }
+
+// A Node with PodCIDRs of one family in a dual-stack cluster is noted
+// (its pods get no address of the other family); a dual-stack Node, a
+// Node without PodCIDRs yet and a single-family cluster are not.
+func TestMissingFamily(t *testing.T) {
+	dual := []netip.Prefix{pfx("10.244.0.0/16"), pfx("fd00:10:244::/56")}
+	for _, tc := range []struct {
+		cluster []netip.Prefix
+		n       Node
+		want    string
+	}{
+		{dual, vnode("n2", "192.168.1.2", 0, "10.244.2.0/24"), "Node n2 has no IPv6 PodCIDR but the cluster CIDRs are 10.244.0.0/16, fd00:10:244::/56: its pods get no IPv6 address; is kube-controller-manager running with both --cluster-cidr families?"},
+		{dual, vnode("n3", "fd00::3", 0, "fd00:10:244:3::/64"), "Node n3 has no IPv4 PodCIDR"},
+		{dual, vnode("n1", "192.168.1.1", 0, "10.244.1.0/24", "fd00:10:244:1::/64"), ""},
+		{dual, vnode("n0", "192.168.1.9", 0), ""},
+		{dual[:1], vnode("n2", "192.168.1.2", 0, "10.244.2.0/24"), ""},
+	} {
+		got := MissingFamily(tc.cluster, tc.n)
+		if (tc.want == "") != (got == "") || !strings.HasPrefix(got, tc.want) {
+			t.Errorf("%s %v in %v: %q, want %q", tc.n.Name, tc.n.PodCIDRs, tc.cluster, got, tc.want)
+		}
+	}
+}

@@ -650,3 +650,23 @@ func prefixList(list []netip.Prefix) string {
 	}
 	return strings.Join(s, ", ")
 }
+
+// MissingFamily says, when the cluster CIDRs hold both families and Node
+// n has PodCIDRs of one only, what its pods lack ("" otherwise). Such a
+// Node is not refused: its family still routes.
+func MissingFamily(clusterCIDRs []netip.Prefix, n Node) string {
+	if len(n.PodCIDRs) == 0 {
+		return ""
+	}
+	has := func(list []netip.Prefix, v6 bool) bool {
+		return slices.ContainsFunc(list, func(p netip.Prefix) bool { return p.Addr().Is6() == v6 })
+	}
+	for _, v6 := range []bool{false, true} {
+		if has(clusterCIDRs, v6) && has(clusterCIDRs, !v6) && !has(n.PodCIDRs, v6) {
+			fam := map[bool]string{false: "IPv4", true: "IPv6"}[v6]
+			return fmt.Sprintf("Node %s has no %s PodCIDR but the cluster CIDRs are %s: its pods get no %s address; is kube-controller-manager running with both --cluster-cidr families?",
+				n.Name, fam, prefixList(clusterCIDRs), fam)
+		}
+	}
+	return ""
+}
