@@ -156,8 +156,8 @@ func TestIPv6Datapath(t *testing.T) {
 	}
 	for _, s := range []setup{
 		{
-			name:  "vxlan, IPv4 underlay, global IPv6 pods",
-			flags: []string{"--encap=vxlan", "--cluster-cidr=10.244.0.0/16,2001:db8:244::/56"},
+			name:     "vxlan, IPv4 underlay, global IPv6 pods",
+			flags:    []string{"--encap=vxlan", "--cluster-cidr=10.244.0.0/16,2001:db8:244::/56"},
 			podCIDRs: map[*node][]string{a: {"10.244.1.0/24", "2001:db8:244:1::/64"}, b: {"10.244.2.0/24", "2001:db8:244:2::/64"}},
 			ips:      map[*node][]string{a: {a.ip, v6[a]}, b: {b.ip, v6[b]}},
 			routesA: []string{"blackhole 10.244.1.0/24 proto 77", "blackhole 2001:db8:244:1::/64 dev lo proto 77",
@@ -166,8 +166,8 @@ func TestIPv6Datapath(t *testing.T) {
 			egressV6: true,
 		},
 		{
-			name:  "none, dual-stack underlay, ULA pods",
-			flags: []string{"--encap=none", "--cluster-cidr=10.244.0.0/16,fd00:10:244::/56"},
+			name:     "none, dual-stack underlay, ULA pods",
+			flags:    []string{"--encap=none", "--cluster-cidr=10.244.0.0/16,fd00:10:244::/56"},
 			podCIDRs: map[*node][]string{a: {"10.244.1.0/24", "fd00:10:244:1::/64"}, b: {"10.244.2.0/24", "fd00:10:244:2::/64"}},
 			ips:      map[*node][]string{a: {a.ip, v6[a]}, b: {b.ip, v6[b]}},
 			routesA: []string{"blackhole 10.244.1.0/24 proto 77", "blackhole fd00:10:244:1::/64 dev lo proto 77",
