@@ -206,6 +206,10 @@ func TestIPv6Datapath(t *testing.T) {
 			a.expectRoutes(syncT, ds[a], s.routesA...)
 			for _, n := range nodes {
 				ds[n].waitReady(changeT)
+				// the nodes route IPv6 for their pods
+				if v := sysctl(t, n, "net/ipv6/conf/all/forwarding"); v != "1" {
+					t.Errorf("%s: net.ipv6.conf.all.forwarding=%s with an IPv6 PodCIDR, want 1", n.name, v)
+				}
 			}
 			// pod to pod, both ways, every family the Nodes have
 			for i, p := range s.podCIDRs[a] {
