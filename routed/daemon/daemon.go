@@ -52,8 +52,11 @@ type Config struct {
 	ServiceCIDRs []netip.Prefix
 	// APIServers are the addresses this node reaches the API server at:
 	// no PodCIDR may hold one.
-	APIServers     []netip.Addr
-	Masquerade     bool
+	APIServers []netip.Addr
+	Masquerade bool
+	// MasqueradeIPv6 narrows Masquerade for IPv6 PodCIDRs
+	// (--masquerade-ipv6; "" is auto).
+	MasqueradeIPv6 dataplane.MasqueradeIPv6
 	MTU            int
 	StateDir       string
 	ResyncInterval time.Duration
@@ -79,6 +82,7 @@ type Daemon struct {
 	metrics        *Metrics
 	kick           chan struct{}
 	refusals       *refusals
+	familyNotes    *familyNotes
 
 	// plan is the desired state of the last full apply, kept per Node: a
 	// Node event patches it and applies the difference. nil: the next
@@ -206,6 +210,7 @@ type Metrics struct {
 	Errors          prometheus.Counter
 	NodesSkipped    prometheus.Gauge
 	NodesRefused    *prometheus.GaugeVec
+	FamilyMissing   prometheus.Gauge
 	ObjectRepairs   *prometheus.CounterVec // podnet_repairs_total{object} (repair.go)
 	SysctlErrors    *prometheus.CounterVec // podnet_sysctl_errors_total{name}
 	TunnelDropped   prometheus.CounterFunc // registered by New (it reads the daemon's table)
@@ -223,8 +228,10 @@ func NewMetrics() *Metrics {
 		Repairs:         prometheus.NewCounter(prometheus.CounterOpts{Name: "podnet_route_repairs_total", Help: "Applies that changed the kernel after a podnet route was removed by someone else."}),
 		Errors:          prometheus.NewCounter(prometheus.CounterOpts{Name: "podnet_apply_errors_total", Help: "Applies that failed."}),
 		NodesSkipped:    prometheus.NewGauge(prometheus.GaugeOpts{Name: "podnet_nodes_skipped", Help: "Nodes without PodCIDR or address, not routed yet."}),
-		ObjectRepairs:   newRepairsTotal(),
-		SysctlErrors:    newSysctlErrorsTotal(),
+		FamilyMissing: prometheus.NewGauge(prometheus.GaugeOpts{Name: "podnet_nodes_podcidr_family_missing",
+			Help: "Nodes with PodCIDRs of one family only while the cluster CIDRs hold both (their pods get no address of the other)."}),
+		ObjectRepairs: newRepairsTotal(),
+		SysctlErrors:  newSysctlErrorsTotal(),
 	}
 	m.NodesRefused = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "podnet_nodes_refused", Help: "Nodes refused by validation (no route to them), by reason."}, []string{"reason"})
 	age := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "podnet_last_watch_event_age_seconds", Help: "Seconds since the last Node watch event or list from the API server."},
@@ -232,7 +239,7 @@ func NewMetrics() *Metrics {
 	unreachable := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "podnet_apiserver_unreachable_seconds", Help: "Seconds the API server has been out of reach (0: reachable)."},
 		func() float64 { return call(m.unreachableFor) })
 	m.Registry.MustRegister(newPodFilterCollector())
-	m.Registry.MustRegister(m.RoutesDesired, m.RoutesProgramed, m.ApplySeconds, m.Repairs, m.Errors, m.NodesSkipped, m.NodesRefused, age, unreachable, m.ObjectRepairs, m.SysctlErrors)
+	m.Registry.MustRegister(m.RoutesDesired, m.RoutesProgramed, m.ApplySeconds, m.Repairs, m.Errors, m.NodesSkipped, m.NodesRefused, m.FamilyMissing, age, unreachable, m.ObjectRepairs, m.SysctlErrors)
 	return m
 }
 
@@ -293,6 +300,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	d.refusals = newRefusals(d.cfg.NodeName, d.log, d.events, func(r desired.Reason, n int) {
 		d.metrics.NodesRefused.WithLabelValues(string(r)).Set(float64(n))
 	})
+	d.familyNotes = newFamilyNotes(d.refusals, func(n int) { d.metrics.FamilyMissing.Set(float64(n)) })
 	if d.events != nil {
 		go d.events.run(ctx)
 	}
@@ -578,13 +586,18 @@ func (d *Daemon) applyNodes(lister listersv1.NodeLister) (own, remote error) {
 		return d.apply(lister, "node")
 	}
 	var delta desired.Delta
+	notes, noted := map[string]string{}, make([]string, 0, len(names))
 	for name := range names {
 		var n *desired.Node
 		obj, err := lister.Get(name)
+		noted = append(noted, name)
 		switch {
 		case err == nil:
 			dn := FromNode(obj)
 			n = &dn
+			if why := desired.MissingFamily(d.cfg.ClusterCIDRs, dn); why != "" {
+				notes[name] = why
+			}
 		case apierrors.IsNotFound(err): // deleted
 		default:
 			return nil, fmt.Errorf("get node %s from the informer: %w", name, err)
@@ -596,6 +609,7 @@ func (d *Daemon) applyNodes(lister listersv1.NodeLister) (own, remote error) {
 		delta.Merge(dd)
 	}
 	d.refusals.sync(d.plan.Refused(), d.plan.TakeRefusalChanges(), nodeExists(lister))
+	d.familyNotes.sync(notes, noted)
 	d.metrics.RoutesDesired.Set(float64(d.plan.Routes()))
 	d.metrics.NodesSkipped.Set(float64(d.plan.Skipped()))
 	if delta.Empty() {
@@ -651,9 +665,15 @@ func (d *Daemon) apply(lister listersv1.NodeLister, why string) (own, remote err
 		return fmt.Errorf("list nodes: %w", err), nil
 	}
 	nodes := make([]desired.Node, 0, len(objs))
+	notes := map[string]string{}
 	for _, o := range objs {
-		nodes = append(nodes, FromNode(o))
+		n := FromNode(o)
+		nodes = append(nodes, n)
+		if why := desired.MissingFamily(d.cfg.ClusterCIDRs, n); why != "" {
+			notes[n.Name] = why
+		}
 	}
+	d.familyNotes.sync(notes, nil)
 	// A Node event and a repair trust the routes cache (no dump: their
 	// cost must not grow with the cluster); the initial sync, the
 	// periodic resync and link changes read the table again.
@@ -675,6 +695,7 @@ func (d *Daemon) apply(lister listersv1.NodeLister, why string) (own, remote err
 	var underlay netlink.Link
 	var errs []error
 	if selfIP.IsValid() {
+		d.dp.UnderlayIP = selfIP // VXLAN over IPv6 costs 20 bytes more
 		underlay, err = dataplane.Underlay(selfIP)
 	} else {
 		// this node's Node is gone and nothing is known of it (a
@@ -715,7 +736,7 @@ func (d *Daemon) apply(lister listersv1.NodeLister, why string) (own, remote err
 	// Node's packets are let in before its route exists. While this
 	// node's own Node cannot be used, its last PodCIDRs (its pods are
 	// still there) and the peers keep following the other Nodes.
-	spec := dataplane.TableSpec{Masquerade: d.cfg.Masquerade, ClusterCIDRs: d.cfg.ClusterCIDRs,
+	spec := dataplane.TableSpec{Masquerade: d.cfg.Masquerade, MasqueradeIPv6: d.cfg.MasqueradeIPv6, ClusterCIDRs: d.cfg.ClusterCIDRs,
 		Encap: d.cfg.Encap, VXLANPort: d.cfg.VXLANPort}
 	if d.lastSelf != nil {
 		spec.LocalPodCIDRs = d.lastSelf.PodCIDRs

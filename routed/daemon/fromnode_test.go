@@ -138,7 +138,7 @@ func TestFromNode(t *testing.T) {
 		{
 			name:  "first valid InternalIP wins",
 			addrs: []corev1.NodeAddress{internal("garbage"), internal("192.168.1.2"), internal("fd00:1::2")},
-			want:  desired.Node{Name: "n1", IP: netip.MustParseAddr("192.168.1.2")},
+			want:  desired.Node{Name: "n1", IP: netip.MustParseAddr("192.168.1.2"), AltIP: netip.MustParseAddr("fd00:1::2")},
 		},
 		{
 			name:        "invalid annotation and no address",

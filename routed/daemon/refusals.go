@@ -17,6 +17,9 @@ import (
 const (
 	EventNodeRefused  = "NodeRefused"
 	EventNodeAccepted = "NodeAccepted"
+	// EventPodCIDRFamilyMissing: a Node of a dual-stack cluster with
+	// PodCIDRs of one family only (not refused: that family routes).
+	EventPodCIDRFamilyMissing = "PodCIDRFamilyMissing"
 )
 
 // refusals keeps what has been reported of the Nodes validation refuses,
@@ -139,4 +142,48 @@ func (s *eventSink) run(ctx context.Context) {
 			}
 		}
 	}
+}
+
+// familyNotes keeps what has been reported of the Nodes that lack a
+// PodCIDR family of a dual-stack cluster (desired.MissingFamily), so that
+// each is said once, as refusals are: a log line, a Warning Event on the
+// Node, the gauge.
+type familyNotes struct {
+	refusals *refusals // its self, log and events
+	gauge    func(n int)
+	reported map[string]string
+}
+
+func newFamilyNotes(r *refusals, gauge func(int)) *familyNotes {
+	gauge(0)
+	return &familyNotes{refusals: r, gauge: gauge, reported: map[string]string{}}
+}
+
+// sync reports the notes of now for the Nodes named (all Nodes when names
+// is nil: after a full apply).
+func (f *familyNotes) sync(now map[string]string, names []string) {
+	if names == nil {
+		for name := range f.reported {
+			names = append(names, name)
+		}
+		for name := range now {
+			if _, ok := f.reported[name]; !ok {
+				names = append(names, name)
+			}
+		}
+	}
+	for _, name := range names {
+		was, had := f.reported[name]
+		cur, has := now[name]
+		switch {
+		case has && (!had || was != cur):
+			f.reported[name] = cur
+			f.refusals.log.Warn("node lacks a PodCIDR family", "node", name, "reason", EventPodCIDRFamilyMissing, "detail", cur)
+			f.refusals.event(name, corev1.EventTypeWarning, EventPodCIDRFamilyMissing, cur)
+		case !has && had:
+			delete(f.reported, name)
+			f.refusals.log.Info("node has both PodCIDR families now, or is gone", "node", name)
+		}
+	}
+	f.gauge(len(f.reported))
 }

@@ -34,6 +34,9 @@ type Netlink struct {
 	Port  int
 	// MTU of the overlay; 0: underlay MTU minus the encapsulation overhead.
 	MTU int
+	// UnderlayIP is this node's underlay address (its family decides
+	// VXLAN's overhead); Setup sets it, the daemon before OverlayMTU.
+	UnderlayIP netip.Addr
 	// ProcSys is where Setup writes sysctls; "" is DefaultProcSys.
 	ProcSys string
 	Log     *slog.Logger
@@ -93,7 +96,8 @@ func UnderlayToward(addrs []netip.Addr) (netlink.Link, error) {
 // minus the encapsulation overhead (cross-subnet nodes may encapsulate, so
 // the overhead applies there too).
 func (d *Netlink) OverlayMTU(underlay netlink.Link) int {
-	if max := underlay.Attrs().MTU - d.Encap.Overhead(); d.MTU > max {
+	overhead := d.Encap.OverheadOver(d.UnderlayIP)
+	if max := underlay.Attrs().MTU - overhead; d.MTU > max {
 		if !d.warnedMTU {
 			d.warnedMTU = true
 			d.Log.Warn("--mtu is larger than the underlay allows; using the largest that fits", "mtu", d.MTU, "max", max, "underlay", underlay.Attrs().Name)
@@ -103,7 +107,7 @@ func (d *Netlink) OverlayMTU(underlay netlink.Link) int {
 	if d.MTU > 0 {
 		return d.MTU
 	}
-	return underlay.Attrs().MTU - d.Encap.Overhead()
+	return underlay.Attrs().MTU - overhead
 }
 
 // OnLink reports whether ip is reachable without a gateway.
@@ -165,6 +169,7 @@ func (d *Netlink) Setup(self desired.Node, vteps []netip.Prefix) (SetupResult, e
 	if err != nil {
 		return res, err
 	}
+	d.UnderlayIP = self.IP
 	mtu := d.OverlayMTU(underlay)
 	var link netlink.Link
 	created := false

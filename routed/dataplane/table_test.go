@@ -348,3 +348,53 @@ func TestElementChanges(t *testing.T) {
 		}
 	}
 }
+
+// IPv6 egress is masqueraded only where it is wanted: with auto (the
+// default), from a unique local (fc00::/7) PodCIDR alone, which the
+// internet does not route; a global PodCIDR keeps its address. true and
+// false force it; --masquerade=false turns off both families.
+func TestMasqueradeIPv6(t *testing.T) {
+	base := TableSpec{
+		Masquerade:    true,
+		Encap:         desired.None,
+		LocalPodCIDRs: pfx("10.244.1.0/24", "fd00:10:244:1::/64", "2001:db8:244:1::/64"),
+		ClusterCIDRs:  pfx("10.244.0.0/16", "fd00:10:244::/56", "2001:db8:244::/56"),
+	}
+	ret := []string{
+		"postrouting: nfproto == 2 ip daddr&ffff0000 == 10.244.0.0 return",
+		"postrouting: nfproto == 10 ip6 daddr&ffffffffffffff000000000000000000 == 2001:db8:244:: return",
+		"postrouting: nfproto == 10 ip6 daddr&ffffffffffffff000000000000000000 == fd00:10:244:: return",
+	}
+	v4 := "postrouting: nfproto == 2 ip saddr&ffffff00 == 10.244.1.0 masquerade"
+	global := "postrouting: nfproto == 10 ip6 saddr&ffffffffffffffff0000000000000000 == 2001:db8:244:1:: masquerade"
+	ula := "postrouting: nfproto == 10 ip6 saddr&ffffffffffffffff0000000000000000 == fd00:10:244:1:: masquerade"
+	for _, tc := range []struct {
+		mode       MasqueradeIPv6
+		masquerade bool
+		want       []string
+	}{
+		{"", true, append(slices.Clone(ret), v4, ula)}, // the zero value is auto
+		{MasqueradeIPv6Auto, true, append(slices.Clone(ret), v4, ula)},
+		{MasqueradeIPv6True, true, append(slices.Clone(ret), v4, global, ula)},
+		{MasqueradeIPv6False, true, append(slices.Clone(ret), v4)},
+		{MasqueradeIPv6True, false, nil},
+	} {
+		t.Run(fmt.Sprintf("%s-%v", tc.mode, tc.masquerade), func(t *testing.T) {
+			s := base
+			s.MasqueradeIPv6, s.Masquerade = tc.mode, tc.masquerade
+			if got := renderTable(t, buildTable(s.canonical())); !slices.Equal(got, tc.want) {
+				t.Errorf("rules:\n  %s\nwant:\n  %s", strings.Join(got, "\n  "), strings.Join(tc.want, "\n  "))
+			}
+		})
+	}
+	// a change of mode is a change of table: it is written again
+	a, b := base, base
+	b.MasqueradeIPv6 = MasqueradeIPv6True
+	if a.canonical().equal(b.canonical()) {
+		t.Error("auto and true compare equal: a flag change would not rewrite the table")
+	}
+	b.MasqueradeIPv6 = MasqueradeIPv6Auto
+	if !a.canonical().equal(b.canonical()) {
+		t.Error(`"" and auto differ: the same table written twice`)
+	}
+}

@@ -41,7 +41,9 @@ import (
 //	  }
 //	  chain postrouting { type nat hook postrouting priority srcnat;
 //	    ip daddr <clusterCIDR> return        (one per cluster CIDR, per family)
-//	    ip saddr <localPodCIDR> masquerade   (one per local PodCIDR)
+//	    ip saddr <localPodCIDR> masquerade   (one per local PodCIDR; an IPv6
+//	                                         one per --masquerade-ipv6: with
+//	                                         auto, unique local fc00::/7 only)
 //	  }
 //	}
 //
@@ -156,7 +158,8 @@ func tunnelChains(spec TableSpec) []chainDef {
 }
 
 // masqueradeChain is the NAT chain: pod traffic to the cluster CIDRs keeps
-// its address, pod traffic to anywhere else is masqueraded.
+// its address, pod traffic to anywhere else is masqueraded (IPv6 pod
+// traffic as MasqueradeIPv6 says).
 func masqueradeChain(spec TableSpec) chainDef {
 	c := chainDef{chain: nftables.Chain{Name: chainPostrouting, Type: nftables.ChainTypeNAT,
 		Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource}}
@@ -164,7 +167,9 @@ func masqueradeChain(spec TableSpec) chainDef {
 		c.rules = append(c.rules, matchPrefix(p, false, &expr.Verdict{Kind: expr.VerdictReturn}))
 	}
 	for _, p := range spec.LocalPodCIDRs {
-		c.rules = append(c.rules, matchPrefix(p, true, &expr.Masq{}))
+		if spec.masquerades(p) {
+			c.rules = append(c.rules, matchPrefix(p, true, &expr.Masq{}))
+		}
 	}
 	return c
 }

@@ -1,6 +1,7 @@
 package dataplane
 
 import (
+	"fmt"
 	"net/netip"
 	"slices"
 
@@ -16,9 +17,12 @@ import (
 type TableSpec struct {
 	// Masquerade: traffic from LocalPodCIDRs to anything outside every
 	// ClusterCIDR leaves with the node's address.
-	Masquerade    bool
-	LocalPodCIDRs []netip.Prefix // this node's PodCIDRs
-	ClusterCIDRs  []netip.Prefix
+	Masquerade bool
+	// MasqueradeIPv6 narrows Masquerade for IPv6 PodCIDRs (the zero
+	// value is MasqueradeIPv6Auto).
+	MasqueradeIPv6 MasqueradeIPv6
+	LocalPodCIDRs  []netip.Prefix // this node's PodCIDRs
+	ClusterCIDRs   []netip.Prefix
 	// Encap is the node's encapsulation: with ipip or vxlan (cross-subnet
 	// too) the table filters the tunnel; with none it does not.
 	Encap     desired.Encap
@@ -29,6 +33,47 @@ type TableSpec struct {
 	// RemotePodCIDRs are the PodCIDRs of those Nodes: the inner sources
 	// it accepts from the tunnel.
 	RemotePodCIDRs []netip.Prefix
+}
+
+// MasqueradeIPv6 says which IPv6 PodCIDRs' traffic leaving the cluster
+// is masqueraded (--masquerade-ipv6).
+type MasqueradeIPv6 string
+
+// The --masquerade-ipv6 values.
+const (
+	// MasqueradeIPv6Auto masquerades a unique local (fc00::/7) PodCIDR
+	// only: the internet does not route ULA, while a global PodCIDR is
+	// routable and keeps its address.
+	MasqueradeIPv6Auto  MasqueradeIPv6 = "auto"
+	MasqueradeIPv6True  MasqueradeIPv6 = "true"
+	MasqueradeIPv6False MasqueradeIPv6 = "false"
+)
+
+// ulaRange is IPv6's unique local range (RFC 4193).
+var ulaRange = netip.MustParsePrefix("fc00::/7")
+
+// ParseMasqueradeIPv6 reads a --masquerade-ipv6 value.
+func ParseMasqueradeIPv6(s string) (MasqueradeIPv6, error) {
+	switch m := MasqueradeIPv6(s); m {
+	case MasqueradeIPv6Auto, MasqueradeIPv6True, MasqueradeIPv6False:
+		return m, nil
+	}
+	return "", fmt.Errorf("%q: want auto, true or false", s)
+}
+
+// masquerades tells whether traffic from the local PodCIDR p leaving the
+// cluster is masqueraded (Masquerade is on).
+func (s TableSpec) masquerades(p netip.Prefix) bool {
+	if p.Addr().Is4() {
+		return true
+	}
+	switch s.MasqueradeIPv6 {
+	case MasqueradeIPv6True:
+		return true
+	case MasqueradeIPv6False:
+		return false
+	}
+	return ulaRange.Bits() <= p.Bits() && ulaRange.Contains(p.Addr())
 }
 
 // tunnel tells whether the spec filters a tunnel.
@@ -49,6 +94,12 @@ func (s TableSpec) canonical() TableSpec {
 		LocalPodCIDRs: sortedPrefixes(s.LocalPodCIDRs),
 		ClusterCIDRs:  sortedPrefixes(s.ClusterCIDRs),
 	}
+	if s.Masquerade {
+		out.MasqueradeIPv6 = s.MasqueradeIPv6
+		if out.MasqueradeIPv6 == "" {
+			out.MasqueradeIPv6 = MasqueradeIPv6Auto
+		}
+	}
 	if s.tunnel() {
 		out.Encap = s.Encap
 		if s.Encap == desired.VXLAN {
@@ -61,7 +112,7 @@ func (s TableSpec) canonical() TableSpec {
 }
 
 func (s TableSpec) equal(o TableSpec) bool {
-	return s.Masquerade == o.Masquerade && s.Encap == o.Encap && s.VXLANPort == o.VXLANPort &&
+	return s.Masquerade == o.Masquerade && s.MasqueradeIPv6 == o.MasqueradeIPv6 && s.Encap == o.Encap && s.VXLANPort == o.VXLANPort &&
 		slices.Equal(s.LocalPodCIDRs, o.LocalPodCIDRs) && slices.Equal(s.ClusterCIDRs, o.ClusterCIDRs) &&
 		slices.Equal(s.Peers, o.Peers) && slices.Equal(s.RemotePodCIDRs, o.RemotePodCIDRs)
 }

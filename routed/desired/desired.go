@@ -6,6 +6,7 @@
 package desired
 
 import (
+	"crypto/sha256"
 	"fmt"
 	"net"
 	"net/netip"
@@ -31,10 +32,13 @@ const (
 	VXLANDevice  = "podnet.vxlan"
 )
 
-// Overheads subtracted from the underlay MTU.
+// Overheads subtracted from the underlay MTU: an IPv4 outer header (20)
+// plus, for VXLAN, UDP, VXLAN and the inner Ethernet header; over an IPv6
+// underlay the outer header is 40.
 const (
-	IPIPOverhead  = 20
-	VXLANOverhead = 50
+	IPIPOverhead   = 20
+	VXLANOverhead  = 50
+	VXLAN6Overhead = 70
 )
 
 // ParseEncap validates an --encap value.
@@ -46,7 +50,16 @@ func ParseEncap(s string) (Encap, error) {
 	return "", fmt.Errorf("unknown encapsulation %q: use ipip, vxlan or none", s)
 }
 
-// Overhead is the per-packet cost of e.
+// OverheadOver is the per-packet cost of e over an underlay of the
+// family of the node address ip (IPv4 when ip is not valid).
+func (e Encap) OverheadOver(ip netip.Addr) int {
+	if e == VXLAN && ip.Is6() && !ip.Is4In6() {
+		return VXLAN6Overhead
+	}
+	return e.Overhead()
+}
+
+// Overhead is the per-packet cost of e over an IPv4 underlay.
 func (e Encap) Overhead() int {
 	switch e {
 	case IPIP:
@@ -63,6 +76,15 @@ type Node struct {
 	Name     string
 	PodCIDRs []netip.Prefix // masked; only the ones that parse
 	IP       netip.Addr     // InternalIP, or the podnet.io/node-ip annotation when it is one of the Node's addresses
+	// AltIP is the Node's first InternalIP of the other family than IP
+	// (a dual-stack Node): the next hop of its PodCIDRs of that family
+	// where they are routed directly (--encap=none, cross-subnet). It is
+	// judged like IP (Validate), but a bad one only costs that family
+	// its direct routes (AltProblem says why), never the Node.
+	AltIP netip.Addr
+	// AltProblem is why AltIP may not be used ("": it may); set by
+	// validation on the Nodes it hands to ForNode.
+	AltProblem string
 	// Created and UID order Nodes for conflicts: the older keeps a
 	// PodCIDR or address that two Nodes claim.
 	Created time.Time
@@ -177,7 +199,7 @@ func routable(cfg Config, v Validation, nodes []Node) []Node {
 		if _, refused := v.Refused[n.Name]; refused || (n.Name == cfg.Self && v.Self == nil) {
 			continue
 		}
-		out = append(out, n)
+		out = append(out, v.WithAltProblem(n))
 	}
 	return out
 }
@@ -244,20 +266,30 @@ func ForNode(cfg Config, n Node, onLink OnLink) Contribution {
 		c.Skipped = append(c.Skipped, Skip{n.Name, "no InternalIP address (or podnet.io/node-ip annotation) yet"})
 		return c
 	}
-	direct := cfg.Encap != None && cfg.CrossSubnet && onLink != nil && onLink(n.IP)
 	for _, p := range n.PodCIDRs {
 		p = p.Masked()
-		sameFamily := p.Addr().Is4() == n.IP.Is4()
+		// the next hop of a direct route: the node address of p's
+		// family (IP, or on a dual-stack Node AltIP)
+		hop, why := n.IP, ""
+		if p.Addr().Is4() != n.IP.Is4() {
+			hop = n.AltIP
+			switch {
+			case n.AltProblem != "":
+				hop, why = netip.Addr{}, n.AltProblem
+			case !hop.IsValid() || hop.Is4() != p.Addr().Is4():
+				hop, why = netip.Addr{}, "the Node has no InternalIP of that family"
+			}
+		}
 		encap := cfg.Encap
-		if direct && sameFamily {
+		if encap != None && cfg.CrossSubnet && hop.IsValid() && onLink != nil && onLink(hop) {
 			// Cross-subnet: a node on our L2 subnet is reached
-			// directly, in the family of its address only.
+			// directly, in each family whose address is on it.
 			encap = None
 		}
-		if !sameFamily && encap != VXLAN {
+		if !hop.IsValid() && encap != VXLAN {
 			// IPIP and direct routes need a next hop of the same
-			// family; VXLAN carries either family.
-			c.Skipped = append(c.Skipped, Skip{n.Name, fmt.Sprintf("PodCIDR %s has no node address of its family", p)})
+			// family; VXLAN carries either family over IP.
+			c.Skipped = append(c.Skipped, Skip{n.Name, fmt.Sprintf("PodCIDR %s has no node address of its family: %s", p, why)})
 			continue
 		}
 		if encap == IPIP && !p.Addr().Is4() {
@@ -269,7 +301,7 @@ func ForNode(cfg Config, n Node, onLink OnLink) Contribution {
 		case IPIP:
 			c.Routes = append(c.Routes, Route{Dst: p, Gw: n.IP, Dev: TunnelDevice, OnLink: true})
 		case None:
-			c.Routes = append(c.Routes, Route{Dst: p, Gw: n.IP, Dev: cfg.Underlay})
+			c.Routes = append(c.Routes, Route{Dst: p, Gw: hop, Dev: cfg.Underlay})
 		case VXLAN:
 			vtep := p.Addr() // the remote PodCIDR's network address
 			mac := VTEPMAC(n.IP)
@@ -285,7 +317,7 @@ func ForNode(cfg Config, n Node, onLink OnLink) Contribution {
 // Equal tells whether a and b route the same way and are judged the same
 // way.
 func (a Node) Equal(b Node) bool {
-	return a.Name == b.Name && a.IP == b.IP && slices.Equal(a.PodCIDRs, b.PodCIDRs) &&
+	return a.Name == b.Name && a.IP == b.IP && a.AltIP == b.AltIP && a.AltProblem == b.AltProblem && slices.Equal(a.PodCIDRs, b.PodCIDRs) &&
 		a.Created.Equal(b.Created) && a.UID == b.UID && a.Invalid == b.Invalid && a.Note == b.Note
 }
 
@@ -309,10 +341,23 @@ func sortByDst(routes []Route) {
 
 // VTEPMAC is the MAC of a node's VXLAN device, derived from its underlay
 // address so every node can compute every other node's without extra
-// annotations: locally administered, 0e:70 + the last 4 bytes of the IP.
+// annotations. Both spaces are locally administered unicast and apart
+// (first byte 0x0e or 0x0a):
+//   - IPv4: 0e:70 + the 4 bytes of the address, one to one (the MACs of
+//     every podnet before IPv6 underlays: a rolling upgrade keeps them);
+//   - IPv6: 0a + the first 5 bytes of the SHA-256 of the whole address
+//     (the low 4 bytes alone collide between subnets). A collision of 40
+//     bits cannot be ruled out: Validate refuses the younger of two
+//     Nodes whose MACs are equal (vtep-mac-conflict).
 func VTEPMAC(nodeIP netip.Addr) string {
+	nodeIP = nodeIP.Unmap()
+	if nodeIP.Is4() {
+		b := nodeIP.As4()
+		return net.HardwareAddr{0x0e, 0x70, b[0], b[1], b[2], b[3]}.String()
+	}
 	b := nodeIP.As16()
-	return net.HardwareAddr{0x0e, 0x70, b[12], b[13], b[14], b[15]}.String()
+	h := sha256.Sum256(b[:])
+	return net.HardwareAddr{0x0a, h[0], h[1], h[2], h[3], h[4]}.String()
 }
 
 func dedupFDB(in []FDB) []FDB {

@@ -433,7 +433,7 @@ func TestComputeDualStack(t *testing.T) {
 	}
 	selfA := self("a", "192.168.1.1", "10.244.0.0/24", "fd00:10:244::/64")
 	vteps := prefixes("10.244.0.0/32", "fd00:10:244::/128")
-	skipB6 := Skip{"b", "PodCIDR fd00:10:244:1::/64 has no node address of its family"}
+	skipB6 := Skip{"b", "PodCIDR fd00:10:244:1::/64 has no node address of its family: the Node has no InternalIP of that family"}
 	// c's only address is IPv6 while this node's underlay is IPv4: no
 	// tunnel or route can reach it, it is refused
 	for _, tc := range []struct {
@@ -858,6 +858,13 @@ func TestOverhead(t *testing.T) {
 		if got := e.Overhead(); got != want {
 			t.Errorf("%q.Overhead() = %d, want %d", e, got, want)
 		}
+		if got := e.OverheadOver(addr("192.168.1.1")); got != want {
+			t.Errorf("%q.OverheadOver(IPv4) = %d, want %d", e, got, want)
+		}
+	}
+	// an IPv6 outer header is 20 bytes longer
+	if got := VXLAN.OverheadOver(addr("fd00::1")); got != 70 {
+		t.Errorf("vxlan over IPv6: overhead %d, want 70", got)
 	}
 }
 
@@ -866,11 +873,13 @@ func TestVTEPMAC(t *testing.T) {
 		{"10.0.0.1", "0e:70:0a:00:00:01"},
 		{"192.168.1.2", "0e:70:c0:a8:01:02"},
 		{"255.255.255.255", "0e:70:ff:ff:ff:ff"},
-		{"fd00::c0a8:102", "0e:70:c0:a8:01:02"},
 		{"::ffff:192.168.1.2", "0e:70:c0:a8:01:02"},
+		// IPv6: 0a + 5 bytes of the SHA-256 of the whole address
+		{"fd00::c0a8:102", "0a:e1:e0:56:26:04"},
+		{"fd01::c0a8:102", ""}, // same low 32 bits: another MAC (checked below)
 	} {
 		got := VTEPMAC(addr(tc.ip))
-		if got != tc.want {
+		if tc.want != "" && got != tc.want {
 			t.Errorf("VTEPMAC(%s) = %s, want %s", tc.ip, got, tc.want)
 		}
 		if again := VTEPMAC(addr(tc.ip)); again != got {

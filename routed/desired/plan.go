@@ -210,14 +210,16 @@ func (p *Plan) Update(name string, n *Node) (d Delta, ok bool) {
 		// change the verdict on the other side
 		return Delta{}, false
 	}
-	refusal, claim, ok := p.judge(name, n)
+	refusal, claim, altProblem, ok := p.judge(name, n)
 	if !ok {
 		return Delta{}, false
 	}
 	old := p.byNode[name]
 	var next Contribution
 	if n != nil && refusal == nil {
-		next = ForNode(p.cfg, *n, p.onLink)
+		routed := *n
+		routed.AltProblem = altProblem
+		next = ForNode(p.cfg, routed, p.onLink)
 	}
 	// every destination and FDB entry this Node had or wants must be
 	// this Node's alone
@@ -275,6 +277,11 @@ func (p *Plan) Update(name string, n *Node) (d Delta, ok bool) {
 		p.claim(*n)
 		p.claims[name] = *n
 	}
+	if altProblem != "" {
+		p.v.AltProblems[name] = altProblem
+	} else {
+		delete(p.v.AltProblems, name)
+	}
 	p.setRefusal(name, refusal)
 	return d, true
 }
@@ -298,31 +305,57 @@ func (p *Plan) setRefusal(name string, r *Refusal) {
 // alone: the cluster-wide checks, conflicts with the Nodes holding
 // PodCIDRs and addresses, then this node's own checks. It returns the
 // refusal (nil: valid) and whether the Node holds its PodCIDRs and
-// address now. ok is false when n conflicts with another Node: who wins
-// is decided with every Node (NewPlan).
-func (p *Plan) judge(name string, n *Node) (refusal *Refusal, claim bool, ok bool) {
+// address now, and why its other-family address may not be used ("":
+// it may). ok is false when n conflicts with another Node (an address
+// of either family among them): who wins is decided with every Node
+// (NewPlan).
+func (p *Plan) judge(name string, n *Node) (refusal *Refusal, claim bool, altProblem string, ok bool) {
 	if n == nil || (!ready(*n) && n.Invalid == "") {
-		return nil, false, true
+		return nil, false, "", true
 	}
 	if r, bad := globalChecks(p.cfg, p.v.family, *n); bad {
-		return &r, false, true
+		return &r, false, "", true
 	}
 	old, had := p.claims[name]
 	if had {
 		p.unclaim(old)
 	}
-	_, lost := conflicts(*n, p.v.taken, p.v.ips)
+	_, lost := conflicts(*n, p.v.taken, p.v.ips, p.v.macs)
+	altTaken := p.altTaken(*n)
 	if had {
 		p.claim(old)
 	}
-	_, touchesLoser := conflicts(*n, p.v.lost, p.v.lostIPs)
-	if lost || touchesLoser {
-		return nil, false, false
+	_, touchesLoser := conflicts(*n, p.v.lost, p.v.lostIPs, p.v.lostMACs)
+	if lost || touchesLoser || altTaken {
+		return nil, false, "", false
+	}
+	if n.AltIP.IsValid() {
+		if altProblem = altGlobalProblem(p.cfg, *n); altProblem == "" {
+			altProblem = p.v.local.altProblem(*n)
+		}
 	}
 	if r, bad := p.v.local.check(*n, p.v.own); bad {
-		return &r, true, true
+		return &r, true, altProblem, true
 	}
-	return nil, true, true
+	return nil, true, altProblem, true
+}
+
+// altTaken tells whether an address of n is another Node's in the other
+// role (n's other-family address their primary or other-family one, n's
+// primary their other-family one), with n's own claims removed.
+func (p *Plan) altTaken(n Node) bool {
+	if owner, hit := p.v.altIPs[n.IP]; hit && owner != n.Name {
+		return true
+	}
+	if !n.AltIP.IsValid() {
+		return false
+	}
+	if owner, hit := p.v.altIPs[n.AltIP]; hit && owner != n.Name {
+		return true
+	}
+	_, hit := p.v.ips[n.AltIP]
+	_, lostHit := p.v.lostIPs[n.AltIP]
+	return hit || lostHit
 }
 
 func (p *Plan) claim(n Node) {
@@ -330,6 +363,12 @@ func (p *Plan) claim(n Node) {
 		p.v.taken.insert(c, n.Name)
 	}
 	p.v.ips[n.IP] = n.Name
+	if p.v.macs != nil {
+		p.v.macs[VTEPMAC(n.IP)] = n.Name
+	}
+	if n.AltIP.IsValid() && altGlobalProblem(p.cfg, n) == "" {
+		p.v.altIPs[n.AltIP] = n.Name
+	}
 }
 
 func (p *Plan) unclaim(n Node) {
@@ -338,6 +377,12 @@ func (p *Plan) unclaim(n Node) {
 	}
 	if p.v.ips[n.IP] == n.Name {
 		delete(p.v.ips, n.IP)
+	}
+	if mac := VTEPMAC(n.IP); p.v.macs != nil && p.v.macs[mac] == n.Name {
+		delete(p.v.macs, mac)
+	}
+	if n.AltIP.IsValid() && p.v.altIPs[n.AltIP] == n.Name {
+		delete(p.v.altIPs, n.AltIP)
 	}
 }
 

@@ -254,6 +254,15 @@ func randomNode(rng *rand.Rand, name string, ips, cidrs int, v6 bool) Node {
 	}
 	if v6 && rng.IntN(4) == 0 {
 		n.PodCIDRs = append(n.PodCIDRs, netip.PrefixFrom(netip.AddrFrom16([16]byte{0xfd, 0, 0x10, 0x24, 0, 0, 0, byte(rng.IntN(cidrs))}), 64))
+		// an IPv6 InternalIP most of the time: one of a few, shared now
+		// and then, inside the cluster CIDR one time in eight
+		if n.IP.IsValid() && rng.IntN(4) > 0 {
+			b := [16]byte{0xfd, 0x99, 15: byte(1 + rng.IntN(ips))}
+			if rng.IntN(8) == 0 {
+				b[1], b[2], b[3] = 0, 0x10, 0x24
+			}
+			n.AltIP = netip.AddrFrom16(b)
+		}
 	}
 	return n
 }

@@ -43,11 +43,14 @@ const (
 	OwnNodeIP Reason = "own-node-ip"
 	// a node address an older Node has too
 	NodeIPConflict Reason = "node-ip-conflict"
+	// (--encap=vxlan only) a node address whose VXLAN MAC (VTEPMAC) is
+	// an older Node's too: two IPv6 addresses whose hashes collide
+	VTEPMACConflict Reason = "vtep-mac-conflict"
 )
 
 // Reasons lists every reason, in checking order.
 var Reasons = []Reason{InvalidPodCIDR, ReservedRange, OutsideClusterCIDR, OverlapsServiceCIDR, OverlapsAPIServer,
-	OverlapsNodeNetwork, OverlapsOwnPodCIDR, PodCIDRConflict, InvalidNodeIP, OwnNodeIP, NodeIPConflict}
+	OverlapsNodeNetwork, OverlapsOwnPodCIDR, PodCIDRConflict, InvalidNodeIP, OwnNodeIP, NodeIPConflict, VTEPMACConflict}
 
 func (r Reason) rank() int { return slices.Index(Reasons, r) }
 
@@ -76,7 +79,7 @@ var reserved = func() *prefixTrie {
 	t := &prefixTrie{}
 	for _, s := range []string{
 		"0.0.0.0/8", "127.0.0.0/8", "169.254.0.0/16", "224.0.0.0/4", "240.0.0.0/4",
-		"::/128", "::1/128", "::ffff:0:0/96", "fe80::/10", "ff00::/8",
+		"::/96", "::1/128", "::ffff:0:0/96", "fe80::/10", "ff00::/8", // ::/96: IPv4-compatible (deprecated) and ::
 	} {
 		t.insert(netip.MustParsePrefix(s), s)
 	}
@@ -110,7 +113,7 @@ func ParseNode(name, uid string, created time.Time, podCIDR string, podCIDRs []s
 		}
 	}
 	n.Invalid = strings.Join(bad, "; ")
-	var own []netip.Addr
+	var own, internal []netip.Addr
 	for _, a := range addrs {
 		ip, err := netip.ParseAddr(a.Address)
 		if err != nil {
@@ -118,8 +121,11 @@ func ParseNode(name, uid string, created time.Time, podCIDR string, podCIDRs []s
 		}
 		ip = ip.Unmap() // ::ffff:a.b.c.d is an IPv4 node
 		own = append(own, ip)
-		if a.Internal && !n.IP.IsValid() {
-			n.IP = ip
+		if a.Internal {
+			internal = append(internal, ip)
+			if !n.IP.IsValid() {
+				n.IP = ip
+			}
 		}
 	}
 	if annotation != nil {
@@ -131,6 +137,13 @@ func ParseNode(name, uid string, created time.Time, podCIDR string, podCIDRs []s
 			n.Note = fmt.Sprintf("annotation %s is not one of the Node's status.addresses: ignored", ip)
 		default:
 			n.IP = ip.Unmap()
+		}
+	}
+	// a dual-stack Node: its first InternalIP of the other family
+	for _, ip := range internal {
+		if n.IP.IsValid() && ip.Is4() != n.IP.Is4() {
+			n.AltIP = ip
+			break
 		}
 	}
 	return n
@@ -157,20 +170,27 @@ type Validation struct {
 	// conflict, winners and losers: a change to one of them can change
 	// the verdict on another, so it is judged with every Node again.
 	Conflicted map[string]bool
+	// AltProblems says, by Node name, why a valid Node's AltIP may not be
+	// used (its family then gets no direct route; the Node is not
+	// refused for it).
+	AltProblems map[string]string
 
 	// what Plan.Update judges one Node against: the PodCIDRs and
 	// addresses of the Nodes that passed the cluster-wide checks and won
 	// every conflict, and this node's own view
 	taken   *prefixTrie
 	ips     map[netip.Addr]string
+	macs    map[string]string // VTEP MACs (vxlan only; nil otherwise)
+	altIPs  map[netip.Addr]string
 	winners []*Node
 	// what the losers of conflicts claim: a Node that comes to overlap
 	// one changes the reason it is refused for
-	lost    *prefixTrie
-	lostIPs map[netip.Addr]string
-	family  int
-	local   localChecks
-	own     *prefixTrie
+	lost     *prefixTrie
+	lostIPs  map[netip.Addr]string
+	lostMACs map[string]string
+	family   int
+	local    localChecks
+	own      *prefixTrie
 }
 
 // Validate decides which Nodes may become routes, seen from cfg.Self:
@@ -190,7 +210,13 @@ type Validation struct {
 // PodCIDR or an address yet are neither valid nor refused (ForNode skips
 // them). The cost is O(N log N) for N Nodes: a sort and trie lookups.
 func Validate(cfg Config, local Local, nodes []Node) Validation {
-	v := Validation{Refused: map[string]Refusal{}, Conflicted: map[string]bool{}, lost: &prefixTrie{}, lostIPs: map[netip.Addr]string{}}
+	v := Validation{Refused: map[string]Refusal{}, Conflicted: map[string]bool{}, AltProblems: map[string]string{},
+		lost: &prefixTrie{}, lostIPs: map[netip.Addr]string{}}
+	var macs map[string]string
+	if cfg.Encap == VXLAN {
+		// only VXLAN uses the MACs: another mode has nothing to refuse
+		macs, v.lostMACs = map[string]string{}, map[string]string{}
+	}
 	var selfNode *Node
 	for i := range nodes {
 		if nodes[i].Name == cfg.Self {
@@ -225,13 +251,16 @@ func Validate(cfg Config, local Local, nodes []Node) Validation {
 	var winners []*Node
 	conflict := map[string]conflictRefusal{}
 	for _, n := range candidates {
-		if r, lost := conflicts(*n, taken, ips); lost {
+		if r, lost := conflicts(*n, taken, ips, macs); lost {
 			conflict[n.Name] = r
 			for _, p := range n.PodCIDRs {
 				v.lost.insert(p, n.Name)
 			}
 			if n.IP.IsValid() {
 				v.lostIPs[n.IP] = n.Name
+				if v.lostMACs != nil {
+					v.lostMACs[VTEPMAC(n.IP)] = n.Name
+				}
 			}
 			v.Conflicted[n.Name] = true
 			v.Conflicted[r.owner] = true
@@ -242,8 +271,40 @@ func Validate(cfg Config, local Local, nodes []Node) Validation {
 		}
 		if n.IP.IsValid() {
 			ips[n.IP] = n.Name
+			if macs != nil {
+				macs[VTEPMAC(n.IP)] = n.Name
+			}
 		}
 		winners = append(winners, n)
+	}
+	// the winners' other-family addresses: one that is another Node's
+	// address (primary, or an older Node's other-family one) is nobody's
+	// to route to; the Nodes keep their primary family
+	primaries := map[netip.Addr]string{}
+	for _, n := range candidates {
+		if n.IP.IsValid() {
+			primaries[n.IP] = n.Name
+		}
+	}
+	altIPs := map[netip.Addr]string{}
+	for _, n := range winners {
+		if !n.AltIP.IsValid() {
+			continue
+		}
+		if why := altGlobalProblem(cfg, *n); why != "" {
+			v.AltProblems[n.Name] = why
+			continue
+		}
+		owner, hit := primaries[n.AltIP]
+		if !hit {
+			owner, hit = altIPs[n.AltIP]
+		}
+		if hit {
+			v.AltProblems[n.Name] = fmt.Sprintf("its other-family address %s is also Node %s's", n.AltIP, owner)
+			v.Conflicted[n.Name], v.Conflicted[owner] = true, true
+			continue
+		}
+		altIPs[n.AltIP] = n.Name
 	}
 	if selfNode != nil && len(selfNode.PodCIDRs) > 0 {
 		if r, lost := conflict[cfg.Self]; lost {
@@ -265,6 +326,11 @@ func Validate(cfg Config, local Local, nodes []Node) Validation {
 		}
 	}
 	lc := newLocalChecks(cfg, local, v.Self)
+	for _, n := range winners {
+		if why := lc.altProblem(*n); why != "" && v.AltProblems[n.Name] == "" {
+			v.AltProblems[n.Name] = why
+		}
+	}
 	valid := map[string]bool{}
 	for _, n := range winners {
 		if n.Name == cfg.Self {
@@ -293,8 +359,36 @@ func Validate(cfg Config, local Local, nodes []Node) Validation {
 			v.Valid = append(v.Valid, n)
 		}
 	}
-	v.taken, v.ips, v.winners, v.family, v.local, v.own = taken, ips, winners, family, lc, own
+	v.taken, v.ips, v.macs, v.altIPs, v.winners, v.family, v.local, v.own = taken, ips, macs, altIPs, winners, family, lc, own
 	return v
+}
+
+// altGlobalProblem is why n's other-family address may not be a next
+// hop, by the checks every node decides alike (those of the primary
+// address, but its family): "" when it may.
+func altGlobalProblem(cfg Config, n Node) string {
+	ip := n.AltIP
+	switch {
+	case ip.IsUnspecified() || ip.IsLoopback() || ip.IsMulticast() || ip.IsLinkLocalUnicast() || ip.IsInterfaceLocalMulticast():
+		return fmt.Sprintf("its other-family address %s is loopback, link-local, multicast or unspecified", ip)
+	}
+	if _, q, hit := reserved.contains(ip); hit {
+		return fmt.Sprintf("its other-family address %s lies in the reserved range %s", ip, q)
+	}
+	for _, list := range [][]netip.Prefix{cfg.ClusterCIDRs, cfg.ServiceCIDRs, n.PodCIDRs} {
+		for _, p := range list {
+			if p.Contains(ip) {
+				return fmt.Sprintf("its other-family address %s lies inside %s (a pod, cluster or service CIDR)", ip, p)
+			}
+		}
+	}
+	return ""
+}
+
+// WithAltProblem is n as ForNode must route it: AltProblem set from v.
+func (v Validation) WithAltProblem(n Node) Node {
+	n.AltProblem = v.AltProblems[n.Name]
+	return n
 }
 
 func (v *Validation) refuse(cfg Config, r Refusal) {
@@ -401,8 +495,9 @@ type conflictRefusal struct {
 	owner string
 }
 
-// conflicts checks n against the Nodes already accepted (all older).
-func conflicts(n Node, taken *prefixTrie, ips map[netip.Addr]string) (conflictRefusal, bool) {
+// conflicts checks n against the Nodes already accepted (all older): their
+// PodCIDRs, addresses and (macs not nil: vxlan) VTEP MACs.
+func conflicts(n Node, taken *prefixTrie, ips map[netip.Addr]string, macs map[string]string) (conflictRefusal, bool) {
 	for _, p := range n.PodCIDRs {
 		if q, owner, hit := taken.overlap(p); hit {
 			r, _ := refusal(n, PodCIDRConflict, "PodCIDR %s overlaps PodCIDR %s of Node %s, which is older and keeps it", p, q, owner)
@@ -412,6 +507,13 @@ func conflicts(n Node, taken *prefixTrie, ips map[netip.Addr]string) (conflictRe
 	if owner, hit := ips[n.IP]; hit && n.IP.IsValid() {
 		r, _ := refusal(n, NodeIPConflict, "node address %s is also Node %s's, which is older and keeps it", n.IP, owner)
 		return conflictRefusal{r, owner}, true
+	}
+	if macs != nil && n.IP.IsValid() {
+		mac := VTEPMAC(n.IP)
+		if owner, hit := macs[mac]; hit && owner != n.Name {
+			r, _ := refusal(n, VTEPMACConflict, "the VXLAN MAC %s derived from node address %s is also Node %s's, which is older and keeps it (the two addresses' hashes collide: give this node another address)", mac, n.IP, owner)
+			return conflictRefusal{r, owner}, true
+		}
 	}
 	return conflictRefusal{}, false
 }
@@ -507,6 +609,15 @@ func (lc localChecks) check(n Node, own *prefixTrie) (Refusal, bool) {
 	return Refusal{}, false
 }
 
+// altProblem is why n's other-family address may not be a next hop from
+// this node: it is one of this node's own addresses.
+func (lc localChecks) altProblem(n Node) string {
+	if n.AltIP.IsValid() && lc.addrs[n.AltIP] && n.Name != lc.cfg.Self {
+		return fmt.Sprintf("its other-family address %s is this node's own address", n.AltIP)
+	}
+	return ""
+}
+
 // CheckClusterCIDR refuses a cluster CIDR that would let a PodCIDR take
 // a default route or a reserved range (--cluster-cidr is an operator's
 // input too).
@@ -538,4 +649,24 @@ func prefixList(list []netip.Prefix) string {
 		s[i] = p.String()
 	}
 	return strings.Join(s, ", ")
+}
+
+// MissingFamily says, when the cluster CIDRs hold both families and Node
+// n has PodCIDRs of one only, what its pods lack ("" otherwise). Such a
+// Node is not refused: its family still routes.
+func MissingFamily(clusterCIDRs []netip.Prefix, n Node) string {
+	if len(n.PodCIDRs) == 0 {
+		return ""
+	}
+	has := func(list []netip.Prefix, v6 bool) bool {
+		return slices.ContainsFunc(list, func(p netip.Prefix) bool { return p.Addr().Is6() == v6 })
+	}
+	for _, v6 := range []bool{false, true} {
+		if has(clusterCIDRs, v6) && has(clusterCIDRs, !v6) && !has(n.PodCIDRs, v6) {
+			fam := map[bool]string{false: "IPv4", true: "IPv6"}[v6]
+			return fmt.Sprintf("Node %s has no %s PodCIDR but the cluster CIDRs are %s: its pods get no %s address; is kube-controller-manager running with both --cluster-cidr families?",
+				n.Name, fam, prefixList(clusterCIDRs), fam)
+		}
+	}
+	return ""
 }

@@ -45,6 +45,7 @@ import (
 var refuseReasons = []string{
 	"invalid-podcidr", "reserved-range", "outside-cluster-cidr", "overlaps-service-cidr", "overlaps-apiserver",
 	"overlaps-node-network", "overlaps-own-podcidr", "podcidr-conflict", "invalid-node-ip", "own-node-ip", "node-ip-conflict",
+	"vtep-mac-conflict",
 }
 
 const (

@@ -190,7 +190,7 @@ func checkDaemonSet(t *testing.T, ds *appsv1.DaemonSet, cm *corev1.ConfigMap) {
 	if u.Type != appsv1.RollingUpdateDaemonSetStrategyType || u.RollingUpdate == nil || u.RollingUpdate.MaxUnavailable == nil || u.RollingUpdate.MaxUnavailable.IntValue() != 1 {
 		t.Errorf("updateStrategy %+v, want RollingUpdate maxUnavailable 1", u)
 	}
-	for k, v := range map[string]string{"encap": "ipip", "clusterCIDR": "10.244.0.0/16", "mtu": "0", "cniVersion": "1.0.0", "plugin": "podnet", "crossSubnet": "false", "portmap": "false"} {
+	for k, v := range map[string]string{"encap": "ipip", "clusterCIDR": "10.244.0.0/16", "mtu": "0", "cniVersion": "1.0.0", "plugin": "podnet", "crossSubnet": "false", "portmap": "false", "masqueradeIPv6": "auto"} {
 		if cm.Data[k] != v {
 			t.Errorf("ConfigMap %s=%q, want %q", k, cm.Data[k], v)
 		}

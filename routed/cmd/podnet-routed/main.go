@@ -25,6 +25,7 @@ import (
 	"github.com/podnet/podnet/internal/nodestate"
 	"github.com/podnet/podnet/ipam"
 	"github.com/podnet/podnet/routed/daemon"
+	"github.com/podnet/podnet/routed/dataplane"
 	"github.com/podnet/podnet/routed/desired"
 	"github.com/podnet/podnet/routed/reconcile"
 )
@@ -45,7 +46,8 @@ func run(argv []string) error {
 	clusterCIDRs := fs.String("cluster-cidr", os.Getenv("CLUSTER_CIDR"), "comma-separated cluster pod CIDRs (required): every Node's PodCIDR must lie inside one, and traffic to them is not masqueraded")
 	serviceCIDRs := fs.String("service-cidr", os.Getenv("SERVICE_CIDR"), "comma-separated service CIDRs no PodCIDR may overlap (added to the ServiceCIDR objects of the API, where they can be read)")
 	apiTimeout := fs.Duration("apiserver-timeout", time.Minute, "how long the API server may be out of reach before /readyz fails (0: never)")
-	masquerade := fs.Bool("masquerade", true, "masquerade pod traffic leaving the cluster CIDRs")
+	masquerade := fs.Bool("masquerade", true, "masquerade pod traffic leaving the cluster CIDRs (false: none, IPv6 included)")
+	masqueradeIPv6 := fs.String("masquerade-ipv6", envOr("MASQUERADE_IPV6", "auto"), "masquerade IPv6 pod traffic leaving the cluster CIDRs: auto (only from a unique local fc00::/7 PodCIDR, which the internet does not route; a global one keeps its address), true or false (env MASQUERADE_IPV6)")
 	mtu := fs.Int("mtu", 0, "pod/overlay MTU (0: underlay MTU minus encapsulation overhead)")
 	stateDir := fs.String("state-dir", nodestate.DefaultDir, "directory of node.json for the CNI plugins")
 	resync := fs.Duration("resync-interval", 30*time.Second, "full resync period (repairs and prunes)")
@@ -95,6 +97,13 @@ func run(argv []string) error {
 		if err := desired.CheckClusterCIDR(c); err != nil {
 			return fmt.Errorf("--cluster-cidr: %w", err)
 		}
+	}
+	if err := checkEncapFamilies(e, cidrs); err != nil {
+		return err
+	}
+	masq6, err := dataplane.ParseMasqueradeIPv6(*masqueradeIPv6)
+	if err != nil {
+		return fmt.Errorf("--masquerade-ipv6: %w", err)
 	}
 	svc, err := parseCIDRs(*serviceCIDRs)
 	if err != nil {
@@ -148,7 +157,7 @@ func run(argv []string) error {
 	defer stop()
 	d := daemon.New(daemon.Config{
 		NodeName: *nodeName, Encap: e, CrossSubnet: *crossSubnet, ClusterCIDRs: cidrs, ServiceCIDRs: svc,
-		APIServers: daemon.APIServerAddrs(ctx, restCfg), Masquerade: *masquerade, MTU: *mtu, StateDir: *stateDir,
+		APIServers: daemon.APIServerAddrs(ctx, restCfg), Masquerade: *masquerade, MasqueradeIPv6: masq6, MTU: *mtu, StateDir: *stateDir,
 		ResyncInterval: *resync, APIServerTimeout: *apiTimeout, VXLANVNI: *vni, VXLANPort: *port,
 	}, daemon.NodesListWatch(core), log).WithAPI(core, events, svcLW)
 	if *reconcileInterval > 0 {
@@ -172,6 +181,28 @@ func run(argv []string) error {
 	}
 	log.Info("starting", "node", *nodeName, "encap", e, "crossSubnet", *crossSubnet, "clusterCIDRs", cidrs, "serviceCIDRs", svc)
 	return d.Run(ctx)
+}
+
+// checkEncapFamilies refuses an encapsulation that cannot carry a cluster
+// CIDR's family: IPIP is IPv4 in IPv4, and an IPv6 pod range would be
+// left unrouted.
+func checkEncapFamilies(e desired.Encap, cidrs []netip.Prefix) error {
+	if e != desired.IPIP {
+		return nil
+	}
+	for _, c := range cidrs {
+		if c.Addr().Is6() {
+			return fmt.Errorf("--encap=ipip carries IPv4 only; the cluster CIDR %s is IPv6: use --encap=vxlan (both families) or --encap=none", c)
+		}
+	}
+	return nil
+}
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
 }
 
 func kubeConfig(path string) (*rest.Config, error) {

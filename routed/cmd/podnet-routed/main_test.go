@@ -1,8 +1,11 @@
 package main
 
 import (
+	"net/netip"
 	"strings"
 	"testing"
+
+	"github.com/podnet/podnet/routed/desired"
 )
 
 // Flags are an operator's input: the ones that would make podnet-routed
@@ -24,12 +27,32 @@ func TestRunRefusesBadFlags(t *testing.T) {
 		{[]string{"--cluster-cidr=10.244.0.0/16", "--reconcile-grace=-1s"}, "must not be negative"},
 		{[]string{"--cluster-cidr=10.244.0.0/16", "--ipam-data-dir=relative/dir"}, "want an absolute path"},
 		{[]string{"--cluster-cidr=10.244.0.0/16", "--cri-socket=tcp://10.0.0.1:1234"}, "want unix:///absolute/path"},
+		// IPIP is IPv4 in IPv4: an IPv6 pod range would go unrouted
+		{[]string{"--cluster-cidr=fd00::/48"}, "--encap=ipip carries IPv4 only; the cluster CIDR fd00::/48 is IPv6: use --encap=vxlan (both families) or --encap=none"},
+		{[]string{"--cluster-cidr=10.244.0.0/16,fd00:10:244::/56", "--encap=ipip"}, "the cluster CIDR fd00:10:244::/56 is IPv6"},
+		{[]string{"--cluster-cidr=10.244.0.0/16", "--masquerade-ipv6=maybe"}, `--masquerade-ipv6: "maybe": want auto, true or false`},
 	} {
 		t.Setenv("CLUSTER_CIDR", "")
 		t.Setenv("SERVICE_CIDR", "")
+		t.Setenv("MASQUERADE_IPV6", "")
 		err := run(append(append([]string{}, base...), tc.args...))
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%v: %v, want an error with %q", tc.args, err, tc.want)
+		}
+	}
+}
+
+// The families check passes what it must: vxlan and none carry IPv6, ipip
+// an IPv4 cluster.
+func TestEncapFamilies(t *testing.T) {
+	v4, dual := []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}, []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16"), netip.MustParsePrefix("fd00::/48")}
+	for _, tc := range []struct {
+		e     desired.Encap
+		cidrs []netip.Prefix
+		ok    bool
+	}{{desired.IPIP, v4, true}, {desired.IPIP, dual, false}, {desired.VXLAN, dual, true}, {desired.None, dual, true}} {
+		if err := checkEncapFamilies(tc.e, tc.cidrs); (err == nil) != tc.ok {
+			t.Errorf("%s %v: %v, want ok=%v", tc.e, tc.cidrs, err, tc.ok)
 		}
 	}
 }
