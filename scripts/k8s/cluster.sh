@@ -125,6 +125,11 @@ control_plane_up() {
 	ip netns exec "$CP_NS" sysctl -qw net.ipv4.ip_forward=1
 	has6 && ip netns exec "$CP_NS" sysctl -qw net.ipv6.conf.all.forwarding=1
 	local in="nsenter --net=/run/netns/$CP_NS" p=$PKI
+	# PodCIDR sizes: a /24 per node of IPv4, a /64 of IPv6 (the
+	# controller-manager takes the per-family flags only when dual-stack)
+	local masks=(--node-cidr-mask-size=24)
+	[ "$FAMILY" = ipv6 ] && masks=(--node-cidr-mask-size=64)
+	[ "$FAMILY" = dual ] && masks=(--node-cidr-mask-size-ipv4=24 --node-cidr-mask-size-ipv6=64)
 	mkdir -p "$CLUSTER_DIR/etcd"
 	start_bg etcd $in "$KAPI/etcd" --name=podnet --data-dir="$CLUSTER_DIR/etcd" \
 		--listen-client-urls=http://127.0.0.1:2379 --advertise-client-urls=http://127.0.0.1:2379 \
@@ -145,7 +150,7 @@ control_plane_up() {
 	start_bg kube-controller-manager $in "$K8S/kube-controller-manager" --kubeconfig="$p/controller-manager.kubeconfig" \
 		--authentication-kubeconfig="$p/controller-manager.kubeconfig" --authorization-kubeconfig="$p/controller-manager.kubeconfig" \
 		--bind-address=127.0.0.1 --leader-elect=false --allocate-node-cidrs=true --cluster-cidr="$CLUSTER_CIDR" \
-		--node-cidr-mask-size-ipv4=24 --node-cidr-mask-size-ipv6=64 --service-cluster-ip-range="$SVC_CIDR" --root-ca-file="$p/ca.crt" \
+		"${masks[@]}" --service-cluster-ip-range="$SVC_CIDR" --root-ca-file="$p/ca.crt" \
 		--service-account-private-key-file="$p/sa.key" --use-service-account-credentials=true \
 		--cluster-signing-cert-file="$p/ca.crt" --cluster-signing-key-file="$p/ca.key" \
 		--profiling=false --v=1
