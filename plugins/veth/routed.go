@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 
 	"github.com/containernetworking/cni/pkg/skel"
 	current "github.com/containernetworking/cni/pkg/types/100"
@@ -144,6 +145,21 @@ func (routed) checkHost(hostName string, side podSide) (netlink.Link, error) {
 	}
 	if v, err := readSysctl("net/ipv4/conf/" + hostName + "/proxy_arp"); err != nil || v != "1" {
 		return nil, fmt.Errorf("host veth %s has proxy_arp=%q, want 1 (%v)", hostName, v, err)
+	}
+	if side.hasIPv6() {
+		// the IPv6 half: the pod's gateway is the host veth's link-local
+		// address, and the host veth forwards
+		addrs, err := netlinksafe.AddrList(host, netlink.FAMILY_V6)
+		if err != nil {
+			return nil, fmt.Errorf("list addresses of host veth %s: %w", hostName, err)
+		}
+		gw := net.ParseIP(GatewayV6)
+		if !slices.ContainsFunc(addrs, func(a netlink.Addr) bool { return a.IP.Equal(gw) }) {
+			return nil, fmt.Errorf("host veth %s is missing the pod's IPv6 gateway address %s", hostName, GatewayV6)
+		}
+		if v, err := readSysctl("net/ipv6/conf/" + hostName + "/forwarding"); err != nil || v != "1" {
+			return nil, fmt.Errorf("host veth %s has IPv6 forwarding=%q, want 1 (%v)", hostName, v, err)
+		}
 	}
 	for _, ip := range side.ips() {
 		want := hostRoute(host, ip)

@@ -494,11 +494,39 @@ func TestCheckDetectsDrift(t *testing.T) {
 		{"pod default route removed", false, func(string) error {
 			return netlink.RouteDel(&netlink.Route{Dst: nettest.MustParseCIDR("0.0.0.0/0")})
 		}, "route 0.0.0.0/0 via 169.254.1.1 is missing"},
+		// the IPv6 half of the dual-stack pod
+		{"host route v6 deleted", true, func(h string) error {
+			l, err := netlink.LinkByName(h)
+			if err != nil {
+				return err
+			}
+			return netlink.RouteDel(&netlink.Route{LinkIndex: l.Attrs().Index, Dst: nettest.MustParseCIDR("fd00:6::2/128")})
+		}, "host route fd00:6::2/128"},
+		{"host veth v6 gateway removed", true, func(h string) error {
+			l, err := netlink.LinkByName(h)
+			if err != nil {
+				return err
+			}
+			return netlink.AddrDel(l, &netlink.Addr{IPNet: nettest.MustParseCIDR(veth.GatewayV6 + "/64")})
+		}, "missing the pod's IPv6 gateway address"},
+		{"host veth v6 forwarding off", true, func(h string) error {
+			return os.WriteFile("/proc/sys/net/ipv6/conf/"+h+"/forwarding", []byte("0"), 0o644)
+		}, "IPv6 forwarding"},
+		{"pod v6 address removed", false, func(string) error {
+			l, err := netlink.LinkByName("eth0")
+			if err != nil {
+				return err
+			}
+			return netlink.AddrDel(l, &netlink.Addr{IPNet: nettest.MustParseCIDR("fd00:6::2/128")})
+		}, "missing address fd00:6::2/128"},
+		{"pod v6 default route removed", false, func(string) error {
+			return netlink.RouteDel(&netlink.Route{Dst: nettest.MustParseCIDR("::/0")})
+		}, "route ::/0 via " + veth.GatewayV6 + " is missing"},
 	}
 	for _, b := range breakages {
 		t.Run(b.name, func(t *testing.T) {
 			dataDir := t.TempDir()
-			rt := newPodnet(t, podnetList("1.0.0", hostLocal(dataDir, "10.244.6.0/24"), nil))
+			rt := newPodnet(t, podnetList("1.0.0", hostLocal(dataDir, "10.244.6.0/24", "fd00:6::/64"), nil))
 			podNS := nettest.NewNetNS(t)
 			conf := nettest.RuntimeConf("check", podNS, "eth0")
 			if _, err := rt.Add(conf); err != nil {
