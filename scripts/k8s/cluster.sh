@@ -310,6 +310,10 @@ check() {
 	bins
 	local nodes n a b fail=0 t=$SECONDS
 	nodes=$(kc get nodes -o jsonpath='{.items[*].metadata.name}')
+	# the web pods and Service of a check just before are deleted without
+	# waiting: let them go before recreating them under the same names
+	kc delete pod -l app=web --ignore-not-found --wait=true --timeout=60s >/dev/null
+	kc delete service web --ignore-not-found --wait=true --timeout=60s >/dev/null
 	kc apply -f - >/dev/null <<Y
 apiVersion: v1
 kind: Service
