@@ -12,9 +12,11 @@ PKI=$CLUSTER_DIR/pki
 RUN=$CLUSTER_DIR/run                   # pid files, logs, what to undo
 IMG=$CLUSTER_DIR/images
 # FAMILY=ipv4|dual|ipv6: the cluster's IP families (`up` records it in
-# $RUN/config; later commands read it from there).
+# $RUN/config; commands on a cluster that is up read it from there).
 FAMILY=${FAMILY:-}
-if [ -z "$FAMILY" ] && [ -f "$RUN/config" ]; then read -r _ _ FAMILY _ <"$RUN/config" || true; fi
+if [ -z "$FAMILY" ] && [ -f "$RUN/config" ] && [ -e "/run/netns/${NSP}-cp" ]; then
+	read -r _ _ FAMILY _ <"$RUN/config" || true
+fi
 FAMILY=${FAMILY:-ipv4}
 UNDERLAY_GW4=172.31.77.1               # br0 in $CP_NS (ipv4, dual)
 UNDERLAY_GW6=fd00:31:77::1             # br0 in $CP_NS (dual, ipv6)
