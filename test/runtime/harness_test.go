@@ -376,7 +376,10 @@ func (h *harness) gc(t *testing.T, valid []types.GCAttachment) error {
 
 // shippedConflist finds the conflist in conf/ (or one directory below, e.g.
 // conf/containerd-1.6/) whose cniVersion is version and whose only plugin
-// is of type pluginType. Several such files must be identical.
+// is of type pluginType. Several such files must be identical. The
+// dual-stack variant (conf/10-podnet-dualstack.conflist: a second IPAM
+// range set) is not one of them: the conformance run uses it on a
+// dual-stack cluster.
 func shippedConflist(t *testing.T, repo, pluginType, version string) string {
 	t.Helper()
 	var matches []string
@@ -384,6 +387,9 @@ func shippedConflist(t *testing.T, repo, pluginType, version string) string {
 		files, err := filepath.Glob(filepath.Join(repo, pattern))
 		must(t, err)
 		for _, f := range files {
+			if strings.HasSuffix(f, "-dualstack.conflist") {
+				continue
+			}
 			var c struct {
 				CNIVersion string `json:"cniVersion"`
 				Plugins    []struct {
