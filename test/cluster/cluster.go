@@ -18,6 +18,9 @@
 //   - an "outside" netns on the underlay that is not part of the cluster,
 //     and, for cross-subnet, a router netns joining two underlay subnets.
 //
+// A cluster is IPv4, dual-stack (Config.ClusterCIDR6) or IPv6-only, its
+// underlay and API server included (an IPv6 Config.ClusterCIDR).
+//
 // With Config.Bare, Up builds the underlay and the control plane only, and
 // AddMachine adds node netns without Node object or podnet-routed, for
 // tests that drive those themselves (test/routed); Config.APIProxy then
@@ -721,10 +724,11 @@ func DeleteNodeObject(ctx context.Context, client kubernetes.Interface, name str
 
 // ExpectedRoutes is the podnet routes (pod host routes aside) n must have:
 // a blackhole for each of its own PodCIDRs and one route per other node's
-// PodCIDR that the encapsulation can reach (desired.ForNode): a direct
-// route goes via the Node's InternalIP of the PodCIDR's family, an IPIP
-// one via its first InternalIP (NextHop) when both are IPv4, VXLAN
-// carries either family to the first InternalIP.
+// PodCIDR that the encapsulation can reach. podnet-routed routes a Node
+// by its first InternalIP (NextHop): a direct route goes via the Node's
+// InternalIP of the PodCIDR's family (a dual-stack Node's other one for
+// the other family), IPIP needs an IPv4 next hop and PodCIDR, VXLAN
+// carries either family (desired.ForNode).
 func (c *Cluster) ExpectedRoutes(n *Node) []string {
 	want := []string{"blackhole " + n.PodCIDR.String()}
 	if n.PodCIDR6.IsValid() {
@@ -744,15 +748,14 @@ func (c *Cluster) ExpectedRoutes(n *Node) []string {
 				continue
 			}
 			sameFamily := p.Addr().Is4() == nh.Is4()
-			// a direct route's next hop: the Node's address of p's
-			// family, first InternalIP or not
-			hop := m.IP
-			if p.Addr().Is4() != hop.Is4() {
-				hop = m.IP6
-			}
 			switch {
-			case encap == "none" && hop.IsValid() && p.Addr().Is4() == hop.Is4():
-				want = append(want, fmt.Sprintf("%s via %s dev %s", p, hop, UnderlayDev))
+			case encap == "none" && sameFamily:
+				want = append(want, fmt.Sprintf("%s via %s dev %s", p, nh, UnderlayDev))
+			case encap == "none" && p.Addr().Is6() && m.IP6.IsValid():
+				// a dual-stack Node's other family: via its InternalIP of it
+				want = append(want, fmt.Sprintf("%s via %s dev %s", p, m.IP6, UnderlayDev))
+			case encap == "none" && p.Addr().Is4():
+				want = append(want, fmt.Sprintf("%s via %s dev %s", p, m.IP, UnderlayDev))
 			case encap == "vxlan":
 				want = append(want, fmt.Sprintf("%s via %s dev %s onlink", p, p.Addr(), desired.VXLANDevice))
 			case encap == "ipip" && sameFamily && p.Addr().Is4():
