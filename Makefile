@@ -188,7 +188,9 @@ image: build
 # removes it all and checks that `ip netns`, `ip link` and the nft ruleset
 # are as before. MODE=none|vxlan (default: vxlan here, this kernel has no
 # IPIP); MODE=ipip runs test/ipipvm in QEMU; KEEP=1 leaves the cluster up
-# until `make demo-down`.
+# until `make demo-down`. FAMILY=ipv4|dual|ipv6 (default ipv4): dual gives
+# every node and pod both families and checks each; ipv6 is IPv6 only,
+# underlay and API server included.
 .PHONY: demo demo-down
 demo: build
 	@MODE="$(MODE)" FAMILY="$(FAMILY)" KEEP="$(KEEP)" GO="$(GO)" scripts/demo.sh

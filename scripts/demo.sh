@@ -5,8 +5,13 @@
 # podnet-routed, pods attached by the CNI plugins through libcni), prints
 # nodes, pods, routes and a connectivity matrix, and removes everything.
 #
-#   scripts/demo.sh            MODE=auto|none|vxlan|ipip  KEEP=1  NODES=3
+#   scripts/demo.sh            MODE=auto|none|vxlan|ipip  FAMILY=ipv4|dual|ipv6  KEEP=1  NODES=3
 #   scripts/demo.sh down       remove a cluster left up by KEEP=1
+#
+# FAMILY (default ipv4): dual gives every node and pod an IPv4 and an
+# IPv6 address (PodCIDRs also from fd00:10:244::/56) and runs every check
+# over both; ipv6 is IPv6 only, the underlay (fd00:172:30::/64) and the
+# API server ([fd00:172:30::fa]:6443) included, MODE=auto meaning vxlan.
 #
 # MODE=ipip on a kernel without the ipip module runs the IPIP end-to-end
 # test in a QEMU VM instead (`make ipipvm`, test/ipipvm).

@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"sync"
@@ -29,14 +30,20 @@ func (r TCPResult) String() string {
 	return fmt.Sprintf("%s → %s: source %s", r.From, r.To, r.Seen)
 }
 
-// TCPMatrix connects over TCP from every pod to every other pod (sources
-// in parallel): inside the cluster the server must see the client pod's
-// own address (no masquerade).
-func TCPMatrix(ctx context.Context, pods []*Pod) []TCPResult {
+// TCPMatrix connects over TCP from every pod to every other pod's IP
+// (sources in parallel): inside the cluster the server must see the client
+// pod's own address (no masquerade).
+func TCPMatrix(ctx context.Context, pods []*Pod) []TCPResult { return tcpMatrix(ctx, pods, false) }
+
+// TCPMatrix6 is TCPMatrix between the pods' IP6: the IPv6 half of a
+// dual-stack cluster.
+func TCPMatrix6(ctx context.Context, pods []*Pod) []TCPResult { return tcpMatrix(ctx, pods, true) }
+
+func tcpMatrix(ctx context.Context, pods []*Pod, ip6 bool) []TCPResult {
 	addrs := make([]netip.AddrPort, len(pods))
 	errs := make([]error, len(pods))
 	for i, p := range pods {
-		addrs[i], errs[i] = p.ServeTCP()
+		addrs[i], errs[i] = p.serveTCP(ip6)
 	}
 	out := make([][]TCPResult, len(pods))
 	var wg sync.WaitGroup
@@ -48,7 +55,7 @@ func TCPMatrix(ctx context.Context, pods []*Pod) []TCPResult {
 				if i == j {
 					continue
 				}
-				r := TCPResult{From: src.Name, To: dst.Name, Want: src.IP, Err: errs[j]}
+				r := TCPResult{From: src.Name, To: dst.Name, Want: src.addr(ip6), Err: errs[j]}
 				if r.Err == nil {
 					r.Seen, r.Err = TCPSource(ctx, src.NS, addrs[j])
 				}
@@ -64,11 +71,29 @@ func TCPMatrix(ctx context.Context, pods []*Pod) []TCPResult {
 	return all
 }
 
-// OutsideTCP connects from every pod to a server on the outside host,
-// which has no route to the pods: the connection only works masqueraded,
-// and the server must see the pod's node address.
+// OutsideTCP connects from every pod to a server on the outside host
+// (its first address, OutsideIPs), which has no route to the pods: the
+// connection only works masqueraded, and the server must see the pod's
+// node address (IP).
 func (c *Cluster) OutsideTCP(ctx context.Context, pods []*Pod) ([]TCPResult, error) {
-	addr, err := c.ServeOutsideTCP()
+	return c.outsideTCP(ctx, pods, false)
+}
+
+// OutsideTCP6 is OutsideTCP over IPv6 in a dual-stack cluster: to
+// OutsideIP6 from the pods' IP6, the server seeing the nodes' IP6.
+func (c *Cluster) OutsideTCP6(ctx context.Context, pods []*Pod) ([]TCPResult, error) {
+	return c.outsideTCP(ctx, pods, true)
+}
+
+func (c *Cluster) outsideTCP(ctx context.Context, pods []*Pod, ip6 bool) ([]TCPResult, error) {
+	dst := c.OutsideIPs()[0]
+	if ip6 {
+		if c.Cfg.ClusterCIDR6 == "" {
+			return nil, errors.New("OutsideTCP6: not a dual-stack cluster")
+		}
+		dst = OutsideIP6
+	}
+	addr, err := c.serveOutsideTCP(dst)
 	if err != nil {
 		return nil, err
 	}
@@ -78,7 +103,7 @@ func (c *Cluster) OutsideTCP(ctx context.Context, pods []*Pod) ([]TCPResult, err
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			r := TCPResult{From: p.Name, To: "outside", Want: p.Node.IP}
+			r := TCPResult{From: p.Name, To: "outside", Want: p.Node.addr(ip6)}
 			r.Seen, r.Err = TCPSource(ctx, p.NS, addr)
 			out[i] = r
 		}()
@@ -95,8 +120,14 @@ type PingResult struct {
 }
 
 // NodePodPings pings from every node to every pod and from every pod to
-// every node's address.
-func (c *Cluster) NodePodPings(ctx context.Context) []PingResult {
+// every node's address (IP).
+func (c *Cluster) NodePodPings(ctx context.Context) []PingResult { return c.nodePodPings(ctx, false) }
+
+// NodePodPings6 is NodePodPings at the IP6 of a dual-stack cluster's pods
+// and nodes.
+func (c *Cluster) NodePodPings6(ctx context.Context) []PingResult { return c.nodePodPings(ctx, true) }
+
+func (c *Cluster) nodePodPings(ctx context.Context, ip6 bool) []PingResult {
 	var out []PingResult
 	var mu sync.Mutex
 	var wg sync.WaitGroup
@@ -112,10 +143,26 @@ func (c *Cluster) NodePodPings(ctx context.Context) []PingResult {
 	}
 	for _, n := range c.Nodes {
 		for _, p := range c.Pods() {
-			add(n.NS, n.Name, p.Name, p.IP)
-			add(p.NS, p.Name, n.Name, n.IP)
+			add(n.NS, n.Name, p.Name, p.addr(ip6))
+			add(p.NS, p.Name, n.Name, n.addr(ip6))
 		}
 	}
 	wg.Wait()
 	return out
+}
+
+// addr is the pod's IP, or its IP6 when ip6.
+func (p *Pod) addr(ip6 bool) netip.Addr {
+	if ip6 {
+		return p.IP6
+	}
+	return p.IP
+}
+
+// addr is the node's IP, or its IP6 when ip6.
+func (n *Node) addr(ip6 bool) netip.Addr {
+	if ip6 {
+		return n.IP6
+	}
+	return n.IP
 }

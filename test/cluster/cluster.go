@@ -18,6 +18,9 @@
 //   - an "outside" netns on the underlay that is not part of the cluster,
 //     and, for cross-subnet, a router netns joining two underlay subnets.
 //
+// A cluster is IPv4, dual-stack (Config.ClusterCIDR6) or IPv6-only, its
+// underlay and API server included (an IPv6 Config.ClusterCIDR).
+//
 // With Config.Bare, Up builds the underlay and the control plane only, and
 // AddMachine adds node netns without Node object or podnet-routed, for
 // tests that drive those themselves (test/routed); Config.APIProxy then
@@ -76,6 +79,12 @@ var (
 	// dual-stack cluster (Config.ClusterCIDR6): a node has host number h
 	// in both families.
 	Subnets6 = []netip.Prefix{netip.MustParsePrefix("fd00:172:30::/64"), netip.MustParsePrefix("fd00:172:30:1::/64")}
+	// APIServerIP6 is the control plane's address on subnet 0 of an
+	// IPv6-only cluster (the same host number as APIServerIP).
+	APIServerIP6 = netip.MustParseAddr("fd00:172:30::fa")
+	// OutsideIP6 is the outside host's IPv6 address on subnet 0, in a
+	// dual-stack cluster (with OutsideIP) and an IPv6-only one.
+	OutsideIP6 = netip.MustParseAddr("fd00:172:30::c8")
 )
 
 // APIServerPort is kube-apiserver's port in the control plane netns.
@@ -104,9 +113,19 @@ type Config struct {
 	// Nodes is how many nodes Up creates (default 3).
 	Nodes int
 	// ClusterCIDR (default 10.244.0.0/16) and NodeCIDRMaskSize (default
-	// 24) are kube-controller-manager's --cluster-cidr and
+	// 24, 64 for IPv6) are kube-controller-manager's --cluster-cidr and
 	// --node-cidr-mask-size. ClusterCIDR may be a comma-separated list:
 	// podnet-routed gets it whole, PodCIDRs come from its first CIDR.
+	//
+	// An IPv6 (first) ClusterCIDR makes the cluster IPv6-only, underlay
+	// included (IPv6Only): every netns has only an IPv6 underlay address
+	// (Subnets6; the API server on APIServerIP6, the outside host on
+	// OutsideIP6), kube-apiserver listens and advertises on it and
+	// podnet-routed reaches it at https://[APIServerIP6]:APIServerPort,
+	// each Node has one IPv6 InternalIP and one IPv6 PodCIDR, the
+	// conflist's range is usePodCidrIPv6 alone, and Node.IP,
+	// Node.PodCIDR and Pod.IP are IPv6 (IP6 and PodCIDR6 stay unset).
+	// Not with ClusterCIDR6, IPv6First or CrossSubnet.
 	ClusterCIDR      string
 	NodeCIDRMaskSize int
 	// ClusterCIDR6, when set, makes the cluster dual-stack, as
@@ -146,6 +165,14 @@ type Config struct {
 	Logf func(format string, args ...any)
 }
 
+// IPv6Only says whether the cluster is IPv6-only: its (first) ClusterCIDR
+// is IPv6.
+func (cfg Config) IPv6Only() bool {
+	first, _, _ := strings.Cut(cfg.ClusterCIDR, ",")
+	p, err := netip.ParsePrefix(strings.TrimSpace(first))
+	return err == nil && p.Addr().Is6()
+}
+
 // Cluster is a running box.
 type Cluster struct {
 	Cfg      Config
@@ -178,42 +205,9 @@ func (c *Cluster) logf(format string, args ...any) {
 // returns the partial cluster (so that the caller can show logs) after
 // tearing it down.
 func Up(ctx context.Context, cfg Config) (c *Cluster, err error) {
-	if cfg.Nodes == 0 {
-		cfg.Nodes = 3
-	}
-	if cfg.ClusterCIDR == "" {
-		cfg.ClusterCIDR = "10.244.0.0/16"
-	}
-	if cfg.NodeCIDRMaskSize == 0 {
-		cfg.NodeCIDRMaskSize = 24
-	}
-	if cfg.UnderlayMTU == 0 {
-		cfg.UnderlayMTU = 1500
-	}
-	if cfg.Name == "" || cfg.WorkDir == "" || cfg.RepoRoot == "" || cfg.BinDir == "" || cfg.KapiDir == "" {
-		return nil, errors.New("cluster: Name, WorkDir, RepoRoot, BinDir and KapiDir are required")
-	}
-	if _, err := desired.ParseEncap(cfg.Encap); err != nil {
-		return nil, err
-	}
-	if cfg.CrossSubnet && cfg.Encap == "none" {
-		return nil, errors.New("cluster: cross-subnet needs an encapsulation (the router knows no pod routes)")
-	}
-	cidrs, err := newCIDRAllocator(cfg.ClusterCIDR, cfg.NodeCIDRMaskSize)
+	cidrs, cidrs6, err := checkConfig(&cfg)
 	if err != nil {
 		return nil, err
-	}
-	var cidrs6 *cidrAllocator
-	if cfg.ClusterCIDR6 != "" {
-		if cfg.NodeCIDRMaskSize6 == 0 {
-			cfg.NodeCIDRMaskSize6 = 64
-		}
-		if cfg.CrossSubnet {
-			return nil, errors.New("cluster: dual-stack (ClusterCIDR6) is not with cross-subnet (the router netns is IPv4 only)")
-		}
-		if cidrs6, err = newCIDRAllocator6(cfg.ClusterCIDR6, cfg.NodeCIDRMaskSize6); err != nil {
-			return nil, err
-		}
 	}
 	if left, _ := NetNSNames(cfg.Name + "-"); len(left) > 0 {
 		return nil, fmt.Errorf("cluster %s: netns %v already exist (a cluster of that name is up: tear it down first)", cfg.Name, left)
@@ -245,7 +239,7 @@ func Up(ctx context.Context, cfg Config) (c *Cluster, err error) {
 		log := filepath.Join(cfg.WorkDir, "kapi", "kube-apiserver.log")
 		return c, fmt.Errorf("%w\n%s (last lines):\n%s", err, filepath.Base(log), Tail(log, 15))
 	}
-	c.logf("kube-apiserver + etcd ready on %s:%d (netns %s) in %s", APIServerIP, APIServerPort, c.CP.Name, time.Since(start).Round(time.Millisecond))
+	c.logf("kube-apiserver + etcd ready on %s (netns %s) in %s", c.APIServerAddr(), c.CP.Name, time.Since(start).Round(time.Millisecond))
 
 	if cfg.Bare {
 		return c, nil
@@ -266,6 +260,66 @@ func Up(ctx context.Context, cfg Config) (c *Cluster, err error) {
 	}
 	c.logf("%d nodes up, podnet-routed --encap=%s ready and routes converged in %s", len(c.Nodes), cfg.Encap, time.Since(start).Round(time.Millisecond))
 	return c, nil
+}
+
+// checkConfig fills cfg's defaults, checks it and returns the PodCIDR
+// allocators of its ClusterCIDR and ClusterCIDR6 (nil unless dual-stack).
+func checkConfig(cfg *Config) (cidrs, cidrs6 *cidrAllocator, err error) {
+	if cfg.Nodes == 0 {
+		cfg.Nodes = 3
+	}
+	if cfg.ClusterCIDR == "" {
+		cfg.ClusterCIDR = "10.244.0.0/16"
+	}
+	v6only := cfg.IPv6Only()
+	if cfg.NodeCIDRMaskSize == 0 {
+		cfg.NodeCIDRMaskSize = 24
+		if v6only {
+			cfg.NodeCIDRMaskSize = 64
+		}
+	}
+	if cfg.UnderlayMTU == 0 {
+		cfg.UnderlayMTU = 1500
+	}
+	if cfg.Name == "" || cfg.WorkDir == "" || cfg.RepoRoot == "" || cfg.BinDir == "" || cfg.KapiDir == "" {
+		return nil, nil, errors.New("cluster: Name, WorkDir, RepoRoot, BinDir and KapiDir are required")
+	}
+	if _, err := desired.ParseEncap(cfg.Encap); err != nil {
+		return nil, nil, err
+	}
+	if cfg.CrossSubnet && cfg.Encap == "none" {
+		return nil, nil, errors.New("cluster: cross-subnet needs an encapsulation (the router knows no pod routes)")
+	}
+	if v6only {
+		switch {
+		case cfg.ClusterCIDR6 != "":
+			return nil, nil, fmt.Errorf("cluster: ClusterCIDR %s is IPv6 (an IPv6-only cluster): ClusterCIDR6 is for dual-stack, with an IPv4 ClusterCIDR", cfg.ClusterCIDR)
+		case cfg.IPv6First:
+			return nil, nil, errors.New("cluster: IPv6First is for dual-stack clusters; an IPv6-only cluster (IPv6 ClusterCIDR) has IPv6 InternalIPs only")
+		case cfg.CrossSubnet:
+			return nil, nil, errors.New("cluster: an IPv6-only cluster is not with cross-subnet (the router netns is IPv4 only)")
+		case cfg.Encap == "ipip":
+			return nil, nil, errors.New("cluster: an IPv6-only cluster cannot use --encap=ipip (IPIP carries IPv4 only): use vxlan or none")
+		}
+		first, _, _ := strings.Cut(cfg.ClusterCIDR, ",")
+		cidrs, err = newCIDRAllocator6(first, cfg.NodeCIDRMaskSize)
+		return cidrs, nil, err
+	}
+	if cidrs, err = newCIDRAllocator(cfg.ClusterCIDR, cfg.NodeCIDRMaskSize); err != nil {
+		return nil, nil, err
+	}
+	if cfg.ClusterCIDR6 != "" {
+		if cfg.NodeCIDRMaskSize6 == 0 {
+			cfg.NodeCIDRMaskSize6 = 64
+		}
+		if cfg.CrossSubnet {
+			return nil, nil, errors.New("cluster: dual-stack (ClusterCIDR6) is not with cross-subnet (the router netns is IPv4 only)")
+		}
+		if cidrs6, err = newCIDRAllocator6(cfg.ClusterCIDR6, cfg.NodeCIDRMaskSize6); err != nil {
+			return nil, nil, err
+		}
+	}
+	return cidrs, cidrs6, nil
 }
 
 // newNetNS creates the cluster's netns <Name>-<suffix> and records it.
@@ -323,7 +377,60 @@ func (c *Cluster) buildUnderlay() error {
 		return err
 	}
 	// The outside host knows the underlay only: no route to any pod.
-	return c.plug(c.Outside, 0, "outside", UnderlayDev, netip.PrefixFrom(OutsideIP, Subnets[0].Bits()), gw)
+	outside := c.OutsideIPs()
+	if err := c.plug(c.Outside, 0, "outside", UnderlayDev, netip.PrefixFrom(outside[0], subnetOf(outside[0], 0).Bits()), gw); err != nil {
+		return err
+	}
+	for _, a := range outside[1:] {
+		if err := addAddr(c.Outside, UnderlayDev, netip.PrefixFrom(a, subnetOf(a, 0).Bits())); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// APIServerAddr is where the API server listens on the underlay:
+// APIServerIP, or APIServerIP6 in an IPv6-only cluster, port APIServerPort.
+func (c *Cluster) APIServerAddr() netip.AddrPort {
+	if c.Cfg.IPv6Only() {
+		return netip.AddrPortFrom(APIServerIP6, APIServerPort)
+	}
+	return netip.AddrPortFrom(APIServerIP, APIServerPort)
+}
+
+// OutsideIPs are the outside host's addresses: OutsideIP, then OutsideIP6
+// in a dual-stack cluster; OutsideIP6 alone in an IPv6-only one.
+func (c *Cluster) OutsideIPs() []netip.Addr {
+	switch {
+	case c.Cfg.IPv6Only():
+		return []netip.Addr{OutsideIP6}
+	case c.Cfg.ClusterCIDR6 != "":
+		return []netip.Addr{OutsideIP, OutsideIP6}
+	}
+	return []netip.Addr{OutsideIP}
+}
+
+// UnderlaySubnets are the underlay subnets in use: Subnets[0] (both with
+// CrossSubnet), then Subnets6[0] when dual-stack; Subnets6[0] alone when
+// IPv6-only.
+func (c *Cluster) UnderlaySubnets() []netip.Prefix {
+	switch {
+	case c.Cfg.IPv6Only():
+		return Subnets6[:1]
+	case c.Cfg.CrossSubnet:
+		return Subnets
+	case c.Cfg.ClusterCIDR6 != "":
+		return []netip.Prefix{Subnets[0], Subnets6[0]}
+	}
+	return Subnets[:1]
+}
+
+// subnetOf is underlay subnet s of a's family.
+func subnetOf(a netip.Addr, s int) netip.Prefix {
+	if a.Is6() {
+		return Subnets6[s]
+	}
+	return Subnets[s]
 }
 
 // RouterIP is the router's address on underlay subnet s.
@@ -336,6 +443,23 @@ func hostAddr(s, h int) netip.Prefix {
 	a := Subnets[s].Addr().As4()
 	a[3] = byte(h)
 	return netip.PrefixFrom(netip.AddrFrom4(a), Subnets[s].Bits())
+}
+
+// hostAddr6 is host number h on underlay subnet s's IPv6 prefix
+// (Subnets6), with its length.
+func hostAddr6(s, h int) netip.Prefix {
+	a := Subnets6[s].Addr().As16()
+	a[14], a[15] = byte(h>>8), byte(h)
+	return netip.PrefixFrom(netip.AddrFrom16(a), Subnets6[s].Bits())
+}
+
+// machineAddr is host number h's (first) underlay address on subnet s:
+// IPv4, or IPv6 in an IPv6-only cluster.
+func (c *Cluster) machineAddr(s, h int) netip.Prefix {
+	if c.Cfg.IPv6Only() {
+		return hostAddr6(s, h)
+	}
+	return hostAddr(s, h)
 }
 
 // routerOf is the router's address on subnet s, or invalid without router.
@@ -358,30 +482,36 @@ func (c *Cluster) startControlPlane() error {
 	if c.CP, err = c.newNetNS("cp"); err != nil {
 		return err
 	}
-	if err := c.plug(c.CP, 0, "cp", UnderlayDev, netip.PrefixFrom(APIServerIP, Subnets[0].Bits()), c.routerOf(0)); err != nil {
+	api := c.APIServerAddr().Addr()
+	if err := c.plug(c.CP, 0, "cp", UnderlayDev, netip.PrefixFrom(api, subnetOf(api, 0).Bits()), c.routerOf(0)); err != nil {
 		return err
+	}
+	bind := "0.0.0.0"
+	if api.Is6() {
+		bind = "::"
 	}
 	dir := filepath.Join(c.Cfg.WorkDir, "kapi")
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
-	api, err := kapi.New(kapi.Options{
-		Dir:          dir,
-		BinDir:       c.Cfg.KapiDir,
-		ExtraIPs:     []net.IP{APIServerIP.AsSlice()},
-		BindAddress:  "0.0.0.0",
-		Port:         APIServerPort,
-		StartProcess: func(cmd *exec.Cmd) error { return c.CP.StartProcess(cmd, !c.Cfg.Detach) },
-		Dial:         c.CP.DialContext,
+	server, err := kapi.New(kapi.Options{
+		Dir:              dir,
+		BinDir:           c.Cfg.KapiDir,
+		ExtraIPs:         []net.IP{api.AsSlice()},
+		BindAddress:      bind,
+		AdvertiseAddress: api.AsSlice(),
+		Port:             APIServerPort,
+		StartProcess:     func(cmd *exec.Cmd) error { return c.CP.StartProcess(cmd, !c.Cfg.Detach) },
+		Dial:             c.CP.DialContext,
 	})
-	c.API = api
+	c.API = server
 	if err != nil {
 		return fmt.Errorf("kube-apiserver: %w", err)
 	}
 	if err := c.saveState(); err != nil {
 		return err
 	}
-	cfg, err := api.AdminConfig()
+	cfg, err := server.AdminConfig()
 	if err != nil {
 		return err
 	}
@@ -391,7 +521,7 @@ func (c *Cluster) startControlPlane() error {
 	}
 	// podnet-routed's credentials: a token user with only the RBAC the
 	// shipped manifest grants, talking to the API server over the underlay.
-	if c.kubeconfig, err = api.WriteKubeconfig(kapi.RoutedUser, fmt.Sprintf("https://%s:%d", APIServerIP, APIServerPort)); err != nil {
+	if c.kubeconfig, err = server.WriteKubeconfig(kapi.RoutedUser, "https://"+c.APIServerAddr().String()); err != nil {
 		return err
 	}
 	if c.Cfg.NoRBAC {
@@ -595,9 +725,10 @@ func DeleteNodeObject(ctx context.Context, client kubernetes.Interface, name str
 // ExpectedRoutes is the podnet routes (pod host routes aside) n must have:
 // a blackhole for each of its own PodCIDRs and one route per other node's
 // PodCIDR that the encapsulation can reach. podnet-routed routes a Node
-// by its first InternalIP (NextHop): a direct or IPIP route needs a next
-// hop of the PodCIDR's family (IPIP IPv4), VXLAN carries either family
-// (desired.ForNode).
+// by its first InternalIP (NextHop): a direct route goes via the Node's
+// InternalIP of the PodCIDR's family (a dual-stack Node's other one for
+// the other family), IPIP needs an IPv4 next hop and PodCIDR, VXLAN
+// carries either family (desired.ForNode).
 func (c *Cluster) ExpectedRoutes(n *Node) []string {
 	want := []string{"blackhole " + n.PodCIDR.String()}
 	if n.PodCIDR6.IsValid() {
@@ -620,6 +751,11 @@ func (c *Cluster) ExpectedRoutes(n *Node) []string {
 			switch {
 			case encap == "none" && sameFamily:
 				want = append(want, fmt.Sprintf("%s via %s dev %s", p, nh, UnderlayDev))
+			case encap == "none" && p.Addr().Is6() && m.IP6.IsValid():
+				// a dual-stack Node's other family: via its InternalIP of it
+				want = append(want, fmt.Sprintf("%s via %s dev %s", p, m.IP6, UnderlayDev))
+			case encap == "none" && p.Addr().Is4():
+				want = append(want, fmt.Sprintf("%s via %s dev %s", p, m.IP, UnderlayDev))
 			case encap == "vxlan":
 				want = append(want, fmt.Sprintf("%s via %s dev %s onlink", p, p.Addr(), desired.VXLANDevice))
 			case encap == "ipip" && sameFamily && p.Addr().Is4():

@@ -10,6 +10,7 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/podnet/podnet/test/nettest"
 )
@@ -83,7 +84,7 @@ func Plug(underlay, target ns.NetNS, p Port) error {
 			return err
 		}
 		if p.Addr.IsValid() {
-			if err := netlink.AddrAdd(l, &netlink.Addr{IPNet: prefixIPNet(p.Addr)}); err != nil {
+			if err := netlink.AddrAdd(l, linkAddr(p.Addr)); err != nil {
 				return fmt.Errorf("add %s to %s: %w", p.Addr, target.Path(), err)
 			}
 		}
@@ -94,6 +95,30 @@ func Plug(underlay, target ns.NetNS, p Port) error {
 			if err := netlink.RouteAdd(&netlink.Route{LinkIndex: l.Attrs().Index, Gw: p.GW.AsSlice()}); err != nil {
 				return fmt.Errorf("default route via %s in %s: %w", p.GW, target.Path(), err)
 			}
+		}
+		return nil
+	})
+}
+
+// linkAddr is addr for AddrAdd; an IPv6 one without duplicate address
+// detection (nodad), so that it is usable at once (a server can bind it).
+func linkAddr(addr netip.Prefix) *netlink.Addr {
+	a := &netlink.Addr{IPNet: prefixIPNet(addr)}
+	if addr.Addr().Is6() {
+		a.Flags = unix.IFA_F_NODAD
+	}
+	return a
+}
+
+// addAddr adds addr to link dev in target.
+func addAddr(target *NetNS, dev string, addr netip.Prefix) error {
+	return target.Do(func() error {
+		l, err := netlink.LinkByName(dev)
+		if err != nil {
+			return err
+		}
+		if err := netlink.AddrAdd(l, linkAddr(addr)); err != nil {
+			return fmt.Errorf("add %s to %s in %s: %w", addr, dev, target.Name, err)
 		}
 		return nil
 	})

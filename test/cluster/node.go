@@ -36,8 +36,8 @@ type Node struct {
 	c       *Cluster
 	Name    string
 	Subnet  int          // index in Subnets
-	IP      netip.Addr   // InternalIP, on eth0
-	PodCIDR netip.Prefix // spec.podCIDRs[0]
+	IP      netip.Addr   // InternalIP, on eth0 (IPv6 in an IPv6-only cluster)
+	PodCIDR netip.Prefix // spec.podCIDRs[0] (IPv6 in an IPv6-only cluster)
 	// IP6 and PodCIDR6 are the IPv6 InternalIP (on eth0 too) and
 	// spec.podCIDRs[1] of a dual-stack cluster's node (Config.ClusterCIDR6).
 	IP6      netip.Addr
@@ -107,7 +107,8 @@ func (c *Cluster) addNode() (*Node, error) {
 }
 
 // AddMachine adds a bare machine on underlay subnet 0 with host number
-// host (its address is Subnets[0] .host): its netns, eth0, directories and
+// host (its address is Subnets[0] .host; Subnets6[0] ::host in an
+// IPv6-only cluster): its netns, eth0, directories and
 // CNI set-up, but no Node object and no podnet-routed, for tests that
 // create those themselves (CreateNode, StartRouted). Its PodCIDR is not
 // set.
@@ -117,7 +118,7 @@ func (c *Cluster) AddMachine(name string, host int) (*Node, error) {
 
 // newMachine makes a node's netns on subnet with host number host.
 func (c *Cluster) newMachine(name string, subnet, host int) (*Node, error) {
-	addr := hostAddr(subnet, host)
+	addr := c.machineAddr(subnet, host)
 	n := &Node{c: c, Name: name, Subnet: subnet, IP: addr.Addr()}
 	n.Dir = filepath.Join(c.Cfg.WorkDir, n.Name)
 	n.StateDir = filepath.Join(n.Dir, "state")
@@ -147,21 +148,14 @@ func (c *Cluster) newMachine(name string, subnet, host int) (*Node, error) {
 	}
 	if c.cidrs6 != nil {
 		// the IPv6 underlay address of a dual-stack node, same host number
-		a6 := Subnets6[subnet].Addr().As16()
-		a6[14], a6[15] = byte(host>>8), byte(host)
-		n.IP6 = netip.AddrFrom16(a6)
-		if err := n.NS.Do(func() error {
-			l, err := netlink.LinkByName(UnderlayDev)
-			if err != nil {
-				return err
-			}
-			return netlink.AddrAdd(l, &netlink.Addr{IPNet: prefixIPNet(netip.PrefixFrom(n.IP6, Subnets6[subnet].Bits()))})
-		}); err != nil {
+		a6 := hostAddr6(subnet, host)
+		n.IP6 = a6.Addr()
+		if err := addAddr(n.NS, UnderlayDev, a6); err != nil {
 			return nil, fmt.Errorf("%s: IPv6 underlay address: %w", n.Name, err)
 		}
 	}
 	if c.Cfg.APIProxy {
-		target := fmt.Sprintf("%s:%d", APIServerIP, APIServerPort)
+		target := c.APIServerAddr().String()
 		if n.apiFwd, err = nettest.NewForwarder(n.NS.NetNS, APIProxyAddr, target, c.CP.DialContext); err != nil {
 			return nil, fmt.Errorf("%s: %w", n.Name, err)
 		}

@@ -25,7 +25,7 @@ type Pod struct {
 	Name        string // also K8S_POD_NAME, in namespace "default"
 	Node        *Node
 	NS          *NetNS
-	IP          netip.Addr
+	IP          netip.Addr // IPv6 in an IPv6-only cluster
 	IP6         netip.Addr // dual-stack clusters only
 	ContainerID string
 	Result      *current.Result
@@ -51,7 +51,8 @@ func conflist(path string) ([]byte, error) {
 // NodeConflist is the shipped conflist with the node's stateDir (node.json)
 // and IPAM dataDir, so that nodes sharing this machine's filesystem keep
 // their files apart, and in a dual-stack cluster a second range,
-// usePodCidrIPv6. Nothing else changes.
+// usePodCidrIPv6; in an IPv6-only cluster its usePodCidr reads
+// usePodCidrIPv6 (the node has no IPv4 PodCIDR). Nothing else changes.
 func (n *Node) NodeConflist() ([]byte, error) {
 	var conf map[string]any
 	if err := json.Unmarshal(n.c.conflist, &conf); err != nil {
@@ -71,9 +72,24 @@ func (n *Node) NodeConflist() ([]byte, error) {
 			return nil, errors.New("conflist: podnet plugin without ipam")
 		}
 		ipam["dataDir"] = n.DataDir
-		if n.c.Cfg.ClusterCIDR6 != "" {
+		ranges, _ := ipam["ranges"].([]any)
+		switch {
+		case n.c.Cfg.IPv6Only():
+			found6 := false
+			for _, set := range ranges {
+				rs, _ := set.([]any)
+				for _, r := range rs {
+					if rc, _ := r.(map[string]any); rc != nil && rc["subnet"] == "usePodCidr" {
+						rc["subnet"] = "usePodCidrIPv6"
+						found6 = true
+					}
+				}
+			}
+			if !found6 {
+				return nil, errors.New("conflist: no usePodCidr range to make usePodCidrIPv6")
+			}
+		case n.c.Cfg.ClusterCIDR6 != "":
 			// dual-stack: an address of each family, as ipam/README shows
-			ranges, _ := ipam["ranges"].([]any)
 			ipam["ranges"] = append(ranges, []any{map[string]any{"subnet": "usePodCidrIPv6"}})
 		}
 	}
@@ -141,6 +157,12 @@ func (n *Node) AddPod(ctx context.Context, name string) (*Pod, error) {
 		} else if ok && a.Is6() {
 			p.IP6 = a
 		}
+	}
+	if n.c.Cfg.IPv6Only() {
+		if p.IP.IsValid() {
+			return nil, fmt.Errorf("pod %s got %v in an IPv6-only cluster", name, p.Result.IPs)
+		}
+		p.IP, p.IP6 = p.IP6, netip.Addr{}
 	}
 	if !p.IP.IsValid() || !n.PodCIDR.Contains(p.IP) {
 		return nil, fmt.Errorf("pod %s got %v, want an address in %s", name, p.Result.IPs, n.PodCIDR)

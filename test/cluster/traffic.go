@@ -54,15 +54,23 @@ type Cell struct {
 }
 
 // Matrix is the pod-to-pod ICMP connectivity: Cells[i][j] is Pods[i]
-// pinging Pods[j] (the diagonal is not probed).
+// pinging Pods[j] (the diagonal is not probed), at its IP (IP6 when IP6).
 type Matrix struct {
 	Pods  []*Pod
 	Cells [][]Cell
+	IP6   bool
 }
 
-// PingMatrix pings every pod from every other pod (sources in parallel).
-func PingMatrix(ctx context.Context, pods []*Pod) *Matrix {
-	m := &Matrix{Pods: pods, Cells: make([][]Cell, len(pods))}
+// PingMatrix pings every pod's IP from every other pod (sources in
+// parallel).
+func PingMatrix(ctx context.Context, pods []*Pod) *Matrix { return pingMatrix(ctx, pods, false) }
+
+// PingMatrix6 is PingMatrix at the pods' IP6: the IPv6 half of a
+// dual-stack cluster.
+func PingMatrix6(ctx context.Context, pods []*Pod) *Matrix { return pingMatrix(ctx, pods, true) }
+
+func pingMatrix(ctx context.Context, pods []*Pod, ip6 bool) *Matrix {
+	m := &Matrix{Pods: pods, Cells: make([][]Cell, len(pods)), IP6: ip6}
 	var wg sync.WaitGroup
 	for i, src := range pods {
 		m.Cells[i] = make([]Cell, len(pods))
@@ -73,7 +81,7 @@ func PingMatrix(ctx context.Context, pods []*Pod) *Matrix {
 				if i == j {
 					continue
 				}
-				rtt, err := Ping(ctx, src.NS, dst.IP)
+				rtt, err := Ping(ctx, src.NS, dst.addr(ip6))
 				m.Cells[i][j] = Cell{OK: err == nil, RTT: rtt, Err: err}
 			}
 		}()
@@ -88,7 +96,7 @@ func (m *Matrix) Failures() []string {
 	for i, row := range m.Cells {
 		for j, c := range row {
 			if i != j && !c.OK {
-				out = append(out, fmt.Sprintf("%s (%s) → %s (%s): %v", m.Pods[i].Name, m.Pods[i].IP, m.Pods[j].Name, m.Pods[j].IP, c.Err))
+				out = append(out, fmt.Sprintf("%s (%s) → %s (%s): %v", m.Pods[i].Name, m.Pods[i].addr(m.IP6), m.Pods[j].Name, m.Pods[j].addr(m.IP6), c.Err))
 			}
 		}
 	}
@@ -195,18 +203,27 @@ func (s *whoAmI) Close() error {
 	return err
 }
 
-// ServeTCP starts (once) the pod's TCP who-am-I server on its address and
-// returns where it listens.
-func (p *Pod) ServeTCP() (netip.AddrPort, error) {
+// ServeTCP starts (once) the pod's TCP who-am-I server on its address
+// (IP) and returns where it listens.
+func (p *Pod) ServeTCP() (netip.AddrPort, error) { return p.serveTCP(false) }
+
+// ServeTCP6 is ServeTCP on the pod's IP6 (dual-stack).
+func (p *Pod) ServeTCP6() (netip.AddrPort, error) { return p.serveTCP(true) }
+
+func (p *Pod) serveTCP(ip6 bool) (netip.AddrPort, error) {
+	ip := p.addr(ip6)
+	if !ip.IsValid() {
+		return netip.AddrPort{}, fmt.Errorf("pod %s has no IPv6 address (IP6) of a dual-stack cluster", p.Name)
+	}
 	p.mu.Lock()
 	for _, s := range p.servers {
-		if w, ok := s.(*whoAmI); ok {
+		if w, ok := s.(*whoAmI); ok && w.Addr().Addr() == ip {
 			p.mu.Unlock()
 			return w.Addr(), nil
 		}
 	}
 	p.mu.Unlock()
-	s, err := serveWhoAmI(p.NS, p.IP)
+	s, err := serveWhoAmI(p.NS, ip)
 	if err != nil {
 		return netip.AddrPort{}, fmt.Errorf("pod %s: %w", p.Name, err)
 	}
@@ -214,9 +231,14 @@ func (p *Pod) ServeTCP() (netip.AddrPort, error) {
 	return s.Addr(), nil
 }
 
-// ServeOutsideTCP starts a TCP who-am-I server on the outside host.
+// ServeOutsideTCP starts a TCP who-am-I server on the outside host's
+// first address (OutsideIPs).
 func (c *Cluster) ServeOutsideTCP() (netip.AddrPort, error) {
-	s, err := serveWhoAmI(c.Outside, OutsideIP)
+	return c.serveOutsideTCP(c.OutsideIPs()[0])
+}
+
+func (c *Cluster) serveOutsideTCP(ip netip.Addr) (netip.AddrPort, error) {
+	s, err := serveWhoAmI(c.Outside, ip)
 	if err != nil {
 		return netip.AddrPort{}, err
 	}

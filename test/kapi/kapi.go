@@ -64,6 +64,12 @@ type Options struct {
 	ExtraIPs []net.IP
 	// BindAddress is kube-apiserver's --bind-address (default 127.0.0.1).
 	BindAddress string
+	// AdvertiseAddress is kube-apiserver's --advertise-address (default
+	// 127.0.0.1; it should also be in ExtraIPs). An IPv6 one makes the
+	// service range IPv6 too (fd00:10:96::/112, kubernetes service
+	// fd00:10:96::1 in the certificate), as kube-apiserver wants the
+	// advertised address and the primary service range of one family.
+	AdvertiseAddress net.IP
 	// Port is kube-apiserver's secure port (0: a free port).
 	Port int
 	// StartProcess starts etcd and kube-apiserver (default cmd.Start): a
@@ -125,11 +131,14 @@ func New(o Options) (*Server, error) {
 	if o.BindAddress == "" {
 		o.BindAddress = "127.0.0.1"
 	}
+	if o.AdvertiseAddress == nil {
+		o.AdvertiseAddress = net.IPv4(127, 0, 0, 1)
+	}
 	if o.StartProcess == nil {
 		o.StartProcess = (*exec.Cmd).Start
 	}
 	s := &Server{Dir: o.Dir, BinDir: o.BinDir, Tokens: map[string]string{}, Port: o.Port, opts: o}
-	if err := s.makePKI(o.ExtraIPs); err != nil {
+	if err := s.makePKI(append([]net.IP{s.serviceIP()}, o.ExtraIPs...)); err != nil {
 		return nil, err
 	}
 	// A port picked free here can be taken by another test process before
@@ -168,6 +177,24 @@ func (s *Server) startOnFreePorts(pickAPIPort bool) error {
 		return err
 	}
 	return s.StartAPIServer()
+}
+
+// serviceRange is --service-cluster-ip-range: of the advertised address's
+// family.
+func (s *Server) serviceRange() string {
+	if s.opts.AdvertiseAddress.To4() == nil {
+		return "fd00:10:96::/112"
+	}
+	return "10.96.0.0/24"
+}
+
+// serviceIP is the kubernetes service's address (the first of
+// serviceRange), which the serving certificate names.
+func (s *Server) serviceIP() net.IP {
+	if s.opts.AdvertiseAddress.To4() == nil {
+		return net.ParseIP("fd00:10:96::1")
+	}
+	return net.ParseIP("10.96.0.1")
 }
 
 // Pids are the process IDs of etcd and kube-apiserver (those running).
@@ -230,11 +257,11 @@ func (s *Server) StartAPIServer() error {
 	p := func(n string) string { return filepath.Join(s.Dir, "pki", n) }
 	cmd := exec.Command(filepath.Join(s.BinDir, "kube-apiserver"),
 		fmt.Sprintf("--etcd-servers=http://127.0.0.1:%d", s.etcdPort),
-		"--bind-address="+s.opts.BindAddress, "--advertise-address=127.0.0.1", "--secure-port="+strconv.Itoa(s.Port),
+		"--bind-address="+s.opts.BindAddress, "--advertise-address="+s.opts.AdvertiseAddress.String(), "--secure-port="+strconv.Itoa(s.Port),
 		"--tls-cert-file="+p("apiserver.crt"), "--tls-private-key-file="+p("apiserver.key"),
 		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
 		"--service-account-key-file="+p("sa.pub"), "--service-account-signing-key-file="+p("sa.key"),
-		"--service-cluster-ip-range=10.96.0.0/24", "--endpoint-reconciler-type=none",
+		"--service-cluster-ip-range="+s.serviceRange(), "--endpoint-reconciler-type=none",
 		"--token-auth-file="+p("tokens.csv"), "--authorization-mode=RBAC", "--profiling=false", "--v=1")
 	cmd.Env = cleanEnv()
 	pr, err := s.startLogged(cmd, filepath.Join(s.Dir, "kube-apiserver.log"))
@@ -378,7 +405,7 @@ func (s *Server) makePKI(extraIPs []net.IP) error {
 		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
 		KeyUsage:    x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment,
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		IPAddresses: append([]net.IP{net.ParseIP("127.0.0.1"), net.ParseIP("10.96.0.1")}, extraIPs...),
+		IPAddresses: append([]net.IP{net.ParseIP("127.0.0.1")}, extraIPs...),
 		DNSNames:    []string{"localhost", "kubernetes", "kubernetes.default"},
 	}
 	srvDER, err := x509.CreateCertificate(rand.Reader, srvTmpl, ca, &srvKey.PublicKey, caKey)

@@ -3,7 +3,8 @@
 // + etcd, N nodes running podnet-routed, pods attached through libcni with
 // conf/10-podnet.conflist, an outside host), prints what happened — nodes
 // with PodCIDRs, pods with IPs, each node's podnet routes, a pod-to-pod
-// connectivity matrix, TCP source checks — and tears it all down, checking
+// connectivity matrix, TCP source checks, for each address family of the
+// cluster (-family ipv4, dual or ipv6) — and tears it all down, checking
 // that the machine's netns is as before (`ip netns`, `ip link`, nft
 // ruleset). With -keep the cluster stays up until `podnet-demo -down`
 // (`make demo-down`).
@@ -19,6 +20,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/netip"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -34,12 +36,17 @@ import (
 
 const exitNoIPIP = 3
 
+// podCIDR6 is the IPv6 cluster CIDR of FAMILY=dual and ipv6, as
+// scripts/k8s's (a ULA range: its egress is masqueraded).
+const podCIDR6 = "fd00:10:244::/56"
+
 func main() {
 	os.Exit(run())
 }
 
 type options struct {
 	mode      string
+	family    string
 	nodes     int
 	pods      int
 	keep      bool
@@ -55,6 +62,7 @@ type options struct {
 func run() int {
 	var o options
 	flag.StringVar(&o.mode, "mode", os.Getenv("MODE"), "encapsulation: auto (ipip when this kernel has it loaded, else vxlan), none, vxlan or ipip (env MODE)")
+	flag.StringVar(&o.family, "family", os.Getenv("FAMILY"), "address family: ipv4 (default), dual (IPv4 and IPv6: both InternalIPs, both PodCIDRs, every pod both) or ipv6 (IPv6 only, underlay and API server included) (env FAMILY)")
 	flag.IntVar(&o.nodes, "nodes", envInt("NODES", 3), "number of nodes (env NODES)")
 	flag.IntVar(&o.pods, "pods", 2, "pods per node")
 	flag.BoolVar(&o.keep, "keep", envBool("KEEP"), "leave the cluster up (env KEEP=1); remove it with -down")
@@ -155,15 +163,38 @@ func demo(o options) int {
 		return 2
 	}
 
+	var clusterCIDR, clusterCIDR6 string
+	switch o.family {
+	case "", "ipv4":
+		o.family = "ipv4"
+	case "dual":
+		clusterCIDR6 = podCIDR6
+	case "ipv6":
+		clusterCIDR = podCIDR6
+	default:
+		fmt.Fprintf(os.Stderr, "FAMILY=%q: want ipv4, dual or ipv6\n", o.family)
+		return 2
+	}
+	if o.crossSubn && o.family != "ipv4" {
+		fmt.Fprintf(os.Stderr, "-cross-subnet is IPv4 only (the router netns joining the two underlay subnets has no IPv6): not with FAMILY=%s\n", o.family)
+		return 2
+	}
+
 	mode, why := o.mode, ""
 	switch mode {
 	case "", "auto":
-		if ipipLoaded() {
+		if o.family == "ipv6" {
+			mode, why = "vxlan", "auto: IPIP carries IPv4 only"
+		} else if ipipLoaded() {
 			mode, why = "ipip", "auto: this kernel has IPIP"
 		} else {
 			mode, why = "vxlan", "auto: this kernel has no IPIP; `make demo MODE=ipip` shows IPIP in a QEMU VM"
 		}
 	case "ipip":
+		if o.family == "ipv6" {
+			fmt.Fprintln(os.Stderr, "MODE=ipip: IPIP carries IPv4 only; an IPv6-only cluster runs MODE=vxlan (over the IPv6 underlay) or MODE=none")
+			return 2
+		}
 		if !ipipLoaded() {
 			fmt.Println("MODE=ipip: this kernel has no ipip module loaded (and loading one would add tunl0 to the machine's own netns).")
 			fmt.Println("IPIP is shown in a QEMU VM instead: `make ipipvm` (test/ipipvm) boots Debian's kernel with the podnet")
@@ -192,7 +223,7 @@ func demo(o options) int {
 		return 2
 	}
 
-	fmt.Printf("podnet demo: %d nodes, --encap=%s", o.nodes, mode)
+	fmt.Printf("podnet demo: %d nodes, FAMILY=%s, --encap=%s", o.nodes, o.family, mode)
 	if why != "" {
 		fmt.Printf(" (%s)", why)
 	}
@@ -202,6 +233,7 @@ func demo(o options) int {
 	cfg := cluster.Config{
 		Name: o.name, WorkDir: o.workDir, RepoRoot: repo, BinDir: o.bin, KapiDir: kapiDir,
 		Encap: mode, CrossSubnet: o.crossSubn, Nodes: o.nodes, Detach: o.keep,
+		ClusterCIDR: clusterCIDR, ClusterCIDR6: clusterCIDR6,
 		Logf: p.step,
 	}
 	p.step("starting etcd + kube-apiserver, the underlay bridge and %d nodes", o.nodes)
@@ -227,7 +259,11 @@ func demo(o options) int {
 		p.section("LEFT UP (KEEP=1)")
 		fmt.Printf("  netns:     ip netns | grep %s-\n", o.name)
 		fmt.Printf("  a node:    ip netns exec %s-node1 ip route\n", o.name)
-		fmt.Printf("  a pod:     ip netns exec %s-pod-%s ping %s\n", o.name, c.Pods()[0].Name, c.Pods()[len(c.Pods())-1].IP)
+		last := c.Pods()[len(c.Pods())-1]
+		fmt.Printf("  a pod:     ip netns exec %s-pod-%s ping %s\n", o.name, c.Pods()[0].Name, last.IP)
+		if last.IP6.IsValid() {
+			fmt.Printf("             ip netns exec %s-pod-%s ping %s\n", o.name, c.Pods()[0].Name, last.IP6)
+		}
 		fmt.Printf("  logs:      %s/<node>/podnet-routed.log, %s/kapi/\n", o.workDir, o.workDir)
 		n1 := c.Nodes[0]
 		leak := o.name + "-leak"
@@ -280,21 +316,24 @@ func show(ctx context.Context, p *printer, c *cluster.Cluster, o options) error 
 			}
 		}
 	}
-	p.step("%d pods attached through libcni with conf/10-podnet.conflist (podnet + podnet-ipam, usePodCidr)", len(c.Pods()))
+	ranges := map[string]string{"ipv4": "usePodCidr", "dual": "usePodCidr + usePodCidrIPv6", "ipv6": "usePodCidrIPv6"}[o.family]
+	p.step("%d pods attached through libcni with conf/10-podnet.conflist (podnet + podnet-ipam, %s)", len(c.Pods()), ranges)
 
 	p.section("UNDERLAY (bridges in netns " + c.Underlay.Name + ")")
 	tw := tabwriter.NewWriter(os.Stdout, 2, 8, 2, ' ', 0)
-	subnets := cluster.Subnets[:1]
 	if c.Router != nil {
-		subnets = cluster.Subnets
 		fmt.Fprintf(tw, "  router\t%s, %s\t%s\t(joins the two subnets; knows no pod route)\n", cluster.RouterIP(0), cluster.RouterIP(1), c.Router.Name)
 	}
-	fmt.Fprintf(tw, "  kube-apiserver + etcd\t%s:%d\t%s\t(podnet-routed on every node watches Nodes here)\n", cluster.APIServerIP, cluster.APIServerPort, c.CP.Name)
-	fmt.Fprintf(tw, "  outside host\t%s\t%s\t(not in the cluster: no route to the pods)\n", cluster.OutsideIP, c.Outside.Name)
+	fmt.Fprintf(tw, "  kube-apiserver + etcd\t%s\t%s\t(podnet-routed on every node watches Nodes here)\n", c.APIServerAddr(), c.CP.Name)
+	fmt.Fprintf(tw, "  outside host\t%s\t%s\t(not in the cluster: no route to the pods)\n", join(c.OutsideIPs()), c.Outside.Name)
 	tw.Flush()
-	fmt.Printf("  subnets: %v\n", subnets)
+	fmt.Printf("  subnets: %v\n", c.UnderlaySubnets())
 
-	p.section("NODES (Node objects: spec.podCIDRs carved from the cluster CIDR " + c.Cfg.ClusterCIDR + " like kube-controller-manager, status InternalIP)")
+	cidrs := c.Cfg.ClusterCIDR
+	if c.Cfg.ClusterCIDR6 != "" {
+		cidrs += "," + c.Cfg.ClusterCIDR6
+	}
+	p.section("NODES (Node objects: spec.podCIDRs carved from the cluster CIDR " + cidrs + " like kube-controller-manager, status InternalIP)")
 	tw = tabwriter.NewWriter(os.Stdout, 2, 8, 2, ' ', 0)
 	fmt.Fprintln(tw, "  NAME\tINTERNAL-IP\tPOD-CIDR\tPOD MTU\tNETNS")
 	for _, n := range c.Nodes {
@@ -302,7 +341,7 @@ func show(ctx context.Context, p *printer, c *cluster.Cluster, o options) error 
 		if st, err := n.State(); err == nil {
 			mtu = strconv.Itoa(st.MTU)
 		}
-		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\n", n.Name, n.IP, n.PodCIDR, mtu, n.NS.Name)
+		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\n", n.Name, join([]netip.Addr{n.IP, n.IP6}), join([]netip.Prefix{n.PodCIDR, n.PodCIDR6}), mtu, n.NS.Name)
 	}
 	tw.Flush()
 
@@ -316,7 +355,7 @@ func show(ctx context.Context, p *printer, c *cluster.Cluster, o options) error 
 				veth = i.Name
 			}
 		}
-		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\n", pod.Name, pod.Node.Name, pod.IP, veth, pod.NS.Name)
+		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\n", pod.Name, pod.Node.Name, join([]netip.Addr{pod.IP, pod.IP6}), veth, pod.NS.Name)
 	}
 	tw.Flush()
 
@@ -332,21 +371,57 @@ func show(ctx context.Context, p *printer, c *cluster.Cluster, o options) error 
 			if r.IsPodRoute() {
 				what = "podnet plugin: local pod"
 			}
-			fmt.Printf("    %-58s # %s\n", r, what)
+			fmt.Printf("    %-62s # %s\n", r, what)
 		}
 	}
 
-	p.section("CONNECTIVITY (ping pod → pod, round trip)")
+	for _, f := range families(o.family) {
+		if err := connectivity(ctx, p, c, f); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// family is one address family of the checks: which of the pods' and
+// nodes' addresses (IP, or IP6 in a dual-stack cluster) they use.
+type family struct {
+	name string // IPv4, IPv6
+	ip6  bool   // the IP6 fields (dual-stack's second family)
+}
+
+// families are the families the checks run over: IP is IPv6 in an
+// IPv6-only cluster, IP6 the second family of a dual-stack one.
+func families(f string) []family {
+	switch f {
+	case "dual":
+		return []family{{"IPv4", false}, {"IPv6", true}}
+	case "ipv6":
+		return []family{{"IPv6", false}}
+	}
+	return []family{{"IPv4", false}}
+}
+
+// connectivity prints the checks of one family: the ping matrix, TCP
+// pod → pod, node ↔ pod pings, pod → outside masqueraded.
+func connectivity(ctx context.Context, p *printer, c *cluster.Cluster, f family) error {
+	p.section("CONNECTIVITY over " + f.name + " (ping pod → pod, round trip)")
 	m := cluster.PingMatrix(ctx, c.Pods())
+	if f.ip6 {
+		m = cluster.PingMatrix6(ctx, c.Pods())
+	}
 	m.Render(os.Stdout, "  ")
 	total, good := m.Pairs()
-	p.check(good == total, "%d/%d pod pairs answer ICMP (same node and across nodes)", good, total)
+	p.check(good == total, "%d/%d pod pairs answer ICMP over %s (same node and across nodes)", good, total, f.name)
 	for _, f := range m.Failures() {
 		fmt.Println("      ", f)
 	}
 
 	fmt.Println()
 	tcp := cluster.TCPMatrix(ctx, c.Pods())
+	if f.ip6 {
+		tcp = cluster.TCPMatrix6(ctx, c.Pods())
+	}
 	good = 0
 	for _, r := range tcp {
 		if r.OK() {
@@ -355,9 +430,12 @@ func show(ctx context.Context, p *printer, c *cluster.Cluster, o options) error 
 			fmt.Println("      ✗", r)
 		}
 	}
-	p.check(good == len(tcp), "%d/%d pod → pod TCP connections, each server saw the client pod's own address (no NAT inside the cluster)", good, len(tcp))
+	p.check(good == len(tcp), "%d/%d pod → pod TCP connections over %s, each server saw the client pod's own address (no NAT inside the cluster)", good, len(tcp), f.name)
 
 	np := c.NodePodPings(ctx)
+	if f.ip6 {
+		np = c.NodePodPings6(ctx)
+	}
 	good = 0
 	for _, r := range np {
 		if r.RTT.OK {
@@ -366,9 +444,14 @@ func show(ctx context.Context, p *printer, c *cluster.Cluster, o options) error 
 			fmt.Printf("      ✗ %s → %s (%s): %v\n", r.From, r.To, r.Dst, r.RTT.Err)
 		}
 	}
-	p.check(good == len(np), "%d/%d node ↔ pod pings (every node to every pod, every pod to every node)", good, len(np))
+	p.check(good == len(np), "%d/%d node ↔ pod pings over %s (every node to every pod, every pod to every node)", good, len(np), f.name)
 
+	outside := c.OutsideIPs()[0]
 	out, err := c.OutsideTCP(ctx, c.Pods())
+	if f.ip6 {
+		outside = cluster.OutsideIP6
+		out, err = c.OutsideTCP6(ctx, c.Pods())
+	}
 	if err != nil {
 		return err
 	}
@@ -380,17 +463,39 @@ func show(ctx context.Context, p *printer, c *cluster.Cluster, o options) error 
 			fmt.Println("      ✗", r)
 		}
 	}
-	p.check(good == len(out), "%d/%d pod → outside (%s, no route to the pods) TCP connections, masqueraded to the pod's node address", good, len(out), cluster.OutsideIP)
+	how := "masqueraded to the pod's node address"
+	if outside.Is6() {
+		how += " (the pod range is ULA: podnet-routed --masquerade-ipv6=auto masquerades it)"
+	}
+	p.check(good == len(out), "%d/%d pod → outside (%s, no route to the pods) TCP connections, %s", good, len(out), outside, how)
 	if len(out) > 0 && out[0].OK() {
-		fmt.Printf("      e.g. %s (%s) → outside: seen from %s\n", out[0].From, c.Pods()[0].IP, out[0].Seen)
+		src := c.Pods()[0].IP
+		if f.ip6 {
+			src = c.Pods()[0].IP6
+		}
+		fmt.Printf("      e.g. %s (%s) → outside: seen from %s\n", out[0].From, src, out[0].Seen)
 	}
 	return nil
+}
+
+// join lists the valid ones of addrs (or prefixes), comma-separated.
+func join[T interface {
+	IsValid() bool
+	String() string
+}](addrs []T) string {
+	var out []string
+	for _, a := range addrs {
+		if a.IsValid() {
+			out = append(out, a.String())
+		}
+	}
+	return strings.Join(out, ",")
 }
 
 // routeRole says what a node route is for.
 func routeRole(c *cluster.Cluster, r cluster.Route) string {
 	for _, n := range c.Nodes {
-		if n.PodCIDR == r.Dst {
+		if n.PodCIDR == r.Dst || (n.PodCIDR6.IsValid() && n.PodCIDR6 == r.Dst) {
 			if r.Blackhole {
 				return "own PodCIDR (unused addresses go nowhere)"
 			}

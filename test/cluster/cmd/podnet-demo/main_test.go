@@ -7,9 +7,12 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -21,8 +24,14 @@ import (
 
 // buildDemo builds this program and returns a function running it with
 // its own netns prefix and work directory (so that it never meets a demo a
-// user left up, nor other tests).
+// user left up, nor other tests), and runEnv, the same with environment
+// variables (MODE, FAMILY, NODES, KEEP: unset unless given).
 func buildDemo(t *testing.T) (run func(args ...string) (string, int), name, workDir string) {
+	run, _, name, workDir = buildDemoEnv(t)
+	return run, name, workDir
+}
+
+func buildDemoEnv(t *testing.T) (run func(args ...string) (string, int), runEnv func(env []string, args ...string) (string, int), name, workDir string) {
 	t.Helper()
 	kapi.BinDir(t)
 	nettest.BinDir(t, "podnet", "podnet-ipam", "podnet-routed")
@@ -37,12 +46,12 @@ func buildDemo(t *testing.T) (run func(args ...string) (string, int), name, work
 	_, _ = rand.Read(id)
 	name = "pndemo-" + hex.EncodeToString(id)
 	workDir = filepath.Join(t.TempDir(), "work")
-	run = func(args ...string) (string, int) {
+	runEnv = func(env []string, args ...string) (string, int) {
 		t.Helper()
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
 		cmd := exec.CommandContext(ctx, bin, append([]string{"-name", name, "-workdir", workDir, "-repo", root}, args...)...)
-		cmd.Env = append(os.Environ(), "MODE=", "KEEP=")
+		cmd.Env = append(append(os.Environ(), "MODE=", "KEEP=", "FAMILY=", "NODES="), env...)
 		var out bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &out, &out
 		start := time.Now()
@@ -54,8 +63,12 @@ func buildDemo(t *testing.T) (run func(args ...string) (string, int), name, work
 		} else if err != nil {
 			t.Fatalf("podnet-demo %v: %v\n%s", args, err, out.String())
 		}
-		t.Logf("podnet-demo %s: exit %d in %s", strings.Join(args, " "), code, time.Since(start).Round(100*time.Millisecond))
+		t.Logf("%s podnet-demo %s: exit %d in %s", strings.Join(env, " "), strings.Join(args, " "), code, time.Since(start).Round(100*time.Millisecond))
 		return out.String(), code
+	}
+	run = func(args ...string) (string, int) {
+		t.Helper()
+		return runEnv(nil, args...)
 	}
 	t.Cleanup(func() {
 		// Whatever happened, leave nothing.
@@ -63,7 +76,7 @@ func buildDemo(t *testing.T) (run func(args ...string) (string, int), name, work
 			t.Errorf("cleaning up: %v", err)
 		}
 	})
-	return run, name, workDir
+	return run, runEnv, name, workDir
 }
 
 // processesUsing lists the processes whose command line mentions dir.
@@ -197,4 +210,98 @@ func TestDemoIPIPPointsToTheVM(t *testing.T) {
 	if code != exitNoIPIP || !strings.Contains(out, "make ipipvm") {
 		t.Errorf("MODE=ipip: exit %d, want %d with a pointer to `make ipipvm`:\n%s", code, exitNoIPIP, out)
 	}
+}
+
+// TestDemoIPv6: `make demo FAMILY=ipv6` (NODES=2) is IPv6 only — Nodes,
+// pods and the API server on IPv6 addresses, no IPv4 one — and every pod
+// pair answers over IPv6 in the matrix, with every check passed and the
+// machine as before; FAMILY=dual checks both families, each pair
+// answering over IPv4 and over IPv6 (and the outside host over IPv6,
+// masqueraded); -cross-subnet is refused with either.
+func TestDemoIPv6(t *testing.T) {
+	_, runEnv, name, _ := buildDemoEnv(t)
+	before := hostState(t)
+	for _, tc := range []struct {
+		env      []string
+		args     []string
+		families []string
+	}{
+		{[]string{"FAMILY=ipv6", "NODES=2"}, nil, []string{"IPv6"}},
+		{[]string{"FAMILY=dual"}, []string{"-nodes", "2", "-pods", "1", "-mode", "none"}, []string{"IPv4", "IPv6"}},
+	} {
+		out, code := runEnv(tc.env, tc.args...)
+		t.Logf("demo output:\n%s", out)
+		if code != 0 {
+			t.Errorf("%v podnet-demo exited %d, want 0", tc.env, code)
+		}
+		pods := 4
+		if len(tc.args) > 0 {
+			pods = 2
+		}
+		for _, fam := range tc.families {
+			cells := matrixCells(t, out, fam)
+			if len(cells) != pods*(pods-1) || slices.ContainsFunc(cells, func(c string) bool { return !strings.HasPrefix(c, "✓") }) {
+				t.Errorf("%v: the %s matrix's cells are %q, want %d ✓", tc.env, fam, cells, pods*(pods-1))
+			}
+			if want := fmt.Sprintf("✓ %d/%d pod pairs answer ICMP over %s", pods*(pods-1), pods*(pods-1), fam); !strings.Contains(out, want) {
+				t.Errorf("%v: output lacks %q", tc.env, want)
+			}
+		}
+		for _, want := range []string{"pod → outside (fd00:172:30::c8", "every check passed", "this machine is as before"} {
+			if !strings.Contains(out, want) {
+				t.Errorf("%v: output lacks %q", tc.env, want)
+			}
+		}
+		if strings.Contains(out, "✗") {
+			t.Errorf("%v: output has a ✗", tc.env)
+		}
+		if tc.families[0] == "IPv6" {
+			// IPv6 only: no IPv4 address anywhere in the picture
+			if v4 := regexp.MustCompile(`\b(172\.30|10\.244)\.\d+\.\d+`).FindString(out); v4 != "" {
+				t.Errorf("FAMILY=ipv6 shows the IPv4 address %s", v4)
+			}
+			for _, want := range []string{"[fd00:172:30::fa]:6443", "node2  fd00:172:30::2  fd00:10:244:1::/64  1430"} {
+				if !strings.Contains(out, want) {
+					t.Errorf("FAMILY=ipv6: output lacks %q", want)
+				}
+			}
+		}
+	}
+	if d := before.Diff(hostState(t), name+"-"); d != "" {
+		t.Errorf("the machine's netns changed (- before, + after):\n%s", d)
+	}
+	out, code := runEnv([]string{"FAMILY=ipv6"}, "-cross-subnet")
+	if code != 2 || !strings.Contains(out, "-cross-subnet is IPv4 only") {
+		t.Errorf("FAMILY=ipv6 -cross-subnet: exit %d, want 2 and a refusal:\n%s", code, out)
+	}
+}
+
+// matrixCells are the cells off the diagonal of the output's ping matrix
+// over family (IPv4, IPv6).
+func matrixCells(t *testing.T, out, family string) []string {
+	t.Helper()
+	_, rest, ok := strings.Cut(out, "CONNECTIVITY over "+family+" ")
+	if !ok {
+		t.Errorf("no CONNECTIVITY over %s section", family)
+		return nil
+	}
+	lines := strings.Split(rest, "\n")
+	var cells []string
+	for _, l := range lines[2:] { // after the title's end and the header
+		f := strings.Fields(l)
+		if len(f) < 2 || !strings.Contains(f[0], "-") {
+			break
+		}
+		for i := 1; i < len(f); i++ {
+			switch {
+			case f[i] == "·":
+			case f[i] == "✓" && i+1 < len(f):
+				cells = append(cells, "✓ "+f[i+1])
+				i++
+			default:
+				cells = append(cells, f[i])
+			}
+		}
+	}
+	return cells
 }
