@@ -218,10 +218,10 @@ hostnameOverride: node$n
 clusterCIDR: $CLUSTER_CIDR
 healthzBindAddress: 127.0.0.1:10256
 metricsBindAddress: 127.0.0.1:10249
-conntrack: {maxPerCore: 0, min: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}
+conntrack: {maxPerCore: 0, min: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 1h0m0s}
 K
 	start_bg "node$n" \
-		nsenter --net="/run/netns/$ns" unshare --mount --propagation slave bash "$K8S_SCRIPTS/node-init.sh" "$n"
+		nsenter --net="/run/netns/$ns" unshare --mount --uts --propagation slave bash "$K8S_SCRIPTS/node-init.sh" "$n"
 }
 
 node_ready() {
