@@ -37,9 +37,12 @@ usage() {
 
 # ---- host state, to prove `down` leaves the machine as it found it
 
+# (Only this cluster's netns and processes: another cluster of another
+# PODNET_CLUSTER_NETNS/PODNET_CLUSTER_DIR, or another test's netns, may
+# come and go meanwhile.)
 host_state() {
 	echo "## netns"
-	ip netns list | awk '{print $1}' | sort
+	ip netns list | awk '{print $1}' | { grep "^$NSP-" || true; } | sort
 	echo "## links (root netns)"
 	ip -o link show | awk -F': ' '{print $2}' | sed 's/@.*//' | sort
 	echo "## nft ruleset (root netns)"
@@ -47,11 +50,12 @@ host_state() {
 	echo "## mounts"
 	# (/run/netns itself is iproute2's, mounted by the first `ip netns add`
 	# on the machine and left in place by design)
-	findmnt -rn -o TARGET | grep -v '^/run/netns$' | sort
+	# (the netns mounts under it are the netns above)
+	findmnt -rn -o TARGET | grep -v '^/run/netns\(/\|$\)' | sort
 	echo "## cgroups"
 	ls -d /sys/fs/cgroup/*/"$NSP"-* 2>/dev/null || true
 	echo "## processes of the cluster"
-	pgrep -a -f "$CLUSTER_DIR|containerd-shim" | awk '{print $2}' | sort | uniq -c || true
+	pgrep -a -f "$CLUSTER_DIR/" | awk '{print $2}' | sort | uniq -c || true
 }
 
 # ---- certificates and kubeconfigs
@@ -227,10 +231,10 @@ hostnameOverride: node$n
 clusterCIDR: "$CLUSTER_CIDR"
 healthzBindAddress: 127.0.0.1:10256
 metricsBindAddress: 127.0.0.1:10249
-conntrack: {maxPerCore: 0, min: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}
+conntrack: {maxPerCore: 0, min: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 1h0m0s}
 K
 	start_bg "node$n" \
-		nsenter --net="/run/netns/$ns" unshare --mount --propagation slave bash "$K8S_SCRIPTS/node-init.sh" "$n"
+		nsenter --net="/run/netns/$ns" unshare --mount --uts --propagation slave bash "$K8S_SCRIPTS/node-init.sh" "$n"
 }
 
 node_ready() {

@@ -64,6 +64,7 @@ cat >"$out/repo-list.yaml" <<Y
 promoterE2eRegistry: $E2E_REGISTRY
 gcRegistry: $E2E_REGISTRY
 dockerLibraryRegistry: $E2E_REGISTRY
+buildImageRegistry: $E2E_REGISTRY/build-image
 Y
 # skip regexp: the first field of every rule
 skip=$(sed -e '/^#/d' -e '/^[[:space:]]*$/d' "$SKIPS" | cut -f1 | paste -sd'|')

@@ -8,7 +8,9 @@
 #       e2e.test    upstream's e2e entry point + framework + the
 #                   sig-network suites (see the note in e2e_test.go below)
 #       agnhost     upstream's e2e test image binary
-#       coredns     CoreDNS v1.12.1 (the cluster DNS image)
+#       coredns     CoreDNS v1.12.1 (the cluster DNS image; also in agnhost)
+#       regression-issue-74839   upstream's e2e image binary of the
+#                   Conntrack "invalid conntrack state bug" spec
 #
 # Like scripts/ensure-kapi.sh (kube-apiserver + etcd), everything is built
 # in a throwaway module outside podnet's go.mod: it requires
@@ -24,7 +26,7 @@ k8s_bins=(kubelet kube-controller-manager kube-scheduler kube-proxy kubectl)
 
 have_all() {
 	local b
-	for b in "${k8s_bins[@]}" e2e.test agnhost coredns; do
+	for b in "${k8s_bins[@]}" e2e.test agnhost coredns regression-issue-74839; do
 		[ -x "$out/$b" ] || return 1
 	done
 }
@@ -107,6 +109,22 @@ GO
 		go test -c -trimpath -ldflags "$ldflags" -o "$work/bin/e2e.test" .
 	)
 	for b in "${k8s_bins[@]}" agnhost e2e.test; do mv "$work/bin/$b" "$out/$b"; done
+fi
+
+# a small main package of k8s.io/kubernetes (k8s.io/utils only): its own
+# module, so that a cache of the components above is not rebuilt for it
+if [ ! -x "$out/regression-issue-74839" ]; then
+	echo "building regression-issue-74839..." >&2
+	mod=$work/regression
+	mkdir -p "$mod"
+	k8s_gomod podnet.local/regression "$K8S_VERSION" >"$mod/go.mod"
+	printf '//go:build tools\n\npackage tools\n\nimport _ "k8s.io/kubernetes/test/images/regression-issue-74839"\n' >"$mod/tools.go"
+	(
+		cd "$mod"
+		go mod tidy -e >&2
+		go build -trimpath -ldflags "-s -w" -o "$work/regression.bin" k8s.io/kubernetes/test/images/regression-issue-74839
+	)
+	mv "$work/regression.bin" "$out/regression-issue-74839"
 fi
 
 if [ ! -x "$out/coredns" ]; then

@@ -107,11 +107,11 @@ kc() {
 	nsenter --net="/run/netns/$CP_NS" "$K8S/kubectl" --kubeconfig "$PKI/admin.kubeconfig" "$@"
 }
 
-# on_node N CMD...: CMD in node N's network and mount namespaces.
+# on_node N CMD...: CMD in node N's network, mount and UTS namespaces.
 on_node() {
 	local n=$1
 	shift
-	nsenter -t "$(cat "$RUN/node$n.pid")" -n -m -- "$@"
+	nsenter -t "$(cat "$RUN/node$n.pid")" -n -m -u -- "$@"
 }
 
 # killpid PID: TERM, then KILL after 5 s.

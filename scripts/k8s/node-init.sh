@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # node-init.sh N: the init of cluster node N. cluster.sh starts it inside
-# the node's network namespace and a new mount namespace; it lives as long
-# as the node.
+# the node's network namespace and new mount and UTS namespaces; it lives
+# as long as the node.
+#
+# Its hostname is node$N (the UTS namespace is the node's own): kubelet,
+# containerd, and the hostNetwork pods that share the node's UTS
+# namespace see node$N, as on a machine of that name, not this machine's.
 #
 # It gives the node what a kubeadm node has on its own disk, without
 # touching the machine's: private /run and /var/log (tmpfs) and /etc,
@@ -13,6 +17,7 @@ set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 N=$1
 D=$(node_dir "$N")
+hostname "node$N"
 mount -t tmpfs tmpfs /run
 mount -t tmpfs tmpfs /var/log
 for d in etc opt var/lib; do
@@ -27,6 +32,7 @@ rm -rf /etc/cni/net.d /opt/cni/bin /var/lib/cni /var/lib/kubelet /var/lib/contai
 mkdir -p /etc/cni/net.d /opt/cni/bin "$D/pids"
 cp "$CNI_TOOLS/loopback" "$CNI_TOOLS/portmap" /opt/cni/bin/
 head -c16 /dev/urandom | od -An -tx1 | tr -d ' \n' >/etc/machine-id
+echo "node$N" >/etc/hostname
 # kubelet writes six machine-wide sysctls at start (vm.overcommit_memory,
 # kernel.panic, ...): show it the values it wants in files bind-mounted
 # over them, so the machine's stay as they are.

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 func repoRoot(t *testing.T) string {
@@ -47,6 +48,9 @@ func inImage(t *testing.T, root, script string) (string, string, error) {
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	cmd.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+	// a process the script left behind holding stdout or stderr must not
+	// hang the test
+	cmd.WaitDelay = 10 * time.Second
 	err := cmd.Run()
 	return stdout.String(), stderr.String(), err
 }
@@ -89,6 +93,134 @@ func TestImageTools(t *testing.T) {
 		stdout, stderr, err := inImage(t, root, c.script)
 		if err != nil || !strings.Contains(stdout, c.want) {
 			t.Errorf("%s: err %v, stdout %q, stderr %q; want %q", c.script, err, stdout, stderr, c.want)
+		}
+	}
+}
+
+// rootfs builds one of the images' roots (scripts/k8s/images.sh MODE DIR)
+// into a temporary directory.
+func rootfs(t *testing.T, mode string) string {
+	t.Helper()
+	if os.Getuid() != 0 {
+		t.Fatal("needs root (chroot, network namespace)")
+	}
+	dir := t.TempDir()
+	out, err := exec.Command(filepath.Join(repoRoot(t), "scripts/k8s/images.sh"), mode, dir).CombinedOutput()
+	if err != nil {
+		t.Fatalf("images.sh %s: %v\n%s", mode, err, out)
+	}
+	return dir
+}
+
+// inNetns runs script with sh in a new network namespace (only lo up) and
+// mount namespace, with the image's root prepared as inImage does; the
+// script runs the machine's tools, and `img 'CMD'` runs CMD with the
+// image's /bin/sh inside its root (in the same netns, as a container of a
+// pod whose other container is the machine's tools).
+func inNetns(t *testing.T, root, script string) (string, string, error) {
+	t.Helper()
+	cmd := exec.Command("unshare", "--net", "--mount", "sh", "-c",
+		`set -e; ip link set lo up; mkdir -p "$0/dev" "$0/proc"; mount --rbind /dev "$0/dev"; mount -t proc proc "$0/proc"
+img() { PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin chroot "$0" /bin/sh -c "$1"; }
+`+script, root)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	// a process the script left behind holding stdout or stderr must not
+	// hang the test
+	cmd.WaitDelay = 10 * time.Second
+	err := cmd.Run()
+	return stdout.String(), stderr.String(), err
+}
+
+// TestWgetTimeout runs the specs' wget commands in the image: `wget -q -O
+// - -T 1 URL` (verifyServeHostnameServiceUp: "should be able to up and
+// down services", "should work after the service has been recreated", ...)
+// and `wget -T 5 -qO- URL`, also under `timeout`. Debian's busybox wget,
+// built without FEATURE_WGET_TIMEOUT, dies of SIGSEGV on any -T (exit
+// 139, nothing fetched), and busybox's timeout applet runs busybox's
+// wget whatever PATH has.
+func TestWgetTimeout(t *testing.T) {
+	root := toolsRootfs(t)
+	stdout, stderr, err := inImage(t, root, `mkdir -p /tmp/www && echo served-by-test >/tmp/www/index.html &&
+busybox httpd -p 127.0.0.1:8080 -h /tmp/www && sleep 0.2
+for c in 'wget -q -O - -T 1 http://127.0.0.1:8080/' 'wget -T 5 -qO- "http://127.0.0.1:8080/"' 'timeout 3 wget -q -O - -T 1 http://127.0.0.1:8080/'; do
+	sh -c "$c"; echo "rc=$?"
+done
+wget -q -O - -T 1 http://127.0.0.1:1/; echo "closed rc=$?"`)
+	if err != nil {
+		t.Fatalf("%v\nstdout: %s\nstderr: %s", err, stdout, stderr)
+	}
+	if got := strings.Count(stdout, "served-by-test\nrc=0\n"); got != 3 {
+		t.Errorf("want the page and exit 0 from each of the 3 wget commands, got %d:\nstdout: %s\nstderr: %s", got, stdout, stderr)
+	}
+	// a closed port: an error exit, not a crash (139) and not a success
+	if !strings.Contains(stdout, "closed rc=") || strings.Contains(stdout, "closed rc=0") || strings.Contains(stdout, "closed rc=139") {
+		t.Errorf("wget to a closed port: want a non-zero exit other than 139 (SIGSEGV):\nstdout: %s\nstderr: %s", stdout, stderr)
+	}
+}
+
+// TestAgnhostCoreDNS checks the agnhost image has upstream's /coredns and
+// that it serves: the DNS specs with a custom server ("should support
+// configurable pod resolv.conf") run `/coredns -conf FILE` in agnhost and
+// query it.
+func TestAgnhostCoreDNS(t *testing.T) {
+	root := rootfs(t, "agnhost-rootfs")
+	stdout, stderr, err := inImage(t, root, `/coredns -version && mkdir -p /etc/coredns && cat >/etc/coredns/Corefile <<'C'
+.:1053 {
+    bind 127.0.0.1
+    hosts {
+        10.9.8.7 probe.podnet.test
+    }
+}
+C
+/coredns -conf /etc/coredns/Corefile >/tmp/coredns.log 2>&1 &
+c=$!
+trap 'kill $c' EXIT
+for i in $(seq 50); do a=$(dig +short +time=1 +tries=1 @127.0.0.1 -p 1053 probe.podnet.test A 2>/dev/null) && [ -n "$a" ] && break; sleep 0.2; done
+echo "answer=$a"`)
+	if !strings.Contains(stdout, "CoreDNS-1.12.1") {
+		t.Errorf("/coredns -version: want CoreDNS-1.12.1; err %v\nstdout: %s\nstderr: %s", err, stdout, stderr)
+	}
+	if !strings.Contains(stdout, "answer=10.9.8.7") {
+		t.Errorf("/coredns -conf: want the hosts record from dig; err %v\nstdout: %s\nstderr: %s", err, stdout, stderr)
+	}
+}
+
+// TestDistrolessIptablesTools runs in the distroless-iptables stand-in
+// what KubeProxy's "should set TCP CLOSE_WAIT timeout" spec execs in it
+// (on the host network): `sleep 600` as its command, `test -f
+// /proc/net/nf_conntrack`, `cat /proc/net/nf_conntrack | grep -m 1 -E
+// '...dst=IP.*dport=PORT'`, `which conntrack`, `conntrack -L -f ipv4 -d
+// IP`, and iptables (nft), ip6tables, ipset, nft, ip as upstream's image
+// has them, against a connection the conntrack of the test's own netns
+// tracks.
+func TestDistrolessIptablesTools(t *testing.T) {
+	root := rootfs(t, "iptables-rootfs")
+	stdout, stderr, err := inNetns(t, root, `
+img 'sleep 0.1 && test -f /proc/net/nf_conntrack && which conntrack'
+# a rule that needs conntrack turns it on in this netns
+img 'iptables -A OUTPUT -p tcp -m conntrack --ctstate NEW,ESTABLISHED -m comment --comment podnet-test -j ACCEPT && ip6tables -A OUTPUT -p tcp -j ACCEPT'
+# a connection that stays open (-d: nc reads no stdin) until the end
+nc -d -l 127.0.0.1 11302 >/dev/null 2>&1 &
+srv=$!
+trap 'kill $srv $cli 2>/dev/null' EXIT
+sleep 0.3
+nc -d 127.0.0.1 11302 >/dev/null 2>&1 &
+cli=$!
+sleep 0.5
+img "echo proc: \$(cat /proc/net/nf_conntrack | grep -m 1 -E 'ESTABLISHED.*dst=127.0.0.1.*dport=11302' | wc -l)"
+img "echo tool: \$(conntrack -L -f ipv4 -d 127.0.0.1 2>/dev/null | grep -m 1 'ESTABLISHED.*dport=11302' | wc -l)"
+img 'iptables-save | grep -c podnet-test; ip6tables-save | grep -c "OUTPUT -p tcp"'
+img 'ipset create podnet-test hash:ip && ipset add podnet-test 10.1.2.3 && ipset list podnet-test | grep -c 10.1.2.3'
+img 'nft list tables; ip -o link show lo | grep -c LOOPBACK'
+img 'head -1 /etc/passwd' || echo "no head, as upstream"
+`)
+	if err != nil {
+		t.Fatalf("%v\nstdout: %s\nstderr: %s", err, stdout, stderr)
+	}
+	for _, want := range []string{"/usr/sbin/conntrack\n", "proc: 1\n", "tool: 1\n", "1\n1\n1\n", "table ip filter\n", "no head, as upstream"} {
+		if !strings.Contains(stdout, want) {
+			t.Errorf("want %q in stdout:\n%s\nstderr: %s", want, stdout, stderr)
 		}
 	}
 }
