@@ -29,7 +29,11 @@ REPORT=${REPORT:-$REPO/test/conformance/REPORT$suffix.md}
 # (Feature:SCTPConnectivity: a feature of its own, which this machine's
 # kernel lacks) or a cloud load balancer (none here has one)
 SELECT='\[sig-network\].*\[Conformance\]'
-[ "$FAMILY" = dual ] && SELECT='\[sig-network\].*(\[Conformance\]|\[Feature:IPv6DualStack\])'
+SELECTED='every `[sig-network]` `[Conformance]` spec of the suite'
+if [ "$FAMILY" = dual ]; then
+	SELECT='\[sig-network\].*(\[Conformance\]|\[Feature:IPv6DualStack\])'
+	SELECTED='every `[sig-network]` `[Conformance]` spec and every `[Feature:IPv6DualStack]` spec that needs neither SCTP nor a cloud load balancer'
+fi
 SKIPS=$REPO/test/conformance/skips.txt
 
 t0=$SECONDS
@@ -91,6 +95,7 @@ go build -C "$REPO" -o "$out/report" ./test/conformance/report
 mkdir -p "$(dirname "$REPORT")"
 "$out/report" -dry-run "$out/all.json" -run "$out/run.json" -skips "$SKIPS" -check "$out/check.txt" \
 	-title "Kubernetes sig-network conformance on podnet ($FAMILY)" \
+	-selected "$SELECTED" \
 	-meta "Kubernetes=v1.34.10 (kube-apiserver, controller-manager --allocate-node-cidrs, scheduler, kubelet, kube-proxy in nftables mode, e2e.test), etcd v3.6.8, containerd $(containerd --version | awk '{print $3}'), runc $(runc --version | awk 'NR==1{print $3}'), CoreDNS v1.12.1" \
 	-meta "podnet=$(git -C "$REPO" describe --always --dirty 2>/dev/null || echo unknown), installed by conf/k8s/podnet.yaml (encap $MODE, portmap chained), $NODES nodes" \
 	-meta "Machine=$(nproc) cores, kernel $(uname -r)" \

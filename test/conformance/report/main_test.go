@@ -39,7 +39,7 @@ func TestReport(t *testing.T) {
 	check := writeFile(t, dir, "check.txt", "check: all ✓\n")
 
 	var b strings.Builder
-	if err := write(&b, "T", []string{"Kubernetes=v1.34.10"}, dry, run, skips, check); err != nil {
+	if err := write(&b, "T", "every `[sig-network]` `[Conformance]` spec of the suite", []string{"Kubernetes=v1.34.10"}, dry, run, skips, check); err != nil {
 		t.Fatal(err)
 	}
 	got := b.String()
@@ -67,12 +67,12 @@ func TestReportBadSkips(t *testing.T) {
 	for _, line := range []string{"no tab here\n", "([\tbad regexp\n"} {
 		skips := writeFile(t, dir, "skips.txt", line)
 		var b strings.Builder
-		if err := write(&b, "T", nil, empty, empty, skips, ""); err == nil {
+		if err := write(&b, "T", "x", nil, empty, empty, skips, ""); err == nil {
 			t.Errorf("skips %q: no error", line)
 		}
 	}
 	var b strings.Builder
-	if err := write(&b, "T", nil, filepath.Join(dir, "missing.json"), empty, "", ""); err == nil {
+	if err := write(&b, "T", "x", nil, filepath.Join(dir, "missing.json"), empty, "", ""); err == nil {
 		t.Error("a missing dry-run report: no error")
 	}
 }
