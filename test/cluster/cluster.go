@@ -595,9 +595,10 @@ func DeleteNodeObject(ctx context.Context, client kubernetes.Interface, name str
 // ExpectedRoutes is the podnet routes (pod host routes aside) n must have:
 // a blackhole for each of its own PodCIDRs and one route per other node's
 // PodCIDR that the encapsulation can reach. podnet-routed routes a Node
-// by its first InternalIP (NextHop): a direct or IPIP route needs a next
-// hop of the PodCIDR's family (IPIP IPv4), VXLAN carries either family
-// (desired.ForNode).
+// by its first InternalIP (NextHop): a direct route goes via the Node's
+// InternalIP of the PodCIDR's family (a dual-stack Node's other one for
+// the other family), IPIP needs an IPv4 next hop and PodCIDR, VXLAN
+// carries either family (desired.ForNode).
 func (c *Cluster) ExpectedRoutes(n *Node) []string {
 	want := []string{"blackhole " + n.PodCIDR.String()}
 	if n.PodCIDR6.IsValid() {
@@ -620,6 +621,11 @@ func (c *Cluster) ExpectedRoutes(n *Node) []string {
 			switch {
 			case encap == "none" && sameFamily:
 				want = append(want, fmt.Sprintf("%s via %s dev %s", p, nh, UnderlayDev))
+			case encap == "none" && p.Addr().Is6() && m.IP6.IsValid():
+				// a dual-stack Node's other family: via its InternalIP of it
+				want = append(want, fmt.Sprintf("%s via %s dev %s", p, m.IP6, UnderlayDev))
+			case encap == "none" && p.Addr().Is4():
+				want = append(want, fmt.Sprintf("%s via %s dev %s", p, m.IP, UnderlayDev))
 			case encap == "vxlan":
 				want = append(want, fmt.Sprintf("%s via %s dev %s onlink", p, p.Addr(), desired.VXLANDevice))
 			case encap == "ipip" && sameFamily && p.Addr().Is4():
