@@ -51,6 +51,8 @@ type iperfRun struct {
 	Gbps        float64 `json:"gbps"` // receiver side
 	Retransmits int     `json:"retransmits"`
 	MSS         int     `json:"mss"`
+	// Load1 is the machine's 1-minute load average just before the run
+	Load1 float64 `json:"load1"`
 }
 
 type modeResult struct {
@@ -85,7 +87,7 @@ func TestDatapath(t *testing.T) {
 	if _, err := exec.LookPath("iperf3"); err != nil {
 		t.Fatal("iperf3 not installed (Debian package iperf3; scripts/bench.sh installs it)")
 	}
-	dur, omit, reps := envInt("PODNET_BENCH_IPERF_SECONDS", 3), 1, envInt("PODNET_BENCH_IPERF_REPS", 3)
+	dur, omit, reps := envInt("PODNET_BENCH_IPERF_SECONDS", 10), 1, envInt("PODNET_BENCH_IPERF_REPS", 5)
 	ver, _ := exec.Command("iperf3", "--version").Output()
 	res := datapathResult{Started: time.Now().UTC(), Duration: dur, Omit: omit, Iperf: strings.SplitN(string(ver), "\n", 2)[0]}
 	for _, m := range []struct{ encap, underlay string }{{"none", "ipv4"}, {"vxlan", "ipv4"}, {"none", "ipv6"}, {"vxlan", "ipv6"}} {
@@ -197,8 +199,9 @@ func measureMode(t *testing.T, encap, underlay string, dur, omit, reps int) mode
 			if !ok {
 				continue
 			}
+			load := load1()
 			r := iperf(t, tg.client, tg.dst, tg.port, dur, omit)
-			r.Path, r.Family, r.Rep = k[0], k[1], rep
+			r.Path, r.Family, r.Rep, r.Load1 = k[0], k[1], rep, load
 			t.Logf("%s over %s rep %d %s %s<->%s: %.2f Gbit/s, %d retransmits, MSS %d", encap, underlay, rep, k[1], k[0], k[0], r.Gbps, r.Retransmits, r.MSS)
 			mr.Runs = append(mr.Runs, r)
 		}
@@ -220,6 +223,20 @@ func measureMode(t *testing.T, encap, underlay string, dur, omit, reps int) mode
 		}
 	}
 	return mr
+}
+
+// load1 is the 1-minute load average (0 when unreadable).
+func load1() float64 {
+	data, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(data))
+	if len(f) == 0 {
+		return 0
+	}
+	v, _ := strconv.ParseFloat(f[0], 64)
+	return v
 }
 
 // mtuPings sends a don't-fragment ping of payload bytes, which must be
