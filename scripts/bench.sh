@@ -7,7 +7,9 @@
 #             Node change -> route, RSS)             -> bench/results/routed.json
 #   datapath  test/bench/routedbench TestDatapath: iperf3 pod<->pod across
 #             dual-stack node netns (none, vxlan; IPv4 then IPv6 underlay)
-#             vs node<->node, in IPv4 and IPv6, MTU and fragmentation
+#             vs node<->node, in IPv4 and IPv6, back-to-back pairs (10 s
+#             runs, 5 pairs per mode and family: about 16 min), MTU and
+#             fragmentation
 #                                                     -> bench/results/datapath.json
 #   cni       test/bench/cnibench: the plugin stacks through libcni (the
 #             four of issue 8, and podnet's while podnet-routed's leak
@@ -31,7 +33,7 @@
 #
 # Knobs: BENCH_PODS (200), BENCH_REPS (3), BENCH_WORKERS (8),
 # BENCH_OCCUPANCY (1000, 0 skips), BENCH_ROUTED_SCALES (100,1000,5000),
-# BENCH_ROUTED_SAMPLES (100), BENCH_IPERF_SECONDS (3), BENCH_IPERF_REPS (3),
+# BENCH_ROUTED_SAMPLES (100), BENCH_IPERF_SECONDS (10), BENCH_IPERF_REPS (5),
 # BENCH_RECONCILE_N (250), BENCH_RECONCILE_REPS (5),
 # BENCH_STAGES (routed,datapath,cni,reconcile,ipam), BENCH_DIR (bench: where
 # REPORT.md, plots/ and results/ go), BENCH_QUICK=1 (a small smoke run of
@@ -109,12 +111,12 @@ export PODNET_BENCH_OUT=$(cd "$results" && pwd) PODNET_KAPI_DIR=$kapi PODNET_CNI
 export PODNET_BENCH_ROUTED_SCALES=${BENCH_ROUTED_SCALES:-100,1000,5000,10000}
 export PODNET_BENCH_ROUTED_SAMPLES=${BENCH_ROUTED_SAMPLES:-100}
 export PODNET_BENCH_ROUTED_MODES=${BENCH_ROUTED_MODES:-none,vxlan} PODNET_BENCH_ROUTED_CHURN=${BENCH_ROUTED_CHURN:-10}
-export PODNET_BENCH_IPERF_SECONDS=${BENCH_IPERF_SECONDS:-3}
-export PODNET_BENCH_IPERF_REPS=${BENCH_IPERF_REPS:-3}
+export PODNET_BENCH_IPERF_SECONDS=${BENCH_IPERF_SECONDS:-10}
+export PODNET_BENCH_IPERF_REPS=${BENCH_IPERF_REPS:-5}
 export PODNET_BENCH_RECONCILE_N=${BENCH_RECONCILE_N:-250} PODNET_BENCH_RECONCILE_REPS=${BENCH_RECONCILE_REPS:-5}
 
 run_stage routed "$tmp/routedbench.test" -test.run '^TestRoutedScale$' -test.v -test.count=1 -test.timeout=30m
-run_stage datapath "$tmp/routedbench.test" -test.run '^TestDatapath$' -test.v -test.count=1 -test.timeout=10m
+run_stage datapath "$tmp/routedbench.test" -test.run '^TestDatapath$' -test.v -test.count=1 -test.timeout=40m
 run_stage cni "$tmp/cnibench" -bin bin -ref "$tools" -noop "$tmp/noop/noop" -pods "$pods" -reps "$reps" \
 	-workers "$workers" -occupancy "$occupancy" -out "$results/cni.json"
 run_stage reconcile "$tmp/reconcilebench.test" -test.run '^TestReconcileCost$' -test.v -test.count=1 -test.timeout=10m

@@ -179,6 +179,7 @@ type datapathData struct {
 			Gbps        float64 `json:"gbps"`
 			Retransmits int     `json:"retransmits"`
 			MSS         int     `json:"mss"`
+			Load1       float64 `json:"load1"` // 0: not recorded
 		} `json:"runs"`
 		PingFits  string            `json:"ping_fits"`
 		PingOver  string            `json:"ping_over"`

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"fmt"
+	"math"
 	"os"
 	"slices"
 	"sort"
@@ -389,10 +390,15 @@ func gapSecs(got, want float64) string {
 func (r *report) datapathSection(d *datapathData) {
 	r.f("## 6. Data path\n\n")
 	r.f("Two node netns on one L2 underlay (a bridge in its own netns, MTU 1500), each with an IPv4 and an IPv6 address, podnet-routed in each with a PodCIDR of each family, one pod per node attached by podnet + podnet-ipam (`usePodCidr` and `usePodCidrIPv6`: an address of each family) through libcni. ")
-	r.f("*Underlay* is the family of the nodes' first InternalIP (kubelet `--node-ip=v4,v6` or `v6,v4`): podnet-routed routes and encapsulates over it, so VXLAN adds 50 B over an IPv4 underlay and 70 B over an IPv6 one, whatever the inner family, and `none` routes only the PodCIDRs of the underlay's family (a direct route needs a next hop of its family). ")
-	r.f("%s, one TCP stream, %d s per run after %d s omitted, pod → pod across the nodes and node → node over the same underlay, in each family, taking turns. Throughput is the receiver's, in Gbit/s; ratio = median(pod) ÷ median(node) of the same mode and family.\n\n", d.Iperf, d.Duration, d.Omit)
-	r.f("| encap | underlay | family | pod MTU | node↔node | pod↔pod | pod ÷ node | per-repetition ratios | MSS pod / node | retransmits pod / node | DF ping of the pod MTU | one byte more | fragmentation on the path |\n")
+	r.f("*Underlay* is the family of the nodes' first InternalIP (kubelet `--node-ip=v4,v6` or `v6,v4`): podnet-routed routes and encapsulates over it, so VXLAN adds 50 B over an IPv4 underlay and 70 B over an IPv6 one, whatever the inner family; `none` routes the PodCIDRs of the underlay's family via the other node's first InternalIP and those of the other family via its InternalIP of that family (the underlay carries both). In `none` mode a family takes the same path whichever InternalIP comes first, so each target pools the pairs of that family from both `none` clusters. ")
+	r.f("%s, one TCP stream, %d s per run after %d s omitted, pod → pod across the nodes and node → node over the same underlay, in each family, taking turns. Throughput is the receiver's, in Gbit/s (the medians). Each repetition runs the pod and the node transfer of a family back to back (the first of the two alternating), so their ratio cancels most of the load the machine's other work puts on both; *pod ÷ node* is the median of those per-repetition ratios, and in brackets median(pod) ÷ median(node).\n\n", d.Iperf, d.Duration, d.Omit)
+	r.f("| encap | underlay | family | pod MTU | node↔node | pod↔pod | pod ÷ node (of medians) | per-repetition ratios | MSS pod / node | retransmits pod / node | DF ping of the pod MTU | one byte more | fragmentation on the path |\n")
 	r.f("|---|---|---|---:|---:|---:|---:|---|---|---|---|---|---|\n")
+	type famPairs struct {
+		pod, node, podAll, nodeAll []float64
+		modes                      int
+	}
+	noneFam := map[string]*famPairs{}
 	for _, m := range d.Modes {
 		underlay := orDefault(m.Underlay, "ipv4")
 		if m.Failed != "" {
@@ -442,13 +448,22 @@ func (r *report) datapathSection(d *datapathData) {
 				r.f("| %s | %s | %s | %d | %.2f | — | — | %s | — / %d | — / %d | — | — | %s |\n", m.Encap, underlay, fam, m.PodMTU, median(node), mdEscape(why), nodeMSS, nodeRe, frag)
 				continue
 			}
+			// each repetition's pod and node runs ran back to back: their
+			// ratio cancels most of the machine's drift, so the ratio is the
+			// median of those pairs' ratios (results from before it: the
+			// ratio of the medians, which is also shown)
 			var per []string
+			var podRep, nodeRep []float64
 			for rep := 1; rep <= len(byRep); rep++ {
 				if v := byRep[rep]; v[1] > 0 && v[0] > 0 {
 					per = append(per, fmt.Sprintf("%.2f", v[0]/v[1]))
+					podRep, nodeRep = append(podRep, v[0]), append(nodeRep, v[1])
 				}
 			}
-			ratio := median(pod) / median(node)
+			ratio := repRatio(podRep, nodeRep).Med
+			if math.IsNaN(ratio) {
+				ratio = median(pod) / median(node)
+			}
 			fitsErr, overErr := m.PingFits, m.PingOver
 			if fam == "ipv6" {
 				fitsErr, overErr = m.PingFits6, m.PingOver6
@@ -461,18 +476,20 @@ func (r *report) datapathSection(d *datapathData) {
 			if overErr != "" {
 				over = "refused: `" + mdEscape(overErr) + "`"
 			}
-			r.f("| %s | %s | %s | %d | %.2f | %.2f | %.0f %% | %s | %d / %d | %d / %d | %s | %s | %s |\n", m.Encap, underlay, fam, m.PodMTU, median(node), median(pod), ratio*100, strings.Join(per, ", "),
+			r.f("| %s | %s | %s | %d | %.2f | %.2f | %.0f %% (%.0f %%) | %s | %d / %d | %d / %d | %s | %s | %s |\n", m.Encap, underlay, fam, m.PodMTU, median(node), median(pod), ratio*100, median(pod)/median(node)*100, strings.Join(per, ", "),
 				podMSS, nodeMSS, podRe, nodeRe, fits, over, frag)
-			if m.Encap == "none" && fam == underlay {
-				gap := fmt.Sprintf("%.0f points above", (ratio-0.9)*100)
-				if ratio < 0.9 {
-					gap = fmt.Sprintf("%.0f points short", (0.9-ratio)*100)
+			if m.Encap == "none" {
+				// the two none clusters carry a family over the same path
+				// (they differ only in which InternalIP comes first): the
+				// target pools their pairs
+				t := noneFam[fam]
+				if t == nil {
+					t = &famPairs{}
+					noneFam[fam] = t
 				}
-				goal := "pod↔pod ≥ 90 % of node↔node, `none` mode"
-				if fam == "ipv6" {
-					goal = "pod↔pod IPv6 ≥ 90 % of node↔node IPv6, `none` mode (IPv6 underlay)"
-				}
-				r.targets = append(r.targets, target{goal, fmt.Sprintf("%.0f %% (%.2f vs %.2f Gbit/s)", ratio*100, median(pod), median(node)), met(ratio >= 0.9), gap})
+				t.pod, t.node = append(t.pod, podRep...), append(t.node, nodeRep...)
+				t.podAll, t.nodeAll = append(t.podAll, pod...), append(t.nodeAll, node...)
+				t.modes++
 			}
 			if fitsErr != "" || overErr == "" {
 				r.notes = append(r.notes, fmt.Sprintf("%s over an %s underlay, %s: the MTU checks did not all pass (see section 6).", m.Encap, underlay, fam))
@@ -483,7 +500,64 @@ func (r *report) datapathSection(d *datapathData) {
 		}
 	}
 	r.f("\n")
+	for _, fam := range []string{"ipv4", "ipv6"} {
+		t := noneFam[fam]
+		if t == nil {
+			continue
+		}
+		var rs []float64
+		for i := range t.pod {
+			rs = append(rs, t.pod[i]/t.node[i])
+		}
+		ratio := midMedian(rs)
+		how := fmt.Sprintf("median of %d back-to-back pairs", len(t.pod))
+		if math.IsNaN(ratio) {
+			ratio, how = median(t.podAll)/median(t.nodeAll), "ratio of the medians"
+		}
+		if t.modes > 1 {
+			how += fmt.Sprintf(", the %d `none` clusters", t.modes)
+		}
+		gap := fmt.Sprintf("%.0f points above", (ratio-0.9)*100)
+		if ratio < 0.9 {
+			gap = fmt.Sprintf("%.0f points short", (0.9-ratio)*100)
+		}
+		goal := "pod↔pod ≥ 90 % of node↔node, `none` mode"
+		if fam == "ipv6" {
+			goal = "pod↔pod IPv6 ≥ 90 % of node↔node IPv6, `none` mode"
+		}
+		r.targets = append(r.targets, target{goal, fmt.Sprintf("%.0f %% (%s; medians %.2f vs %.2f Gbit/s)", ratio*100, how, median(t.podAll), median(t.nodeAll)), met(ratio >= 0.9), gap})
+	}
+	var loads []float64
+	for _, m := range d.Modes {
+		for _, run := range m.Runs {
+			if run.Load1 > 0 {
+				loads = append(loads, run.Load1)
+			}
+		}
+	}
+	if len(loads) > 0 {
+		r.f("The machine's 1-minute load average just before each run: median %.2f, %.2f to %.2f (it includes the bench's own transfers: one iperf3 run keeps about two threads busy).\n\n", median(loads), pct(loads, 0.0001), maxOf(loads))
+	}
+	r.f("Why pod↔pod trails node↔node here, and why the ratio moves so much (issue 23, investigated on a dual-stack `none` cluster of this bench): node↔node crosses two veths and the underlay bridge; pod↔pod crosses two more veths and is forwarded by both nodes, all on the same two shared CPUs, so every extra hop is CPU the transfer does not get. ")
+	r.f("perf (CPU per GB moved by iperf3 and softirq, 1 kHz) put the pod path at about 820 ms/GB against 650-760 for the node path; the extra is the kernel's forwarding, route lookups and veth hops (route/fib about 28 ms/GB vs 4, IP forward/output 50 vs 23, veth/dev 50 vs 26). ")
+	r.f("podnet's own tables cost about 24 ms/GB (3 %%) in the pod filter (`inet podnet-pods`) for IPv6 and 16 for IPv4, and about 35 in conntrack and NAT hooks, which its masquerade table brings and which node↔node traffic pays as well; with neither table the pod path still took 770 ms/GB. ")
+	r.f("Interleaved 5 s pairs with podnet's tables, with the filter's IPv6 fast path, and with no podnet table at all gave pod ÷ node medians of 0.94, 0.74 and 0.92 (IPv6) and 0.86, 0.95 and 0.87 (IPv4), single pairs 0.68 to 1.09: the other tenants of the machine move a run by ±15 %%, far more than the filter's few per cent. ")
+	r.f("So the gap is the kernel's cost of two more forwarding hops on a CPU-bound box, not podnet; the pod path costs about the same in both families, while IPv4 node↔node is the cheapest transfer of all, so the IPv4 ratio tends to come out below the IPv6 one (with no podnet table at all it was 0.87 too). On real nodes the NIC, not the CPU, bounds node↔node. Hence 10 s runs, pairs run back to back, and medians of pair ratios pooled over both `none` clusters.\n\n")
 	r.f("*Fragmentation on the path* lists the IPv4 `Frag*`/`Reasm*` and IPv6 `Ip6Frag*`/`Ip6Reasm*` counters (/proc/net/snmp and snmp6 of each node, pod and underlay netns) that moved during the transfers and pings of the mode; \"none\" means MTU-sized segments crossed without any fragmentation.\n\n")
+}
+
+// midMedian is the median of xs, the mean of the middle two for an even
+// count (NaN when empty).
+func midMedian(xs []float64) float64 {
+	if len(xs) == 0 {
+		return math.NaN()
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	if n := len(s); n%2 == 0 {
+		return (s[n/2-1] + s[n/2]) / 2
+	}
+	return s[len(s)/2]
 }
 
 func orDefault(s, def string) string {

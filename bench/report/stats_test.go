@@ -36,3 +36,17 @@ func TestRollingMedian(t *testing.T) {
 		}
 	}
 }
+
+func TestMidMedian(t *testing.T) {
+	for _, c := range []struct {
+		in   []float64
+		want float64
+	}{{[]float64{3, 1, 2}, 2}, {[]float64{4, 1, 3, 2}, 2.5}, {[]float64{0.9}, 0.9}} {
+		if got := midMedian(c.in); got != c.want {
+			t.Errorf("midMedian(%v) = %v, want %v", c.in, got, c.want)
+		}
+	}
+	if !math.IsNaN(midMedian(nil)) {
+		t.Error("midMedian(nil) is not NaN")
+	}
+}

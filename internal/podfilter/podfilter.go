@@ -38,11 +38,13 @@ import (
 //	  chain prerouting { type filter hook prerouting priority -300
 //	    iif != @ports accept                           not a pod: not ours to judge
 //	    iif . ether saddr != @macs  -> spoofed, drop   bridge only
+//	    IPv4 with (iif . saddr) in @addrs4 accept      the fast path: a pod's
+//	    IPv6 not ICMPv6 with (iif . saddr) in @addrs6 accept   ordinary traffic
 //	    ICMPv6 Router Advertisement or Redirect -> ra-Guard, drop
 //	    ICMPv6 Neighbor Advertisement for a target neither link-local (inet
 //	      only) nor (iif . target) in @addrs6 -> spoofed, drop
 //	    ARP (bridge only): sender IP 0.0.0.0 or (iif . sender IP) in @addrs4, else spoofed, drop
-//	    IPv4: (iif . saddr) in @addrs4, else spoofed, drop
+//	    IPv4: spoofed, drop (its own address was accepted above)
 //	    IPv6: saddr fe80::/10, :: (ICMPv6 only: DAD, MLD), or (iif . saddr) in @addrs6, else spoofed, drop
 //	  }
 //
@@ -787,6 +789,19 @@ func (g Guard) rules() []guardRule {
 		rules = append(rules, guardRule{"source MAC is not the pod's",
 			join(inSet(setMACs, ll, etherSrc, 6, true), count(spoofed), []expr.Any{drop})})
 	}
+	// The fast path: a pod's ordinary traffic (IPv4, and IPv6 other than
+	// ICMPv6, from its own address) is accepted here, after 2 or 3 rules,
+	// not after all the ICMPv6 and ARP rules below. The verdicts are
+	// those of the full chain: the ICMPv6 rules match only ICMPv6 and the
+	// ARP rules only ARP, so none of them could have matched these
+	// packets before the accept further down.
+	rules = append(rules,
+		guardRule{"IPv4 from the pod's address", join(g.is(l3IPv4), inSet(setAddrs4, nh, ipv4Src, 4, false), []expr.Any{accept})},
+		guardRule{"IPv6 other than ICMPv6 from the pod's address", join(g.is(l3IPv6), []expr.Any{
+			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg1},
+			&expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: []byte{unix.IPPROTO_ICMPV6}},
+		}, inSet(setAddrs6, nh, ipv6Src, 16, false), []expr.Any{accept})},
+	)
 	rules = append(rules,
 		guardRule{"router advertisement from a pod", join(g.is(l3IPv6), icmp6Type(icmp6RA), count(raGuard), []expr.Any{drop})},
 		guardRule{"redirect from a pod", join(g.is(l3IPv6), icmp6Type(icmp6Redir), count(raGuard), []expr.Any{drop})},
@@ -816,7 +831,6 @@ func (g Guard) rules() []guardRule {
 		)
 	}
 	rules = append(rules,
-		guardRule{"IPv4 from the pod's address", join(g.is(l3IPv4), inSet(setAddrs4, nh, ipv4Src, 4, false), []expr.Any{accept})},
 		guardRule{"IPv4 from another address", join(g.is(l3IPv4), count(spoofed), []expr.Any{drop})},
 		guardRule{"IPv6 from a link-local address", join(g.is(l3IPv6), isLinkLocal6(nh, ipv6Src, false), []expr.Any{accept})},
 		guardRule{"ICMPv6 from :: (DAD, MLD)", join(g.is(l3IPv6), []expr.Any{
@@ -826,7 +840,7 @@ func (g Guard) rules() []guardRule {
 			&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{unix.IPPROTO_ICMPV6}},
 			accept,
 		})},
-		guardRule{"IPv6 from the pod's address", join(g.is(l3IPv6), inSet(setAddrs6, nh, ipv6Src, 16, false), []expr.Any{accept})},
+		guardRule{"ICMPv6 from the pod's address", join(g.is(l3IPv6), inSet(setAddrs6, nh, ipv6Src, 16, false), []expr.Any{accept})},
 		guardRule{"IPv6 from another address", join(g.is(l3IPv6), count(spoofed), []expr.Any{drop})},
 	)
 	return rules

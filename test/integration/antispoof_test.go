@@ -439,7 +439,12 @@ func podLinkLocal(t *testing.T, p *spoofPod) net.IP {
 // eth0, with hop limit 255 as NDP requires.
 func sendICMPv6(t *testing.T, p *spoofPod, dst net.IP, msg []byte, count int) {
 	t.Helper()
-	src := podLinkLocal(t, p)
+	sendICMPv6From(t, p, podLinkLocal(t, p), dst, msg, count)
+}
+
+// sendICMPv6From is sendICMPv6 from the pod's address src.
+func sendICMPv6From(t *testing.T, p *spoofPod, src, dst net.IP, msg []byte, count int) {
+	t.Helper()
 	nettest.Do(t, p.NS, func() error {
 		fd, err := unix.Socket(unix.AF_INET6, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.IPPROTO_ICMPV6)
 		if err != nil {
@@ -606,10 +611,12 @@ func neighborOf(t *testing.T, node *nettest.Node, dev string, ip net.IP) string 
 }
 
 // TestPodNeighborAdvertisementsForAnotherPod: a pod floods unsolicited
-// Neighbor Advertisements (override flag set) and gratuitous ARPs that
-// claim another pod's addresses for its own MAC; the node's neighbor
-// entries for that pod keep its MAC, it stays reachable, and the spoofed
-// counter counts the NAs (and, on the bridge, the ARPs).
+// Neighbor Advertisements (override flag set), from its link-local and
+// from its own global address, and gratuitous ARPs that claim another
+// pod's addresses for its own MAC; the node's neighbor entries for that
+// pod keep its MAC, it stays reachable, and the spoofed counter counts the
+// NAs (and, on the bridge, the ARPs). Router Advertisements from its
+// global address are counted by ra-guard.
 func TestPodNeighborAdvertisementsForAnotherPod(t *testing.T) {
 	for _, m := range spoofModes {
 		t.Run(m.name, func(t *testing.T) {
@@ -634,9 +641,17 @@ func TestPodNeighborAdvertisementsForAnotherPod(t *testing.T) {
 			}
 			before := counter(t, rt.Node, m.family, contract.PodFilterSpoofedCounter)
 
+			raBefore := counter(t, rt.Node, m.family, contract.PodFilterRAGuardCounter)
+
 			const n = 10
+			// from its link-local address, and from its own global one (the
+			// filter accepts a pod's traffic from that early, but not ICMPv6)
 			sendICMPv6(t, attacker, net.ParseIP("ff02::1"), neighborAdvertisement(victim.v6, attacker.mac), n)
+			sendICMPv6From(t, attacker, attacker.v6, net.ParseIP("ff02::1"), neighborAdvertisement(victim.v6, attacker.mac), n)
 			sendFrame(t, attacker, gratuitousARP(victim.v4, attacker.mac), n)
+			// Router Advertisements from its global address (the node's
+			// kernel ignores those itself: the counter shows the filter's drop)
+			sendICMPv6From(t, attacker, attacker.v6, net.ParseIP("ff02::1"), routerAdvertisement(attacker.mac), n)
 			time.Sleep(time.Second)
 
 			for _, ip := range []net.IP{victim.v4, victim.v6} {
@@ -647,12 +662,15 @@ func TestPodNeighborAdvertisementsForAnotherPod(t *testing.T) {
 					t.Errorf("the victim must stay reachable: %v", err)
 				}
 			}
-			want := uint64(n) // the NAs
+			want := uint64(2 * n) // the NAs
 			if m.family == nftables.TableFamilyBridge {
 				want += n // and the ARPs
 			}
 			if got := counter(t, rt.Node, m.family, contract.PodFilterSpoofedCounter) - before; got < want {
 				t.Errorf("counter %s rose by %d, want at least %d", contract.PodFilterSpoofedCounter, got, want)
+			}
+			if got := counter(t, rt.Node, m.family, contract.PodFilterRAGuardCounter) - raBefore; got < n {
+				t.Errorf("counter %s rose by %d, want %d (the RAs from the pod's global address)", contract.PodFilterRAGuardCounter, got, n)
 			}
 		})
 	}
