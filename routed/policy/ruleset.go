@@ -1,0 +1,138 @@
+// Package policy enforces networking.k8s.io/v1 NetworkPolicy on one node.
+//
+// It is shaped like podnet-routed's routes: informers (Pods, Namespaces,
+// NetworkPolicies) feed a pure compiler that turns them into a Ruleset, the
+// desired state of one nftables table, and one writer puts that Ruleset in
+// the kernel in atomic transactions. The same pure model answers
+// --explain-policy and decides which conntrack entries a change revokes.
+//
+// The dataplane (table inet podnet-policy) in short:
+//
+//   - base chains on forward (pod to pod, pod to outside, outside to pod)
+//     and input (pod to this node), with established and related traffic
+//     accepted first: only a connection's first packet is judged;
+//   - an egress base chain and an ingress base chain, so that a packet
+//     from a local pod to a local pod passes both;
+//   - a verdict map per family and direction, keyed by the local pod's
+//     address, jumps to that pod's chain; a pod not isolated in a
+//     direction has no element there;
+//   - a pod's chain jumps to the chain of each policy that selects it (one
+//     chain per policy and direction, shared by every pod it selects), then
+//     counts and drops;
+//   - a policy's chain holds one rule per policy rule and family: the
+//     peer's address in an interval set and the (address . protocol . port)
+//     in a concatenated interval set, so that no rule is written per peer or
+//     per port;
+//   - a local pod address (inside this node's PodCIDRs) that the engine
+//     does not know yet is dropped in both directions: a new pod is isolated
+//     from its first packet until its policy is in the kernel.
+//
+// Traffic from the node itself (kubelet's probes, hostNetwork pods) leaves
+// through the output hook, which the table does not filter: it is always
+// allowed, as the API requires.
+package policy
+
+import (
+	"net/netip"
+)
+
+// Direction is ingress (to the selected pod) or egress (from it).
+type Direction string
+
+const (
+	Ingress Direction = "ingress"
+	Egress  Direction = "egress"
+)
+
+// Ruleset is the desired state of table inet podnet-policy. It is pure data:
+// comparable with reflect.DeepEqual after Normalize, and written in full or
+// as a diff against the last one written.
+type Ruleset struct {
+	// LocalPodCIDRs are this node's PodCIDRs: a source or destination in
+	// them that is not in Known is dropped.
+	LocalPodCIDRs []netip.Prefix
+	// Known are the addresses of this node's pods that the engine has
+	// compiled, isolated or not.
+	Known []netip.Addr
+	// Pods are this node's pods isolated in at least one direction.
+	Pods []PodChains
+	// Policies are the (policy, direction) chains that at least one pod in
+	// Pods jumps to.
+	Policies []PolicyChain
+}
+
+// PodChains is one local pod's entry: its addresses go in the verdict map of
+// each direction it is isolated in, pointing at its chain for that
+// direction.
+type PodChains struct {
+	// ID names the pod's chains ("pod-<ID>-in", "pod-<ID>-eg"): short,
+	// stable for the pod (namespace/name), valid in an nft name.
+	ID        string
+	Namespace string
+	Name      string
+	Addrs     []netip.Addr
+	// Ingress and Egress are the IDs of the PolicyChains the pod's chain
+	// jumps to, in order, for each direction it is isolated in; IngressIsolated
+	// with an empty Ingress means "deny all ingress".
+	IngressIsolated bool
+	Ingress         []string
+	EgressIsolated  bool
+	Egress          []string
+}
+
+// PolicyChain is one NetworkPolicy's rules for one direction, shared by
+// every local pod the policy selects.
+type PolicyChain struct {
+	// ID names the chain ("pol-<ID>") and its sets ("pol-<ID>-r<N>-..."):
+	// short, stable for (namespace, name, direction), valid in an nft name.
+	ID        string
+	Namespace string
+	Name      string
+	Direction Direction
+	Rules     []Rule
+}
+
+// Rule is one ingress or egress rule of a policy, compiled: a packet matches
+// when its peer (the source for ingress, the destination for egress) is in
+// Peers and its (address, protocol, port) is in Ports. A Rule that can match
+// nothing (no peer at all, e.g. a selector matching no pod) is kept with
+// empty sets: the chain's shape does not depend on which pods exist.
+type Rule struct {
+	// AnyPeer: the rule has no from/to, every peer matches.
+	AnyPeer bool
+	// Peers are the peer addresses as inclusive ranges (pod IPs are
+	// single-address ranges; an ipBlock minus its excepts is one or more
+	// ranges), both families, merged and sorted.
+	Peers []Range
+	// AnyPort: the rule has no ports, every protocol and port matches
+	// (ICMP too).
+	AnyPort bool
+	// Ports are what the rule's ports allow, both families, merged and
+	// sorted. The address part is always the packet's destination: the
+	// local pod for ingress (a named port resolves against the selected
+	// pod), the peer for egress (it resolves against the destination pod);
+	// a numbered port covers every address of its family. So the match is
+	// one lookup of (daddr . l4proto . dport) in a concatenated interval set.
+	Ports []PortRange
+}
+
+// Range is an inclusive range of addresses of one family.
+type Range struct {
+	From, To netip.Addr
+}
+
+// PortRange is one element of a rule's port set: addresses From..To (one
+// family), protocol Proto (6 TCP, 17 UDP, 132 SCTP), ports PortFrom..PortTo.
+type PortRange struct {
+	Addrs    Range
+	Proto    uint8
+	PortFrom uint16
+	PortTo   uint16
+}
+
+// Protocol numbers of the protocols NetworkPolicy names.
+const (
+	ProtoTCP  uint8 = 6
+	ProtoUDP  uint8 = 17
+	ProtoSCTP uint8 = 132
+)
