@@ -1,0 +1,172 @@
+// Package policysock is how a podnet plugin, at the end of ADD, waits until
+// the node's NetworkPolicy engine (podnet-routed) has the new pod's policy
+// in the kernel. Until then the engine's table drops the pod's address in
+// both directions (a new pod is isolated from its first packet); the wait
+// only makes the pod usable as soon as its containers start.
+//
+// The protocol is one JSON request and one JSON answer per connection on a
+// unix stream socket, <stateDir>/policy.sock, which only root can open.
+// No socket (the engine is off, or another agent enforces policy) means no
+// wait; a socket nobody answers on costs a refused connect.
+package policysock
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"syscall"
+	"time"
+)
+
+// FileName is the socket's name in the node state directory.
+const FileName = "policy.sock"
+
+// Path is the socket in stateDir.
+func Path(stateDir string) string { return filepath.Join(stateDir, FileName) }
+
+// maxMessage bounds a request or an answer: both are a few hundred bytes.
+const maxMessage = 16 << 10
+
+// Request tells the engine that a pod has these addresses on this node.
+type Request struct {
+	Namespace   string       `json:"namespace"`
+	Name        string       `json:"name"`
+	ContainerID string       `json:"containerID,omitempty"`
+	IPs         []netip.Addr `json:"ips"`
+}
+
+// Answer is the engine's reply: OK once the pod's policy is in the kernel.
+type Answer struct {
+	OK    bool   `json:"ok"`
+	Error string `json:"error,omitempty"`
+}
+
+// ErrNoEngine says that no engine listens on the node: nothing to wait for.
+var ErrNoEngine = errors.New("no NetworkPolicy engine on this node")
+
+// Wait sends req to the engine at path and waits for its answer until ctx
+// ends. It returns ErrNoEngine (wrapped) when there is no socket or nobody
+// listens on it.
+func Wait(ctx context.Context, path string, req Request) error {
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "unix", path)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) || errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ENOENT) {
+			return fmt.Errorf("%w (%s)", ErrNoEngine, path)
+		}
+		return fmt.Errorf("connect to the NetworkPolicy engine at %s: %w", path, err)
+	}
+	defer conn.Close()
+	if dl, ok := ctx.Deadline(); ok {
+		if err := conn.SetDeadline(dl); err != nil {
+			return fmt.Errorf("policy socket deadline: %w", err)
+		}
+	}
+	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+	if err := json.NewEncoder(conn).Encode(req); err != nil {
+		return fmt.Errorf("send to the NetworkPolicy engine: %w", err)
+	}
+	var a Answer
+	if err := json.NewDecoder(io.LimitReader(conn, maxMessage)).Decode(&a); err != nil {
+		var ne net.Error
+		if ctx.Err() != nil || errors.As(err, &ne) && ne.Timeout() {
+			return fmt.Errorf("NetworkPolicy engine did not answer in time: %w", context.DeadlineExceeded)
+		}
+		return fmt.Errorf("read the NetworkPolicy engine's answer: %w", err)
+	}
+	if !a.OK {
+		return fmt.Errorf("NetworkPolicy engine: %s", a.Error)
+	}
+	return nil
+}
+
+// Handler programs the pod's policy and returns once it is in the kernel
+// (or ctx ends).
+type Handler func(ctx context.Context, req Request) error
+
+// Listen creates the socket at path (a stale one is replaced), readable and
+// writable by root only.
+func Listen(path string) (net.Listener, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return nil, fmt.Errorf("policy socket directory: %w", err)
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("remove stale policy socket: %w", err)
+	}
+	old := syscall.Umask(0o177)
+	l, err := net.Listen("unix", path)
+	syscall.Umask(old)
+	if err != nil {
+		return nil, fmt.Errorf("policy socket: %w", err)
+	}
+	return l, nil
+}
+
+// Serve answers requests on l until ctx ends, each connection in its own
+// goroutine with timeout as its deadline. It closes l and removes the
+// socket file when it returns.
+func Serve(ctx context.Context, l net.Listener, timeout time.Duration, h Handler) error {
+	go func() { <-ctx.Done(); l.Close() }()
+	defer func() {
+		if ul, ok := l.(*net.UnixListener); ok {
+			os.Remove(ul.Addr().String())
+		}
+	}()
+	for {
+		conn, err := l.Accept()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			return fmt.Errorf("policy socket accept: %w", err)
+		}
+		go serveConn(ctx, conn, timeout, h)
+	}
+}
+
+func serveConn(ctx context.Context, conn net.Conn, timeout time.Duration, h Handler) {
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	conn.SetDeadline(time.Now().Add(timeout))
+	var req Request
+	a := Answer{OK: true}
+	if err := json.NewDecoder(io.LimitReader(conn, maxMessage)).Decode(&req); err != nil {
+		a = Answer{Error: fmt.Sprintf("bad request: %v", err)}
+	} else if err := validate(req); err != nil {
+		a = Answer{Error: err.Error()}
+	} else if err := h(ctx, req); err != nil {
+		a = Answer{Error: err.Error()}
+	}
+	json.NewEncoder(conn).Encode(a)
+}
+
+// validate refuses a request that names no pod or no usable address.
+func validate(r Request) error {
+	if r.Namespace == "" || r.Name == "" {
+		return errors.New("bad request: the pod's namespace and name are required")
+	}
+	if len(r.Namespace) > 253 || len(r.Name) > 253 {
+		return errors.New("bad request: namespace or name longer than 253 characters")
+	}
+	if len(r.IPs) == 0 || len(r.IPs) > 8 {
+		return fmt.Errorf("bad request: %d addresses (want 1 to 8)", len(r.IPs))
+	}
+	for _, ip := range r.IPs {
+		if !ip.IsValid() || ip.IsUnspecified() || ip.IsMulticast() || ip.IsLoopback() {
+			return fmt.Errorf("bad request: %v is not a pod address", ip)
+		}
+	}
+	return nil
+}
