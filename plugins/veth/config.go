@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"strings"
+	"time"
 
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/cni/pkg/version"
@@ -41,6 +42,28 @@ type netConf struct {
 	// ExecIPAM forces exec of the IPAM binary even for podnet-ipam, which
 	// otherwise runs in-process.
 	ExecIPAM bool `json:"execIPAM,omitempty"`
+	// PolicyWait bounds how long ADD waits for the node's NetworkPolicy
+	// engine to program the pod ("3s" by default, "0s": no wait).
+	PolicyWait *duration `json:"policyWait,omitempty"`
+}
+
+// duration is a time.Duration written as a Go duration string in JSON.
+type duration time.Duration
+
+func (d *duration) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return fmt.Errorf("want a duration string such as \"3s\": %w", err)
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return err
+	}
+	if v < 0 || v > time.Minute {
+		return fmt.Errorf("%s is out of range: use 0s to 1m", s)
+	}
+	*d = duration(v)
+	return nil
 }
 
 // cniErrorf builds a CNI error with code and a message.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/containernetworking/cni/pkg/types"
 )
@@ -96,6 +97,15 @@ func TestLoadConf(t *testing.T) {
 			}
 		})
 	}
+	t.Run("policyWait read", func(t *testing.T) {
+		c, err := load(conf(`,"policyWait":"250ms"`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.PolicyWait == nil || time.Duration(*c.PolicyWait) != 250*time.Millisecond {
+			t.Fatalf("policyWait %v, want 250ms", c.PolicyWait)
+		}
+	})
 	t.Run("valid prevResult decoded", func(t *testing.T) {
 		c, err := load(conf(`,"prevResult":{"cniVersion":"1.0.0","ips":[{"address":"10.244.30.2/24"}]}`))
 		if err != nil {
@@ -119,6 +129,10 @@ func TestLoadConf(t *testing.T) {
 		{"negative mtu", conf(`,"mtu":-1`), 7},
 		{"not JSON", []byte(`{"name":`), 7},
 		{"mtu not a number", conf(`,"mtu":"1400"`), 7},
+		{"policyWait not a duration", conf(`,"policyWait":"soon"`), 7},
+		{"policyWait a number", conf(`,"policyWait":3`), 7},
+		{"policyWait negative", conf(`,"policyWait":"-1s"`), 7},
+		{"policyWait over a minute", conf(`,"policyWait":"2m"`), 7},
 		{"bad prevResult address", conf(`,"prevResult":{"ips":[{"address":"not-an-ip"}]}`), 6},
 		{"bad prevResult shape", conf(`,"prevResult":{"interfaces":"eth0"}`), 6},
 	} {

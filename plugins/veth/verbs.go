@@ -79,6 +79,7 @@ type invocation struct {
 	mode  mode
 	owner Owner
 	host  string
+	pod   podArgs
 }
 
 func (p *plugin) begin(args *skel.CmdArgs) (*invocation, error) {
@@ -103,6 +104,7 @@ func (p *plugin) begin(args *skel.CmdArgs) (*invocation, error) {
 		mode:  m,
 		owner: Owner{Network: conf.Name, ContainerID: args.ContainerID, IfName: args.IfName},
 		host:  HostVethName(pod.PodNamespace, pod.PodName, args.ContainerID, args.IfName),
+		pod:   pod,
 	}, nil
 }
 
@@ -227,6 +229,8 @@ func (p *plugin) add(args *skel.CmdArgs) (err error) {
 	if err = p.step("host-route"); err != nil {
 		return err
 	}
+	waitPolicy(inv, args.ContainerID, side.ips(), log)
+	tr.mark("policy")
 
 	var prev *current.Result
 	if inv.conf.PrevResult != nil {

@@ -54,7 +54,7 @@ func TestStepTrace(t *testing.T) {
 		lines = append(lines, l)
 	}
 	want := map[string][]string{
-		"ADD": {"config", "netns", "mtu", "ipam", "prepare", "stale-veth", "veth", "guard", "host", "address", "route", "host-route", "result"},
+		"ADD": {"config", "netns", "mtu", "ipam", "prepare", "stale-veth", "veth", "guard", "host", "address", "route", "host-route", "policy", "result"},
 		"DEL": {"config", "veth-detach", "guard", "ipam"},
 	}
 	if len(lines) != 2 || lines[0].Verb != "ADD" || lines[1].Verb != "DEL" {
