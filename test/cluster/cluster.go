@@ -144,6 +144,14 @@ type Config struct {
 	// Node's next hop, so the underlay of direct routes and of VXLAN is
 	// IPv6 then.
 	IPv6First bool
+	// NetworkPolicy runs every node's podnet-routed with
+	// --network-policy=true (its NetworkPolicy engine, table inet
+	// podnet-policy) and gives every pod its Pod object (PodObjects): the
+	// engine drops a local pod address it does not know.
+	NetworkPolicy bool
+	// PodObjects gives every pod a Pod object, as the scheduler and
+	// kubelet would (AddPodSpec), without NetworkPolicy too.
+	PodObjects bool
 	// Resync is podnet-routed's --resync-interval (0: its default).
 	Resync time.Duration
 	// UnderlayMTU is the MTU of every underlay link (default 1500).

@@ -247,6 +247,9 @@ func (n *Node) StartRouted() error {
 	if cfg.Resync > 0 {
 		args = append(args, "--resync-interval="+cfg.Resync.String())
 	}
+	if cfg.NetworkPolicy {
+		args = append(args, "--network-policy=true")
+	}
 	args = append(args, n.RoutedArgs...)
 	p, err := nettest.StartProc(n.NS.NetNS, !cfg.Detach, n.RoutedLog(), filepath.Join(cfg.BinDir, "podnet-routed"), args...)
 	if err != nil {

@@ -22,7 +22,9 @@ import (
 // Pod is a pod sandbox: a netns attached to its node's network by the
 // plugins of conf/10-podnet.conflist.
 type Pod struct {
-	Name        string // also K8S_POD_NAME, in namespace "default"
+	Name string // also K8S_POD_NAME
+	// Namespace is K8S_POD_NAMESPACE ("default" unless AddPodSpec says).
+	Namespace   string
 	Node        *Node
 	NS          *NetNS
 	IP          netip.Addr // IPv6 in an IPv6-only cluster
@@ -115,8 +117,23 @@ func (n *Node) initCNI() error {
 }
 
 // AddPod creates a pod netns and runs CNI ADD for it in the node netns,
-// as a runtime does (eth0, K8S_POD_* args, result cache).
+// as a runtime does (eth0, K8S_POD_* args, result cache), in namespace
+// "default". With Config.NetworkPolicy or Config.PodObjects the pod also
+// has its Pod object (see AddPodSpec).
 func (n *Node) AddPod(ctx context.Context, name string) (*Pod, error) {
+	return n.AddPodSpec(ctx, PodSpec{Name: name})
+}
+
+// AddPodSpec is AddPod with the pod's namespace, labels and container
+// ports. With Config.NetworkPolicy or Config.PodObjects it does what the
+// scheduler and kubelet do around the CNI ADD: the Pod object (namespace,
+// name, labels, spec.nodeName, one container with the ports) exists before
+// the ADD, and its status.podIPs are set after it.
+func (n *Node) AddPodSpec(ctx context.Context, spec PodSpec) (*Pod, error) {
+	name := spec.Name
+	if spec.Namespace == "" {
+		spec.Namespace = "default"
+	}
 	if name == "" {
 		n.podSeq++
 		name = fmt.Sprintf("%s-%c", n.Name, 'a'+rune(n.podSeq-1)%26)
@@ -127,12 +144,18 @@ func (n *Node) AddPod(ctx context.Context, name string) (*Pod, error) {
 	}
 	id := make([]byte, 32)
 	_, _ = rand.Read(id)
-	p := &Pod{Name: name, Node: n, NS: netns, ContainerID: hex.EncodeToString(id)}
+	p := &Pod{Name: name, Namespace: spec.Namespace, Node: n, NS: netns, ContainerID: hex.EncodeToString(id)}
+	spec.Name = name
+	if n.c.podObjects() {
+		if err := n.c.createPodObject(ctx, n, spec); err != nil {
+			return nil, errors.Join(err, n.c.dropNetNS(netns))
+		}
+	}
 	p.rt = &libcni.RuntimeConf{
 		ContainerID: p.ContainerID, NetNS: netns.Path(), IfName: "eth0",
 		Args: [][2]string{
 			{"IgnoreUnknown", "1"},
-			{"K8S_POD_NAMESPACE", "default"},
+			{"K8S_POD_NAMESPACE", spec.Namespace},
 			{"K8S_POD_NAME", name},
 			{"K8S_POD_INFRA_CONTAINER_ID", p.ContainerID},
 		},
@@ -146,7 +169,7 @@ func (n *Node) AddPod(ctx context.Context, name string) (*Pod, error) {
 	if err != nil {
 		// As a runtime does after a failed ADD: DEL, then drop the sandbox.
 		_ = n.NS.Do(func() error { return n.cni.DelNetworkList(ctx, n.list, p.rt) })
-		return nil, errors.Join(fmt.Errorf("CNI ADD %s on %s: %w", name, n.Name, err), n.c.dropNetNS(netns))
+		return nil, errors.Join(fmt.Errorf("CNI ADD %s on %s: %w", name, n.Name, err), n.c.dropNetNS(netns), n.c.deletePodObject(ctx, p))
 	}
 	if p.Result, err = current.NewResultFromResult(res); err != nil {
 		return nil, err
@@ -171,6 +194,11 @@ func (n *Node) AddPod(ctx context.Context, name string) (*Pod, error) {
 		return nil, fmt.Errorf("pod %s got %v, want an address in %s too", name, p.Result.IPs, n.PodCIDR6)
 	}
 	n.Pods = append(n.Pods, p)
+	if n.c.podObjects() {
+		if err := n.c.setPodIPs(ctx, p); err != nil {
+			return p, err
+		}
+	}
 	return p, nil
 }
 
@@ -183,7 +211,7 @@ func (n *Node) DelPod(ctx context.Context, p *Pod) error {
 		return fmt.Errorf("CNI DEL %s on %s: %w", p.Name, n.Name, err)
 	}
 	n.Pods = slices.DeleteFunc(n.Pods, func(q *Pod) bool { return q == p })
-	return n.c.dropNetNS(p.NS)
+	return errors.Join(n.c.dropNetNS(p.NS), n.c.deletePodObject(ctx, p))
 }
 
 // Check runs CNI CHECK for the pod.
