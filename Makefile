@@ -65,6 +65,7 @@ SUITE_unit        = $$($(GO) list ./... | grep -v -e '/test/' -e '/plugins/veth$
 SUITE_integration = ./plugins/veth/ ./internal/podfilter/ ./test/integration/... ./test/bench/... ./test/nettest/... ./test/fakeipam/...
 SUITE_routed      = ./test/routed/...
 SUITE_e2e         = ./test/e2e/...
+SUITE_policy      = ./test/policy/...
 SUITE_cluster     = ./test/cluster/... ./test/kapi/...
 SUITE_runtime     = ./test/runtime/...
 SUITE_ipipvm      = ./test/ipipvm/...
@@ -73,11 +74,12 @@ TIMEOUT_unit = 10m
 TIMEOUT_integration = 20m
 TIMEOUT_routed = 20m
 TIMEOUT_e2e = 20m
+TIMEOUT_policy = 10m
 TIMEOUT_cluster = 15m
 TIMEOUT_runtime = 15m
 TIMEOUT_ipipvm = 20m
 TIMEOUT_ship = 20m
-SUITES := unit integration routed e2e cluster runtime ipipvm ship
+SUITES := unit integration routed e2e policy cluster runtime ipipvm ship
 # Every suite but unit gets the reference plugins and kube-apiserver dirs.
 $(foreach s,$(filter-out unit,$(SUITES)),$(eval ENV_$(s) = $$(TEST_ENV)))
 
@@ -101,6 +103,10 @@ integration: test-integration
 test-routed: build kapi go-suite-routed
 # Whole clusters and real traffic (root, kapi, the reference plugins).
 test-e2e: build cni-tools kapi go-suite-e2e
+# NetworkPolicy end to end: a two-node cluster with podnet-routed
+# --network-policy=true, real TCP and UDP flows judged by the policies
+# (root, kapi, the reference plugins).
+test-policy: build cni-tools kapi go-suite-policy
 # The harness libraries' own tests and `make demo` (root, kapi).
 test-cluster: build cni-tools kapi go-suite-cluster
 # Pod sandboxes through containerd's CRI (root; installs containerd + runc

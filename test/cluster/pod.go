@@ -194,7 +194,7 @@ func (n *Node) AddPodSpec(ctx context.Context, spec PodSpec) (*Pod, error) {
 		return nil, fmt.Errorf("pod %s got %v, want an address in %s too", name, p.Result.IPs, n.PodCIDR6)
 	}
 	n.Pods = append(n.Pods, p)
-	if n.c.podObjects() {
+	if n.c.podObjects() && !spec.LateStatus {
 		if err := n.c.setPodIPs(ctx, p); err != nil {
 			return p, err
 		}

@@ -36,6 +36,9 @@ type PodSpec struct {
 	Labels    map[string]string
 	// Ports are the container's ports (named ports resolve against them).
 	Ports []corev1.ContainerPort
+	// LateStatus: AddPodSpec leaves status.podIPs unset; the caller
+	// reports them (ReportPodIPs), as a slow kubelet would.
+	LateStatus bool
 }
 
 func (c *Cluster) podObjects() bool { return c.Cfg.NetworkPolicy || c.Cfg.PodObjects }
@@ -46,8 +49,9 @@ func PodObject(spec PodSpec, node string) *corev1.Pod {
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Namespace: spec.Namespace, Name: spec.Name, Labels: spec.Labels},
 		Spec: corev1.PodSpec{
-			NodeName:   node,
-			Containers: []corev1.Container{{Name: "app", Image: "podnet.invalid/app", Ports: spec.Ports}},
+			NodeName:                     node,
+			AutomountServiceAccountToken: new(false),
+			Containers:                   []corev1.Container{{Name: "app", Image: "podnet.invalid/app", Ports: spec.Ports}},
 		},
 	}
 }
@@ -55,14 +59,20 @@ func PodObject(spec PodSpec, node string) *corev1.Pod {
 // createPodObject creates the Pod as the scheduler leaves it: bound to
 // n, no addresses yet.
 func (c *Cluster) createPodObject(ctx context.Context, n *Node, spec PodSpec) error {
+	if err := EnsureServiceAccount(ctx, c.Client, spec.Namespace); err != nil {
+		return err
+	}
 	if _, err := c.Client.CoreV1().Pods(spec.Namespace).Create(ctx, PodObject(spec, n.Name), metav1.CreateOptions{}); err != nil {
 		return fmt.Errorf("create Pod %s/%s: %w", spec.Namespace, spec.Name, err)
 	}
 	return nil
 }
 
-// setPodIPs reports the pod's addresses in its status, as the kubelet
-// does after the CNI ADD (phase Running).
+// ReportPodIPs reports the pod's addresses in its Pod status, as the
+// kubelet does after the CNI ADD (phase Running): AddPodSpec does unless
+// PodSpec.LateStatus.
+func (c *Cluster) ReportPodIPs(ctx context.Context, p *Pod) error { return c.setPodIPs(ctx, p) }
+
 func (c *Cluster) setPodIPs(ctx context.Context, p *Pod) error {
 	var ips []string
 	for _, a := range []netip.Addr{p.IP, p.IP6} {
@@ -456,4 +466,15 @@ func containsStr(xs []string, s string) bool {
 		}
 	}
 	return false
+}
+
+// EnsureServiceAccount creates the namespace's "default" ServiceAccount,
+// which the API server's ServiceAccount admission wants for every Pod (no
+// kube-controller-manager here to make it).
+func EnsureServiceAccount(ctx context.Context, client kubernetes.Interface, namespace string) error {
+	_, err := client.CoreV1().ServiceAccounts(namespace).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}}, metav1.CreateOptions{})
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("create ServiceAccount %s/default: %w", namespace, err)
+	}
+	return nil
 }

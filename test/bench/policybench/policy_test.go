@@ -1,0 +1,757 @@
+//go:build bench
+
+// Package policybench is the NetworkPolicy stage of `make bench` (issue
+// 24), built only with the build tag bench: a two-node VXLAN test/cluster
+// with podnet-routed --network-policy=true on both nodes, 1,000 pods and
+// 100 NetworkPolicies in the API server.
+//
+// What is real and what is not: the two node netns, their podnet-routed
+// (engine, nft table inet podnet-policy, conntrack) and kube-apiserver +
+// etcd are real; four pods are real netns attached through libcni (srv
+// and probe-srv on node 1, cli and probe-cli on node 2), and all the
+// traffic measured is theirs. The other 996 pods are Pod objects only,
+// with status.podIPs set as a kubelet would: 200 bound to node 1 with
+// addresses in its PodCIDR (the engine compiles and writes them as local
+// pods: verdict map elements, pod chains), 796 bound to 20 nodes that do
+// not exist (peers in the policies' address sets). The 100 policies are in
+// 11 namespaces and select those pods with pod selectors, namespace
+// selectors, ipBlocks with excepts, named ports and egress rules.
+//
+// Measured: enforcement latency (a policy created or deleted, a client
+// pod's label changed -> the first new connection of the probe flow with
+// the new verdict), revocation (an established stream's first line that
+// gets no echo after the allowing policy is deleted), fresh-connection
+// latency, connection rate and iperf3 throughput with 0 and 100 policies
+// (the 1,000 pods there in both), and the full write after a restart of
+// node 1's podnet-routed. It asserts nothing; the numbers go to
+// $PODNET_BENCH_OUT/policy.json for bench/report.
+package policybench
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/podnet/podnet/test/cluster"
+	"github.com/podnet/podnet/test/kapi"
+	"github.com/podnet/podnet/test/nettest"
+)
+
+type flip struct {
+	Kind     string  `json:"kind"` // policy-create, policy-delete, label-remove, label-add
+	To       string  `json:"to"`   // allowed or refused
+	Ms       float64 `json:"ms"`   // change requested -> first attempt of the final run with the new verdict; -1: not within the limit
+	Attempts int     `json:"attempts"`
+}
+
+type phase struct {
+	Policies int `json:"policies"`
+	Rep      int `json:"rep"`
+	// ConnectMs: one new TCP connection cli -> srv each, connect + one
+	// echoed line, sequential
+	ConnectMs  []float64 `json:"connect_ms"`
+	ConnPerSec float64   `json:"conn_per_s"` // 4 workers, new connection + echo each
+	Gbps       float64   `json:"gbps"`       // iperf3 cli -> srv, one TCP stream
+	Load1      float64   `json:"load1"`
+}
+
+type restart struct {
+	// StartToWriteS: podnet-routed started -> its first write of the
+	// table (informers synced, compiled, written whole) seen in /metrics
+	StartToWriteS float64 `json:"start_to_write_s"`
+	// ApplyS: podnet_policy_apply_seconds of that write (sum / count
+	// when a second write came before the scrape)
+	ApplyS     float64 `json:"apply_s"`
+	ApplyCount float64 `json:"apply_count"`
+}
+
+type result struct {
+	Started      time.Time `json:"started"`
+	Seconds      float64   `json:"seconds"`
+	Commit       string    `json:"commit"`
+	LoadBefore   string    `json:"load_before"`
+	Real         string    `json:"real"`
+	Encap        string    `json:"encap"`
+	PodsTotal    int       `json:"pods_total"`
+	PodsReal     int       `json:"pods_real"`
+	PodsLocal    int       `json:"pods_fake_local"`
+	PodsRemote   int       `json:"pods_fake_remote"`
+	Policies     int       `json:"policies"`
+	TableLines   int       `json:"table_lines"` // `nft list table inet podnet-policy` on node 1, lines
+	IsolatedPods float64   `json:"isolated_pods"`
+	PolicyChains float64   `json:"policy_chains"`
+	SetupPodsS   float64   `json:"setup_pods_s"`
+	SetupPolS    float64   `json:"setup_policies_s"`
+	Flips        []flip    `json:"flips"`
+	// RevocationMs: allowing policy deleted -> send time of the stream's
+	// first line never echoed; -1: the stream kept echoing
+	RevocationMs []float64 `json:"revocation_ms"`
+	Phases       []phase   `json:"phases"`
+	Restarts     []restart `json:"restarts"`
+	// IncrementalApply: podnet_policy_apply_seconds on node 1 over the
+	// flips (diff writes): count and mean
+	IncrementalApplyCount  float64 `json:"incremental_apply_count"`
+	IncrementalApplyMeanMs float64 `json:"incremental_apply_mean_ms"`
+}
+
+func envInt(name string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
+		return v
+	}
+	return def
+}
+
+const (
+	nsBench     = "bench"
+	fakeLocal   = 200
+	fakeRemote  = 796
+	fakeNodes   = 20
+	fakeNSCount = 10
+	srvPort     = 80
+	iperfPort   = 5201
+)
+
+func TestPolicyBench(t *testing.T) {
+	out := os.Getenv("PODNET_BENCH_OUT")
+	if out == "" {
+		t.Fatal("a benchmark, run by `make bench` (scripts/bench.sh): set PODNET_BENCH_OUT to a directory to run it")
+	}
+	if _, err := exec.LookPath("iperf3"); err != nil {
+		t.Fatal("iperf3 not installed (Debian package iperf3; scripts/bench.sh installs it)")
+	}
+	rounds := envInt("PODNET_BENCH_POLICY_ROUNDS", 10) // 4 flips each
+	revokes := envInt("PODNET_BENCH_POLICY_REVOKES", 10)
+	conns := envInt("PODNET_BENCH_POLICY_CONNS", 300)
+	iperfS := envInt("PODNET_BENCH_POLICY_IPERF_SECONDS", 5)
+	reps := envInt("PODNET_BENCH_POLICY_REPS", 2)
+	loadBefore, _ := os.ReadFile("/proc/loadavg")
+	res := result{Started: time.Now().UTC(), Encap: "vxlan", Commit: os.Getenv("PODNET_BENCH_COMMIT"),
+		LoadBefore: strings.Join(strings.Fields(string(loadBefore))[:3], " "),
+		Real: "2 node netns with podnet-routed --network-policy=true (engine, nft, conntrack) and a real kube-apiserver + etcd; 4 pod netns attached by the plugins " +
+			"(srv, probe-srv on node 1; cli, probe-cli on node 2: all measured traffic is theirs); 996 Pod objects without netns (200 on node 1 with addresses in its PodCIDR, 796 on 20 nodes that do not exist)"}
+	ctx := context.Background()
+	id := make([]byte, 3)
+	_, _ = rand.Read(id)
+	c, err := cluster.Up(ctx, cluster.Config{
+		Name:          "pnpolb-" + hex.EncodeToString(id),
+		WorkDir:       t.TempDir(),
+		RepoRoot:      nettest.RepoRoot(t),
+		BinDir:        nettest.BinDir(t, "podnet", "podnet-ipam", "podnet-routed"),
+		KapiDir:       kapi.BinDir(t),
+		Encap:         "vxlan",
+		Nodes:         2,
+		NetworkPolicy: true,
+		Logf:          t.Logf,
+	})
+	if err != nil {
+		t.Fatalf("cluster up: %v", err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			for _, n := range c.Nodes {
+				t.Logf("%s podnet-routed log (end):\n%s", n.Name, cluster.Tail(n.RoutedLog(), 20))
+			}
+		}
+		if err := c.Down(); err != nil {
+			t.Errorf("teardown: %v", err)
+		}
+	})
+	n1, n2 := c.Nodes[0], c.Nodes[1]
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(c.CreateNamespace(ctx, nsBench, map[string]string{"team": "bench"}))
+	addPod := func(n *cluster.Node, name string, labels map[string]string) *cluster.Pod {
+		p, err := n.AddPodSpec(ctx, cluster.PodSpec{Namespace: nsBench, Name: name, Labels: labels,
+			Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: srvPort, Protocol: corev1.ProtocolTCP}}})
+		must(err)
+		return p
+	}
+	srv := addPod(n1, "srv", map[string]string{"app": "srv"})
+	probeSrv := addPod(n1, "probe-srv", map[string]string{"app": "probe"})
+	cli := addPod(n2, "cli", map[string]string{"role": "cli"})
+	probeCli := addPod(n2, "probe-cli", map[string]string{"role": "probe-cli"})
+	must(srv.ServeEcho(srvPort))
+	must(probeSrv.ServeEcho(srvPort))
+	nettest.StartProcT(t, srv.NS.NetNS, filepath.Join(t.TempDir(), "iperf3.log"), "iperf3", "-s", "-B", srv.IP.String(), "-p", strconv.Itoa(iperfPort))
+	srvAddr, probeAddr := netip.AddrPortFrom(srv.IP, srvPort), netip.AddrPortFrom(probeSrv.IP, srvPort)
+	waitVerdict(t, cli.NS, srvAddr, true, 20*time.Second)
+
+	// 996 Pod objects, then 100 policies.
+	start := time.Now()
+	createFakePods(t, c, n1)
+	res.SetupPodsS = time.Since(start).Seconds()
+	res.PodsReal, res.PodsLocal, res.PodsRemote = 4, fakeLocal, fakeRemote
+	res.PodsTotal = res.PodsReal + res.PodsLocal + res.PodsRemote
+	pols := policies()
+	res.Policies = len(pols)
+	createAll := func() {
+		start := time.Now()
+		parallel(t, len(pols), 8, func(i int) error { return c.CreatePolicy(ctx, pols[i]) })
+		waitVerdict(t, probeCli.NS, probeAddr, false, 30*time.Second) // bench's deny-all
+		waitVerdict(t, cli.NS, srvAddr, true, 30*time.Second)         // allow-cli
+		res.SetupPolS = time.Since(start).Seconds()
+		time.Sleep(2 * time.Second) // the last writes settle
+	}
+	deleteAll := func() {
+		parallel(t, len(pols), 8, func(i int) error { return c.DeletePolicy(ctx, pols[i].Namespace, pols[i].Name) })
+		waitVerdict(t, probeCli.NS, probeAddr, true, 30*time.Second)
+		time.Sleep(2 * time.Second)
+	}
+
+	// 0 vs 100 policies, alternating.
+	for rep := 1; rep <= reps; rep++ {
+		for _, withPol := range []bool{false, true} {
+			if withPol {
+				createAll()
+			}
+			ph := phase{Policies: 0, Rep: rep, Load1: load1()}
+			if withPol {
+				ph.Policies = len(pols)
+			}
+			ph.ConnectMs = connectLatencies(t, cli.NS, srvAddr, conns)
+			ph.ConnPerSec = connRate(cli.NS, srvAddr, 3*time.Second, 4)
+			ph.Gbps = iperf(t, cli.NS.NetNS, srv.IP.String(), iperfPort, iperfS)
+			t.Logf("%d policies, rep %d: connect p50 %.2f ms p99 %.2f ms, %.0f conn/s, %.2f Gbit/s", ph.Policies, rep, pct(ph.ConnectMs, 50), pct(ph.ConnectMs, 99), ph.ConnPerSec, ph.Gbps)
+			res.Phases = append(res.Phases, ph)
+			if withPol && rep < reps {
+				deleteAll()
+			}
+		}
+	}
+	// the policies are in place from here on
+	if body, err := n1.MetricsText(); err == nil {
+		res.IsolatedPods, _ = cluster.Metric(body, "podnet_policy_isolated_pods")
+		res.PolicyChains, _ = cluster.Metric(body, "podnet_policy_chains")
+	}
+	if out, err := n1.NS.Exec(ctx, "nft", "list", "table", "inet", "podnet-policy"); err == nil {
+		res.TableLines = strings.Count(out, "\n")
+	}
+
+	// Enforcement latency: flips of the probe flow probe-cli -> probe-srv.
+	applyBefore := applyStats(n1)
+	allowProbe := &networkingv1.NetworkPolicy{
+		ObjectMeta: metav1.ObjectMeta{Namespace: nsBench, Name: "allow-probe"},
+		Spec: networkingv1.NetworkPolicySpec{
+			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "probe"}},
+			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress},
+			Ingress: []networkingv1.NetworkPolicyIngressRule{{
+				From:  []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"role": "probe-cli"}}}},
+				Ports: []networkingv1.NetworkPolicyPort{tcpPort(intstr.FromString("http"))},
+			}},
+		},
+	}
+	setLabel := func(role string) func() error {
+		return func() error { return c.SetPodLabels(ctx, probeCli, map[string]string{"role": role}) }
+	}
+	for range rounds {
+		for _, step := range []struct {
+			kind   string
+			allow  bool
+			change func() error
+		}{
+			{"policy-create", true, func() error { return c.CreatePolicy(ctx, allowProbe.DeepCopy()) }},
+			{"label-remove", false, setLabel("none")},
+			{"label-add", true, setLabel("probe-cli")},
+			{"policy-delete", false, func() error { return c.DeletePolicy(ctx, nsBench, "allow-probe") }},
+		} {
+			f := measureFlip(t, probeCli.NS, probeAddr, step.allow, step.change)
+			f.Kind = step.kind
+			res.Flips = append(res.Flips, f)
+			t.Logf("flip %s -> %s: %.1f ms (%d attempts)", f.Kind, f.To, f.Ms, f.Attempts)
+		}
+	}
+	applyAfter := applyStats(n1)
+	if dc := applyAfter[1] - applyBefore[1]; dc > 0 {
+		res.IncrementalApplyCount = dc
+		res.IncrementalApplyMeanMs = (applyAfter[0] - applyBefore[0]) / dc * 1000
+	}
+
+	// Revocation.
+	for range revokes {
+		must(c.CreatePolicy(ctx, allowProbe.DeepCopy()))
+		waitVerdict(t, probeCli.NS, probeAddr, true, 10*time.Second)
+		ms := revocation(t, probeCli.NS, probeAddr, func() error { return c.DeletePolicy(ctx, nsBench, "allow-probe") })
+		res.RevocationMs = append(res.RevocationMs, ms)
+		t.Logf("revocation: %.1f ms", ms)
+		waitVerdict(t, probeCli.NS, probeAddr, false, 10*time.Second)
+	}
+
+	// Full write after a restart of node 1's podnet-routed, 100 policies.
+	for range 3 {
+		must(n1.StopRouted())
+		start := time.Now()
+		must(n1.StartRouted())
+		var r restart
+		err := nettest.Poll(ctx, 60*time.Second, 10*time.Millisecond, func() error {
+			st := applyStats(n1)
+			if st[1] < 1 {
+				return fmt.Errorf("no write yet")
+			}
+			r = restart{StartToWriteS: time.Since(start).Seconds(), ApplyS: st[0] / st[1], ApplyCount: st[1]}
+			return nil
+		})
+		must(err)
+		must(n1.WaitReady(ctx, 30*time.Second))
+		res.Restarts = append(res.Restarts, r)
+		t.Logf("restart: first write %.3f s after start, apply %.1f ms", r.StartToWriteS, r.ApplyS*1000)
+	}
+	waitVerdict(t, cli.NS, srvAddr, true, 10*time.Second)
+
+	res.Seconds = time.Since(res.Started).Seconds()
+	data, err := json.MarshalIndent(res, "", " ")
+	must(err)
+	must(os.WriteFile(filepath.Join(out, "policy.json"), data, 0o644))
+	t.Logf("wrote %s", filepath.Join(out, "policy.json"))
+}
+
+// ---- the API objects ----
+
+func tcpPort(p intstr.IntOrString) networkingv1.NetworkPolicyPort {
+	proto := corev1.ProtocolTCP
+	return networkingv1.NetworkPolicyPort{Protocol: &proto, Port: &p}
+}
+
+func udpPort(p int32) networkingv1.NetworkPolicyPort {
+	proto := corev1.ProtocolUDP
+	port := intstr.FromInt32(p)
+	return networkingv1.NetworkPolicyPort{Protocol: &proto, Port: &port}
+}
+
+func sel(kv ...string) *metav1.LabelSelector {
+	m := map[string]string{}
+	for i := 0; i+1 < len(kv); i += 2 {
+		m[kv[i]] = kv[i+1]
+	}
+	return &metav1.LabelSelector{MatchLabels: m}
+}
+
+var tiers = []string{"frontend", "backend", "db"}
+
+// createFakePods makes the namespaces bns-0..9 and 996 Pod objects in
+// them (labels app=a<i%20>, tier, named ports http and metrics), with
+// status.podIPs: 200 on node 1 from the top of its PodCIDR (the IPAM
+// hands out from the bottom), the rest on nodes fake-0..19 from
+// 10.250.0.0/16.
+func createFakePods(t *testing.T, c *cluster.Cluster, n1 *cluster.Node) {
+	ctx := context.Background()
+	for i := range fakeNSCount {
+		name := fmt.Sprintf("bns-%d", i)
+		if err := c.CreateNamespace(ctx, name, map[string]string{"team": fmt.Sprintf("t%d", i%3)}); err != nil {
+			t.Fatal(err)
+		}
+		if err := cluster.EnsureServiceAccount(ctx, c.Client, name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	base := n1.PodCIDR.Addr().As4()
+	if n1.PodCIDR.Bits() != 24 {
+		t.Fatalf("node 1 PodCIDR %s: the bench assumes a /24", n1.PodCIDR)
+	}
+	parallel(t, fakeLocal+fakeRemote, 16, func(i int) error {
+		var node, ip string
+		if i < fakeLocal {
+			node = n1.Name
+			ip = netip.AddrFrom4([4]byte{base[0], base[1], base[2], byte(50 + i)}).String()
+		} else {
+			j := i - fakeLocal
+			node = fmt.Sprintf("fake-%d", j%fakeNodes)
+			ip = fmt.Sprintf("10.250.%d.%d", j/250, j%250+1)
+		}
+		spec := cluster.PodSpec{
+			Namespace: fmt.Sprintf("bns-%d", i%fakeNSCount), Name: fmt.Sprintf("fake-%d", i),
+			Labels: map[string]string{"app": fmt.Sprintf("a%d", i%20), "tier": tiers[i%3]},
+			Ports: []corev1.ContainerPort{
+				{Name: "http", ContainerPort: 8080, Protocol: corev1.ProtocolTCP},
+				{Name: "metrics", ContainerPort: 9090, Protocol: corev1.ProtocolTCP},
+			},
+		}
+		if _, err := c.Client.CoreV1().Pods(spec.Namespace).Create(ctx, cluster.PodObject(spec, node), metav1.CreateOptions{}); err != nil {
+			return err
+		}
+		return cluster.SetPodStatusIPs(ctx, c.Client, spec.Namespace, spec.Name, "192.0.2.1", []string{ip})
+	})
+}
+
+// policies are the 100: bench's default-deny and allow-cli, and 98 in
+// bns-*, each selecting app=a<k%20> with three ingress rules (pod
+// selector + named port, namespace selector + pod selector, ipBlock with
+// an except) and, one in four, egress rules (to db pods, DNS).
+func policies() []*networkingv1.NetworkPolicy {
+	out := []*networkingv1.NetworkPolicy{
+		{
+			ObjectMeta: metav1.ObjectMeta{Namespace: nsBench, Name: "deny-all"},
+			Spec:       networkingv1.NetworkPolicySpec{PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}},
+		},
+		{
+			ObjectMeta: metav1.ObjectMeta{Namespace: nsBench, Name: "allow-cli"},
+			Spec: networkingv1.NetworkPolicySpec{
+				PodSelector: *sel("app", "srv"),
+				PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress},
+				Ingress: []networkingv1.NetworkPolicyIngressRule{{
+					From:  []networkingv1.NetworkPolicyPeer{{PodSelector: sel("role", "cli")}},
+					Ports: []networkingv1.NetworkPolicyPort{tcpPort(intstr.FromString("http")), tcpPort(intstr.FromInt32(iperfPort))},
+				}},
+			},
+		},
+	}
+	for k := range 98 {
+		np := &networkingv1.NetworkPolicy{
+			ObjectMeta: metav1.ObjectMeta{Namespace: fmt.Sprintf("bns-%d", k%fakeNSCount), Name: fmt.Sprintf("pol-%d", k)},
+			Spec: networkingv1.NetworkPolicySpec{
+				PodSelector: *sel("app", fmt.Sprintf("a%d", k%20)),
+				PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress},
+				Ingress: []networkingv1.NetworkPolicyIngressRule{
+					{From: []networkingv1.NetworkPolicyPeer{{PodSelector: sel("tier", "frontend")}},
+						Ports: []networkingv1.NetworkPolicyPort{tcpPort(intstr.FromString("http")), tcpPort(intstr.FromInt32(443))}},
+					{From: []networkingv1.NetworkPolicyPeer{{NamespaceSelector: sel("team", fmt.Sprintf("t%d", k%3)), PodSelector: sel("tier", "backend")}},
+						Ports: []networkingv1.NetworkPolicyPort{tcpPort(intstr.FromString("metrics"))}},
+					{From: []networkingv1.NetworkPolicyPeer{{IPBlock: &networkingv1.IPBlock{CIDR: "10.0.0.0/8", Except: []string{fmt.Sprintf("10.250.%d.0/24", k%4)}}}},
+						Ports: []networkingv1.NetworkPolicyPort{tcpPort(intstr.FromInt32(8443))}},
+				},
+			},
+		}
+		if k%4 == 0 {
+			np.Spec.PolicyTypes = append(np.Spec.PolicyTypes, networkingv1.PolicyTypeEgress)
+			np.Spec.Egress = []networkingv1.NetworkPolicyEgressRule{
+				{To: []networkingv1.NetworkPolicyPeer{{PodSelector: sel("tier", "db")}}, Ports: []networkingv1.NetworkPolicyPort{tcpPort(intstr.FromInt32(5432))}},
+				{Ports: []networkingv1.NetworkPolicyPort{udpPort(53), tcpPort(intstr.FromInt32(53))}},
+			}
+		}
+		out = append(out, np)
+	}
+	return out
+}
+
+// parallel runs f(0..n-1) on workers goroutines and fails on the first
+// error.
+func parallel(t *testing.T, n, workers int, f func(int) error) {
+	t.Helper()
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var first error
+	next := make(chan int)
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range next {
+				if err := f(i); err != nil {
+					mu.Lock()
+					if first == nil {
+						first = err
+					}
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	for i := range n {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	if first != nil {
+		t.Fatal(first)
+	}
+}
+
+// ---- measurements ----
+
+// waitVerdict waits until a new connection from -> to gets verdict allowed.
+func waitVerdict(t *testing.T, from *cluster.NetNS, to netip.AddrPort, allowed bool, limit time.Duration) {
+	t.Helper()
+	err := nettest.Poll(context.Background(), limit, 50*time.Millisecond, func() error {
+		err := cluster.ProbeTCP(context.Background(), from, to, 300*time.Millisecond)
+		if allowed != (err == nil) {
+			return fmt.Errorf("want allowed=%v, probe: %v", allowed, err)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("%s → %s: %v", from.Name, to, err)
+	}
+}
+
+type attempt struct {
+	at time.Time
+	ok bool
+}
+
+// measureFlip starts a new TCP connection from -> to (connect and one
+// echoed line, 300 ms to answer) every 10 ms, makes the change, and
+// returns the time from the change to the first attempt of the run of 15
+// attempts in a row that all had the new verdict (allowed) and after
+// which none had the old one (up to 10 s).
+func measureFlip(t *testing.T, from *cluster.NetNS, to netip.AddrPort, allowed bool, change func() error) flip {
+	t.Helper()
+	const every, answer, run, limit = 10 * time.Millisecond, 300 * time.Millisecond, 15, 10 * time.Second
+	f := flip{To: "refused", Ms: -1}
+	if allowed {
+		f.To = "allowed"
+	}
+	var mu sync.Mutex
+	var atts []attempt
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	go func() {
+		tick := time.NewTicker(every)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				at := time.Now()
+				err := cluster.ProbeTCP(context.Background(), from, to, answer)
+				mu.Lock()
+				atts = append(atts, attempt{at: at, ok: err == nil})
+				mu.Unlock()
+			}()
+		}
+	}()
+	time.Sleep(50 * time.Millisecond)
+	t0 := time.Now()
+	if err := change(); err != nil {
+		close(stop)
+		wg.Wait()
+		t.Fatal(err)
+	}
+	deadline := t0.Add(limit)
+	for time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+		mu.Lock()
+		// the answered attempts, in start order, up to the last started
+		// more than `answer` ago (all of those have finished)
+		cut := time.Now().Add(-answer - 20*time.Millisecond)
+		done := slices.Clone(atts)
+		mu.Unlock()
+		slices.SortFunc(done, func(a, b attempt) int { return a.at.Compare(b.at) })
+		done = slices.DeleteFunc(done, func(a attempt) bool { return a.at.After(cut) })
+		// the last attempt with the old verdict, then a run of `run`
+		last := -1
+		for i, a := range done {
+			if a.ok != allowed {
+				last = i
+			}
+		}
+		if len(done)-last-1 >= run {
+			first := done[last+1].at
+			f.Ms = max(0, first.Sub(t0).Seconds()*1000)
+			f.Attempts = len(done)
+			break
+		}
+	}
+	close(stop)
+	wg.Wait()
+	return f
+}
+
+// revocation opens a stream from -> to, sends a line every 5 ms, makes
+// the change, and returns the time from the change to the send of the
+// first line never echoed (-1: every line echoed for 5 s).
+func revocation(t *testing.T, from *cluster.NetNS, to netip.AddrPort, change func() error) float64 {
+	t.Helper()
+	conn, err := from.DialContext(context.Background(), "tcp", to.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	var mu sync.Mutex
+	sent := map[int]time.Time{}
+	echoed := map[int]bool{}
+	done := make(chan struct{})
+	go func() {
+		buf := make([]byte, 0, 64)
+		rd := make([]byte, 4096)
+		for {
+			n, err := conn.Read(rd)
+			if err != nil {
+				return
+			}
+			buf = append(buf, rd[:n]...)
+			for {
+				i := strings.IndexByte(string(buf), '\n')
+				if i < 0 {
+					break
+				}
+				seq, _ := strconv.Atoi(string(buf[:i]))
+				buf = buf[i+1:]
+				mu.Lock()
+				echoed[seq] = true
+				mu.Unlock()
+			}
+		}
+	}()
+	go func() {
+		for seq := 1; ; seq++ {
+			select {
+			case <-done:
+				return
+			default:
+			}
+			mu.Lock()
+			sent[seq] = time.Now()
+			mu.Unlock()
+			_ = conn.SetWriteDeadline(time.Now().Add(time.Second))
+			if _, err := fmt.Fprintf(conn, "%d\n", seq); err != nil {
+				return
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}()
+	time.Sleep(200 * time.Millisecond)
+	t0 := time.Now()
+	if err := change(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(5 * time.Second)
+	close(done)
+	mu.Lock()
+	defer mu.Unlock()
+	// the first line never echoed that was sent after the change, with
+	// no echo after it
+	lastEcho := 0
+	for s := range echoed {
+		lastEcho = max(lastEcho, s)
+	}
+	at, ok := sent[lastEcho+1]
+	if !ok {
+		return -1
+	}
+	return max(0, at.Sub(t0).Seconds()*1000)
+}
+
+// connectLatencies makes n new connections from -> to one after the
+// other (connect + one echoed line each) and returns their times (ms).
+func connectLatencies(t *testing.T, from *cluster.NetNS, to netip.AddrPort, n int) []float64 {
+	t.Helper()
+	var out []float64
+	fails := 0
+	for range n {
+		start := time.Now()
+		if err := cluster.ProbeTCP(context.Background(), from, to, 2*time.Second); err != nil {
+			if fails++; fails > 5 {
+				t.Fatalf("fresh connections fail: %v", err)
+			}
+			continue
+		}
+		out = append(out, time.Since(start).Seconds()*1000)
+	}
+	return out
+}
+
+// connRate is the new connections (connect + one echoed line) per second
+// that workers loops make from -> to for d.
+func connRate(from *cluster.NetNS, to netip.AddrPort, d time.Duration, workers int) float64 {
+	var mu sync.Mutex
+	ok := 0
+	end := time.Now().Add(d)
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for time.Now().Before(end) {
+				if cluster.ProbeTCP(context.Background(), from, to, time.Second) == nil {
+					mu.Lock()
+					ok++
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return float64(ok) / d.Seconds()
+}
+
+// iperf runs one iperf3 client (one TCP stream) from netns to ip:port
+// and returns the receiver-side Gbit/s.
+func iperf(t *testing.T, n ns.NetNS, ip string, port, dur int) float64 {
+	t.Helper()
+	var j struct {
+		End struct {
+			Received struct {
+				BPS float64 `json:"bits_per_second"`
+			} `json:"sum_received"`
+		} `json:"end"`
+		Error string `json:"error"`
+	}
+	var out []byte
+	for try := 0; ; try++ {
+		_ = n.Do(func(ns.NetNS) error {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Duration(dur+20)*time.Second)
+			defer cancel()
+			out, _ = exec.CommandContext(ctx, "iperf3", "-c", ip, "-p", strconv.Itoa(port), "-t", strconv.Itoa(dur), "-O", "1", "-J").Output()
+			return nil
+		})
+		j.Error = ""
+		err := json.Unmarshal(out, &j)
+		if err == nil && j.Error == "" {
+			break
+		}
+		if try == 30 {
+			t.Fatalf("iperf3 -c %s (%v): %s\n%s", ip, err, j.Error, out)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	return j.End.Received.BPS / 1e9
+}
+
+// applyStats is podnet_policy_apply_seconds' sum and count on n.
+func applyStats(n *cluster.Node) [2]float64 {
+	body, err := n.MetricsText()
+	if err != nil {
+		return [2]float64{}
+	}
+	s, _ := cluster.Metric(body, "podnet_policy_apply_seconds_sum")
+	c, _ := cluster.Metric(body, "podnet_policy_apply_seconds_count")
+	return [2]float64{s, c}
+}
+
+func load1() float64 {
+	data, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(data))
+	if len(f) == 0 {
+		return 0
+	}
+	v, _ := strconv.ParseFloat(f[0], 64)
+	return v
+}
+
+func pct(xs []float64, p float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := slices.Sorted(slices.Values(xs))
+	i := int(float64(len(s)-1) * p / 100)
+	return s[i]
+}
