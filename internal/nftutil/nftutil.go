@@ -36,6 +36,26 @@ func SetSendBuffer(c *netlink.Conn, size int) error {
 	return serr
 }
 
+// SetReceiveBuffer gives an nftables socket room for the kernel's
+// answers to a whole transaction: one acknowledgement per message, about
+// 1 KiB each as the kernel counts them, so a transaction of thousands of
+// chains and rules overflows the default buffer (ENOBUFS) without it.
+func SetReceiveBuffer(c *netlink.Conn, size int) error {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var serr error
+	if err := rc.Control(func(fd uintptr) {
+		if serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, size); serr != nil {
+			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF, size)
+		}
+	}); err != nil {
+		return err
+	}
+	return serr
+}
+
 // dumpKind is one kind of object of a table and the netlink attributes
 // of its dump that change without anyone editing the table (handles,
 // counter values, element counts, padding), which the comparison ignores.

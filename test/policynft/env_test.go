@@ -7,7 +7,6 @@ package policynft
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -352,8 +351,8 @@ type check struct {
 	try   func() error
 }
 
-// run runs checks concurrently (a refused one costs refuseWait) and
-// reports each one whose outcome is not the expected one.
+// runChecks runs checks concurrently (a refused one costs refuseWait)
+// and reports each one whose outcome is not the expected one.
 func runChecks(t testing.TB, checks []check) {
 	t.Helper()
 	errs := make([]error, len(checks))
@@ -363,6 +362,11 @@ func runChecks(t testing.TB, checks []check) {
 		go func() {
 			defer wg.Done()
 			errs[i] = c.try()
+			// an allowed flow may lose a packet on a loaded machine: it
+			// gets a few tries (a refused one is judged by its first)
+			for try := 1; c.allow && errs[i] != nil && try < 4; try++ {
+				errs[i] = c.try()
+			}
 		}()
 	}
 	wg.Wait()
@@ -386,9 +390,7 @@ func (e *env) nft(args ...string) string {
 	return out
 }
 
-var errNoEcho = errors.New("no echo")
-
-// singleRange is one address as a Range.
+// one is one address as a Range.
 func one(a netip.Addr) policy.Range { return policy.Range{From: a, To: a} }
 
 // allFamily is every address of a's family.

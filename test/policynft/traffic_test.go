@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -331,5 +330,3 @@ func TestICMPAndPorts(t *testing.T) {
 		})
 	}
 }
-
-func itoa(i int) string { return strconv.Itoa(i) }

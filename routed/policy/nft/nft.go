@@ -43,6 +43,11 @@ const nftTimeout = 10 * time.Second
 // sendmsg, and a ruleset with 10,000 peer ranges takes about 1 MiB.
 const nftSendBuffer = 32 << 20
 
+// nftReceiveBuffer is the receive buffer of the socket: the kernel
+// acknowledges every message of a transaction (a chain, a rule, a chunk
+// of elements), and 1,000 pods and policies make thousands.
+const nftReceiveBuffer = 32 << 20
+
 // setElementsPerMessage bounds the elements of one message (their list is
 // one netlink attribute, whose length is 16 bits).
 const setElementsPerMessage = 500
@@ -90,6 +95,9 @@ func (w *Writer) nft() (*nftables.Conn, error) {
 		var nl *netlink.Conn
 		c, err := nftables.New(nftables.AsLasting(), nftables.WithSockOptions(func(c *netlink.Conn) error {
 			nl = c
+			if err := nftutil.SetReceiveBuffer(c, nftReceiveBuffer); err != nil {
+				return err
+			}
 			return nftutil.SetSendBuffer(c, nftSendBuffer)
 		}))
 		if err != nil {
