@@ -83,56 +83,117 @@ var dumpKinds = []dumpKind{
 // are not in it. nil, nil: there is no such table. conn is a netfilter
 // netlink socket.
 func Structure(conn *netlink.Conn, family byte, table string) ([]string, error) {
-	var lines []string
-	rules := map[string]int{}
+	return structure(conn, family, table, nil, nil)
+}
+
+// StructureUpdate is Structure after a change to a table whose Structure
+// was old: everything is read again but the rules, which are read only
+// for the chains in changed (created or rewritten) and taken from old for
+// the others. Its cost is that of the table's chains, sets and objects,
+// not of all its rules.
+func StructureUpdate(conn *netlink.Conn, family byte, table string, old []string, changed map[string]bool) ([]string, error) {
+	if old == nil {
+		return Structure(conn, family, table)
+	}
+	return structure(conn, family, table, old, changed)
+}
+
+func structure(conn *netlink.Conn, family byte, table string, old []string, changed map[string]bool) ([]string, error) {
+	var lines, chains []string
 	for _, k := range dumpKinds {
-		msgs, err := dump(conn, k, family, table)
+		if k.name == "rule" && old != nil {
+			// the rules, chain by chain in the table's order
+			oldRules := map[string][]string{}
+			for _, l := range old {
+				label, _, _ := strings.Cut(l, ": ")
+				if _, chain, ok := strings.Cut(label, " of chain "); ok && strings.HasPrefix(label, "rule ") {
+					oldRules[chain] = append(oldRules[chain], l)
+				}
+			}
+			for _, chain := range chains {
+				if !changed[chain] {
+					lines = append(lines, oldRules[chain]...)
+					continue
+				}
+				got, err := dumpLines(conn, k, family, table, chain)
+				if err != nil {
+					return nil, err
+				}
+				lines = append(lines, got...)
+			}
+			continue
+		}
+		got, err := dumpLines(conn, k, family, table, "")
 		if k.name == "table" && errors.Is(err, unix.ENOENT) {
 			return nil, nil
 		}
 		if err != nil {
-			return nil, fmt.Errorf("dump nftables %ss of %s: %w", k.name, table, err)
+			return nil, err
 		}
-		for _, m := range msgs {
-			attrs, err := netlink.UnmarshalAttributes(m.Data[min(4, len(m.Data)):])
-			if err != nil {
-				return nil, fmt.Errorf("nftables %s: %w", k.name, err)
+		if k.name == "chain" {
+			for _, l := range got {
+				label, _, _ := strings.Cut(l, ": ")
+				chains = append(chains, strings.TrimPrefix(label, "chain "))
 			}
-			tbl, name := "", ""
-			var b strings.Builder
-			for _, a := range attrs {
-				typ := a.Type &^ (unix.NLA_F_NESTED | unix.NLA_F_NET_BYTEORDER)
-				if typ == 1 {
-					tbl = strings.TrimRight(string(a.Data), "\x00")
-				}
-				if typ == k.named {
-					name = strings.TrimRight(string(a.Data), "\x00")
-				}
-				if slices.Contains(k.skip, typ) {
-					continue
-				}
-				fmt.Fprintf(&b, "%d=%s;", typ, hex.EncodeToString(a.Data))
+		}
+		lines = append(lines, got...)
+	}
+	return lines, nil
+}
+
+// dumpLines reads the objects of kind k of table (rules: of chain only,
+// when it is set) as Structure's lines.
+func dumpLines(conn *netlink.Conn, k dumpKind, family byte, table, chain string) ([]string, error) {
+	msgs, err := dump(conn, k, family, table, chain)
+	if err != nil {
+		return nil, fmt.Errorf("dump nftables %ss of %s: %w", k.name, table, err)
+	}
+	var lines []string
+	rules := map[string]int{}
+	for _, m := range msgs {
+		attrs, err := netlink.UnmarshalAttributes(m.Data[min(4, len(m.Data)):])
+		if err != nil {
+			return nil, fmt.Errorf("nftables %s: %w", k.name, err)
+		}
+		tbl, name := "", ""
+		var b strings.Builder
+		for _, a := range attrs {
+			typ := a.Type &^ (unix.NLA_F_NESTED | unix.NLA_F_NET_BYTEORDER)
+			if typ == 1 {
+				tbl = strings.TrimRight(string(a.Data), "\x00")
 			}
-			if tbl != table { // a chain dump lists every table's
+			if typ == k.named {
+				name = strings.TrimRight(string(a.Data), "\x00")
+			}
+			if slices.Contains(k.skip, typ) {
 				continue
 			}
-			label := k.name + " " + name
-			if k.name == "rule" {
-				rules[name]++
-				label = fmt.Sprintf("rule %d of chain %s", rules[name], name)
-			}
-			lines = append(lines, label+": "+b.String())
+			fmt.Fprintf(&b, "%d=%s;", typ, hex.EncodeToString(a.Data))
 		}
+		if tbl != table { // a chain dump lists every table's
+			continue
+		}
+		label := k.name + " " + name
+		if k.name == "rule" {
+			rules[name]++
+			label = fmt.Sprintf("rule %d of chain %s", rules[name], name)
+		}
+		lines = append(lines, label+": "+b.String())
 	}
 	return lines, nil
 }
 
 // dump lists the objects of kind k of table (the table itself: a get,
-// which fails with ENOENT when it does not exist).
-func dump(conn *netlink.Conn, k dumpKind, family byte, table string) ([]netlink.Message, error) {
+// which fails with ENOENT when it does not exist; rules: of chain only,
+// when it is set).
+func dump(conn *netlink.Conn, k dumpKind, family byte, table, chain string) ([]netlink.Message, error) {
 	// the table, by name; the others filtered by table (NFTA_*_TABLE is
-	// attribute 1 of each)
-	attrs, err := netlink.MarshalAttributes([]netlink.Attribute{{Type: 1, Data: []byte(table + "\x00")}})
+	// attribute 1 of each) and the rules by chain (NFTA_RULE_CHAIN, 2)
+	list := []netlink.Attribute{{Type: 1, Data: []byte(table + "\x00")}}
+	if chain != "" {
+		list = append(list, netlink.Attribute{Type: 2, Data: []byte(chain + "\x00")})
+	}
+	attrs, err := netlink.MarshalAttributes(list)
 	if err != nil {
 		return nil, err
 	}

@@ -11,6 +11,7 @@
 package nft
 
 import (
+	"bytes"
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
@@ -318,12 +319,15 @@ func (w *Writer) writeFullOnce(def *tableDef) error {
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("write nftables table %s: %w", TableName, err)
 	}
-	return w.readBack(def)
+	w.written = nil
+	return w.readBack(def, nil)
 }
 
-// readBack reads the table's structure after a write.
-func (w *Writer) readBack(def *tableDef) error {
-	written, err := nftutil.Structure(w.nl, unix.NFPROTO_INET, TableName)
+// readBack reads the table's structure after a write: all of it after a
+// full write (w.written nil), else the rules of the chains in changed
+// only.
+func (w *Writer) readBack(def *tableDef, changed map[string]bool) error {
+	written, err := nftutil.StructureUpdate(w.nl, unix.NFPROTO_INET, TableName, w.written, changed)
 	if err != nil {
 		return fmt.Errorf("read back nftables table %s: %w", TableName, err)
 	}
@@ -395,6 +399,9 @@ func (w *Writer) writeDiff(def *tableDef) (Stats, error) {
 	for _, d := range def.sets {
 		o, ok := oldSets[d.name]
 		if !ok || o.kind != d.kind || o.v6 != d.v6 {
+			continue
+		}
+		if sameElements(o.elems, d.elems) {
 			continue
 		}
 		del, add := elementChanges(o.elems, d.elems)
@@ -517,7 +524,11 @@ func (w *Writer) writeDiff(def *tableDef) (Stats, error) {
 	if err := c.Flush(); err != nil {
 		return st, fmt.Errorf("update nftables table %s: %w", TableName, err)
 	}
-	return st, w.readBack(def)
+	changed := map[string]bool{}
+	for _, d := range rewrite {
+		changed[d.chain.Name] = true
+	}
+	return st, w.readBack(def, changed)
 }
 
 func kindOrder(k setKind) int {
@@ -557,6 +568,9 @@ func defDiff(a, b *tableDef) string {
 		if !ok || o.kind != s.kind || o.v6 != s.v6 {
 			return "set " + n
 		}
+		if sameElements(s.elems, o.elems) {
+			continue
+		}
 		if del, add := elementChanges(s.elems, o.elems); len(del)+len(add) > 0 {
 			return "set " + n + " elements"
 		}
@@ -570,6 +584,21 @@ func defDiff(a, b *tableDef) string {
 		}
 	}
 	return ""
+}
+
+// sameElements tells whether two lists of elements built by build are
+// the same, in the same order (build sorts them): the common case of a
+// set an update does not touch, without making keys of its elements.
+func sameElements(a, b []nftables.SetElement) bool {
+	return slices.EqualFunc(a, b, func(x, y nftables.SetElement) bool {
+		if x.IntervalEnd != y.IntervalEnd || !bytes.Equal(x.Key, y.Key) || !bytes.Equal(x.KeyEnd, y.KeyEnd) {
+			return false
+		}
+		if x.VerdictData == nil || y.VerdictData == nil {
+			return x.VerdictData == y.VerdictData
+		}
+		return *x.VerdictData == *y.VerdictData
+	})
 }
 
 // elementKey is the canonical text of a set or map element: its key, its
