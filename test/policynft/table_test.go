@@ -336,6 +336,23 @@ func TestRepair(t *testing.T) {
 			})
 		})
 	}
+	// a set deleted behind the writer's back: the next incremental
+	// Apply fails in the kernel and writes the table whole instead
+	e.nft("flush", "chain", "inet", nft.TableName, "pol-a-in")
+	e.nft("delete", "set", "inet", nft.TableName, "pol-a-in-r0-peers4")
+	// (the change adds a peer to that set)
+	rs.Policies = slices.Clone(rs.Policies)
+	rs.Policies[0].Rules = slices.Clone(rs.Policies[0].Rules)
+	rs.Policies[0].Rules[0].Peers = append(slices.Clone(rs.Policies[0].Rules[0].Peers), one(netip.MustParseAddr("10.64.1.50")))
+	if st := e.apply(rs); !st.Full {
+		t.Errorf("Apply over a deleted set: %+v, want a full write", st)
+	}
+	e.do(func() error {
+		if d, err := e.w.Verify(rs); err != nil || d != "" {
+			t.Errorf("Verify after the full write: %q, %v", d, err)
+		}
+		return nil
+	})
 	// the repaired table filters
 	a, b := e.pods["a"], e.pods["b"]
 	server(t, a.ns, 8080)

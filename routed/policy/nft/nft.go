@@ -136,8 +136,10 @@ func (w *Writer) fail() {
 }
 
 // Apply makes the table want's in one transaction: the whole table the
-// first time (or after a failure or a Verify that found it changed), else
-// the difference from the last Ruleset written.
+// first time (or after a failure), else the difference from the last
+// Ruleset written. When that difference fails (the kernel's table is not
+// what was written: a set or chain deleted behind the Writer's back), it
+// writes the whole table in a second transaction.
 func (w *Writer) Apply(want policy.Ruleset) (Stats, error) {
 	def, err := build(want)
 	if err != nil {
@@ -150,9 +152,13 @@ func (w *Writer) Apply(want policy.Ruleset) (Stats, error) {
 	}
 	st, err := w.writeDiff(def)
 	if err != nil {
+		// the kernel's table is not what the Writer thinks (a set or
+		// chain deleted behind its back): the whole table, now
+		w.log().Info("nft table: incremental write failed, writing it whole", "table", "inet "+TableName, "err", err)
 		w.fail()
+		return Stats{Full: true}, w.writeFull(def)
 	}
-	return st, err
+	return st, nil
 }
 
 // ApplyFull writes the whole table for want in one transaction (delete
