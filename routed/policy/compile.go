@@ -1,0 +1,393 @@
+package policy
+
+import (
+	"cmp"
+	"crypto/sha256"
+	"encoding/hex"
+	"net/netip"
+	"slices"
+
+	"k8s.io/apimachinery/pkg/labels"
+)
+
+// entry is a pod as the compiler and Explain see it: its addresses are
+// those it owns (an address two pods claim belongs to the first by
+// namespace/name: only a stale object can do that).
+type entry struct {
+	pod *Pod
+	ips []netip.Addr
+}
+
+// index is built at the start of each Compile or Explain: the pods that
+// have addresses, by namespace and by label, and who owns each address.
+type index struct {
+	s      *State
+	owner  map[netip.Addr]*entry
+	byNS   map[string]*nsIndex
+	nsList []string // every namespace with a Namespace object or a pod
+	// named: the addresses of the pods with a named port, by name and
+	// protocol.
+	named map[namedKey][]addrPort
+	// caches for this compile
+	nsCache   map[string][]string // namespace selector -> namespaces
+	peerCache map[string][]Range  // parsedPeer.cacheKey -> pod addresses
+}
+
+type nsIndex struct {
+	pods    []*entry
+	byLabel map[string]map[string][]int32 // key -> value -> positions in pods
+}
+
+type namedKey struct {
+	name  string
+	proto uint8
+}
+
+type addrPort struct {
+	addr netip.Addr
+	port uint16
+}
+
+func (s *State) buildIndex() *index {
+	ix := &index{s: s, owner: map[netip.Addr]*entry{}, byNS: map[string]*nsIndex{},
+		named: map[namedKey][]addrPort{}, nsCache: map[string][]string{}, peerCache: map[string][]Range{}}
+	keys := make([]string, 0, len(s.pods))
+	for k, p := range s.pods {
+		if !p.HostNetwork && len(p.IPs) > 0 {
+			keys = append(keys, k)
+		}
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		p := s.pods[k]
+		e := &entry{pod: p}
+		for _, a := range p.IPs {
+			if _, taken := ix.owner[a]; !taken {
+				ix.owner[a] = e
+				e.ips = append(e.ips, a)
+			}
+		}
+		if len(e.ips) == 0 {
+			continue
+		}
+		n := ix.byNS[p.Namespace]
+		if n == nil {
+			n = &nsIndex{byLabel: map[string]map[string][]int32{}}
+			ix.byNS[p.Namespace] = n
+		}
+		pos := int32(len(n.pods))
+		n.pods = append(n.pods, e)
+		for lk, lv := range p.Labels {
+			m := n.byLabel[lk]
+			if m == nil {
+				m = map[string][]int32{}
+				n.byLabel[lk] = m
+			}
+			m[lv] = append(m[lv], pos)
+		}
+		for _, np := range p.Ports {
+			nk := namedKey{np.Name, np.Protocol}
+			for _, a := range e.ips {
+				ix.named[nk] = append(ix.named[nk], addrPort{a, np.Port})
+			}
+		}
+	}
+	for ns := range s.namespaces {
+		ix.nsList = append(ix.nsList, ns)
+	}
+	for ns := range ix.byNS {
+		if _, ok := s.namespaces[ns]; !ok {
+			ix.nsList = append(ix.nsList, ns)
+		}
+	}
+	slices.Sort(ix.nsList)
+	return ix
+}
+
+// selectIn returns the pods of namespace ns that sel selects (nil sel:
+// all of them), in namespace/name order.
+func (ix *index) selectIn(ns string, sel labels.Selector) []*entry {
+	n := ix.byNS[ns]
+	if n == nil {
+		return nil
+	}
+	if sel == nil || sel.Empty() {
+		return n.pods
+	}
+	// start from the smallest posting list of an equality requirement
+	var best []int32
+	found := false
+	reqs, _ := sel.Requirements()
+	for _, r := range reqs {
+		switch r.Operator() {
+		case "=", "==", "in":
+		default:
+			continue
+		}
+		vals := r.Values().UnsortedList()
+		var cand []int32
+		for _, v := range vals {
+			cand = append(cand, n.byLabel[r.Key()][v]...)
+		}
+		if len(vals) > 1 {
+			slices.Sort(cand)
+			cand = slices.Compact(cand)
+		}
+		if !found || len(cand) < len(best) {
+			best, found = cand, true
+		}
+	}
+	var out []*entry
+	if found {
+		for _, i := range best {
+			e := n.pods[i]
+			if sel.Matches(labels.Set(e.pod.Labels)) {
+				out = append(out, e)
+			}
+		}
+		return out
+	}
+	for _, e := range n.pods {
+		if sel.Matches(labels.Set(e.pod.Labels)) {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// namespaces returns the namespaces a peer designates.
+func (ix *index) namespaces(policyNS string, p *parsedPeer) []string {
+	if p.nsSel == nil {
+		return []string{policyNS}
+	}
+	key := p.nsSel.String()
+	if p.nsSel.Empty() {
+		return ix.nsList
+	}
+	if got, ok := ix.nsCache[key]; ok {
+		return got
+	}
+	var out []string
+	for _, ns := range ix.nsList {
+		if p.nsSel.Matches(labels.Set(ix.s.nsLabels(ns))) {
+			out = append(out, ns)
+		}
+	}
+	ix.nsCache[key] = out
+	return out
+}
+
+// peerRanges are the addresses of the pods a selector peer selects, merged.
+func (ix *index) peerRanges(policyNS string, p *parsedPeer) []Range {
+	key := p.cacheKey
+	if got, ok := ix.peerCache[key]; ok {
+		return got
+	}
+	var rs []Range
+	for _, ns := range ix.namespaces(policyNS, p) {
+		for _, e := range ix.selectIn(ns, p.podSel) {
+			for _, a := range e.ips {
+				rs = append(rs, single(a))
+			}
+		}
+	}
+	rs = mergeRanges(rs)
+	ix.peerCache[key] = rs
+	return rs
+}
+
+// Compile returns the Ruleset of node: its pods' isolation and the rules of
+// the policies that select them. localPodCIDRs are the node's PodCIDRs.
+// Refused policies isolate and allow nothing (SetPolicy's error says why).
+func (s *State) Compile(node string, localPodCIDRs []netip.Prefix) Ruleset {
+	ix := s.buildIndex()
+	rs := Ruleset{}
+	for _, c := range localPodCIDRs {
+		if c.IsValid() {
+			rs.LocalPodCIDRs = append(rs.LocalPodCIDRs, c.Masked())
+		}
+	}
+	slices.SortFunc(rs.LocalPodCIDRs, func(a, b netip.Prefix) int {
+		return cmp.Or(a.Addr().Compare(b.Addr()), cmp.Compare(a.Bits(), b.Bits()))
+	})
+	rs.LocalPodCIDRs = slices.Compact(rs.LocalPodCIDRs)
+
+	// local pods, in namespace/name order (the index order)
+	type local struct {
+		e        *entry
+		chains   [2][]string
+		isolated [2]bool
+	}
+	locals := map[*entry]*local{}
+	var order []*local
+	nsNames := make([]string, 0, len(ix.byNS))
+	for ns := range ix.byNS {
+		nsNames = append(nsNames, ns)
+	}
+	slices.Sort(nsNames)
+	for _, ns := range nsNames {
+		for _, e := range ix.byNS[ns].pods {
+			if e.pod.Node == node {
+				l := &local{e: e}
+				locals[e] = l
+				order = append(order, l)
+				rs.Known = append(rs.Known, e.ips...)
+			}
+		}
+	}
+	slices.SortFunc(rs.Known, netip.Addr.Compare)
+
+	ids := newIDs()
+	pkeys := make([]string, 0, len(s.policies))
+	for k := range s.policies {
+		pkeys = append(pkeys, k)
+	}
+	slices.Sort(pkeys)
+	for _, k := range pkeys {
+		pp := s.policies[k]
+		if pp.selector == nil {
+			continue
+		}
+		var selected []*local
+		for _, e := range ix.selectIn(pp.namespace, pp.selector) {
+			if l := locals[e]; l != nil {
+				selected = append(selected, l)
+			}
+		}
+		if len(selected) == 0 {
+			continue
+		}
+		for d := range 2 {
+			if !pp.types[d] {
+				continue
+			}
+			pc := PolicyChain{
+				ID:        ids.id(pp.namespace + "/" + pp.name + "/" + string(dirs[d])),
+				Namespace: pp.namespace,
+				Name:      pp.name,
+				Direction: dirs[d],
+			}
+			var targets []*entry
+			if d == dirIn {
+				for _, l := range selected {
+					targets = append(targets, l.e)
+				}
+			}
+			for i := range pp.rules[d] {
+				pc.Rules = append(pc.Rules, ix.compileRule(pp.namespace, &pp.rules[d][i], d, targets))
+			}
+			rs.Policies = append(rs.Policies, pc)
+			for _, l := range selected {
+				l.isolated[d] = true
+				l.chains[d] = append(l.chains[d], pc.ID)
+			}
+		}
+	}
+	for _, l := range order {
+		if !l.isolated[dirIn] && !l.isolated[dirEg] {
+			continue
+		}
+		p := l.e.pod
+		rs.Pods = append(rs.Pods, PodChains{
+			ID:              ids.id(p.Namespace + "/" + p.Name),
+			Namespace:       p.Namespace,
+			Name:            p.Name,
+			Addrs:           slices.Clone(l.e.ips),
+			IngressIsolated: l.isolated[dirIn],
+			Ingress:         l.chains[dirIn],
+			EgressIsolated:  l.isolated[dirEg],
+			Egress:          l.chains[dirEg],
+		})
+	}
+	return rs
+}
+
+// compileRule compiles one rule. targets are the local pods the policy
+// selects, for an ingress rule's named ports.
+func (ix *index) compileRule(policyNS string, r *parsedRule, d int, targets []*entry) Rule {
+	out := Rule{AnyPeer: r.anyPeer, AnyPort: r.anyPort}
+	if !r.anyPeer {
+		peers := slices.Clone(r.blocks)
+		nsel := 0
+		for i := range r.peers {
+			if !r.peers[i].isBlock {
+				nsel++
+				peers = append(peers, ix.peerRanges(policyNS, &r.peers[i])...)
+			}
+		}
+		if nsel > 0 && len(r.blocks) > 0 || nsel > 1 {
+			peers = mergeRanges(peers)
+		}
+		if len(peers) == 0 {
+			peers = nil
+		}
+		out.Peers = peers
+	}
+	if r.anyPort {
+		return out
+	}
+	var boxes []portBox
+	for _, p := range r.ports {
+		if p.name == "" {
+			boxes = append(boxes,
+				portBox{addrs: fullRange(true), proto: p.proto, from: p.from, to: p.to},
+				portBox{addrs: fullRange(false), proto: p.proto, from: p.from, to: p.to})
+			continue
+		}
+		// a named port resolves against the packet's destination: the
+		// selected pod for ingress, the peer pod for egress
+		if d == dirIn {
+			for _, e := range targets {
+				for _, np := range e.pod.Ports {
+					if np.Name == p.name && np.Protocol == p.proto {
+						for _, a := range e.ips {
+							boxes = append(boxes, portBox{addrs: single(a), proto: p.proto, from: np.Port, to: np.Port})
+						}
+					}
+				}
+			}
+			continue
+		}
+		for _, ap := range ix.named[namedKey{p.name, p.proto}] {
+			if r.anyPeer || rangesContain(out.Peers, ap.addr) {
+				boxes = append(boxes, portBox{addrs: single(ap.addr), proto: p.proto, from: ap.port, to: ap.port})
+			}
+		}
+	}
+	out.Ports = disjointPorts(boxes)
+	return out
+}
+
+// ids hands out short stable IDs: the first 12 hex digits of the SHA-256 of
+// the object's key, longer in the (astronomically rare) case two keys of
+// one Ruleset share them.
+type idSet struct{ used map[string]string }
+
+func newIDs() *idSet { return &idSet{used: map[string]string{}} }
+
+func (s *idSet) id(key string) string {
+	sum := sha256.Sum256([]byte(key))
+	h := hex.EncodeToString(sum[:])
+	for n := 12; n <= len(h); n += 4 {
+		id := h[:n]
+		if k, ok := s.used[id]; !ok || k == key {
+			s.used[id] = key
+			return id
+		}
+	}
+	return h
+}
+
+// PodID is the ID of a pod's chains (without collision handling).
+func PodID(namespace, name string) string { return shortID(namespace + "/" + name) }
+
+// PolicyID is the ID of a policy's chain for one direction (without
+// collision handling).
+func PolicyID(namespace, name string, d Direction) string {
+	return shortID(namespace + "/" + name + "/" + string(d))
+}
+
+func shortID(key string) string {
+	sum := sha256.Sum256([]byte(key))
+	return hex.EncodeToString(sum[:6])
+}
