@@ -167,7 +167,10 @@ func (s *State) DeleteNamespace(name string) { delete(s.namespaces, name) }
 func (s *State) SetPolicy(np *networkingv1.NetworkPolicy) error {
 	pp := parsePolicy(np)
 	s.policies[np.Namespace+"/"+np.Name] = pp
-	return pp.err
+	if pp.err != nil {
+		return pp.err
+	}
+	return nil
 }
 
 // DeletePolicy removes a policy.
