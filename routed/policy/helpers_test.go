@@ -29,7 +29,7 @@ func testState() *State {
 	s.SetNamespace(Namespace{Name: "y", Labels: map[string]string{"team": "b"}})
 	s.SetNamespace(Namespace{Name: "z", Labels: map[string]string{"team": "c"}})
 	s.SetPod(Pod{Namespace: "x", Name: "a", Node: "n1", Labels: map[string]string{"app": "a"},
-		IPs: []netip.Addr{a("10.0.1.1"), a("fd00::1:1")},
+		IPs:   []netip.Addr{a("10.0.1.1"), a("fd00::1:1")},
 		Ports: []NamedPort{{"http", ProtoTCP, 80}, {"dns", ProtoUDP, 53}, {"sctp", ProtoSCTP, 9999}}})
 	s.SetPod(Pod{Namespace: "x", Name: "b", Node: "n1", Labels: map[string]string{"app": "b"},
 		IPs: []netip.Addr{a("10.0.1.2"), a("fd00::1:2")}, Ports: []NamedPort{{"http", ProtoTCP, 8080}}})
