@@ -48,6 +48,14 @@ type addrPort struct {
 	port uint16
 }
 
+// index returns the index of the current objects.
+func (s *State) index() *index {
+	if s.ix == nil {
+		s.ix = s.buildIndex()
+	}
+	return s.ix
+}
+
 func (s *State) buildIndex() *index {
 	ix := &index{s: s, owner: map[netip.Addr]*entry{}, byNS: map[string]*nsIndex{},
 		named: map[namedKey][]addrPort{}, nsCache: map[string][]string{}, peerCache: map[string][]Range{}}
@@ -200,7 +208,7 @@ func (ix *index) peerRanges(policyNS string, p *parsedPeer) []Range {
 // the policies that select them. localPodCIDRs are the node's PodCIDRs.
 // Refused policies isolate and allow nothing (SetPolicy's error says why).
 func (s *State) Compile(node string, localPodCIDRs []netip.Prefix) Ruleset {
-	ix := s.buildIndex()
+	ix := s.index()
 	rs := Ruleset{}
 	for _, c := range localPodCIDRs {
 		if c.IsValid() {

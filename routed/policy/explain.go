@@ -57,7 +57,7 @@ func (v Verdict) String() string {
 // yet.
 func (s *State) Explain(src, dst netip.Addr, proto uint8, port uint16) Verdict {
 	src, dst = src.Unmap(), dst.Unmap()
-	ix := s.buildIndex()
+	ix := s.index()
 	srcE, dstE := ix.owner[src], ix.owner[dst]
 	v := Verdict{
 		Egress:  s.explainDir(ix, dirEg, srcE, src, dst, dstE, proto, port),

@@ -121,6 +121,9 @@ type State struct {
 	pods       map[string]*Pod // by namespace/name
 	namespaces map[string]*Namespace
 	policies   map[string]*parsedPolicy // by namespace/name
+	// ix is the index of the current objects, built on demand, dropped
+	// by every change.
+	ix *index
 }
 
 // NewState returns an empty State.
@@ -134,15 +137,20 @@ func NewState() *State {
 
 // SetPod adds or replaces a pod (by namespace/name).
 func (s *State) SetPod(p Pod) {
+	s.ix = nil
 	p.IPs = cleanIPs(p.IPs)
 	s.pods[p.Key()] = &p
 }
 
 // DeletePod removes a pod.
-func (s *State) DeletePod(namespace, name string) { delete(s.pods, namespace+"/"+name) }
+func (s *State) DeletePod(namespace, name string) {
+	s.ix = nil
+	delete(s.pods, namespace+"/"+name)
+}
 
 // SetNamespace adds or replaces a namespace.
 func (s *State) SetNamespace(ns Namespace) {
+	s.ix = nil
 	if ns.Labels[corev1.LabelMetadataName] != ns.Name {
 		// the API server sets it on every namespace; a namespace
 		// selector may use it
@@ -156,7 +164,10 @@ func (s *State) SetNamespace(ns Namespace) {
 }
 
 // DeleteNamespace removes a namespace.
-func (s *State) DeleteNamespace(name string) { delete(s.namespaces, name) }
+func (s *State) DeleteNamespace(name string) {
+	s.ix = nil
+	delete(s.namespaces, name)
+}
 
 // SetPolicy adds or replaces a policy. It returns a non-nil error when the
 // policy is refused (invalid: the API server validates, the engine does not
@@ -165,6 +176,7 @@ func (s *State) DeleteNamespace(name string) { delete(s.namespaces, name) }
 // selector parses) in the directions of its policyTypes, and allows
 // nothing: it fails closed, alone, and every other policy is unaffected.
 func (s *State) SetPolicy(np *networkingv1.NetworkPolicy) error {
+	s.ix = nil
 	pp := parsePolicy(np)
 	s.policies[np.Namespace+"/"+np.Name] = pp
 	if pp.err != nil {
@@ -174,7 +186,10 @@ func (s *State) SetPolicy(np *networkingv1.NetworkPolicy) error {
 }
 
 // DeletePolicy removes a policy.
-func (s *State) DeletePolicy(namespace, name string) { delete(s.policies, namespace+"/"+name) }
+func (s *State) DeletePolicy(namespace, name string) {
+	s.ix = nil
+	delete(s.policies, namespace+"/"+name)
+}
 
 // Refused lists the refused policies ("namespace/name") and why.
 func (s *State) Refused() map[string]error {
