@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"crypto/sha256"
 	"encoding/hex"
+	"math/bits"
 	"net/netip"
 	"slices"
 
@@ -16,6 +17,8 @@ import (
 type entry struct {
 	pod *Pod
 	ips []netip.Addr
+	// idx are the positions of ips in index.addrs.
+	idx []int32
 }
 
 // index is built at the start of each Compile or Explain: the pods that
@@ -30,7 +33,10 @@ type index struct {
 	named map[namedKey][]addrPort
 	// caches for this compile
 	nsCache   map[string][]string // namespace selector -> namespaces
-	peerCache map[string][]Range  // parsedPeer.cacheKey -> pod addresses
+	peerCache map[string][]uint64 // parsedPeer.cacheKey -> bitset over addrs
+	// addrs are every owned address, sorted: a set of pods is a bitset
+	// over it, turned into merged ranges by one walk, no sort.
+	addrs []netip.Addr
 }
 
 type nsIndex struct {
@@ -58,7 +64,7 @@ func (s *State) index() *index {
 
 func (s *State) buildIndex() *index {
 	ix := &index{s: s, owner: map[netip.Addr]*entry{}, byNS: map[string]*nsIndex{},
-		named: map[namedKey][]addrPort{}, nsCache: map[string][]string{}, peerCache: map[string][]Range{}}
+		named: map[namedKey][]addrPort{}, nsCache: map[string][]string{}, peerCache: map[string][]uint64{}}
 	keys := make([]string, 0, len(s.pods))
 	for k, p := range s.pods {
 		if !p.HostNetwork && len(p.IPs) > 0 {
@@ -99,6 +105,24 @@ func (s *State) buildIndex() *index {
 				ix.named[nk] = append(ix.named[nk], addrPort{a, np.Port})
 			}
 		}
+	}
+	for a := range ix.owner {
+		ix.addrs = append(ix.addrs, a)
+	}
+	slices.SortFunc(ix.addrs, netip.Addr.Compare)
+	pos := make(map[netip.Addr]int32, len(ix.addrs))
+	for i, a := range ix.addrs {
+		pos[a] = int32(i)
+	}
+	for _, n := range ix.byNS {
+		for _, e := range n.pods {
+			for _, a := range e.ips {
+				e.idx = append(e.idx, pos[a])
+			}
+		}
+	}
+	for _, l := range ix.named {
+		slices.SortFunc(l, func(x, y addrPort) int { return x.addr.Compare(y.addr) })
 	}
 	for ns := range s.namespaces {
 		ix.nsList = append(ix.nsList, ns)
@@ -185,23 +209,48 @@ func (ix *index) namespaces(policyNS string, p *parsedPeer) []string {
 	return out
 }
 
-// peerRanges are the addresses of the pods a selector peer selects, merged.
-func (ix *index) peerRanges(policyNS string, p *parsedPeer) []Range {
+// peerBits is the set of the addresses of the pods a selector peer
+// selects, as a bitset over addrs. The result is shared: do not modify.
+func (ix *index) peerBits(policyNS string, p *parsedPeer) []uint64 {
 	key := p.cacheKey
 	if got, ok := ix.peerCache[key]; ok {
 		return got
 	}
-	var rs []Range
+	set := make([]uint64, (len(ix.addrs)+63)/64)
 	for _, ns := range ix.namespaces(policyNS, p) {
 		for _, e := range ix.selectIn(ns, p.podSel) {
-			for _, a := range e.ips {
-				rs = append(rs, single(a))
+			for _, i := range e.idx {
+				set[i/64] |= 1 << (i % 64)
 			}
 		}
 	}
-	rs = mergeRanges(rs)
-	ix.peerCache[key] = rs
-	return rs
+	ix.peerCache[key] = set
+	return set
+}
+
+// ranges turns a bitset over addrs into merged ranges.
+func (ix *index) ranges(set []uint64) []Range {
+	n := 0
+	for _, word := range set {
+		n += bits.OnesCount64(word)
+	}
+	if n == 0 {
+		return nil
+	}
+	out := make([]Range, 0, n)
+	for w, word := range set {
+		for word != 0 {
+			b := bits.TrailingZeros64(word)
+			word &= word - 1
+			a := ix.addrs[w*64+b]
+			if n := len(out); n > 0 && !lastOfFamily(out[n-1].To) && out[n-1].To.Next() == a {
+				out[n-1].To = a
+				continue
+			}
+			out = append(out, single(a))
+		}
+	}
+	return out
 }
 
 // Compile returns the Ruleset of node: its pods' isolation and the rules of
@@ -315,21 +364,21 @@ func (s *State) Compile(node string, localPodCIDRs []netip.Prefix) Ruleset {
 func (ix *index) compileRule(policyNS string, r *parsedRule, d int, targets []*entry) Rule {
 	out := Rule{AnyPeer: r.anyPeer, AnyPort: r.anyPort}
 	if !r.anyPeer {
-		peers := slices.Clone(r.blocks)
-		nsel := 0
+		var set []uint64
 		for i := range r.peers {
-			if !r.peers[i].isBlock {
-				nsel++
-				peers = append(peers, ix.peerRanges(policyNS, &r.peers[i])...)
+			if r.peers[i].isBlock {
+				continue
+			}
+			pb := ix.peerBits(policyNS, &r.peers[i])
+			if set == nil {
+				set = slices.Clone(pb)
+				continue
+			}
+			for w := range set {
+				set[w] |= pb[w]
 			}
 		}
-		if nsel > 0 && len(r.blocks) > 0 || nsel > 1 {
-			peers = mergeRanges(peers)
-		}
-		if len(peers) == 0 {
-			peers = nil
-		}
-		out.Peers = peers
+		out.Peers = unionRanges(r.blocks, ix.ranges(set))
 	}
 	if r.anyPort {
 		return out

@@ -2,6 +2,8 @@ package policy
 
 import (
 	"fmt"
+	"maps"
+	"slices"
 	"math/rand/v2"
 	"net/netip"
 
@@ -110,7 +112,8 @@ func (g *genCluster) pick(xs []string) string { return xs[g.r.IntN(len(xs))] }
 
 func (g *genCluster) selector(keys map[string][]string) *metav1.LabelSelector {
 	s := &metav1.LabelSelector{}
-	for k, vals := range keys {
+	for _, k := range slices.Sorted(maps.Keys(keys)) {
+		vals := keys[k]
 		switch g.r.IntN(6) {
 		case 0, 1:
 			if s.MatchLabels == nil {

@@ -74,6 +74,39 @@ func mergeRanges(rs []Range) []Range {
 	return slices.Clip(out)
 }
 
+// unionRanges merges two merged lists into a new merged list (nil when
+// both are empty), in linear time.
+func unionRanges(x, y []Range) []Range {
+	if len(x)+len(y) == 0 {
+		return nil
+	}
+	out := make([]Range, 0, len(x)+len(y))
+	add := func(r Range) {
+		if n := len(out); n > 0 {
+			last := &out[n-1]
+			if r.From.Is4() == last.From.Is4() &&
+				(r.From.Compare(last.To) <= 0 || (!lastOfFamily(last.To) && r.From == last.To.Next())) {
+				if r.To.Compare(last.To) > 0 {
+					last.To = r.To
+				}
+				return
+			}
+		}
+		out = append(out, r)
+	}
+	i, j := 0, 0
+	for i < len(x) || j < len(y) {
+		if j == len(y) || (i < len(x) && x[i].From.Compare(y[j].From) <= 0) {
+			add(x[i])
+			i++
+		} else {
+			add(y[j])
+			j++
+		}
+	}
+	return out
+}
+
 // subtractRanges returns base minus the union of holes: both must be merged
 // (sorted, disjoint) and base's ranges are of one family or both. The result
 // is merged.
@@ -140,11 +173,26 @@ func disjointPorts(boxes []portBox) []PortRange {
 	var out []PortRange
 	for start := 0; start < len(boxes); {
 		end := start + 1
+		full := boxes[start].addrs == fullRange(boxes[start].addrs.From.Is4())
 		for end < len(boxes) && boxes[end].proto == boxes[start].proto &&
 			boxes[end].addrs.From.Is4() == boxes[start].addrs.From.Is4() {
+			full = full && boxes[end].addrs == boxes[start].addrs
 			end++
 		}
-		out = sweepFamily(out, boxes[start:end])
+		if full {
+			// numbered ports only: the whole family, merged spans
+			spans := make([]portSpan, 0, end-start)
+			for _, b := range boxes[start:end] {
+				spans = append(spans, portSpan{b.from, b.to})
+			}
+			for _, sp := range mergeSpans(spans) {
+				out = append(out, PortRange{Addrs: boxes[start].addrs, Proto: boxes[start].proto, PortFrom: sp.from, PortTo: sp.to})
+			}
+		} else if o, ok := pointsSweep(out, boxes[start:end]); ok {
+			out = o
+		} else {
+			out = sweepFamily(out, boxes[start:end])
+		}
 		start = end
 	}
 	return out
@@ -162,6 +210,75 @@ func boolCmp(a, b bool) int {
 }
 
 type portSpan struct{ from, to uint16 }
+
+// pointsSweep is sweepFamily for what Compile makes: boxes covering the
+// whole family (numbered ports) and boxes of one address (named ports). It
+// is linear after a sort of the points. ok is false for other boxes.
+func pointsSweep(out []PortRange, boxes []portBox) ([]PortRange, bool) {
+	fam := fullRange(boxes[0].addrs.From.Is4())
+	var global []portSpan
+	points := make([]portBox, 0, len(boxes))
+	for _, b := range boxes {
+		switch {
+		case b.addrs == fam:
+			global = append(global, portSpan{b.from, b.to})
+		case b.addrs.From == b.addrs.To:
+			points = append(points, b)
+		default:
+			return out, false
+		}
+	}
+	global = mergeSpans(global)
+	proto := boxes[0].proto
+	if !slices.IsSortedFunc(points, func(x, y portBox) int { return x.addrs.From.Compare(y.addrs.From) }) {
+		slices.SortFunc(points, func(x, y portBox) int { return x.addrs.From.Compare(y.addrs.From) })
+	}
+	emit := func(r Range, spans []portSpan) {
+		for _, sp := range spans {
+			out = append(out, PortRange{Addrs: r, Proto: proto, PortFrom: sp.from, PortTo: sp.to})
+		}
+	}
+	cur, done := fam.From, false
+	var prevTo netip.Addr // the last point emitted, and its spans
+	var prevSpans, spans []portSpan
+	for i := 0; i < len(points); {
+		p := points[i].addrs.From
+		spans = append(spans[:0], global...)
+		for ; i < len(points) && points[i].addrs.From == p; i++ {
+			spans = append(spans, portSpan{points[i].from, points[i].to})
+		}
+		spans = mergeSpans(spans)
+		if slices.Equal(spans, global) {
+			continue // covered by the gap segments
+		}
+		if cur.Compare(p) < 0 {
+			emit(Range{cur, p.Prev()}, global)
+		} else if prevTo.IsValid() && prevTo.Next() == p && slices.Equal(spans, prevSpans) {
+			// extend the previous point's elements to p
+			for j := len(out) - len(spans); j < len(out); j++ {
+				out[j].Addrs.To = p
+			}
+			prevTo = p
+			if lastOfFamily(p) {
+				done = true
+			} else {
+				cur = p.Next()
+			}
+			continue
+		}
+		emit(Range{p, p}, spans)
+		prevTo, prevSpans = p, append(prevSpans[:0], spans...)
+		if lastOfFamily(p) {
+			done = true
+		} else {
+			cur = p.Next()
+		}
+	}
+	if !done {
+		emit(Range{cur, fam.To}, global)
+	}
+	return out, true
+}
 
 // sweepFamily handles boxes of one protocol and one family.
 func sweepFamily(out []PortRange, boxes []portBox) []PortRange {
@@ -182,7 +299,9 @@ func sweepFamily(out []PortRange, boxes []portBox) []PortRange {
 		}
 	}
 	slices.SortFunc(evs, func(a, b ev) int { return a.at.Compare(b.at) })
-	active := map[int]struct{}{}
+	// active boxes: a slice with each box's position, for O(1) removal
+	active := make([]int, 0, len(boxes))
+	where := make([]int, len(boxes))
 	var prevSpans []portSpan
 	var segStart netip.Addr
 	var spans []portSpan
@@ -196,15 +315,19 @@ func sweepFamily(out []PortRange, boxes []portBox) []PortRange {
 	for i := 0; i < len(evs); {
 		at := evs[i].at
 		for i < len(evs) && evs[i].at == at {
-			if evs[i].start {
-				active[evs[i].box] = struct{}{}
+			if b := evs[i].box; evs[i].start {
+				where[b] = len(active)
+				active = append(active, b)
 			} else {
-				delete(active, evs[i].box)
+				last := active[len(active)-1]
+				active[where[b]] = last
+				where[last] = where[b]
+				active = active[:len(active)-1]
 			}
 			i++
 		}
 		spans = spans[:0]
-		for b := range active {
+		for _, b := range active {
 			spans = append(spans, portSpan{boxes[b].from, boxes[b].to})
 		}
 		spans = mergeSpans(spans)
