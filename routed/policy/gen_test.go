@@ -3,9 +3,9 @@ package policy
 import (
 	"fmt"
 	"maps"
-	"slices"
 	"math/rand/v2"
 	"net/netip"
+	"slices"
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
