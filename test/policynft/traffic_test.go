@@ -330,3 +330,34 @@ func TestICMPAndPorts(t *testing.T) {
 		})
 	}
 }
+
+// TestHairpinSelf: a pod cannot block itself. Pod a, isolated in both
+// directions with nothing allowed, reaches itself through a Service
+// address (DNAT back to a and masquerade, as kube-proxy does for a
+// hairpin), while its connections to b stay refused. Without the pod
+// chains' own-address rule the hairpin is dropped twice over (a's egress
+// and a's ingress).
+func TestHairpinSelf(t *testing.T) {
+	e := newEnv(t, "a", "b")
+	a, b := e.pods["a"], e.pods["b"]
+	server(t, a.ns, 8080)
+	server(t, b.ns, 8080)
+	svc := netip.MustParseAddr("10.96.0.10")
+	e.nft("add", "table", "ip", "hairpin")
+	e.nft("add", "chain", "ip", "hairpin", "pre", "{ type nat hook prerouting priority dstnat; }")
+	e.nft("add", "chain", "ip", "hairpin", "post", "{ type nat hook postrouting priority srcnat; }")
+	e.nft("add", "rule", "ip", "hairpin", "pre", "ip", "daddr", svc.String(), "tcp", "dport", "80", "dnat", "to", a.v4.String()+":8080")
+	e.nft("add", "rule", "ip", "hairpin", "post", "ip", "saddr", a.v4.String(), "ip", "daddr", a.v4.String(), "masquerade")
+	hairpin := check{"a -> Service -> a (hairpin)", true, func() error { return flow(a.ns, "tcp", svc, 80) }}
+	runChecks(t, []check{hairpin, {"a -> b before any policy", true, func() error { return flow(a.ns, "tcp", b.v4, 8080) }}})
+	e.apply(policy.Ruleset{
+		LocalPodCIDRs: localCIDRs,
+		Known:         []netip.Addr{a.v4, a.v6, b.v4, b.v6},
+		Pods:          []policy.PodChains{{ID: "a", Addrs: []netip.Addr{a.v4, a.v6}, IngressIsolated: true, EgressIsolated: true}},
+	})
+	runChecks(t, []check{
+		hairpin,
+		{"a -> b (a isolated for egress)", false, func() error { return flow(a.ns, "tcp", b.v4, 8080) }},
+		{"b -> a (a isolated for ingress)", false, func() error { return flow(b.ns, "tcp", a.v4, 8080) }},
+	})
+}

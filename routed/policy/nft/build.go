@@ -205,6 +205,15 @@ func build(rs policy.Ruleset) (*tableDef, error) {
 			}
 			name := PodChain(p.ID, d)
 			c := chainDef{chain: nftables.Chain{Name: name}}
+			// a pod cannot block itself (a Service hairpin): its own
+			// address as the peer is accepted before any policy
+			for _, a := range addrs {
+				c.rules = append(c.rules, join(nfproto(a.Is6()), []expr.Any{
+					loadAddr(a.Is6(), d == policy.Ingress, unix.NFT_REG_1),
+					&expr.Cmp{Op: expr.CmpOpEq, Register: unix.NFT_REG_1, Data: a.AsSlice()},
+					&expr.Verdict{Kind: expr.VerdictAccept},
+				}))
+			}
 			seen := map[string]bool{}
 			for _, j := range jumps {
 				if !polIDs[j] {
