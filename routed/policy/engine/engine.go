@@ -165,7 +165,7 @@ func (e *Engine) Run(ctx context.Context) error {
 		inf cache.SharedIndexInformer
 		h   cache.ResourceEventHandlerFuncs
 	}{
-		{e.podInf, cache.ResourceEventHandlerFuncs{AddFunc: e.onPod, UpdateFunc: func(_, o any) { e.onPod(o) }, DeleteFunc: e.onPodDelete}},
+		{e.podInf, cache.ResourceEventHandlerFuncs{AddFunc: e.onPod, UpdateFunc: e.onPodUpdate, DeleteFunc: e.onPodDelete}},
 		{nsInf, cache.ResourceEventHandlerFuncs{AddFunc: e.onNamespace, UpdateFunc: func(_, o any) { e.onNamespace(o) }, DeleteFunc: e.onNamespaceDelete}},
 		{polInf, cache.ResourceEventHandlerFuncs{AddFunc: e.onPolicy, UpdateFunc: func(_, o any) { e.onPolicy(o) }, DeleteFunc: e.onPolicyDelete}},
 	}
@@ -283,8 +283,10 @@ func (e *Engine) sync() error {
 	e.m.IsolatedPods.Set(float64(len(rs.Pods)))
 	e.m.Policies.Set(float64(len(rs.Policies)))
 	e.done(gen, &rs)
-	if prev != nil && !reflect.DeepEqual(*prev, rs) {
-		n, err := e.w.Revoke(rs.Allows)
+	// a change of which addresses are known only adds or removes whole
+	// pods; what a connection may do changes only with the chains
+	if prev != nil && (!reflect.DeepEqual(prev.Pods, rs.Pods) || !reflect.DeepEqual(prev.Policies, rs.Policies)) {
+		n, err := e.w.Revoke(policy.NewMatcher(rs).Allows)
 		if err != nil {
 			e.log.Warn("cannot revoke the connections the new policy refuses", "err", err)
 		}
@@ -419,6 +421,18 @@ func (e *Engine) onPod(obj any) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.setPodLocked(pod)
+}
+
+// onPodUpdate skips the updates that change nothing the model reads (most
+// of a pod's status updates: conditions, container states), so that they
+// cost no compile.
+func (e *Engine) onPodUpdate(old, obj any) {
+	o, ok1 := old.(*corev1.Pod)
+	n, ok2 := obj.(*corev1.Pod)
+	if ok1 && ok2 && reflect.DeepEqual(policy.FromPod(o), policy.FromPod(n)) {
+		return
+	}
+	e.onPod(obj)
 }
 
 func (e *Engine) onPodDelete(obj any) {
