@@ -503,3 +503,46 @@ func TestLargeRuleset(t *testing.T) {
 	})
 	t.Logf("Verify: %v", time.Since(start))
 }
+
+// TestDropLog: with LogDrops each pod chain logs its drops, rate-limited,
+// with the pod and direction in the prefix, and the table still reads
+// back equal to what was written; without it there is no log rule.
+func TestDropLog(t *testing.T) {
+	node := nettest.NewNetNS(t)
+	rs := policy.Ruleset{
+		LocalPodCIDRs: localCIDRs,
+		Known:         []netip.Addr{netip.MustParseAddr("10.64.1.2")},
+		Pods: []policy.PodChains{{ID: "a", Namespace: "shop", Name: "db-0", Addrs: []netip.Addr{netip.MustParseAddr("10.64.1.2")},
+			IngressIsolated: true, EgressIsolated: true}},
+	}
+	chain := func(name string) string {
+		out, err := nettest.ExecIn(context.Background(), node, "nft", "list", "chain", "inet", nft.TableName, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	plain := &nft.Writer{}
+	t.Cleanup(plain.Close)
+	nettest.Do(t, node, func() error { _, err := plain.Apply(rs); return err })
+	if out := chain(nft.PodChain("a", policy.Ingress)); strings.Contains(out, "log") {
+		t.Fatalf("a log rule without LogDrops:\n%s", out)
+	}
+	logging := &nft.Writer{LogDrops: true, LogRate: 20}
+	t.Cleanup(logging.Close)
+	nettest.Do(t, node, func() error { _, err := logging.Apply(rs); return err })
+	for _, d := range []policy.Direction{policy.Ingress, policy.Egress} {
+		out := chain(nft.PodChain("a", d))
+		want := fmt.Sprintf(`limit rate 20/second log prefix "podnet-policy drop shop/db-0 %s: "`, d)
+		if !strings.Contains(out, want) {
+			t.Errorf("%s chain lacks %q:\n%s", d, want, out)
+		}
+	}
+	nettest.Do(t, node, func() error {
+		diff, err := logging.Verify(rs)
+		if err == nil && diff != "" {
+			err = fmt.Errorf("Verify after a write with LogDrops: %s", diff)
+		}
+		return err
+	})
+}

@@ -66,6 +66,7 @@ func run(argv []string) error {
 	ipamDataDirs := fs.String("ipam-data-dir", ipam.DefaultDataDir, "comma-separated podnet-ipam data directories (ipam.dataDir) whose stores the leak reconcile covers")
 	procSys := fs.String("proc-sys", "/proc/sys", "the sysctl tree where live pods' host veth settings are repaired")
 	netpol := fs.Bool("network-policy", envOr("NETWORK_POLICY", "false") == "true", "enforce networking.k8s.io/v1 NetworkPolicy on this node (table inet podnet-policy; needs list/watch on pods, namespaces and networkpolicies); false removes the table (env NETWORK_POLICY; conf/k8s/podnet.yaml turns it on)")
+	policyLogDrops := fs.Uint64("policy-log-drops", 0, "log the new connections NetworkPolicy drops to the kernel log, at most this many a second per pod and direction, prefixed \"podnet-policy drop <namespace>/<pod> <direction>: \" (0: off)")
 	explainPolicy := fs.Bool("explain-policy", false, "print which NetworkPolicies allow or refuse the flow given as arguments, SRC DST PORT[/tcp|udp|sctp], and why, then exit")
 	if err := fs.Parse(argv); err != nil {
 		return err
@@ -199,7 +200,7 @@ func run(argv []string) error {
 		reg, repairs := d.Registry()
 		m := engine.NewMetrics(reg, repairs)
 		eng := engine.New(engine.Config{NodeName: *nodeName, Resync: *resync, SocketPath: policysock.Path(*stateDir), ProcSys: *procSys},
-			engine.ListWatches{Pods: pods, Namespaces: nss, Policies: pols}, engine.NFTWriter{W: &nft.Writer{Log: log}, Unknown: m.SetUnknownDropped}, m, log.With("loop", "policy"))
+			engine.ListWatches{Pods: pods, Namespaces: nss, Policies: pols}, engine.NFTWriter{W: &nft.Writer{Log: log, LogDrops: *policyLogDrops > 0, LogRate: *policyLogDrops}, Unknown: m.SetUnknownDropped}, m, log.With("loop", "policy"))
 		d.OnLocalPodCIDRs(eng.SetLocalPodCIDRs)
 		go func() {
 			if err := eng.Run(ctx); err != nil {

@@ -164,7 +164,13 @@ type CounterKey struct {
 // build is the content of the table for rs. It fails on a Ruleset that
 // cannot be written: a pod jumping to a policy chain it does not hold, a
 // name nft refuses.
-func build(rs policy.Ruleset) (*tableDef, error) {
+// buildOptions are the Writer's settings that shape the table.
+type buildOptions struct {
+	logDrops bool
+	logRate  uint64
+}
+
+func build(rs policy.Ruleset, opt buildOptions) (*tableDef, error) {
 	def := &tableDef{pods: map[string]CounterKey{}}
 	known := sortedAddrs(rs.Known)
 	pods := slices.Clone(rs.Pods)
@@ -224,6 +230,9 @@ func build(rs policy.Ruleset) (*tableDef, error) {
 				}
 				seen[j] = true
 				c.rules = append(c.rules, []expr.Any{&expr.Verdict{Kind: expr.VerdictJump, Chain: PolicyChain(j)}})
+			}
+			if opt.logDrops {
+				c.rules = append(c.rules, dropLog(p, d, opt.logRate))
 			}
 			c.rules = append(c.rules, []expr.Any{
 				&expr.Objref{Type: int(nftables.ObjTypeCounter), Name: name},
@@ -375,6 +384,20 @@ func baseRules(d policy.Direction) [][]expr.Any {
 		}))
 	}
 	return rules
+}
+
+// dropLog logs a pod chain's drop, at most rate packets a second (burst 5).
+// The prefix names the pod and the direction; the kernel caps it at 127
+// bytes.
+func dropLog(p policy.PodChains, d policy.Direction, rate uint64) []expr.Any {
+	prefix := fmt.Sprintf("podnet-policy drop %s/%s %s: ", p.Namespace, p.Name, d)
+	if len(prefix) > 127 {
+		prefix = prefix[:123] + "..: "
+	}
+	return []expr.Any{
+		&expr.Limit{Type: expr.LimitTypePkts, Rate: rate, Unit: expr.LimitTimeSecond, Burst: 5},
+		&expr.Log{Key: 1 << unix.NFTA_LOG_PREFIX, Data: []byte(prefix)},
+	}
 }
 
 // nfproto matches the family (meta nfproto ipv4|ipv6).

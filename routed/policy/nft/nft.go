@@ -58,6 +58,12 @@ const setElementsPerMessage = 500
 // works in the network namespace of the thread calling it.
 type Writer struct {
 	Log *slog.Logger
+	// LogDrops makes each pod chain log what it drops to the kernel log,
+	// rate-limited per pod and direction (LogRate packets a second, burst
+	// 5), prefixed "podnet-policy drop <namespace>/<pod> <direction>: ".
+	// Set it before the first write.
+	LogDrops bool
+	LogRate  uint64
 
 	mu sync.Mutex
 	// last is what the kernel holds (the last write); nil: not known
@@ -76,6 +82,14 @@ type Stats struct {
 	Elements int  // set and map elements added or deleted (incremental)
 	Chains   int  // chains created, rewritten or deleted (incremental)
 	Sets     int  // sets created or deleted (incremental)
+}
+
+func (w *Writer) buildOptions() buildOptions {
+	o := buildOptions{logDrops: w.LogDrops, logRate: w.LogRate}
+	if o.logRate == 0 {
+		o.logRate = 10
+	}
+	return o
 }
 
 func (w *Writer) log() *slog.Logger {
@@ -141,7 +155,7 @@ func (w *Writer) fail() {
 // what was written: a set or chain deleted behind the Writer's back), it
 // writes the whole table in a second transaction.
 func (w *Writer) Apply(want policy.Ruleset) (Stats, error) {
-	def, err := build(want)
+	def, err := build(want, w.buildOptions())
 	if err != nil {
 		return Stats{}, fmt.Errorf("policy ruleset: %w", err)
 	}
@@ -164,7 +178,7 @@ func (w *Writer) Apply(want policy.Ruleset) (Stats, error) {
 // ApplyFull writes the whole table for want in one transaction (delete
 // and create), whatever the kernel holds.
 func (w *Writer) ApplyFull(want policy.Ruleset) error {
-	def, err := build(want)
+	def, err := build(want, w.buildOptions())
 	if err != nil {
 		return fmt.Errorf("policy ruleset: %w", err)
 	}
@@ -178,7 +192,7 @@ func (w *Writer) ApplyFull(want policy.Ruleset) error {
 // table written before was found changed behind the Writer's back (a
 // deleted or edited table, chain, rule, set or element).
 func (w *Writer) Resync(want policy.Ruleset) (repaired bool, err error) {
-	def, err := build(want)
+	def, err := build(want, w.buildOptions())
 	if err != nil {
 		return false, fmt.Errorf("policy ruleset: %w", err)
 	}
@@ -208,7 +222,7 @@ func (w *Writer) Resync(want policy.Ruleset) (repaired bool, err error) {
 // read back after the last write, or a set's or map's elements are not
 // want's. Nothing written yet is a difference.
 func (w *Writer) Verify(want policy.Ruleset) (string, error) {
-	def, err := build(want)
+	def, err := build(want, w.buildOptions())
 	if err != nil {
 		return "", fmt.Errorf("policy ruleset: %w", err)
 	}
