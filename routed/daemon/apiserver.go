@@ -193,3 +193,16 @@ func (d *Daemon) serviceCIDRs() []netip.Prefix {
 	defer d.svcMu.Unlock()
 	return append(slices.Clone(d.cfg.ServiceCIDRs), d.svcFromAPI...)
 }
+
+// PolicyListWatches are the sources of the NetworkPolicy engine's
+// informers: every Pod and Namespace (core, protobuf) and every
+// NetworkPolicy (networking.k8s.io/v1), one watch each.
+func PolicyListWatches(cfg *rest.Config, core rest.Interface) (pods, namespaces, policies cache.ListerWatcher, err error) {
+	rc, err := restClient(cfg, "/apis", networkingv1.SchemeGroupVersion, networkingv1.AddToScheme, true)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	return cache.NewListWatchFromClient(core, "pods", metav1.NamespaceAll, fields.Everything()),
+		cache.NewListWatchFromClient(core, "namespaces", metav1.NamespaceAll, fields.Everything()),
+		cache.NewListWatchFromClient(rc, "networkpolicies", metav1.NamespaceAll, fields.Everything()), nil
+}

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/netip"
 	"runtime/debug"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -115,7 +116,10 @@ type Daemon struct {
 	// other Nodes keep converging through its underlay while this
 	// node's own Node is bad or gone
 	lastSelf *desired.Node
-	repairs  repairState
+	// onSelf, when set, hears this node's PodCIDRs after each valid view
+	// (the NetworkPolicy engine's LocalPodCIDRs).
+	onSelf  func([]netip.Prefix)
+	repairs repairState
 }
 
 // New builds a daemon that lists and watches Nodes through nodes (see
@@ -145,6 +149,13 @@ func New(cfg Config, nodes cache.ListerWatcher, log *slog.Logger) *Daemon {
 // reconcile) publish there.
 func (d *Daemon) Registry() (prometheus.Registerer, *prometheus.CounterVec) {
 	return d.metrics.Registry, d.metrics.ObjectRepairs
+}
+
+// OnLocalPodCIDRs calls f with this node's PodCIDRs after each valid view
+// of its own Node. Set it before Run.
+func (d *Daemon) OnLocalPodCIDRs(f func([]netip.Prefix)) *Daemon {
+	d.onSelf = f
+	return d
 }
 
 // WithAPI makes the daemon probe the API server through core when its
@@ -720,6 +731,9 @@ func (d *Daemon) apply(lister listersv1.NodeLister, why string) (own, remote err
 	if st.Self != nil {
 		self := *st.Self
 		d.lastSelf = &self
+		if d.onSelf != nil {
+			d.onSelf(slices.Clone(self.PodCIDRs))
+		}
 		if underlay != nil {
 			if deviceReset, err = d.setup(self, st.VTEPs, underlay); err != nil {
 				errs = append(errs, err)

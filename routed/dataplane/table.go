@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/podnet/podnet/internal/contract"
+	"github.com/podnet/podnet/internal/nftutil"
 )
 
 // nftTimeout bounds one nftables transaction. The nftables library waits
@@ -52,23 +53,7 @@ func newNFT() (*nftables.Conn, error) {
 }
 
 // setSendBuffer gives c room for a whole transaction.
-func setSendBuffer(c *netlink.Conn) error {
-	rc, err := c.SyscallConn()
-	if err != nil {
-		return err
-	}
-	var serr error
-	if err := rc.Control(func(fd uintptr) {
-		// FORCE passes net.core.wmem_max (CAP_NET_ADMIN, which
-		// writing nftables needs anyway); else as much as allowed
-		if serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, nftSendBuffer); serr != nil {
-			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUF, nftSendBuffer)
-		}
-	}); err != nil {
-		return err
-	}
-	return serr
-}
+func setSendBuffer(c *netlink.Conn) error { return nftutil.SetSendBuffer(c, nftSendBuffer) }
 
 // addElements queues adding (or, with del, deleting) elems to set s, in
 // messages of at most setElementsPerMessage elements.

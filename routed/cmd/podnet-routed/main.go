@@ -23,10 +23,13 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/podnet/podnet/internal/nodestate"
+	"github.com/podnet/podnet/internal/policysock"
 	"github.com/podnet/podnet/ipam"
 	"github.com/podnet/podnet/routed/daemon"
 	"github.com/podnet/podnet/routed/dataplane"
 	"github.com/podnet/podnet/routed/desired"
+	"github.com/podnet/podnet/routed/policy/engine"
+	"github.com/podnet/podnet/routed/policy/nft"
 	"github.com/podnet/podnet/routed/reconcile"
 )
 
@@ -62,6 +65,9 @@ func run(argv []string) error {
 	criSocket := fs.String("cri-socket", reconcile.DefaultCRISocket, "the container runtime's CRI socket, asked which pods are alive (empty: ask none, judge by netns alone)")
 	ipamDataDirs := fs.String("ipam-data-dir", ipam.DefaultDataDir, "comma-separated podnet-ipam data directories (ipam.dataDir) whose stores the leak reconcile covers")
 	procSys := fs.String("proc-sys", "/proc/sys", "the sysctl tree where live pods' host veth settings are repaired")
+	netpol := fs.Bool("network-policy", envOr("NETWORK_POLICY", "false") == "true", "enforce networking.k8s.io/v1 NetworkPolicy on this node (table inet podnet-policy; needs list/watch on pods, namespaces and networkpolicies); false removes the table (env NETWORK_POLICY; conf/k8s/podnet.yaml turns it on)")
+	policyLogDrops := fs.Uint64("policy-log-drops", 0, "log the new connections NetworkPolicy drops to the kernel log, at most this many a second per pod and direction, prefixed \"podnet-policy drop <namespace>/<pod> <direction>: \" (0: off)")
+	explainPolicy := fs.Bool("explain-policy", false, "print which NetworkPolicies allow or refuse the flow given as arguments, SRC DST PORT[/tcp|udp|sctp], and why, then exit")
 	if err := fs.Parse(argv); err != nil {
 		return err
 	}
@@ -71,8 +77,34 @@ func run(argv []string) error {
 	}
 	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 
+	if *explainPolicy {
+		f, err := parseFlow(fs.Args())
+		if err != nil {
+			return fmt.Errorf("--explain-policy: %w", err)
+		}
+		restCfg, err := kubeConfig(*kubeconfig)
+		if err != nil {
+			return err
+		}
+		core, err := daemon.CoreClient(restCfg)
+		if err != nil {
+			return err
+		}
+		pods, nss, pols, err := daemon.PolicyListWatches(restCfg, core)
+		if err != nil {
+			return err
+		}
+		return explain(os.Stdout, pods, nss, pols, f)
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q (only --explain-policy takes arguments)", fs.Args())
+	}
 	if *cleanup {
-		if err := daemon.Cleanup(*stateDir); err != nil {
+		err := daemon.Cleanup(*stateDir)
+		if derr := policyOff(*stateDir); derr != nil {
+			err = errors.Join(err, derr)
+		}
+		if err != nil {
 			return fmt.Errorf("cleanup: %w", err)
 		}
 		log.Info("cleanup done")
@@ -160,6 +192,25 @@ func run(argv []string) error {
 		APIServers: daemon.APIServerAddrs(ctx, restCfg), Masquerade: *masquerade, MasqueradeIPv6: masq6, MTU: *mtu, StateDir: *stateDir,
 		ResyncInterval: *resync, APIServerTimeout: *apiTimeout, VXLANVNI: *vni, VXLANPort: *port,
 	}, daemon.NodesListWatch(core), log).WithAPI(core, events, svcLW)
+	if *netpol {
+		pods, nss, pols, err := daemon.PolicyListWatches(restCfg, core)
+		if err != nil {
+			return err
+		}
+		reg, repairs := d.Registry()
+		m := engine.NewMetrics(reg, repairs)
+		eng := engine.New(engine.Config{NodeName: *nodeName, Resync: *resync, SocketPath: policysock.Path(*stateDir), ProcSys: *procSys},
+			engine.ListWatches{Pods: pods, Namespaces: nss, Policies: pols}, engine.NFTWriter{W: &nft.Writer{Log: log, LogDrops: *policyLogDrops > 0, LogRate: *policyLogDrops}, Unknown: m.SetUnknownDropped}, m, log.With("loop", "policy"))
+		d.OnLocalPodCIDRs(eng.SetLocalPodCIDRs)
+		go func() {
+			if err := eng.Run(ctx); err != nil {
+				log.Error("NetworkPolicy engine stopped", "err", err)
+				stop()
+			}
+		}()
+	} else if err := policyOff(*stateDir); err != nil {
+		return fmt.Errorf("--network-policy=false: %w", err)
+	}
 	if *reconcileInterval > 0 {
 		reg, repairs := d.Registry()
 		loop, err := reconcile.New(reconcile.Config{DataDirs: dataDirs, Interval: *reconcileInterval, Grace: *reconcileGrace,
@@ -181,6 +232,19 @@ func run(argv []string) error {
 	}
 	log.Info("starting", "node", *nodeName, "encap", e, "crossSubnet", *crossSubnet, "clusterCIDRs", cidrs, "serviceCIDRs", svc)
 	return d.Run(ctx)
+}
+
+// policyOff removes what the NetworkPolicy engine leaves on the node: its
+// table (the node then enforces no policy) and its socket (the plugins
+// then wait for nobody).
+func policyOff(stateDir string) error {
+	w := &nft.Writer{}
+	defer w.Close()
+	err := w.Delete()
+	if rerr := os.Remove(policysock.Path(stateDir)); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
+		err = errors.Join(err, rerr)
+	}
+	return err
 }
 
 // checkEncapFamilies refuses an encapsulation that cannot carry a cluster

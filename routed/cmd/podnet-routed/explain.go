@@ -1,0 +1,107 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"net/netip"
+	"strconv"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/podnet/podnet/routed/policy"
+)
+
+// flow is what --explain-policy asks about: SRC DST PORT[/PROTO].
+type flow struct {
+	src, dst netip.Addr
+	proto    uint8
+	port     uint16
+}
+
+// parseFlow reads "SRC DST PORT[/tcp|udp|sctp]" (the protocol defaults to
+// TCP, as in a NetworkPolicy).
+func parseFlow(args []string) (flow, error) {
+	const usage = "want SRC DST PORT[/tcp|udp|sctp], e.g. 10.244.1.5 10.244.2.7 8080/tcp"
+	if len(args) != 3 {
+		return flow{}, fmt.Errorf("%d arguments: %s", len(args), usage)
+	}
+	var f flow
+	var err error
+	if f.src, err = netip.ParseAddr(args[0]); err != nil {
+		return flow{}, fmt.Errorf("source %q: %s", args[0], usage)
+	}
+	if f.dst, err = netip.ParseAddr(args[1]); err != nil {
+		return flow{}, fmt.Errorf("destination %q: %s", args[1], usage)
+	}
+	f.src, f.dst = f.src.Unmap(), f.dst.Unmap()
+	if f.src.Is4() != f.dst.Is4() {
+		return flow{}, fmt.Errorf("%s and %s are of different families", f.src, f.dst)
+	}
+	port, proto, _ := strings.Cut(args[2], "/")
+	n, err := strconv.ParseUint(port, 10, 16)
+	if err != nil || n == 0 {
+		return flow{}, fmt.Errorf("port %q: %s", port, usage)
+	}
+	f.port = uint16(n)
+	switch strings.ToLower(proto) {
+	case "", "tcp":
+		f.proto = policy.ProtoTCP
+	case "udp":
+		f.proto = policy.ProtoUDP
+	case "sctp":
+		f.proto = policy.ProtoSCTP
+	default:
+		return flow{}, fmt.Errorf("protocol %q: %s", proto, usage)
+	}
+	return f, nil
+}
+
+// explain lists Pods, Namespaces and NetworkPolicies once and prints
+// which policies allow or refuse the flow, and why.
+func explain(w io.Writer, pods, namespaces, policies cache.ListerWatcher, f flow) error {
+	st := policy.NewState()
+	list := func(what string, lw cache.ListerWatcher, each func(any)) error {
+		obj, err := lw.List(metav1.ListOptions{})
+		if err != nil {
+			return fmt.Errorf("list %s: %w", what, err)
+		}
+		items, err := meta.ExtractList(obj)
+		if err != nil {
+			return fmt.Errorf("list %s: %w", what, err)
+		}
+		for _, it := range items {
+			each(it)
+		}
+		return nil
+	}
+	if err := list("namespaces", namespaces, func(o any) {
+		if ns, ok := o.(*corev1.Namespace); ok {
+			st.SetNamespace(policy.FromNamespace(ns))
+		}
+	}); err != nil {
+		return err
+	}
+	if err := list("pods", pods, func(o any) {
+		if p, ok := o.(*corev1.Pod); ok {
+			st.SetPod(policy.FromPod(p))
+		}
+	}); err != nil {
+		return err
+	}
+	if err := list("networkpolicies", policies, func(o any) {
+		if np, ok := o.(*networkingv1.NetworkPolicy); ok {
+			if err := st.SetPolicy(np); err != nil {
+				fmt.Fprintf(w, "note: NetworkPolicy %s/%s is refused (%v): it isolates the pods it selects and allows nothing\n", np.Namespace, np.Name, err)
+			}
+		}
+	}); err != nil {
+		return err
+	}
+	fmt.Fprintln(w, st.Explain(f.src, f.dst, f.proto, f.port).String())
+	return nil
+}

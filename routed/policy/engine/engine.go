@@ -1,0 +1,544 @@
+// Package engine runs podnet-routed's NetworkPolicy engine: shared
+// informers on Pods, Namespaces and NetworkPolicies feed the pure model of
+// package policy; every change compiles this node's Ruleset and writes it
+// in one nft transaction (a diff); each resync reads the table back and
+// writes it whole when someone deleted or edited it; connections a change
+// no longer allows are cut from conntrack. It also answers the plugins'
+// ADD-time wait on the policy socket (internal/policysock).
+package engine
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"reflect"
+	"slices"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/podnet/podnet/internal/policysock"
+	"github.com/podnet/podnet/routed/dataplane"
+	"github.com/podnet/podnet/routed/policy"
+)
+
+// Writer puts a Ruleset in the kernel (NFTWriter in production).
+type Writer interface {
+	// Apply writes want: the whole table the first time (or when a
+	// partial write fails), else what changed since the last write; one
+	// transaction either way.
+	Apply(want policy.Ruleset) error
+	// Resync reads the table back and writes it whole when it differs
+	// from want; it says whether it did.
+	Resync(want policy.Ruleset) (repaired bool, err error)
+	// DropCounters are the packets each pod chain dropped, by pod ID and
+	// direction.
+	DropCounters() (map[DropKey]uint64, error)
+	// Revoke deletes the conntrack entries allowed says are no longer
+	// allowed and returns how many.
+	Revoke(allowed func(src, dst netip.Addr, proto uint8, dport uint16) bool) (int, error)
+	// Delete removes the table.
+	Delete() error
+}
+
+// DropKey names one pod chain's drop counter.
+type DropKey struct {
+	PodID     string
+	Direction policy.Direction
+}
+
+// ListWatches are the informers' sources (one watch each).
+type ListWatches struct {
+	Pods, Namespaces, Policies cache.ListerWatcher
+}
+
+// Config is the engine's configuration.
+type Config struct {
+	NodeName string
+	// Resync is the period of the read-back and repair of the table.
+	Resync time.Duration
+	// SocketPath is where the plugins' ADD-time wait connects ("": none).
+	SocketPath string
+	// SocketTimeout bounds one wait on the engine's side.
+	SocketTimeout time.Duration
+	// OverrideTTL is how long an address a plugin reported counts while
+	// the Pod object does not show it yet.
+	OverrideTTL time.Duration
+	// ProcSys is the node's sysctl tree ("": /proc/sys), where the engine
+	// keeps bridge-nf-call-iptables/ip6tables on: podnet-bridge's pods on
+	// one node talk through the bridge, and only br_netfilter shows that
+	// traffic to the inet hooks of the table.
+	ProcSys string
+}
+
+// Engine is one node's NetworkPolicy engine.
+type Engine struct {
+	cfg     Config
+	lw      ListWatches
+	w       Writer
+	m       *Metrics
+	log     *slog.Logger
+	podInf  cache.SharedIndexInformer
+	kick    chan struct{}
+	now     func() time.Time
+	applied chan struct{} // closed and replaced after each successful write
+
+	mu        sync.Mutex
+	state     *policy.State
+	overrides map[string]override // pod key -> addresses a plugin reported
+	cidrs     []netip.Prefix
+	gen       uint64 // bumped by every change
+	doneGen   uint64 // the last generation in the kernel
+	last      *policy.Ruleset
+	refused   map[string]string
+
+	warnedBridge bool
+}
+
+type override struct {
+	ips []netip.Addr
+	at  time.Time
+}
+
+// New builds an engine; Run starts it.
+func New(cfg Config, lw ListWatches, w Writer, m *Metrics, log *slog.Logger) *Engine {
+	if cfg.Resync <= 0 {
+		cfg.Resync = 30 * time.Second
+	}
+	if cfg.SocketTimeout <= 0 {
+		cfg.SocketTimeout = 3 * time.Second
+	}
+	if cfg.OverrideTTL <= 0 {
+		cfg.OverrideTTL = 2 * time.Minute
+	}
+	return &Engine{
+		cfg: cfg, lw: lw, w: w, m: m, log: log,
+		kick:      make(chan struct{}, 1),
+		now:       time.Now,
+		applied:   make(chan struct{}),
+		state:     policy.NewState(),
+		overrides: map[string]override{},
+		refused:   map[string]string{},
+	}
+}
+
+// SetLocalPodCIDRs tells the engine this node's PodCIDRs (the daemon calls
+// it whenever its own Node changes).
+func (e *Engine) SetLocalPodCIDRs(cidrs []netip.Prefix) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if slices.Equal(e.cidrs, cidrs) {
+		return
+	}
+	e.cidrs = slices.Clone(cidrs)
+	e.changedLocked()
+}
+
+func (e *Engine) changedLocked() {
+	e.gen++
+	select {
+	case e.kick <- struct{}{}:
+	default:
+	}
+}
+
+// Run watches, compiles and writes until ctx ends. The table stays in the
+// kernel when it returns: a restarting engine keeps enforcing.
+func (e *Engine) Run(ctx context.Context) error {
+	e.podInf = cache.NewSharedIndexInformer(e.lw.Pods, &corev1.Pod{}, 0, cache.Indexers{})
+	if err := e.podInf.SetTransform(stripPod); err != nil {
+		return fmt.Errorf("pod informer: %w", err)
+	}
+	nsInf := cache.NewSharedIndexInformer(e.lw.Namespaces, &corev1.Namespace{}, 0, cache.Indexers{})
+	polInf := cache.NewSharedIndexInformer(e.lw.Policies, &networkingv1.NetworkPolicy{}, 0, cache.Indexers{})
+	if err := nsInf.SetTransform(stripMeta); err != nil {
+		return fmt.Errorf("namespace informer: %w", err)
+	}
+	if err := polInf.SetTransform(stripMeta); err != nil {
+		return fmt.Errorf("policy informer: %w", err)
+	}
+	handlers := []struct {
+		inf cache.SharedIndexInformer
+		h   cache.ResourceEventHandlerFuncs
+	}{
+		{e.podInf, cache.ResourceEventHandlerFuncs{AddFunc: e.onPod, UpdateFunc: e.onPodUpdate, DeleteFunc: e.onPodDelete}},
+		{nsInf, cache.ResourceEventHandlerFuncs{AddFunc: e.onNamespace, UpdateFunc: func(_, o any) { e.onNamespace(o) }, DeleteFunc: e.onNamespaceDelete}},
+		{polInf, cache.ResourceEventHandlerFuncs{AddFunc: e.onPolicy, UpdateFunc: func(_, o any) { e.onPolicy(o) }, DeleteFunc: e.onPolicyDelete}},
+	}
+	for _, x := range handlers {
+		if _, err := x.inf.AddEventHandler(x.h); err != nil {
+			return fmt.Errorf("informer handler: %w", err)
+		}
+		go x.inf.Run(ctx.Done())
+	}
+	if e.cfg.SocketPath != "" {
+		l, err := policysock.Listen(e.cfg.SocketPath)
+		if err != nil {
+			return err
+		}
+		go func() {
+			if err := policysock.Serve(ctx, l, e.cfg.SocketTimeout, e.handleWait); err != nil {
+				e.log.Error("policy socket", "err", err)
+			}
+		}()
+	}
+	if !cache.WaitForCacheSync(ctx.Done(), e.podInf.HasSynced, nsInf.HasSynced, polInf.HasSynced) {
+		return ctx.Err()
+	}
+	e.log.Info("NetworkPolicy engine synced")
+	e.bridgeNetfilter()
+	return e.loop(ctx)
+}
+
+// loop writes each change as it comes and reads the table back every
+// resync, writing it whole when someone changed it.
+func (e *Engine) loop(ctx context.Context) error {
+	t := time.NewTicker(e.cfg.Resync)
+	defer t.Stop()
+	for {
+		if err := e.sync(); err != nil {
+			e.m.Errors.Inc()
+			e.log.Error("NetworkPolicy write failed; retrying", "err", err)
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(time.Second):
+			}
+			continue
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-e.kick:
+		case <-t.C:
+			e.bridgeNetfilter()
+			e.resync()
+			e.readCounters()
+			e.pruneOverrides()
+		}
+	}
+}
+
+// bridgeNetfilter keeps bridged IPv4 and IPv6 traffic going through the
+// inet hooks (kubeadm's preflight wants the same settings).
+func (e *Engine) bridgeNetfilter() {
+	w := dataplane.SysctlWriter{Root: e.cfg.ProcSys, Log: e.log}
+	changed, failed := w.Set([]dataplane.Sysctl{
+		{Name: "net/bridge/bridge-nf-call-iptables", Value: "1"},
+		{Name: "net/bridge/bridge-nf-call-ip6tables", Value: "1"},
+	})
+	if len(changed) > 0 {
+		e.m.Repairs.Add(float64(len(changed)))
+	}
+	for _, f := range failed {
+		if !e.warnedBridge {
+			e.log.Warn("cannot turn bridge netfilter on (is br_netfilter loaded?): podnet-bridge pods on one node reach each other unfiltered", "err", f)
+		}
+		e.warnedBridge = true
+	}
+}
+
+// resync repairs the table from the last Ruleset written.
+func (e *Engine) resync() {
+	e.mu.Lock()
+	last := e.last
+	e.mu.Unlock()
+	if last == nil {
+		return
+	}
+	repaired, err := e.w.Resync(*last)
+	if err != nil {
+		e.m.Errors.Inc()
+		e.log.Warn("NetworkPolicy table resync failed", "err", err)
+		return
+	}
+	if repaired {
+		e.m.Repairs.Inc()
+		e.log.Warn("NetworkPolicy table was changed behind podnet-routed's back: written whole again")
+	}
+}
+
+// sync compiles the current state and writes what changed.
+func (e *Engine) sync() error {
+	start := e.now()
+	e.mu.Lock()
+	gen := e.gen
+	rs := e.state.Compile(e.cfg.NodeName, e.cidrs)
+	prev := e.last
+	refused := e.state.Refused()
+	e.mu.Unlock()
+	e.report(refused)
+	if prev != nil && reflect.DeepEqual(*prev, rs) {
+		e.done(gen, prev)
+		return nil
+	}
+	if err := e.w.Apply(rs); err != nil {
+		return fmt.Errorf("write table: %w", err)
+	}
+	e.m.ApplySeconds.Observe(e.now().Sub(start).Seconds())
+	e.m.IsolatedPods.Set(float64(len(rs.Pods)))
+	e.m.Policies.Set(float64(len(rs.Policies)))
+	e.done(gen, &rs)
+	// a change of which addresses are known only adds or removes whole
+	// pods; what a connection may do changes only with the chains
+	if prev != nil && (!reflect.DeepEqual(prev.Pods, rs.Pods) || !reflect.DeepEqual(prev.Policies, rs.Policies)) {
+		n, err := e.w.Revoke(policy.NewMatcher(rs).Allows)
+		if err != nil {
+			e.log.Warn("cannot revoke the connections the new policy refuses", "err", err)
+		}
+		e.m.Revoked.Add(float64(n))
+		if n > 0 {
+			e.log.Info("connections revoked", "count", n)
+		}
+	}
+	return nil
+}
+
+func (e *Engine) done(gen uint64, rs *policy.Ruleset) {
+	e.mu.Lock()
+	e.last = rs
+	if gen > e.doneGen {
+		e.doneGen = gen
+	}
+	close(e.applied)
+	e.applied = make(chan struct{})
+	e.mu.Unlock()
+}
+
+// report logs each newly refused policy once and keeps the gauge.
+func (e *Engine) report(refused map[string]error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	now := map[string]string{}
+	for k, err := range refused {
+		now[k] = err.Error()
+		if e.refused[k] != now[k] {
+			e.log.Warn("NetworkPolicy refused: it isolates the pods it selects and allows nothing until fixed", "policy", k, "reason", err)
+		}
+	}
+	e.refused = now
+	e.m.Refused.Set(float64(len(now)))
+}
+
+// handleWait answers a plugin's ADD-time wait: it records the addresses
+// the pod got (the Pod object shows them only later) and returns once a
+// write that includes them is in the kernel.
+func (e *Engine) handleWait(ctx context.Context, req policysock.Request) error {
+	key := req.Namespace + "/" + req.Name
+	for {
+		obj, ok, err := e.podInf.GetStore().GetByKey(key)
+		if err != nil {
+			return fmt.Errorf("pod %s: %w", key, err)
+		}
+		if ok {
+			pod := obj.(*corev1.Pod)
+			if pod.Spec.NodeName != e.cfg.NodeName {
+				return fmt.Errorf("pod %s is on node %q, not on %s", key, pod.Spec.NodeName, e.cfg.NodeName)
+			}
+			break
+		}
+		// the informer has not seen the pod yet: it is on its way (the
+		// kubelet got it from the same API server)
+		select {
+		case <-ctx.Done():
+			e.mu.Lock()
+			e.overrides[key] = override{ips: req.IPs, at: e.now()}
+			e.mu.Unlock()
+			return fmt.Errorf("pod %s is not known to the API server's watch yet; it stays isolated until it is", key)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	e.mu.Lock()
+	e.overrides[key] = override{ips: req.IPs, at: e.now()}
+	obj, ok, _ := e.podInf.GetStore().GetByKey(key)
+	if ok {
+		e.setPodLocked(obj.(*corev1.Pod))
+	}
+	want := e.gen
+	e.mu.Unlock()
+	for {
+		e.mu.Lock()
+		done, applied := e.doneGen >= want, e.applied
+		e.mu.Unlock()
+		if done {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("pod %s: policy not written in time: %w", key, ctx.Err())
+		case <-applied:
+		}
+	}
+}
+
+// setPodLocked puts the informer's pod in the state, with the addresses a
+// plugin reported while the Pod object does not have its own yet.
+func (e *Engine) setPodLocked(obj *corev1.Pod) {
+	p := policy.FromPod(obj)
+	key := p.Namespace + "/" + p.Name
+	if o, ok := e.overrides[key]; ok {
+		switch {
+		case len(p.IPs) > 0 && sameAddrs(p.IPs, o.ips):
+			delete(e.overrides, key) // the Pod object caught up
+		case len(p.IPs) == 0 && p.Node == e.cfg.NodeName && e.now().Sub(o.at) < e.cfg.OverrideTTL:
+			p.IPs = slices.Clone(o.ips)
+		}
+	}
+	e.state.SetPod(p)
+	e.changedLocked()
+}
+
+// pruneOverrides forgets reported addresses older than OverrideTTL.
+func (e *Engine) pruneOverrides() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for k, o := range e.overrides {
+		if e.now().Sub(o.at) >= e.cfg.OverrideTTL {
+			delete(e.overrides, k)
+			if obj, ok, _ := e.podInf.GetStore().GetByKey(k); ok {
+				e.setPodLocked(obj.(*corev1.Pod))
+			}
+		}
+	}
+}
+
+func sameAddrs(a, b []netip.Addr) bool {
+	a, b = slices.Clone(a), slices.Clone(b)
+	slices.SortFunc(a, netip.Addr.Compare)
+	slices.SortFunc(b, netip.Addr.Compare)
+	return slices.Equal(a, b)
+}
+
+func (e *Engine) onPod(obj any) {
+	pod, ok := obj.(*corev1.Pod)
+	if !ok {
+		return
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.setPodLocked(pod)
+}
+
+// onPodUpdate skips the updates that change nothing the model reads (most
+// of a pod's status updates: conditions, container states), so that they
+// cost no compile.
+func (e *Engine) onPodUpdate(old, obj any) {
+	o, ok1 := old.(*corev1.Pod)
+	n, ok2 := obj.(*corev1.Pod)
+	if ok1 && ok2 && reflect.DeepEqual(policy.FromPod(o), policy.FromPod(n)) {
+		return
+	}
+	e.onPod(obj)
+}
+
+func (e *Engine) onPodDelete(obj any) {
+	ns, name, ok := metaOf(obj)
+	if !ok {
+		return
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.state.DeletePod(ns, name)
+	delete(e.overrides, ns+"/"+name)
+	e.changedLocked()
+}
+
+func (e *Engine) onNamespace(obj any) {
+	ns, ok := obj.(*corev1.Namespace)
+	if !ok {
+		return
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.state.SetNamespace(policy.FromNamespace(ns))
+	e.changedLocked()
+}
+
+func (e *Engine) onNamespaceDelete(obj any) {
+	_, name, ok := metaOf(obj)
+	if !ok {
+		return
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.state.DeleteNamespace(name)
+	e.changedLocked()
+}
+
+func (e *Engine) onPolicy(obj any) {
+	np, ok := obj.(*networkingv1.NetworkPolicy)
+	if !ok {
+		return
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	// a refused policy is kept (it fails closed); report() logs why
+	_ = e.state.SetPolicy(np)
+	e.changedLocked()
+}
+
+func (e *Engine) onPolicyDelete(obj any) {
+	ns, name, ok := metaOf(obj)
+	if !ok {
+		return
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.state.DeletePolicy(ns, name)
+	e.changedLocked()
+}
+
+// metaOf reads namespace and name of a deleted object, tombstones too.
+func metaOf(obj any) (string, string, bool) {
+	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		ns, name, err := cache.SplitMetaNamespaceKey(t.Key)
+		return ns, name, err == nil
+	}
+	switch o := obj.(type) {
+	case *corev1.Pod:
+		return o.Namespace, o.Name, true
+	case *corev1.Namespace:
+		return "", o.Name, true
+	case *networkingv1.NetworkPolicy:
+		return o.Namespace, o.Name, true
+	}
+	return "", "", false
+}
+
+// readCounters turns the pod chains' drop counters into
+// podnet_policy_drops_total{namespace,policy}: a pod's drops count for
+// each policy that isolates it in that direction.
+func (e *Engine) readCounters() {
+	counts, err := e.w.DropCounters()
+	if err != nil {
+		e.log.Debug("cannot read the NetworkPolicy drop counters", "err", err)
+		return
+	}
+	e.mu.Lock()
+	last := e.last
+	e.mu.Unlock()
+	if last == nil {
+		return
+	}
+	pols := map[string]policy.PolicyChain{}
+	for _, p := range last.Policies {
+		pols[p.ID] = p
+	}
+	for _, pod := range last.Pods {
+		for _, d := range []struct {
+			dir policy.Direction
+			ids []string
+		}{{policy.Ingress, pod.Ingress}, {policy.Egress, pod.Egress}} {
+			n := counts[DropKey{PodID: pod.ID, Direction: d.dir}]
+			for _, id := range d.ids {
+				if p, ok := pols[id]; ok {
+					e.m.drops.observe(pod.ID, d.dir, p.Namespace, p.Name, n)
+				}
+			}
+		}
+	}
+}

@@ -1,0 +1,266 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net/netip"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	fcache "k8s.io/client-go/tools/cache/testing"
+
+	"github.com/podnet/podnet/internal/policysock"
+	"github.com/podnet/podnet/routed/policy"
+)
+
+// fakeWriter records what the engine writes.
+type fakeWriter struct {
+	mu       sync.Mutex
+	applied  []policy.Ruleset
+	resyncs  int
+	repair   bool
+	revokes  int
+	counters map[DropKey]uint64
+	failNext error
+}
+
+func (f *fakeWriter) Apply(want policy.Ruleset) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.failNext; err != nil {
+		f.failNext = nil
+		return err
+	}
+	f.applied = append(f.applied, want)
+	return nil
+}
+
+func (f *fakeWriter) Resync(policy.Ruleset) (bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.resyncs++
+	r := f.repair
+	f.repair = false
+	return r, nil
+}
+
+func (f *fakeWriter) DropCounters() (map[DropKey]uint64, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := map[DropKey]uint64{}
+	for k, v := range f.counters {
+		out[k] = v
+	}
+	return out, nil
+}
+
+func (f *fakeWriter) Revoke(allowed func(src, dst netip.Addr, proto uint8, dport uint16) bool) (int, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.revokes++
+	return 0, nil
+}
+
+func (f *fakeWriter) Delete() error { return nil }
+
+func (f *fakeWriter) last() (policy.Ruleset, int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.applied) == 0 {
+		return policy.Ruleset{}, 0
+	}
+	return f.applied[len(f.applied)-1], len(f.applied)
+}
+
+type rig struct {
+	t               *testing.T
+	pods, nss, pols *fcache.FakeControllerSource
+	w               *fakeWriter
+	e               *Engine
+	m               *Metrics
+	reg             *prometheus.Registry
+	sock            string
+	cancel          context.CancelFunc
+	done            chan error
+}
+
+const node = "node-a"
+
+func newRig(t *testing.T) *rig {
+	r := &rig{t: t, pods: fcache.NewFakeControllerSource(), nss: fcache.NewFakeControllerSource(), pols: fcache.NewFakeControllerSource(), w: &fakeWriter{}}
+	r.reg = prometheus.NewRegistry()
+	r.m = NewMetrics(r.reg, nil)
+	r.sock = filepath.Join(t.TempDir(), policysock.FileName)
+	r.e = New(Config{NodeName: node, Resync: 50 * time.Millisecond, SocketPath: r.sock, ProcSys: t.TempDir()},
+		ListWatches{Pods: r.pods, Namespaces: r.nss, Policies: r.pols}, r.w, r.m, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	r.e.SetLocalPodCIDRs([]netip.Prefix{netip.MustParsePrefix("10.244.1.0/24")})
+	r.nss.Add(&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop", Labels: map[string]string{"team": "a"}}})
+	ctx, cancel := context.WithCancel(context.Background())
+	r.cancel, r.done = cancel, make(chan error, 1)
+	go func() { r.done <- r.e.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-r.done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	return r
+}
+
+// until polls cond (the engine works asynchronously) and fails after a
+// generous bound: a liveness check, not a speed claim.
+func (r *rig) until(what string, cond func(policy.Ruleset) bool) policy.Ruleset {
+	r.t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		if rs, n := r.w.last(); n > 0 && cond(rs) {
+			return rs
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	rs, _ := r.w.last()
+	r.t.Fatalf("never written: %s; last Ruleset %+v", what, rs)
+	return rs
+}
+
+func pod(name, ip string, labels map[string]string) *corev1.Pod {
+	p := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: name, Labels: labels, UID: "uid-" + "name"},
+		Spec:       corev1.PodSpec{NodeName: node},
+		Status:     corev1.PodStatus{Phase: corev1.PodRunning},
+	}
+	if ip != "" {
+		p.Status.PodIPs = []corev1.PodIP{{IP: ip}}
+	}
+	return p
+}
+
+func denyIngress() *networkingv1.NetworkPolicy {
+	return &networkingv1.NetworkPolicy{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "deny-ingress"},
+		Spec: networkingv1.NetworkPolicySpec{
+			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "db"}},
+			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress},
+		},
+	}
+}
+
+func known(rs policy.Ruleset, ip string) bool {
+	for _, a := range rs.Known {
+		if a == netip.MustParseAddr(ip) {
+			return true
+		}
+	}
+	return false
+}
+
+// TestEngineFollowsTheCluster: pods, policies and their deletion reach the
+// kernel writer, and every change of the chains revokes what the new
+// Ruleset no longer allows.
+func TestEngineFollowsTheCluster(t *testing.T) {
+	r := newRig(t)
+	r.pods.Add(pod("db-0", "10.244.1.5", map[string]string{"app": "db"}))
+	r.pods.Add(pod("web-0", "10.244.1.6", map[string]string{"app": "web"}))
+	r.until("both pods known, none isolated", func(rs policy.Ruleset) bool {
+		return known(rs, "10.244.1.5") && known(rs, "10.244.1.6") && len(rs.Pods) == 0
+	})
+	r.pols.Add(denyIngress())
+	rs := r.until("db-0 isolated for ingress", func(rs policy.Ruleset) bool { return len(rs.Pods) == 1 })
+	if p := rs.Pods[0]; p.Name != "db-0" || !p.IngressIsolated || p.EgressIsolated {
+		t.Fatalf("isolated %+v, want db-0 for ingress only", p)
+	}
+	if rs.Allows(netip.MustParseAddr("10.244.1.6"), netip.MustParseAddr("10.244.1.5"), policy.ProtoTCP, 5432) {
+		t.Fatal("the written Ruleset still allows web-0 -> db-0")
+	}
+	r.pols.Delete(denyIngress())
+	r.until("isolation lifted", func(rs policy.Ruleset) bool { return len(rs.Pods) == 0 && known(rs, "10.244.1.5") })
+	r.pods.Delete(pod("db-0", "10.244.1.5", nil))
+	r.until("db-0 forgotten", func(rs policy.Ruleset) bool { return !known(rs, "10.244.1.5") })
+	r.w.mu.Lock()
+	revokes := r.w.revokes
+	r.w.mu.Unlock()
+	// the policy's arrival and its deletion changed the chains; the pod's
+	// deletion only the known addresses
+	if revokes != 2 {
+		t.Fatalf("%d revocations, want 2 (one per change of the chains)", revokes)
+	}
+}
+
+// TestEngineAnswersTheADDWait: a plugin's request makes the pod known with
+// the addresses it reports, before the Pod object shows them, and the
+// answer comes only once that Ruleset is written.
+func TestEngineAnswersTheADDWait(t *testing.T) {
+	r := newRig(t)
+	r.pods.Add(pod("cart-0", "", map[string]string{"app": "cart"}))
+	r.until("first write", func(policy.Ruleset) bool { return true })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	req := policysock.Request{Namespace: "shop", Name: "cart-0", IPs: []netip.Addr{netip.MustParseAddr("10.244.1.9")}}
+	if err := policysock.Wait(ctx, r.sock, req); err != nil {
+		t.Fatalf("Wait: %v", err)
+	}
+	if rs, _ := r.w.last(); !known(rs, "10.244.1.9") {
+		t.Fatalf("answered before the pod's address was written: %+v", rs.Known)
+	}
+	// the Pod object catches up: nothing changes, the override is dropped
+	r.pods.Modify(pod("cart-0", "10.244.1.9", map[string]string{"app": "cart"}))
+	r.until("still known", func(rs policy.Ruleset) bool { return known(rs, "10.244.1.9") })
+
+	// a pod of another node is refused, a pod the API never shows times out
+	other := pod("elsewhere", "", nil)
+	other.Spec.NodeName = "node-b"
+	r.pods.Add(other)
+	time.Sleep(100 * time.Millisecond) // let the informer see it
+	err := policysock.Wait(ctx, r.sock, policysock.Request{Namespace: "shop", Name: "elsewhere", IPs: req.IPs})
+	if err == nil || errors.Is(err, policysock.ErrNoEngine) {
+		t.Fatalf("Wait for another node's pod: %v, want a refusal", err)
+	}
+	short, cancel2 := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel2()
+	if err := policysock.Wait(short, r.sock, policysock.Request{Namespace: "shop", Name: "ghost", IPs: []netip.Addr{netip.MustParseAddr("10.244.1.10")}}); err == nil {
+		t.Fatal("Wait for a pod the API never showed succeeded")
+	}
+	if rs, _ := r.w.last(); known(rs, "10.244.1.10") {
+		t.Fatal("a pod unknown to the API became known: it must stay isolated")
+	}
+}
+
+// TestEngineRepairsAndCounts: a resync that finds the table changed counts
+// a repair; a failed write is retried and counted; pod chains' drops are
+// attributed to the policies isolating the pod.
+func TestEngineRepairsAndCounts(t *testing.T) {
+	r := newRig(t)
+	r.pods.Add(pod("db-0", "10.244.1.5", map[string]string{"app": "db"}))
+	r.pols.Add(denyIngress())
+	rs := r.until("db-0 isolated", func(rs policy.Ruleset) bool { return len(rs.Pods) == 1 })
+	r.w.mu.Lock()
+	r.w.repair = true
+	r.w.counters = map[DropKey]uint64{{PodID: rs.Pods[0].ID, Direction: policy.Ingress}: 7}
+	r.w.failNext = errors.New("netlink: no buffer space")
+	r.w.mu.Unlock()
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) && (testutil.ToFloat64(r.m.Repairs) < 1 || testutil.ToFloat64(r.m.drops.vec.WithLabelValues("shop", "deny-ingress")) < 7) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := testutil.ToFloat64(r.m.Repairs); got < 1 {
+		t.Fatalf("repairs %v after a resync found the table changed", got)
+	}
+	if got := testutil.ToFloat64(r.m.drops.vec.WithLabelValues("shop", "deny-ingress")); got != 7 {
+		t.Fatalf("podnet_policy_drops_total{shop,deny-ingress} = %v, want 7", got)
+	}
+	// the failed write: the next change still gets written
+	r.pods.Add(pod("db-1", "10.244.1.7", map[string]string{"app": "db"}))
+	r.until("db-1 isolated after a failed write", func(rs policy.Ruleset) bool { return len(rs.Pods) == 2 })
+	if got := testutil.ToFloat64(r.m.Errors); got < 1 {
+		t.Fatalf("errors %v after a failed write", got)
+	}
+}

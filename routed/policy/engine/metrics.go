@@ -1,0 +1,106 @@
+package engine
+
+import (
+	"sync"
+	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/podnet/podnet/routed/policy"
+)
+
+// Metrics are the engine's Prometheus metrics.
+type Metrics struct {
+	ApplySeconds prometheus.Histogram
+	Errors       prometheus.Counter
+	Repairs      prometheus.Counter
+	Revoked      prometheus.Counter
+	IsolatedPods prometheus.Gauge
+	Policies     prometheus.Gauge
+	Refused      prometheus.Gauge
+	drops        *dropCounter
+	unknown      atomic.Uint64
+}
+
+// SetUnknownDropped takes the table's unknown_dropped counter.
+func (m *Metrics) SetUnknownDropped(n uint64) { m.unknown.Store(n) }
+
+// NewMetrics registers the engine's metrics in reg; repairs is the
+// daemon's podnet_repairs_total{object} (nil: a counter of its own).
+func NewMetrics(reg prometheus.Registerer, repairs *prometheus.CounterVec) *Metrics {
+	m := &Metrics{
+		ApplySeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "podnet_policy_apply_seconds",
+			Help:    "Time from a change of Pods, Namespaces or NetworkPolicies to its nft transaction being in the kernel (compile and write).",
+			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5},
+		}),
+		Errors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "podnet_policy_errors_total", Help: "NetworkPolicy table writes that failed (each is retried in full).",
+		}),
+		Revoked: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "podnet_policy_revoked_total", Help: "Conntrack entries deleted because a policy change no longer allows their connection.",
+		}),
+		IsolatedPods: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "podnet_policy_isolated_pods", Help: "Local pods isolated in at least one direction.",
+		}),
+		Policies: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "podnet_policy_chains", Help: "Policy chains (policy and direction) selecting at least one local pod.",
+		}),
+		Refused: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "podnet_policy_refused", Help: "NetworkPolicies refused as invalid: each isolates the pods it selects and allows nothing.",
+		}),
+		drops: newDropCounter(),
+	}
+	if repairs != nil {
+		m.Repairs = repairs.WithLabelValues("policy-table")
+	} else {
+		m.Repairs = prometheus.NewCounter(prometheus.CounterOpts{Name: "podnet_policy_repairs_total", Help: "NetworkPolicy table rewrites after it was changed behind podnet-routed's back."})
+		reg.MustRegister(m.Repairs)
+	}
+	unknown := prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "podnet_policy_unknown_dropped_total",
+		Help: "Packets from or to a local pod address the engine did not know yet (a pod between its ADD and its policy), dropped; as read at the last resync.",
+	}, func() float64 { return float64(m.unknown.Load()) })
+	reg.MustRegister(unknown, m.ApplySeconds, m.Errors, m.Revoked, m.IsolatedPods, m.Policies, m.Refused, m.drops.vec)
+	return m
+}
+
+// dropCounter turns the pod chains' cumulative nft counters into
+// podnet_policy_drops_total{namespace,policy}.
+type dropCounter struct {
+	vec  *prometheus.CounterVec
+	mu   sync.Mutex
+	last map[dropSeen]uint64
+}
+
+type dropSeen struct {
+	pod, namespace, name string
+	dir                  policy.Direction
+}
+
+func newDropCounter() *dropCounter {
+	return &dropCounter{
+		vec: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "podnet_policy_drops_total",
+			Help: "New connections dropped on this node because the pod they were from (egress) or to (ingress) is isolated and no policy allows them; a pod's drops count for each policy isolating it in that direction.",
+		}, []string{"namespace", "policy"}),
+		last: map[dropSeen]uint64{},
+	}
+}
+
+// observe takes a pod chain's counter n: what it grew by since the last
+// reading (all of it when the chain was written anew) is added.
+func (d *dropCounter) observe(podID string, dir policy.Direction, namespace, name string, n uint64) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	k := dropSeen{pod: podID, namespace: namespace, name: name, dir: dir}
+	prev, seen := d.last[k]
+	d.last[k] = n
+	delta := n
+	if seen && n >= prev {
+		delta = n - prev
+	}
+	if delta > 0 {
+		d.vec.WithLabelValues(namespace, name).Add(float64(delta))
+	}
+}

@@ -1,0 +1,42 @@
+package engine
+
+import (
+	"net/netip"
+
+	"github.com/podnet/podnet/routed/policy"
+	"github.com/podnet/podnet/routed/policy/nft"
+)
+
+// NFTWriter is the Writer of table inet podnet-policy in the calling
+// thread's netns.
+type NFTWriter struct {
+	W *nft.Writer
+	// Unknown, when set, hears the unknown_dropped counter (packets of
+	// local pod addresses the engine did not know yet).
+	Unknown func(uint64)
+}
+
+func (n NFTWriter) Apply(want policy.Ruleset) error { _, err := n.W.Apply(want); return err }
+
+func (n NFTWriter) Resync(want policy.Ruleset) (bool, error) { return n.W.Resync(want) }
+
+func (n NFTWriter) Delete() error { return n.W.Delete() }
+
+func (n NFTWriter) DropCounters() (map[DropKey]uint64, error) {
+	pods, unknown, err := n.W.DropCounters()
+	if err != nil {
+		return nil, err
+	}
+	if n.Unknown != nil {
+		n.Unknown(unknown)
+	}
+	out := make(map[DropKey]uint64, len(pods))
+	for k, v := range pods {
+		out[DropKey{PodID: k.PodID, Direction: k.Direction}] = v
+	}
+	return out, nil
+}
+
+func (n NFTWriter) Revoke(allowed func(src, dst netip.Addr, proto uint8, dport uint16) bool) (int, error) {
+	return nft.Revoke(allowed)
+}

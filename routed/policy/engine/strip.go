@@ -1,0 +1,52 @@
+package engine
+
+import (
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// stripPod keeps of a Pod only what the model reads (namespace, name,
+// UID, labels, node, hostNetwork, containers' ports, phase and addresses),
+// so that a cluster's pods cost the engine little memory.
+func stripPod(obj any) (any, error) {
+	p, ok := obj.(*corev1.Pod)
+	if !ok {
+		return obj, nil
+	}
+	out := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{
+			Namespace: p.Namespace, Name: p.Name, UID: p.UID, Labels: p.Labels,
+			ResourceVersion: p.ResourceVersion, DeletionTimestamp: p.DeletionTimestamp,
+		},
+		Spec: corev1.PodSpec{NodeName: p.Spec.NodeName, HostNetwork: p.Spec.HostNetwork},
+		Status: corev1.PodStatus{
+			Phase: p.Status.Phase, PodIP: p.Status.PodIP, PodIPs: p.Status.PodIPs,
+		},
+	}
+	out.Spec.Containers = portsOnly(p.Spec.Containers)
+	out.Spec.InitContainers = portsOnly(p.Spec.InitContainers)
+	return out, nil
+}
+
+func portsOnly(cs []corev1.Container) []corev1.Container {
+	var out []corev1.Container
+	for _, c := range cs {
+		if len(c.Ports) > 0 {
+			out = append(out, corev1.Container{Name: c.Name, Ports: c.Ports})
+		}
+	}
+	return out
+}
+
+// stripMeta drops managedFields and annotations (last-applied copies of
+// whole objects) from Namespaces and NetworkPolicies.
+func stripMeta(obj any) (any, error) {
+	switch o := obj.(type) {
+	case *corev1.Namespace:
+		o.ManagedFields, o.Annotations = nil, nil
+	case *networkingv1.NetworkPolicy:
+		o.ManagedFields, o.Annotations = nil, nil
+	}
+	return obj, nil
+}

@@ -1,0 +1,171 @@
+package policy
+
+import (
+	"cmp"
+	"net/netip"
+	"slices"
+)
+
+// Matcher evaluates a Ruleset in Go the way the kernel evaluates table inet
+// podnet-policy on that node, for the first packet of a connection (src,
+// dst, proto, dport); port is 0 for protocols without ports. It is the
+// reference the nft writer's table must agree with, and what decides which
+// conntrack entries a new Ruleset revokes.
+//
+// The order, per direction (egress keyed by src, ingress keyed by dst):
+//  1. an address in LocalPodCIDRs that is not in Known: drop;
+//  2. an address with no element in the direction's verdict map: pass;
+//  3. in the pod's chain: src == dst (a pod reaching itself, e.g. through
+//     a Service hairpin) accept; then each policy chain's rules, first
+//     match accept; else drop.
+//
+// Step 3's self rule is the writer's to implement in each pod chain
+// ("ip saddr <the pod's addrs> accept" in the ingress chain, "ip daddr
+// <the pod's addrs> accept" in the egress chain): the Ruleset has no field
+// for it, it always holds.
+type Matcher struct {
+	cidrs   []netip.Prefix
+	known   map[netip.Addr]bool
+	pods    [2]map[netip.Addr][]*matchChain
+	isolate [2]map[netip.Addr]bool
+}
+
+type matchChain struct{ rules []matchRule }
+
+// matchRule is a Rule with its sets sorted, merged and disjoint, whatever
+// the Ruleset held.
+type matchRule struct {
+	anyPeer, anyPort bool
+	peers            []Range
+	ports            []PortRange
+}
+
+// NewMatcher indexes rs; it copies what it keeps, rs is not modified.
+func NewMatcher(rs Ruleset) *Matcher {
+	m := &Matcher{
+		cidrs: slices.Clone(rs.LocalPodCIDRs),
+		known: make(map[netip.Addr]bool, len(rs.Known)),
+	}
+	for _, a := range rs.Known {
+		m.known[a] = true
+	}
+	chains := make(map[string]*matchChain, len(rs.Policies))
+	for _, pc := range rs.Policies {
+		mc := &matchChain{}
+		for _, r := range pc.Rules {
+			mr := matchRule{anyPeer: r.AnyPeer, anyPort: r.AnyPort, peers: mergeRanges(slices.Clone(r.Peers))}
+			boxes := make([]portBox, 0, len(r.Ports))
+			for _, p := range r.Ports {
+				boxes = append(boxes, portBox{addrs: p.Addrs, proto: p.Proto, from: p.PortFrom, to: p.PortTo})
+			}
+			mr.ports = disjointPorts(boxes)
+			mc.rules = append(mc.rules, mr)
+		}
+		chains[pc.ID] = mc
+	}
+	for d := range 2 {
+		m.pods[d] = map[netip.Addr][]*matchChain{}
+		m.isolate[d] = map[netip.Addr]bool{}
+	}
+	for _, p := range rs.Pods {
+		for d, iso := range [2]bool{p.IngressIsolated, p.EgressIsolated} {
+			if !iso {
+				continue
+			}
+			ids := p.Ingress
+			if d == dirEg {
+				ids = p.Egress
+			}
+			var cs []*matchChain
+			for _, id := range ids {
+				if c := chains[id]; c != nil {
+					cs = append(cs, c)
+				}
+			}
+			for _, a := range p.Addrs {
+				m.isolate[d][a] = true
+				m.pods[d][a] = cs
+			}
+		}
+	}
+	return m
+}
+
+// Allows reports whether this node lets the first packet of (src, dst,
+// proto, port) through. A packet between two nodes is judged by both:
+// the cluster's verdict is the AND of the two nodes' Allows.
+func (m *Matcher) Allows(src, dst netip.Addr, proto uint8, port uint16) bool {
+	return m.allowsDir(dirEg, src, src, dst, proto, port) && m.allowsDir(dirIn, dst, src, dst, proto, port)
+}
+
+// allowsDir judges one direction; key is the local pod's address (src for
+// egress, dst for ingress).
+func (m *Matcher) allowsDir(d int, key, src, dst netip.Addr, proto uint8, port uint16) bool {
+	if !m.known[key] {
+		for _, c := range m.cidrs {
+			if c.Contains(key) {
+				return false
+			}
+		}
+	}
+	if !m.isolate[d][key] {
+		return true
+	}
+	if src == dst {
+		return true
+	}
+	peer := dst
+	if d == dirIn {
+		peer = src
+	}
+	for _, c := range m.pods[d][key] {
+		for i := range c.rules {
+			if c.rules[i].matches(peer, dst, proto, port) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func (r *matchRule) matches(peer, dst netip.Addr, proto uint8, port uint16) bool {
+	if !r.anyPeer && !rangesContain(r.peers, peer) {
+		return false
+	}
+	if r.anyPort {
+		return true
+	}
+	return portsContain(r.ports, dst, proto, port)
+}
+
+// portsContain looks (dst, proto, port) up in ports, as disjointPorts
+// returns them: sorted by protocol, address, port and disjoint, so that
+// the elements holding dst are one run of equal address ranges.
+func portsContain(ports []PortRange, dst netip.Addr, proto uint8, port uint16) bool {
+	// i: the first element whose (proto, From) > (proto, dst)
+	i, _ := slices.BinarySearchFunc(ports, 0, func(p PortRange, _ int) int {
+		if c := cmp.Compare(p.Proto, proto); c != 0 {
+			return c
+		}
+		if p.Addrs.From.Compare(dst) <= 0 {
+			return -1
+		}
+		return 1
+	})
+	if i == 0 || ports[i-1].Proto != proto || !ports[i-1].Addrs.Contains(dst) {
+		return false
+	}
+	seg := ports[i-1].Addrs
+	for j := i - 1; j >= 0 && ports[j].Proto == proto && ports[j].Addrs == seg; j-- {
+		if ports[j].PortFrom <= port && port <= ports[j].PortTo {
+			return true
+		}
+	}
+	return false
+}
+
+// Allows is NewMatcher(rs).Allows: for one question; build a Matcher for
+// many.
+func (rs Ruleset) Allows(src, dst netip.Addr, proto uint8, port uint16) bool {
+	return NewMatcher(rs).Allows(src, dst, proto, port)
+}

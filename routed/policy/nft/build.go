@@ -1,0 +1,687 @@
+package nft
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/binaryutil"
+	"github.com/google/nftables/expr"
+	"golang.org/x/sys/unix"
+
+	"github.com/podnet/podnet/routed/policy"
+)
+
+// The table a Ruleset becomes (policy's package comment has the design):
+//
+//	table inet podnet-policy {
+//	  counter unknown_dropped                 packets of unknown local pod addresses
+//	  counter pod-<ID>-in, pod-<ID>-eg        each pod chain's drops
+//	  set local4, local6 (interval)           LocalPodCIDRs
+//	  set known4, known6                      Known (and every address of Pods)
+//	  map ingress4, ingress6, egress4, egress6 { ipv4_addr|ipv6_addr : verdict }
+//	                                          local pod address : jump pod-<ID>-in|eg
+//	  set pol-<ID>-r<N>-peers4|6 (interval)   a rule's peers
+//	  set pol-<ID>-r<N>-ports4|6 { ipv4_addr . inet_proto . inet_service } (interval)
+//	                                          a rule's (daddr . l4proto . dport)
+//	  chain egress-fwd { type filter hook forward priority filter - 1; policy accept;
+//	    ct state established,related accept
+//	    meta nfproto ipv4 ip saddr @local4 ip saddr != @known4 counter unknown_dropped drop   (and ip6)
+//	    meta nfproto ipv4 ip saddr vmap @egress4                                              (and ip6)
+//	  }
+//	  chain egress-in { type filter hook input priority filter - 1; the same rules }
+//	  chain ingress-fwd { type filter hook forward priority filter; the same on daddr,
+//	                      with the ingress maps }
+//	  chain pod-<ID>-in|eg { jump pol-<P> ...; counter pod-<ID>-in|eg drop }
+//	  chain pol-<ID> {                        per rule, per family:
+//	    meta nfproto ipv4 ip saddr|daddr @pol-<ID>-r<N>-peers4
+//	      ip daddr . meta l4proto . th dport @pol-<ID>-r<N>-ports4 accept
+//	    (AnyPeer: no peer lookup; AnyPort: no port lookup; both: one "accept")
+//	  }
+//	}
+//
+// Ingress judges the source (the peer) and the local pod's port; egress
+// the destination (the peer) and its port: the ports set's address is
+// always the packet's destination. The protocol is part of the ports
+// key, so ICMP (or anything not TCP, UDP, SCTP) never matches a rule with
+// ports, and a rule without ports matches it. The meta nfproto match
+// before each address load is the dependency nft adds by itself to
+// "ip saddr" in an inet table and google/nftables does not; the
+// transport header load fails (the rule does not match) on a packet
+// without one.
+const (
+	// TableName is the table's name (family inet).
+	TableName = "podnet-policy"
+
+	chainEgressFwd  = "egress-fwd"
+	chainEgressIn   = "egress-in"
+	chainIngressFwd = "ingress-fwd"
+	// CounterUnknown counts the packets dropped because their local pod
+	// address (inside LocalPodCIDRs) is not Known.
+	CounterUnknown = "unknown_dropped"
+
+	setLocal = "local"
+	setKnown = "known"
+)
+
+// Priorities of the base chains: egress just before the filter priority,
+// ingress at it, so that a packet between two local pods is judged as its
+// sender's egress, then as its receiver's ingress.
+var (
+	priorityEgress  = nftables.ChainPriorityRef(*nftables.ChainPriorityFilter - 1)
+	priorityIngress = nftables.ChainPriorityRef(*nftables.ChainPriorityFilter)
+)
+
+// PodChain is the name of a pod's chain (and counter) for a direction.
+func PodChain(id string, d policy.Direction) string {
+	if d == policy.Ingress {
+		return "pod-" + id + "-in"
+	}
+	return "pod-" + id + "-eg"
+}
+
+// PolicyChain is the name of a policy's chain.
+func PolicyChain(id string) string { return "pol-" + id }
+
+func mapName(d policy.Direction, v6 bool) string {
+	base := "egress"
+	if d == policy.Ingress {
+		base = "ingress"
+	}
+	return famName(base, v6)
+}
+
+func famName(base string, v6 bool) string {
+	if v6 {
+		return base + "6"
+	}
+	return base + "4"
+}
+
+func ruleSetName(polID string, rule int, kind string, v6 bool) string {
+	return famName(fmt.Sprintf("pol-%s-r%d-%s", polID, rule, kind), v6)
+}
+
+// setKind is the shape of a set.
+type setKind int
+
+const (
+	kindAddrs    setKind = iota // addresses
+	kindInterval                // address ranges
+	kindPorts                   // (address . protocol . port) ranges
+	kindVmap                    // address : verdict
+)
+
+// setDef is a named set (or verdict map) and its elements.
+type setDef struct {
+	name  string
+	kind  setKind
+	v6    bool
+	elems []nftables.SetElement
+}
+
+func (d setDef) set(t *nftables.Table) *nftables.Set {
+	addr := nftables.TypeIPAddr
+	if d.v6 {
+		addr = nftables.TypeIP6Addr
+	}
+	s := &nftables.Set{Table: t, Name: d.name, KeyType: addr}
+	switch d.kind {
+	case kindInterval:
+		s.Interval = true
+	case kindPorts:
+		s.Interval, s.Concatenation = true, true
+		s.KeyType = nftables.MustConcatSetType(addr, nftables.TypeInetProto, nftables.TypeInetService)
+	case kindVmap:
+		s.IsMap, s.DataType = true, nftables.TypeVerdict
+	}
+	return s
+}
+
+// chainDef is a chain (without Table) and its rules.
+type chainDef struct {
+	chain nftables.Chain
+	rules [][]expr.Any
+}
+
+// tableDef is the whole content of the table for a Ruleset.
+type tableDef struct {
+	counters []string // named counters, sorted
+	sets     []setDef // in the order they are written
+	chains   []chainDef
+	// pods maps each pod counter's name to its pod and direction.
+	pods map[string]CounterKey
+}
+
+// CounterKey names a pod chain's drop counter.
+type CounterKey struct {
+	PodID     string
+	Direction policy.Direction
+}
+
+// build is the content of the table for rs. It fails on a Ruleset that
+// cannot be written: a pod jumping to a policy chain it does not hold, a
+// name nft refuses.
+// buildOptions are the Writer's settings that shape the table.
+type buildOptions struct {
+	logDrops bool
+	logRate  uint64
+}
+
+func build(rs policy.Ruleset, opt buildOptions) (*tableDef, error) {
+	def := &tableDef{pods: map[string]CounterKey{}}
+	known := sortedAddrs(rs.Known)
+	pods := slices.Clone(rs.Pods)
+	slices.SortFunc(pods, func(a, b policy.PodChains) int { return strings.Compare(a.ID, b.ID) })
+	pols := slices.Clone(rs.Policies)
+	slices.SortFunc(pols, func(a, b policy.PolicyChain) int { return strings.Compare(a.ID, b.ID) })
+	polIDs := map[string]bool{}
+	for _, p := range pols {
+		if err := checkName(p.ID); err != nil {
+			return nil, fmt.Errorf("policy chain %s/%s %s: %w", p.Namespace, p.Name, p.Direction, err)
+		}
+		if polIDs[p.ID] {
+			return nil, fmt.Errorf("policy chain ID %q twice", p.ID)
+		}
+		polIDs[p.ID] = true
+	}
+
+	// the verdict maps and the pod chains
+	vmaps := map[string][]nftables.SetElement{}
+	taken := map[string]map[netip.Addr]bool{}
+	var podChains []chainDef
+	for i, p := range pods {
+		if err := checkName(p.ID); err != nil {
+			return nil, fmt.Errorf("pod %s/%s: %w", p.Namespace, p.Name, err)
+		}
+		if i > 0 && pods[i-1].ID == p.ID {
+			return nil, fmt.Errorf("pod ID %q twice", p.ID)
+		}
+		addrs := sortedAddrs(p.Addrs)
+		known = append(known, addrs...) // a compiled pod is known
+		for _, d := range []policy.Direction{policy.Ingress, policy.Egress} {
+			isolated, jumps := p.IngressIsolated, p.Ingress
+			if d == policy.Egress {
+				isolated, jumps = p.EgressIsolated, p.Egress
+			}
+			if !isolated && len(jumps) == 0 {
+				continue
+			}
+			name := PodChain(p.ID, d)
+			c := chainDef{chain: nftables.Chain{Name: name}}
+			// a pod cannot block itself (a Service hairpin): its own
+			// address as the peer is accepted before any policy
+			for _, a := range addrs {
+				c.rules = append(c.rules, join(nfproto(a.Is6()), []expr.Any{
+					loadAddr(a.Is6(), d == policy.Ingress, unix.NFT_REG_1),
+					&expr.Cmp{Op: expr.CmpOpEq, Register: unix.NFT_REG_1, Data: a.AsSlice()},
+					&expr.Verdict{Kind: expr.VerdictAccept},
+				}))
+			}
+			seen := map[string]bool{}
+			for _, j := range jumps {
+				if !polIDs[j] {
+					return nil, fmt.Errorf("pod %s/%s jumps to policy chain %q, which the ruleset lacks", p.Namespace, p.Name, j)
+				}
+				if seen[j] {
+					continue
+				}
+				seen[j] = true
+				c.rules = append(c.rules, []expr.Any{&expr.Verdict{Kind: expr.VerdictJump, Chain: PolicyChain(j)}})
+			}
+			if opt.logDrops {
+				c.rules = append(c.rules, dropLog(p, d, opt.logRate))
+			}
+			c.rules = append(c.rules, []expr.Any{
+				&expr.Objref{Type: int(nftables.ObjTypeCounter), Name: name},
+				&expr.Verdict{Kind: expr.VerdictDrop},
+			})
+			podChains = append(podChains, c)
+			def.counters = append(def.counters, name)
+			def.pods[name] = CounterKey{PodID: p.ID, Direction: d}
+			for _, a := range addrs {
+				m := mapName(d, a.Is6())
+				if taken[m] == nil {
+					taken[m] = map[netip.Addr]bool{}
+				}
+				if taken[m][a] {
+					continue // two pods with one address: the first keeps it
+				}
+				taken[m][a] = true
+				vmaps[m] = append(vmaps[m], nftables.SetElement{Key: a.AsSlice(),
+					VerdictData: &expr.Verdict{Kind: expr.VerdictJump, Chain: name}})
+			}
+		}
+	}
+	slices.SortFunc(known, netip.Addr.Compare)
+	known = slices.Compact(known)
+	def.counters = append(def.counters, CounterUnknown)
+	slices.Sort(def.counters)
+
+	local := mergeRanges(prefixRanges(rs.LocalPodCIDRs))
+	for _, v6 := range []bool{false, true} {
+		def.sets = append(def.sets,
+			setDef{name: famName(setLocal, v6), kind: kindInterval, v6: v6, elems: rangeElements(local, v6)},
+			setDef{name: famName(setKnown, v6), kind: kindAddrs, v6: v6, elems: addrElements(known, v6)},
+		)
+	}
+	for _, d := range []policy.Direction{policy.Ingress, policy.Egress} {
+		for _, v6 := range []bool{false, true} {
+			m := mapName(d, v6)
+			def.sets = append(def.sets, setDef{name: m, kind: kindVmap, v6: v6, elems: vmaps[m]})
+		}
+	}
+
+	// the policy chains and their sets
+	var polChains []chainDef
+	for _, p := range pols {
+		c := chainDef{chain: nftables.Chain{Name: PolicyChain(p.ID)}}
+		for i, r := range p.Rules {
+			if r.AnyPeer && r.AnyPort {
+				c.rules = append(c.rules, []expr.Any{&expr.Verdict{Kind: expr.VerdictAccept}})
+				continue
+			}
+			peers := mergeRanges(r.Peers)
+			ports := normalizePorts(r.Ports)
+			for _, v6 := range []bool{false, true} {
+				rule := nfproto(v6)
+				if !r.AnyPeer {
+					name := ruleSetName(p.ID, i, "peers", v6)
+					def.sets = append(def.sets, setDef{name: name, kind: kindInterval, v6: v6, elems: rangeElements(peers, v6)})
+					rule = append(rule,
+						loadAddr(v6, p.Direction == policy.Ingress, unix.NFT_REG_1),
+						&expr.Lookup{SourceRegister: unix.NFT_REG_1, SetName: name})
+				}
+				if !r.AnyPort {
+					name := ruleSetName(p.ID, i, "ports", v6)
+					def.sets = append(def.sets, setDef{name: name, kind: kindPorts, v6: v6, elems: portElements(ports, v6)})
+					rule = append(rule, loadPortKey(v6)...)
+					rule = append(rule, &expr.Lookup{SourceRegister: unix.NFT_REG_1, SetName: name})
+				}
+				c.rules = append(c.rules, append(rule, &expr.Verdict{Kind: expr.VerdictAccept}))
+			}
+		}
+		polChains = append(polChains, c)
+	}
+
+	def.chains = append(def.chains, baseChains()...)
+	def.chains = append(def.chains, polChains...)
+	def.chains = append(def.chains, podChains...)
+	for _, c := range def.chains {
+		if len(c.chain.Name) >= unix.NFT_NAME_MAXLEN {
+			return nil, fmt.Errorf("chain name %q too long", c.chain.Name)
+		}
+	}
+	for _, s := range def.sets {
+		if len(s.name) >= unix.NFT_NAME_MAXLEN {
+			return nil, fmt.Errorf("set name %q too long", s.name)
+		}
+	}
+	return def, nil
+}
+
+// checkName refuses an ID nft could not take in a name.
+func checkName(id string) error {
+	if id == "" {
+		return fmt.Errorf("empty ID")
+	}
+	for _, r := range id {
+		if r < 0x21 || r > 0x7e || r == '"' || r == '\\' {
+			return fmt.Errorf("ID %q: not a printable ASCII name", id)
+		}
+	}
+	return nil
+}
+
+// baseChains are the three hooked chains.
+func baseChains() []chainDef {
+	accept := ptr(nftables.ChainPolicyAccept)
+	eg := func(name string, hook *nftables.ChainHook) chainDef {
+		return chainDef{
+			chain: nftables.Chain{Name: name, Type: nftables.ChainTypeFilter, Hooknum: hook, Priority: priorityEgress, Policy: accept},
+			rules: baseRules(policy.Egress),
+		}
+	}
+	return []chainDef{
+		eg(chainEgressFwd, nftables.ChainHookForward),
+		eg(chainEgressIn, nftables.ChainHookInput),
+		{
+			chain: nftables.Chain{Name: chainIngressFwd, Type: nftables.ChainTypeFilter, Hooknum: nftables.ChainHookForward, Priority: priorityIngress, Policy: accept},
+			rules: baseRules(policy.Ingress),
+		},
+	}
+}
+
+// baseRules are a base chain's rules: established and related first,
+// then unknown local pod addresses dropped, then the verdict map of the
+// local pod's address (the source for egress, the destination for
+// ingress).
+func baseRules(d policy.Direction) [][]expr.Any {
+	rules := [][]expr.Any{{
+		&expr.Ct{Register: unix.NFT_REG_1, Key: expr.CtKeySTATE},
+		&expr.Bitwise{SourceRegister: unix.NFT_REG_1, DestRegister: unix.NFT_REG_1, Len: 4,
+			Mask: binaryutil.NativeEndian.PutUint32(expr.CtStateBitESTABLISHED | expr.CtStateBitRELATED),
+			Xor:  binaryutil.NativeEndian.PutUint32(0)},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: unix.NFT_REG_1, Data: binaryutil.NativeEndian.PutUint32(0)},
+		&expr.Verdict{Kind: expr.VerdictAccept},
+	}}
+	source := d == policy.Egress
+	for _, v6 := range []bool{false, true} {
+		rules = append(rules, join(nfproto(v6), []expr.Any{
+			loadAddr(v6, source, unix.NFT_REG_1),
+			&expr.Lookup{SourceRegister: unix.NFT_REG_1, SetName: famName(setLocal, v6)},
+			&expr.Lookup{SourceRegister: unix.NFT_REG_1, SetName: famName(setKnown, v6), Invert: true},
+			&expr.Objref{Type: int(nftables.ObjTypeCounter), Name: CounterUnknown},
+			&expr.Verdict{Kind: expr.VerdictDrop},
+		}))
+	}
+	for _, v6 := range []bool{false, true} {
+		rules = append(rules, join(nfproto(v6), []expr.Any{
+			loadAddr(v6, source, unix.NFT_REG_1),
+			&expr.Lookup{SourceRegister: unix.NFT_REG_1, SetName: mapName(d, v6), DestRegister: unix.NFT_REG_VERDICT, IsDestRegSet: true},
+		}))
+	}
+	return rules
+}
+
+// dropLog logs a pod chain's drop, at most rate packets a second (burst 5).
+// The prefix names the pod and the direction; the kernel caps it at 127
+// bytes.
+func dropLog(p policy.PodChains, d policy.Direction, rate uint64) []expr.Any {
+	prefix := fmt.Sprintf("podnet-policy drop %s/%s %s: ", p.Namespace, p.Name, d)
+	if len(prefix) > 127 {
+		prefix = prefix[:123] + "..: "
+	}
+	return []expr.Any{
+		&expr.Limit{Type: expr.LimitTypePkts, Rate: rate, Unit: expr.LimitTimeSecond, Burst: 5},
+		&expr.Log{Key: 1 << unix.NFTA_LOG_PREFIX, Data: []byte(prefix)},
+	}
+}
+
+// nfproto matches the family (meta nfproto ipv4|ipv6).
+func nfproto(v6 bool) []expr.Any {
+	p := byte(unix.NFPROTO_IPV4)
+	if v6 {
+		p = unix.NFPROTO_IPV6
+	}
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: unix.NFT_REG_1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: unix.NFT_REG_1, Data: []byte{p}},
+	}
+}
+
+// loadAddr loads the source (or destination) address into reg.
+func loadAddr(v6, source bool, reg uint32) expr.Any {
+	offset, size := uint32(16), uint32(4)
+	if source {
+		offset = 12
+	}
+	if v6 {
+		offset, size = 24, 16
+		if source {
+			offset = 8
+		}
+	}
+	return &expr.Payload{DestRegister: reg, Base: expr.PayloadBaseNetworkHeader, Offset: offset, Len: size}
+}
+
+// loadPortKey loads ip daddr . meta l4proto . th dport, each field in
+// the next 32-bit registers after the previous one.
+func loadPortKey(v6 bool) []expr.Any {
+	words := uint32(1)
+	if v6 {
+		words = 4
+	}
+	return []expr.Any{
+		loadAddr(v6, false, unix.NFT_REG_1),
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: unix.NFT_REG32_00 + words},
+		&expr.Payload{DestRegister: unix.NFT_REG32_00 + words + 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+	}
+}
+
+func join(parts ...[]expr.Any) []expr.Any {
+	var out []expr.Any
+	for _, p := range parts {
+		out = append(out, p...)
+	}
+	return out
+}
+
+func ptr[T any](v T) *T { return &v }
+
+func sortedAddrs(in []netip.Addr) []netip.Addr {
+	out := make([]netip.Addr, 0, len(in))
+	for _, a := range in {
+		if a.IsValid() {
+			out = append(out, a.Unmap().WithZone(""))
+		}
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
+	return slices.Compact(out)
+}
+
+// prefixRanges are prefixes as ranges.
+func prefixRanges(prefixes []netip.Prefix) []policy.Range {
+	var out []policy.Range
+	for _, p := range prefixes {
+		if !p.IsValid() {
+			continue
+		}
+		if p.Addr().Is4In6() {
+			p = netip.PrefixFrom(p.Addr().Unmap(), max(p.Bits()-96, 0))
+		}
+		p = p.Masked()
+		out = append(out, policy.Range{From: p.Addr(), To: lastAddr(p)})
+	}
+	return out
+}
+
+func lastAddr(p netip.Prefix) netip.Addr {
+	b := p.Masked().Addr().AsSlice()
+	for i := p.Bits(); i < len(b)*8; i++ {
+		b[i/8] |= 0x80 >> (i % 8)
+	}
+	a, _ := netip.AddrFromSlice(b)
+	return a
+}
+
+// mergeRanges sorts ranges and merges those that overlap or touch (an
+// interval set refuses overlaps), per family; invalid ones are dropped.
+func mergeRanges(in []policy.Range) []policy.Range {
+	var rs []policy.Range
+	for _, r := range in {
+		f, t := r.From.Unmap(), r.To.Unmap()
+		if !f.IsValid() || !t.IsValid() || f.Is4() != t.Is4() || t.Less(f) {
+			continue
+		}
+		rs = append(rs, policy.Range{From: f.WithZone(""), To: t.WithZone("")})
+	}
+	slices.SortFunc(rs, func(a, b policy.Range) int {
+		if c := a.From.Compare(b.From); c != 0 {
+			return c
+		}
+		return a.To.Compare(b.To)
+	})
+	var out []policy.Range
+	for _, r := range rs {
+		if n := len(out); n > 0 && out[n-1].To.Is4() == r.From.Is4() {
+			last := &out[n-1]
+			next := last.To.Next()
+			if !next.IsValid() || !next.Less(r.From) { // overlaps or touches
+				if last.To.Less(r.To) {
+					last.To = r.To
+				}
+				continue
+			}
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
+// rangeElements are an interval set's elements for ranges (merged) of
+// the family v6 says: each range's first address, and the address after
+// its last flagged as the interval's end (none at the top of the address
+// space: the interval is then open).
+func rangeElements(ranges []policy.Range, v6 bool) []nftables.SetElement {
+	var out []nftables.SetElement
+	for _, r := range ranges {
+		if r.From.Is6() != v6 {
+			continue
+		}
+		out = append(out, nftables.SetElement{Key: r.From.AsSlice()})
+		if end := r.To.Next(); end.IsValid() {
+			out = append(out, nftables.SetElement{Key: end.AsSlice(), IntervalEnd: true})
+		}
+	}
+	return out
+}
+
+func addrElements(addrs []netip.Addr, v6 bool) []nftables.SetElement {
+	var out []nftables.SetElement
+	for _, a := range addrs {
+		if a.Is6() == v6 {
+			out = append(out, nftables.SetElement{Key: a.AsSlice()})
+		}
+	}
+	return out
+}
+
+// portElements are a ports set's elements (normalized: disjoint) of the
+// family v6 says: the key is the box's first corner, KeyEnd its last.
+func portElements(ports []policy.PortRange, v6 bool) []nftables.SetElement {
+	var out []nftables.SetElement
+	for _, p := range ports {
+		if p.Addrs.From.Is6() != v6 {
+			continue
+		}
+		out = append(out, nftables.SetElement{
+			Key:    portKey(p.Addrs.From, p.Proto, p.PortFrom),
+			KeyEnd: portKey(p.Addrs.To, p.Proto, p.PortTo),
+		})
+	}
+	return out
+}
+
+// portKey is addr . proto . port, each field padded to 4 bytes.
+func portKey(a netip.Addr, proto uint8, port uint16) []byte {
+	b := a.AsSlice()
+	b = append(b, proto, 0, 0, 0)
+	return append(b, byte(port>>8), byte(port), 0, 0)
+}
+
+// normalizePorts makes a rule's port ranges disjoint (a concatenated
+// interval set refuses overlapping elements), keeping what they cover:
+// per family and protocol, the address axis is cut at every range's
+// bounds, each piece gets the union of the port ranges covering it, and
+// neighbouring pieces with the same ports are joined again. Its cost
+// grows with the ranges and how many overlap, not their product.
+func normalizePorts(in []policy.PortRange) []policy.PortRange {
+	type group struct {
+		v6    bool
+		proto uint8
+	}
+	groups := map[group][]policy.PortRange{}
+	var order []group
+	for _, p := range in {
+		f, t := p.Addrs.From.Unmap(), p.Addrs.To.Unmap()
+		if !f.IsValid() || !t.IsValid() || f.Is4() != t.Is4() || t.Less(f) || p.PortTo < p.PortFrom {
+			continue
+		}
+		p.Addrs = policy.Range{From: f.WithZone(""), To: t.WithZone("")}
+		g := group{f.Is6(), p.Proto}
+		if _, ok := groups[g]; !ok {
+			order = append(order, g)
+		}
+		groups[g] = append(groups[g], p)
+	}
+	slices.SortFunc(order, func(a, b group) int {
+		if a.v6 != b.v6 {
+			if a.v6 {
+				return 1
+			}
+			return -1
+		}
+		return int(a.proto) - int(b.proto)
+	})
+	var out []policy.PortRange
+	for _, g := range order {
+		ps := groups[g]
+		// a sweep along the address axis: a range's ports start at its
+		// From and stop at its To's successor
+		type event struct {
+			at   netip.Addr
+			span [2]uint16
+			add  bool
+		}
+		var events []event
+		for _, p := range ps {
+			span := [2]uint16{p.PortFrom, p.PortTo}
+			events = append(events, event{p.Addrs.From, span, true})
+			if n := p.Addrs.To.Next(); n.IsValid() {
+				events = append(events, event{n, span, false})
+			}
+		}
+		slices.SortFunc(events, func(a, b event) int { return a.at.Compare(b.at) })
+		type piece struct {
+			from, to netip.Addr
+			ports    [][2]uint16
+		}
+		var pieces []piece
+		active := map[[2]uint16]int{}
+		for i := 0; i < len(events); {
+			c := events[i].at
+			for ; i < len(events) && events[i].at == c; i++ {
+				if events[i].add {
+					active[events[i].span]++
+				} else if active[events[i].span]--; active[events[i].span] == 0 {
+					delete(active, events[i].span)
+				}
+			}
+			to := lastAddr(netip.PrefixFrom(c, 0))
+			if i < len(events) {
+				to = events[i].at.Prev()
+			}
+			spans := make([][2]uint16, 0, len(active))
+			for s := range active {
+				spans = append(spans, s)
+			}
+			spans = mergeSpans(spans)
+			if len(spans) == 0 {
+				continue
+			}
+			if n := len(pieces); n > 0 && pieces[n-1].to.Next() == c && slices.Equal(pieces[n-1].ports, spans) {
+				pieces[n-1].to = to
+				continue
+			}
+			pieces = append(pieces, piece{from: c, to: to, ports: spans})
+		}
+		for _, pc := range pieces {
+			for _, s := range pc.ports {
+				out = append(out, policy.PortRange{Addrs: policy.Range{From: pc.from, To: pc.to}, Proto: g.proto, PortFrom: s[0], PortTo: s[1]})
+			}
+		}
+	}
+	return out
+}
+
+// mergeSpans sorts port spans and merges those that overlap or touch.
+func mergeSpans(in [][2]uint16) [][2]uint16 {
+	slices.SortFunc(in, func(a, b [2]uint16) int {
+		if a[0] != b[0] {
+			return int(a[0]) - int(b[0])
+		}
+		return int(a[1]) - int(b[1])
+	})
+	var out [][2]uint16
+	for _, s := range in {
+		if n := len(out); n > 0 && uint32(s[0]) <= uint32(out[n-1][1])+1 {
+			out[n-1][1] = max(out[n-1][1], s[1])
+			continue
+		}
+		out = append(out, s)
+	}
+	return out
+}
