@@ -61,7 +61,7 @@ func (r *report) rel(path string) string {
 }
 
 func main() {
-	in := flag.String("in", "bench/results", "directory of cni.json, reconcile.json, routed.json, datapath.json, meta.json and ipam.md")
+	in := flag.String("in", "bench/results", "directory of cni.json, reconcile.json, routed.json, datapath.json, policy.json, meta.json and ipam.md")
 	out := flag.String("out", "bench/REPORT.md", "report to write")
 	plots := flag.String("plots", "bench/plots", "directory for the PNG plots")
 	flag.Parse()
@@ -83,6 +83,8 @@ func main() {
 	dpErr := load(*in, "datapath.json", &dp)
 	var rec reconcileData
 	recErr := load(*in, "reconcile.json", &rec)
+	var pol policyData
+	polErr := load(*in, "policy.json", &pol)
 
 	var body report
 	body.outDir, body.plots = r.outDir, r.plots
@@ -111,6 +113,7 @@ func main() {
 	} else {
 		body.f("## 6. Data path\n\nNo results (%v).\n\n", dpErr)
 	}
+	body.policySection(&pol, polErr)
 
 	r.header(&meta, metaErr, absIn)
 	r.targetSection(body.targets)
@@ -123,7 +126,7 @@ func main() {
 		r.f("\n")
 	}
 	r.f("## Raw data\n\n")
-	r.f("The raw samples are in [`%s`](%s) (`cni.json`, `reconcile.json`, `routed.json`, `datapath.json`, `meta.json`); ", r.rel(absIn), r.rel(absIn))
+	r.f("The raw samples are in [`%s`](%s) (`cni.json`, `reconcile.json`, `routed.json`, `datapath.json`, `policy.json`, `meta.json`); ", r.rel(absIn), r.rel(absIn))
 	r.f("`go run -C bench/report . -in ../results -out ../REPORT.md -plots ../plots` rebuilds this report and the plots from them.\n")
 	if err := os.WriteFile(*out, []byte(r.b.String()), 0o644); err != nil {
 		fatal(err)
@@ -183,7 +186,7 @@ func orDash(s string) string {
 
 func (r *report) targetSection(ts []target) {
 	r.f("## Targets\n\n")
-	r.f("Goals from issues 8, 14 and 22, not assertions. Ratios are podnet ÷ reference, the median over the repetitions (each repetition's runs were back to back).\n\n")
+	r.f("Goals from issues 8, 14, 22 and 24, not assertions. Ratios are podnet ÷ reference, the median over the repetitions (each repetition's runs were back to back).\n\n")
 	r.f("| target | measured | | gap |\n|---|---|---|---|\n")
 	nMet := 0
 	for _, t := range ts {

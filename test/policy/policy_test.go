@@ -524,7 +524,8 @@ func (e *env) revocation(t *testing.T) {
 			}
 		}
 		if !stopped {
-			t.Errorf("stream %d client → web still echoes %s after allow-client was deleted", i, converge)
+			ct, _ := e.n1.NS.Exec(ctx, "conntrack", "-L", "-p", "tcp", "--dport", fmt.Sprint(portMain))
+			t.Errorf("stream %d client → web still echoes %s after allow-client was deleted; %s conntrack:\n%s", i, converge, e.n1.Name, ct)
 			continue
 		}
 		if err := s.Echo(2 * time.Second); err == nil {

@@ -28,6 +28,7 @@ import (
 //	                                          a rule's (daddr . l4proto . dport)
 //	  chain egress-fwd { type filter hook forward priority filter - 1; policy accept;
 //	    ct state established,related accept
+//	    meta nfproto ipv6 meta l4proto icmpv6 icmpv6 type 133-136 accept   (egress: neighbor discovery)
 //	    meta nfproto ipv4 ip saddr @local4 ip saddr != @known4 counter unknown_dropped drop   (and ip6)
 //	    meta nfproto ipv4 ip saddr vmap @egress4                                              (and ip6)
 //	  }
@@ -368,6 +369,20 @@ func baseRules(d policy.Direction) [][]expr.Any {
 		&expr.Verdict{Kind: expr.VerdictAccept},
 	}}
 	source := d == policy.Egress
+	if source {
+		// A pod resolves its gateway (the host veth) with Neighbor
+		// Solicitations from its global address, which conntrack does
+		// not track: like ARP, neighbor discovery is never the policy's
+		// to refuse (an egress-isolated IPv6 pod would lose its gateway).
+		rules = append(rules, join(nfproto(true), []expr.Any{
+			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: unix.NFT_REG_1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: unix.NFT_REG_1, Data: []byte{unix.IPPROTO_ICMPV6}},
+			&expr.Payload{DestRegister: unix.NFT_REG_1, Base: expr.PayloadBaseTransportHeader, Offset: 0, Len: 1},
+			&expr.Cmp{Op: expr.CmpOpGte, Register: unix.NFT_REG_1, Data: []byte{133}}, // router solicitation
+			&expr.Cmp{Op: expr.CmpOpLte, Register: unix.NFT_REG_1, Data: []byte{136}}, // neighbor advertisement
+			&expr.Verdict{Kind: expr.VerdictAccept},
+		}))
+	}
 	for _, v6 := range []bool{false, true} {
 		rules = append(rules, join(nfproto(v6), []expr.Any{
 			loadAddr(v6, source, unix.NFT_REG_1),
