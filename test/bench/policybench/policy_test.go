@@ -110,6 +110,9 @@ type result struct {
 	// flips (diff writes): count and mean
 	IncrementalApplyCount  float64 `json:"incremental_apply_count"`
 	IncrementalApplyMeanMs float64 `json:"incremental_apply_mean_ms"`
+	// Repairs: podnet_repairs_total{object="policy-table"} on node 1 before
+	// its restarts (no one touched the table: should be 0)
+	Repairs float64 `json:"repairs"`
 }
 
 func envInt(name string, def int) int {
@@ -296,6 +299,10 @@ func TestPolicyBench(t *testing.T) {
 		res.RevocationMs = append(res.RevocationMs, ms)
 		t.Logf("revocation: %.1f ms", ms)
 		waitVerdict(t, probeCli.NS, probeAddr, false, 10*time.Second)
+	}
+
+	if body, err := n1.MetricsText(); err == nil {
+		res.Repairs, _ = cluster.Metric(body, "podnet_repairs_total", `object="policy-table"`)
 	}
 
 	// Full write after a restart of node 1's podnet-routed, 100 policies.
