@@ -28,8 +28,8 @@ import (
 //	                                          a rule's (daddr . l4proto . dport)
 //	  chain egress-fwd { type filter hook forward priority filter - 1; policy accept;
 //	    ct state established,related accept
-//	    meta l4proto tcp ip saddr|daddr @local4 ct state new tcp flags & (fin|syn|rst|ack) != syn drop
-//	                                          (egress, and ip6: no mid-stream pickup, see baseRules)
+//	    meta l4proto tcp ct state new tcp flags & (fin|syn|rst|ack) != syn ip saddr|daddr @ingress4|@egress4 drop
+//	                                          (egress, and ip6: no mid-stream pickup for isolated pods, see baseRules)
 //	    meta nfproto ipv6 meta l4proto icmpv6 icmpv6 type 133-136 accept   (egress: neighbor discovery)
 //	    meta nfproto ipv4 ip saddr @local4 ip saddr != @known4 counter unknown_dropped drop   (and ip6)
 //	    meta nfproto ipv4 ip saddr vmap @egress4                                              (and ip6)
@@ -373,30 +373,36 @@ func baseRules(d policy.Direction) [][]expr.Any {
 	source := d == policy.Egress
 	if source {
 		// A TCP packet that conntrack picked up mid-stream (ct state new
-		// without a SYN) from or to a local pod is dropped: after a
-		// revocation deleted a connection's entry, the first packet of
-		// either side would otherwise start a new entry, and one from the
-		// isolated pod's side (a retransmission of data whose ACK was
-		// dropped) would be judged as its egress and make the peer's
-		// packets replies again: the revoked connection would live on.
+		// without a bare SYN) from or to an isolated local pod is dropped:
+		// after a revocation deleted a connection's entry, the first
+		// packet of either side would otherwise start a new entry, and one
+		// from the isolated pod's side (a retransmission of data whose ACK
+		// was dropped) would be judged as a new connection the other way
+		// and make the peer's packets replies again: the revoked
+		// connection would live on. Pods no policy isolates keep the
+		// kernel's loose pickup (a conntrack flush, an entry evicted from
+		// a full table), so the rule costs them nothing.
 		for _, v6 := range []bool{false, true} {
 			for _, src := range []bool{true, false} {
-				rules = append(rules, join(nfproto(v6), []expr.Any{
-					&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: unix.NFT_REG_1},
-					&expr.Cmp{Op: expr.CmpOpEq, Register: unix.NFT_REG_1, Data: []byte{unix.IPPROTO_TCP}},
-					loadAddr(v6, src, unix.NFT_REG_1),
-					&expr.Lookup{SourceRegister: unix.NFT_REG_1, SetName: famName(setLocal, v6)},
-					&expr.Ct{Register: unix.NFT_REG_1, Key: expr.CtKeySTATE},
-					&expr.Bitwise{SourceRegister: unix.NFT_REG_1, DestRegister: unix.NFT_REG_1, Len: 4,
-						Mask: binaryutil.NativeEndian.PutUint32(expr.CtStateBitNEW),
-						Xor:  binaryutil.NativeEndian.PutUint32(0)},
-					&expr.Cmp{Op: expr.CmpOpNeq, Register: unix.NFT_REG_1, Data: binaryutil.NativeEndian.PutUint32(0)},
-					&expr.Payload{DestRegister: unix.NFT_REG_1, Base: expr.PayloadBaseTransportHeader, Offset: 13, Len: 1},
-					&expr.Bitwise{SourceRegister: unix.NFT_REG_1, DestRegister: unix.NFT_REG_1, Len: 1,
-						Mask: []byte{0x17}, Xor: []byte{0}}, // FIN|SYN|RST|ACK
-					&expr.Cmp{Op: expr.CmpOpNeq, Register: unix.NFT_REG_1, Data: []byte{0x02}}, // not a bare SYN
-					&expr.Verdict{Kind: expr.VerdictDrop},
-				}))
+				for _, dir := range []policy.Direction{policy.Ingress, policy.Egress} {
+					rules = append(rules, join(nfproto(v6), []expr.Any{
+						&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: unix.NFT_REG_1},
+						&expr.Cmp{Op: expr.CmpOpEq, Register: unix.NFT_REG_1, Data: []byte{unix.IPPROTO_TCP}},
+						&expr.Ct{Register: unix.NFT_REG_1, Key: expr.CtKeySTATE},
+						&expr.Bitwise{SourceRegister: unix.NFT_REG_1, DestRegister: unix.NFT_REG_1, Len: 4,
+							Mask: binaryutil.NativeEndian.PutUint32(expr.CtStateBitNEW),
+							Xor:  binaryutil.NativeEndian.PutUint32(0)},
+						&expr.Cmp{Op: expr.CmpOpNeq, Register: unix.NFT_REG_1, Data: binaryutil.NativeEndian.PutUint32(0)},
+						&expr.Payload{DestRegister: unix.NFT_REG_1, Base: expr.PayloadBaseTransportHeader, Offset: 13, Len: 1},
+						&expr.Bitwise{SourceRegister: unix.NFT_REG_1, DestRegister: unix.NFT_REG_1, Len: 1,
+							Mask: []byte{0x17}, Xor: []byte{0}}, // FIN|SYN|RST|ACK
+						&expr.Cmp{Op: expr.CmpOpNeq, Register: unix.NFT_REG_1, Data: []byte{0x02}}, // not a bare SYN
+						loadAddr(v6, src, unix.NFT_REG_1),
+						// the verdict map as a set: is the pod isolated in dir
+						&expr.Lookup{SourceRegister: unix.NFT_REG_1, SetName: mapName(dir, v6)},
+						&expr.Verdict{Kind: expr.VerdictDrop},
+					}))
+				}
 			}
 		}
 		// A pod resolves its gateway (the host veth) with Neighbor
