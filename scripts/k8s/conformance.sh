@@ -84,15 +84,18 @@ suite() {
 		# selection and skipped with their reason (netpol-skips.txt)
 		FOCUS_RE='\[sig-network\] Netpol '
 		SELECTED='every `[sig-network] Netpol` spec labelled `Feature:NetworkPolicy` (TCP, UDP, SCTP)'
-		local f=${FOCUS:-}
+		local f
 		if [ "${2:-}" = subset ]; then
+			# each line the whole name after "Netpol " (a TCP line must
+			# not select the UDP and SCTP specs of the same name)
 			f=$(sed -e '/^#/d' -e '/^[[:space:]]*$/d' "$SUBSET" | paste -sd'|')
 			[ -n "$f" ] || die "$SUBSET selects no spec"
-			SELECTED="the \`[sig-network] Netpol\` specs of \`test/conformance/netpol-subset.txt\` ($(grep -cv '^#\|^[[:space:]]*$' "$SUBSET") lines)"
-		elif [ -n "$f" ]; then
-			SELECTED="the \`[sig-network] Netpol\` \`Feature:NetworkPolicy\` specs matching \`$f\`"
+			FOCUS_RE="\\[sig-network\\] Netpol ($f)( \\[|\$)"
+			SELECTED="the \`[sig-network] Netpol\` specs of \`test/conformance/netpol-subset.txt\`"
+		elif [ -n "${FOCUS:-}" ]; then
+			FOCUS_RE="\\[sig-network\\] Netpol .*($FOCUS)"
+			SELECTED="the \`[sig-network] Netpol\` \`Feature:NetworkPolicy\` specs matching \`$FOCUS\`"
 		fi
-		[ -n "$f" ] && FOCUS_RE="\\[sig-network\\] Netpol .*($f)"
 		LABELS='Feature:NetworkPolicy'
 		SKIPS=$REPO/test/conformance/netpol-skips.txt
 		TITLE="Kubernetes NetworkPolicy (upstream Netpol suite) on podnet ($FAMILY)"
@@ -164,8 +167,14 @@ e2e() {
 	local tflags=(--kubeconfig="$PKI/admin.kubeconfig" --kubectl-path="$K8S/kubectl" --provider=skeleton
 		--report-dir="$dir" --dump-logs-on-failure=false)
 	if [ "$PROCS" -gt 1 ] && [[ " $* " != *" --dry-run "* ]]; then
+		# the CLI writes its reports under --output-dir (else beside the
+		# binary): DIR
+		local cflags=(--output-dir="$dir")
+		for a in "$@"; do
+			case $a in --json-report=*) cflags+=(--json-report="$(basename "${a#*=}")") ;; *) cflags+=("$a") ;; esac
+		done
 		KUBE_TEST_REPO_LIST=$out/repo-list.yaml nsenter --net="/run/netns/$CP_NS" "$K8S/ginkgo" \
-			--procs="$PROCS" --no-color --timeout=120m "$@" "$K8S/e2e.test" -- "${tflags[@]}"
+			--procs="$PROCS" --no-color --timeout=120m "${cflags[@]}" "$K8S/e2e.test" -- "${tflags[@]}"
 	else
 		local gflags=()
 		for a in "$@"; do gflags+=("--ginkgo.${a#--}"); done
