@@ -28,6 +28,8 @@
 #       (test-conformance: NETPOL=subset).
 #   PROCS=N  runs the specs in N parallel Ginkgo processes (the ginkgo
 #       CLI, built once from the module cache; 1 by default).
+#   TIMEOUT=120m  Ginkgo's timeout of each run: the specs not done by then
+#       are reported as interrupted.
 #
 # The e2e images are built here (images.sh) and mapped through the e2e
 # framework's image repository config (KUBE_TEST_REPO_LIST): the specs ask
@@ -39,6 +41,7 @@ export MODE=${MODE:-vxlan} NODES=${NODES:-2} FAMILY
 SUITE=${SUITE:-conformance}
 NETPOL=${NETPOL:-}
 PROCS=${PROCS:-1}
+TIMEOUT=${TIMEOUT:-120m}
 case $SUITE in conformance | netpol) ;; *) die "SUITE=$SUITE: want conformance or netpol" ;; esac
 case $NETPOL in "" | subset | all) ;; *) die "NETPOL=$NETPOL: want subset or all" ;; esac
 [ -z "$NETPOL" ] || [ "$SUITE" = conformance ] || die "NETPOL=$NETPOL is for SUITE=conformance (SUITE=netpol runs them all)"
@@ -174,12 +177,12 @@ e2e() {
 			case $a in --json-report=*) cflags+=(--json-report="$(basename "${a#*=}")") ;; *) cflags+=("$a") ;; esac
 		done
 		KUBE_TEST_REPO_LIST=$out/repo-list.yaml nsenter --net="/run/netns/$CP_NS" "$K8S/ginkgo" \
-			--procs="$PROCS" --no-color --timeout=120m "${cflags[@]}" "$K8S/e2e.test" -- "${tflags[@]}"
+			--procs="$PROCS" --no-color --timeout="$TIMEOUT" "${cflags[@]}" "$K8S/e2e.test" -- "${tflags[@]}"
 	else
 		local gflags=()
 		for a in "$@"; do gflags+=("--ginkgo.${a#--}"); done
 		KUBE_TEST_REPO_LIST=$out/repo-list.yaml nsenter --net="/run/netns/$CP_NS" "$K8S/e2e.test" \
-			"${tflags[@]}" --ginkgo.no-color --ginkgo.timeout=120m "${gflags[@]}"
+			"${tflags[@]}" --ginkgo.no-color --ginkgo.timeout="$TIMEOUT" "${gflags[@]}"
 	fi
 }
 
