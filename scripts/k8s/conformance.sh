@@ -197,7 +197,7 @@ run_suite() {
 	local skip_args=()
 	[ -n "$skip" ] && skip_args=(--skip="$skip")
 	e2e "$dir" --focus="$FOCUS_RE" --label-filter="$LABELS" --dry-run --json-report="$dir/all.json" >"$dir/dry-run.log" 2>&1
-	log "running the $name specs, $(grep -c '"LeafNodeType":"It"' "$dir/all.json" 2>/dev/null || echo '?') in the dry run's report (log: $dir/e2e.log)"
+	log "running the $name specs ($(grep -o 'Ran [0-9]* of' "$dir/dry-run.log" | awk '{print $2}') selected; log: $dir/e2e.log)"
 	t1=$SECONDS
 	e2e "$dir" --focus="$FOCUS_RE" --label-filter="$LABELS" "${skip_args[@]}" --json-report="$dir/run.json" -v >"$dir/e2e.log" 2>&1 || src=1
 	t_run=$((SECONDS - t1))
