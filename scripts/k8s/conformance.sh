@@ -180,7 +180,10 @@ e2e() {
 			--procs="$PROCS" --no-color --timeout="$TIMEOUT" "${cflags[@]}" "$K8S/e2e.test" -- "${tflags[@]}"
 	else
 		local gflags=()
-		for a in "$@"; do gflags+=("--ginkgo.${a#--}"); done
+		for a in "$@"; do
+			a=${a#-}
+			gflags+=("--ginkgo.${a#-}")
+		done
 		KUBE_TEST_REPO_LIST=$out/repo-list.yaml nsenter --net="/run/netns/$CP_NS" "$K8S/e2e.test" \
 			"${tflags[@]}" --ginkgo.no-color --ginkgo.timeout="$TIMEOUT" "${gflags[@]}"
 	fi
@@ -199,7 +202,7 @@ run_suite() {
 	e2e "$dir" --focus="$FOCUS_RE" --label-filter="$LABELS" --dry-run --json-report="$dir/all.json" >"$dir/dry-run.log" 2>&1
 	log "running the $name specs ($(grep -o 'Ran [0-9]* of' "$dir/dry-run.log" | awk '{print $2}') selected; log: $dir/e2e.log)"
 	t1=$SECONDS
-	e2e "$dir" --focus="$FOCUS_RE" --label-filter="$LABELS" "${skip_args[@]}" --json-report="$dir/run.json" -v >"$dir/e2e.log" 2>&1 || src=1
+	e2e "$dir" --focus="$FOCUS_RE" --label-filter="$LABELS" "${skip_args[@]}" --json-report="$dir/run.json" --v >"$dir/e2e.log" 2>&1 || src=1
 	t_run=$((SECONDS - t1))
 	grep -E '^\s*(\[(PASSED|FAILED|SKIPPED)\]|Ran [0-9]+ of)' "$dir/e2e.log" | tail -3 >&2 || true
 	local check=()
