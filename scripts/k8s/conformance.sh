@@ -28,6 +28,7 @@
 #       (test-conformance: NETPOL=subset).
 #   PROCS=N  runs the specs in N parallel Ginkgo processes (the ginkgo
 #       CLI, built once from the module cache; 1 by default).
+#       NETPOL_PROCS=N the same for the NETPOL= run (PROCS by default).
 #   TIMEOUT=120m  Ginkgo's timeout of each run: the specs not done by then
 #       are reported as interrupted.
 #
@@ -41,6 +42,7 @@ export MODE=${MODE:-vxlan} NODES=${NODES:-2} FAMILY
 SUITE=${SUITE:-conformance}
 NETPOL=${NETPOL:-}
 PROCS=${PROCS:-1}
+NETPOL_PROCS=${NETPOL_PROCS:-$PROCS}
 TIMEOUT=${TIMEOUT:-120m}
 case $SUITE in conformance | netpol) ;; *) die "SUITE=$SUITE: want conformance or netpol" ;; esac
 case $NETPOL in "" | subset | all) ;; *) die "NETPOL=$NETPOL: want subset or all" ;; esac
@@ -159,7 +161,7 @@ ginkgo_cli() {
 	mv "$w/ginkgo" "$K8S/ginkgo"
 	rm -rf "$w"
 }
-[ "$PROCS" -gt 1 ] && ginkgo_cli
+[ "$PROCS" -gt 1 ] || { [ -n "$NETPOL" ] && [ "$NETPOL_PROCS" -gt 1 ]; } && ginkgo_cli
 
 # e2e DIR GINKGO-FLAGS...: e2e.test from the control plane's netns with
 # the Ginkgo flags (without their ginkgo. prefix: --focus=...), under the
@@ -220,7 +222,7 @@ run_suite() {
 }
 
 run_suite "$SUITE" "" "$REPORT" || rc=1
-[ -n "$NETPOL" ] && { run_suite netpol "$NETPOL" "$NETPOL_REPORT" || rc=1; }
+[ -n "$NETPOL" ] && { PROCS=$NETPOL_PROCS run_suite netpol "$NETPOL" "$NETPOL_REPORT" || rc=1; }
 t_total=$((SECONDS - t0))
 teardown || rc=1
 log "$SUITE run: $((SECONDS - t0))s in all (cluster down $((SECONDS - t0 - t_total))s)"
