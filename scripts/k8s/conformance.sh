@@ -97,7 +97,9 @@ suite() {
 			[ -n "$f" ] || die "$SUBSET selects no spec"
 			FOCUS_RE="\\[sig-network\\] Netpol ($f)( \\[|\$)"
 			SELECTED="the \`[sig-network] Netpol\` specs of \`test/conformance/netpol-subset.txt\`"
-		elif [ -n "${FOCUS:-}" ]; then
+		elif [ "$SUITE" = netpol ] && [ -n "${FOCUS:-}" ]; then
+			# (FOCUS of a conformance run with NETPOL=all is the
+			# conformance specs')
 			FOCUS_RE="\\[sig-network\\] Netpol .*($FOCUS)"
 			SELECTED="the \`[sig-network] Netpol\` \`Feature:NetworkPolicy\` specs matching \`$FOCUS\`"
 		fi
