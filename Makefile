@@ -123,10 +123,10 @@ test-ship: build cni-tools go-suite-ship
 # DaemonSet, the check matrix and upstream's sig-network conformance specs
 # (report in bin/conformance-REPORT.md; `make conformance` writes the
 # committed test/conformance/REPORT.md).
-# NETPOL=subset (scripts/k8s/conformance.sh) would then run the Netpol
-# specs of test/conformance/netpol-subset.txt on the same cluster, report
-# in bin/conformance-REPORT-netpol.md: off until podnet enforces
-# NetworkPolicy (issue 24).
+# NETPOL=subset NETPOL_PROCS=3 (scripts/k8s/conformance.sh) would then run
+# the Netpol specs of test/conformance/netpol-subset.txt on the same
+# cluster in 3 Ginkgo processes, report in bin/conformance-REPORT-netpol.md:
+# off until podnet enforces NetworkPolicy (issue 24).
 test-conformance: build k8s
 	FAMILY=dual REPORT=$(CURDIR)/bin/conformance-REPORT.md scripts/k8s/conformance.sh
 
