@@ -1,17 +1,36 @@
 #!/usr/bin/env bash
-# Runs upstream's Kubernetes e2e conformance specs of the pod network
-# (every "[sig-network] ... [Conformance]" spec of e2e.test v1.34.10,
-# minus the skips in test/conformance/skips.txt, each with its reason)
-# against the cluster of scripts/k8s/cluster.sh, and writes the report.
+# Runs upstream's Kubernetes e2e specs of the pod network (e2e.test
+# v1.34.10) against the cluster of scripts/k8s/cluster.sh, and writes the
+# report. Two suites, one code path:
 #
-#   scripts/k8s/conformance.sh        MODE=vxlan|none NODES=2|3 FAMILY=ipv4|dual|ipv6
-#       brings a cluster up (unless one is up), runs the specs, brings the
-#       cluster down (unless it was already up, or KEEP=1), and writes
+#   SUITE=conformance (make conformance; the default): every
+#       "[sig-network] ... [Conformance]" spec, minus the skips in
+#       test/conformance/skips.txt, each with its reason. Report
 #       test/conformance/REPORT.md (FAMILY=ipv4), REPORT-dual.md or
-#       REPORT-ipv6.md (REPORT=path to write elsewhere). FAMILY=dual adds
-#       upstream's [Feature:IPv6DualStack] specs.
-#   FOCUS=regexp  runs the sig-network specs matching it instead (any
-#       spec, Conformance or not).
+#       REPORT-ipv6.md. FAMILY=dual adds upstream's [Feature:IPv6DualStack]
+#       specs.
+#   SUITE=netpol (make netpol): every "[sig-network] Netpol" spec labelled
+#       Feature:NetworkPolicy (test/e2e/network/netpol: 3 namespaces x 3
+#       pods, an 81-pair probe matrix per case), minus the skips in
+#       test/conformance/netpol-skips.txt (SCTP). Report
+#       test/conformance/REPORT-netpol.md (REPORT-netpol-dual.md, ...).
+#
+#   MODE=vxlan|none NODES=2|3 FAMILY=ipv4|dual|ipv6: the cluster, brought up
+#       unless one is up, and down after the run (unless it was already up,
+#       or KEEP=1). REPORT=path writes the report elsewhere.
+#   FOCUS=regexp  runs the suite's specs matching it instead (SUITE=
+#       conformance: any sig-network spec, Conformance or not).
+#   NETPOL=subset|all  (SUITE=conformance only) then runs Netpol specs on
+#       the same cluster before teardown: `subset` those matching a line
+#       of test/conformance/netpol-subset.txt, `all` every one; their own
+#       report beside the first (REPORT with -netpol before .md). The run
+#       fails when either fails. `make test` can turn this on
+#       (test-conformance: NETPOL=subset).
+#   PROCS=N  runs the specs in N parallel Ginkgo processes (the ginkgo
+#       CLI, built once from the module cache; 1 by default).
+#       NETPOL_PROCS=N the same for the NETPOL= run (PROCS by default).
+#   TIMEOUT=120m  Ginkgo's timeout of each run: the specs not done by then
+#       are reported as interrupted.
 #
 # The e2e images are built here (images.sh) and mapped through the e2e
 # framework's image repository config (KUBE_TEST_REPO_LIST): the specs ask
@@ -20,21 +39,76 @@
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 export MODE=${MODE:-vxlan} NODES=${NODES:-2} FAMILY
-# the report of each family: REPORT.md (ipv4), REPORT-dual.md, REPORT-ipv6.md
+SUITE=${SUITE:-conformance}
+NETPOL=${NETPOL:-}
+PROCS=${PROCS:-1}
+NETPOL_PROCS=${NETPOL_PROCS:-$PROCS}
+TIMEOUT=${TIMEOUT:-120m}
+case $SUITE in conformance | netpol) ;; *) die "SUITE=$SUITE: want conformance or netpol" ;; esac
+case $NETPOL in "" | subset | all) ;; *) die "NETPOL=$NETPOL: want subset or all" ;; esac
+[ -z "$NETPOL" ] || [ "$SUITE" = conformance ] || die "NETPOL=$NETPOL is for SUITE=conformance (SUITE=netpol runs them all)"
+# the report of each suite and family: REPORT.md (ipv4), REPORT-dual.md,
+# REPORT-ipv6.md; REPORT-netpol.md, REPORT-netpol-dual.md, ...
 suffix=""
 [ "$FAMILY" = ipv4 ] || suffix=-$FAMILY
-REPORT=${REPORT:-$REPO/test/conformance/REPORT$suffix.md}
-# every sig-network [Conformance] spec; on a dual-stack cluster also every
-# [Feature:IPv6DualStack] spec but those that need SCTP in the kernel
-# (Feature:SCTPConnectivity: a feature of its own, which this machine's
-# kernel lacks) or a cloud load balancer (none here has one)
-SELECT='\[sig-network\].*\[Conformance\]'
-SELECTED='every `[sig-network]` `[Conformance]` spec of the suite'
-if [ "$FAMILY" = dual ]; then
-	SELECT='\[sig-network\].*(\[Conformance\]|\[Feature:IPv6DualStack\])'
-	SELECTED='every `[sig-network]` `[Conformance]` spec and every `[Feature:IPv6DualStack]` spec that needs neither SCTP nor a cloud load balancer'
+if [ "$SUITE" = netpol ]; then
+	REPORT=${REPORT:-$REPO/test/conformance/REPORT-netpol$suffix.md}
+else
+	REPORT=${REPORT:-$REPO/test/conformance/REPORT$suffix.md}
 fi
-SKIPS=$REPO/test/conformance/skips.txt
+# the Netpol report of NETPOL=subset|all: beside the first one
+NETPOL_REPORT=${REPORT%.md}-netpol.md
+SUBSET=$REPO/test/conformance/netpol-subset.txt
+
+# suite NAME [subset|all]: sets what suite NAME selects: FOCUS_RE (a
+# Ginkgo focus regexp), LABELS (a label filter), SKIPS (the file of
+# "regexp<TAB>reason" lines, each skipped spec with its reason), SELECTED
+# (for the report's header), TITLE.
+suite() {
+	case $1 in
+	conformance)
+		# every sig-network [Conformance] spec; on a dual-stack cluster
+		# also every [Feature:IPv6DualStack] spec but those that need SCTP
+		# in the kernel (Feature:SCTPConnectivity: a feature of its own,
+		# which this machine's kernel lacks) or a cloud load balancer
+		# (none here has one)
+		FOCUS_RE='\[sig-network\].*\[Conformance\]'
+		SELECTED='every `[sig-network]` `[Conformance]` spec of the suite'
+		if [ "$FAMILY" = dual ]; then
+			FOCUS_RE='\[sig-network\].*(\[Conformance\]|\[Feature:IPv6DualStack\])'
+			SELECTED='every `[sig-network]` `[Conformance]` spec and every `[Feature:IPv6DualStack]` spec that needs neither SCTP nor a cloud load balancer'
+		fi
+		[ -n "${FOCUS:-}" ] && FOCUS_RE="\\[sig-network\\].*($FOCUS)" && SELECTED="the \`[sig-network]\` specs matching \`$FOCUS\`"
+		LABELS='!Feature:SCTPConnectivity'
+		SKIPS=$REPO/test/conformance/skips.txt
+		TITLE="Kubernetes sig-network conformance on podnet ($FAMILY)"
+		;;
+	netpol)
+		# upstream's NetworkPolicy suite (test/e2e/network/netpol): every
+		# spec labelled Feature:NetworkPolicy; the SCTP ones are in the
+		# selection and skipped with their reason (netpol-skips.txt)
+		FOCUS_RE='\[sig-network\] Netpol '
+		SELECTED='every `[sig-network] Netpol` spec labelled `Feature:NetworkPolicy` (TCP, UDP, SCTP)'
+		local f
+		if [ "${2:-}" = subset ]; then
+			# each line the whole name after "Netpol " (a TCP line must
+			# not select the UDP and SCTP specs of the same name)
+			f=$(sed -e '/^#/d' -e '/^[[:space:]]*$/d' "$SUBSET" | paste -sd'|')
+			[ -n "$f" ] || die "$SUBSET selects no spec"
+			FOCUS_RE="\\[sig-network\\] Netpol ($f)( \\[|\$)"
+			SELECTED="the \`[sig-network] Netpol\` specs of \`test/conformance/netpol-subset.txt\`"
+		elif [ "$SUITE" = netpol ] && [ -n "${FOCUS:-}" ]; then
+			# (FOCUS of a conformance run with NETPOL=all is the
+			# conformance specs')
+			FOCUS_RE="\\[sig-network\\] Netpol .*($FOCUS)"
+			SELECTED="the \`[sig-network] Netpol\` \`Feature:NetworkPolicy\` specs matching \`$FOCUS\`"
+		fi
+		LABELS='Feature:NetworkPolicy'
+		SKIPS=$REPO/test/conformance/netpol-skips.txt
+		TITLE="Kubernetes NetworkPolicy (upstream Netpol suite) on podnet ($FAMILY)"
+		;;
+	esac
+}
 
 t0=$SECONDS
 started=0
@@ -70,39 +144,88 @@ gcRegistry: $E2E_REGISTRY
 dockerLibraryRegistry: $E2E_REGISTRY
 buildImageRegistry: $E2E_REGISTRY/build-image
 Y
-# skip regexp: the first field of every rule
-skip=$(sed -e '/^#/d' -e '/^[[:space:]]*$/d' "$SKIPS" | cut -f1 | paste -sd'|')
-skip_args=()
-[ -n "$skip" ] && skip_args=(--ginkgo.skip="$skip")
-
-e2e() {
-	KUBE_TEST_REPO_LIST=$out/repo-list.yaml nsenter --net="/run/netns/$CP_NS" "$K8S/e2e.test" \
-		--kubeconfig="$PKI/admin.kubeconfig" --kubectl-path="$K8S/kubectl" --provider=skeleton --report-dir="$out" \
-		--dump-logs-on-failure=false --ginkgo.no-color --ginkgo.timeout=60m "$@"
-}
-# every selected spec, then the run
-focus=$SELECT
-[ -n "${FOCUS:-}" ] && focus="\\[sig-network\\].*($FOCUS)"
-e2e --ginkgo.focus="$focus" --ginkgo.label-filter='!Feature:SCTPConnectivity' --ginkgo.dry-run \
-	--ginkgo.json-report="$out/all.json" >"$out/dry-run.log" 2>&1
-log "running the specs (log: $out/e2e.log)"
-t1=$SECONDS
-e2e --ginkgo.focus="$focus" --ginkgo.label-filter='!Feature:SCTPConnectivity' "${skip_args[@]}" --ginkgo.json-report="$out/run.json" --ginkgo.v >"$out/e2e.log" 2>&1 || rc=1
-t_run=$((SECONDS - t1))
-grep -E '^\s*(\[(PASSED|FAILED|SKIPPED)\]|Ran [0-9]+ of)' "$out/e2e.log" | tail -3 >&2 || true
-
 go build -C "$REPO" -o "$out/report" ./test/conformance/report
-mkdir -p "$(dirname "$REPORT")"
-"$out/report" -dry-run "$out/all.json" -run "$out/run.json" -skips "$SKIPS" -check "$out/check.txt" \
-	-title "Kubernetes sig-network conformance on podnet ($FAMILY)" \
-	-selected "$SELECTED" \
-	-meta "Kubernetes=v1.34.10 (kube-apiserver, controller-manager --allocate-node-cidrs, scheduler, kubelet, kube-proxy in nftables mode, e2e.test), etcd v3.6.8, containerd $(containerd --version | awk '{print $3}'), runc $(runc --version | awk 'NR==1{print $3}'), CoreDNS v1.12.1" \
-	-meta "podnet=$(git -C "$REPO" describe --always --dirty 2>/dev/null || echo unknown), installed by conf/k8s/podnet.yaml (encap $MODE, portmap chained), $NODES nodes" \
-	-meta "Machine=$(nproc) cores, kernel $(uname -r)" \
-	-meta "Wall time=cluster up ${t_up}s, specs ${t_run}s, total $((SECONDS - t0))s before teardown" \
-	-meta "Command=scripts/k8s/conformance.sh (make conformance, make test) with MODE=$MODE NODES=$NODES FAMILY=$FAMILY" >"$REPORT"
-log "report: $REPORT"
+
+# ginkgo_cli: the ginkgo CLI of e2e.test's Ginkgo (v2.21.0, k8s.io/kubernetes
+# v1.34.10's go.mod), built once into $K8S: PROCS>1 runs e2e.test under it.
+ginkgo_cli() {
+	[ -x "$K8S/ginkgo" ] && return 0
+	log "building the ginkgo CLI (once)"
+	local w
+	w=$(mktemp -d)
+	(
+		cd "$w"
+		printf 'module podnet.local/ginkgo\n\ngo 1.24.0\n' >go.mod
+		printf '//go:build tools\n\npackage tools\n\nimport _ "github.com/onsi/ginkgo/v2/ginkgo"\n' >tools.go
+		CGO_ENABLED=0 GOFLAGS=-buildvcs=false go get github.com/onsi/ginkgo/v2@v2.21.0 >&2
+		CGO_ENABLED=0 GOFLAGS=-buildvcs=false go build -trimpath -ldflags '-s -w' -o "$w/ginkgo" github.com/onsi/ginkgo/v2/ginkgo
+	) || { rm -rf "$w"; return 1; }
+	mv "$w/ginkgo" "$K8S/ginkgo"
+	rm -rf "$w"
+}
+[ "$PROCS" -gt 1 ] || { [ -n "$NETPOL" ] && [ "$NETPOL_PROCS" -gt 1 ]; } && ginkgo_cli
+
+# e2e DIR GINKGO-FLAGS...: e2e.test from the control plane's netns with
+# the Ginkgo flags (without their ginkgo. prefix: --focus=...), under the
+# ginkgo CLI with PROCS>1.
+e2e() {
+	local dir=$1 a
+	shift
+	local tflags=(--kubeconfig="$PKI/admin.kubeconfig" --kubectl-path="$K8S/kubectl" --provider=skeleton
+		--report-dir="$dir" --dump-logs-on-failure=false)
+	if [ "$PROCS" -gt 1 ] && [[ " $* " != *" --dry-run "* ]]; then
+		# the CLI writes its reports under --output-dir (else beside the
+		# binary): DIR
+		local cflags=(--output-dir="$dir")
+		for a in "$@"; do
+			case $a in --json-report=*) cflags+=(--json-report="$(basename "${a#*=}")") ;; *) cflags+=("$a") ;; esac
+		done
+		KUBE_TEST_REPO_LIST=$out/repo-list.yaml nsenter --net="/run/netns/$CP_NS" "$K8S/ginkgo" \
+			--procs="$PROCS" --no-color --timeout="$TIMEOUT" "${cflags[@]}" "$K8S/e2e.test" -- "${tflags[@]}"
+	else
+		local gflags=()
+		for a in "$@"; do
+			a=${a#-}
+			gflags+=("--ginkgo.${a#-}")
+		done
+		KUBE_TEST_REPO_LIST=$out/repo-list.yaml nsenter --net="/run/netns/$CP_NS" "$K8S/e2e.test" \
+			"${tflags[@]}" --ginkgo.no-color --ginkgo.timeout="$TIMEOUT" "${gflags[@]}"
+	fi
+}
+
+# run_suite NAME [subset|all] REPORT: the dry run (every selected spec) and
+# the run of suite NAME, logs under $out/NAME, and its report at REPORT.
+run_suite() {
+	local name=$1 sub=$2 report=$3 dir=$out/$1 skip t1 t_run src=0
+	suite "$name" "$sub"
+	mkdir -p "$dir"
+	# skip regexp: the first field of every rule
+	skip=$(sed -e '/^#/d' -e '/^[[:space:]]*$/d' "$SKIPS" | cut -f1 | paste -sd'|')
+	local skip_args=()
+	[ -n "$skip" ] && skip_args=(--skip="$skip")
+	e2e "$dir" --focus="$FOCUS_RE" --label-filter="$LABELS" --dry-run --json-report="$dir/all.json" >"$dir/dry-run.log" 2>&1
+	log "running the $name specs ($(grep -o 'Ran [0-9]* of' "$dir/dry-run.log" | awk '{print $2}') selected; log: $dir/e2e.log)"
+	t1=$SECONDS
+	e2e "$dir" --focus="$FOCUS_RE" --label-filter="$LABELS" "${skip_args[@]}" --json-report="$dir/run.json" --v >"$dir/e2e.log" 2>&1 || src=1
+	t_run=$((SECONDS - t1))
+	grep -E '^\s*(\[(PASSED|FAILED|SKIPPED)\]|Ran [0-9]+ of)' "$dir/e2e.log" | tail -3 >&2 || true
+	local check=()
+	[ "$name" = "$SUITE" ] && check=(-check "$out/check.txt")
+	mkdir -p "$(dirname "$report")"
+	"$out/report" -dry-run "$dir/all.json" -run "$dir/run.json" -skips "$SKIPS" "${check[@]}" \
+		-title "$TITLE" -selected "$SELECTED" \
+		-meta "Kubernetes=v1.34.10 (kube-apiserver, controller-manager --allocate-node-cidrs, scheduler, kubelet, kube-proxy in nftables mode, e2e.test), etcd v3.6.8, containerd $(containerd --version | awk '{print $3}'), runc $(runc --version | awk 'NR==1{print $3}'), CoreDNS v1.12.1" \
+		-meta "podnet=$(git -C "$REPO" describe --always --dirty 2>/dev/null || echo unknown), installed by conf/k8s/podnet.yaml (encap $MODE, portmap chained), $NODES nodes" \
+		-meta "Machine=$(nproc) cores, kernel $(uname -r)" \
+		-meta "Wall time=cluster up ${t_up}s (shared), specs ${t_run}s with $PROCS Ginkgo process(es), $((SECONDS - t0))s since the start before teardown" \
+		-meta "Command=scripts/k8s/conformance.sh ($(case $name/$sub in netpol/subset) echo "NETPOL=subset after the conformance specs, make test" ;; netpol/all) echo "NETPOL=all after the conformance specs" ;; netpol/) echo "make netpol" ;; *) echo "make conformance, make test" ;; esac)) with MODE=$MODE NODES=$NODES FAMILY=$FAMILY" >"$report" || src=1
+	log "report: $report"
+	return "$src"
+}
+
+run_suite "$SUITE" "" "$REPORT" || rc=1
+[ -n "$NETPOL" ] && { PROCS=$NETPOL_PROCS run_suite netpol "$NETPOL" "$NETPOL_REPORT" || rc=1; }
 t_total=$((SECONDS - t0))
 teardown || rc=1
-log "conformance run: $((SECONDS - t0))s in all (cluster down $((SECONDS - t0 - t_total))s)"
+log "$SUITE run: $((SECONDS - t0))s in all (cluster down $((SECONDS - t0 - t_total))s)"
 exit "$rc"

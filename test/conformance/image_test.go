@@ -224,3 +224,55 @@ img 'head -1 /etc/passwd' || echo "no head, as upstream"
 		}
 	}
 }
+
+// TestAgnhostNetpolProbe runs in the agnhost image what upstream's Netpol
+// specs (test/e2e/network/netpol, `make netpol`) run in it: each server
+// container is `/agnhost serve-hostname --tcp|--udp --http=false --port
+// P` (model.go), and every probe of the 81-pair matrix is `/agnhost
+// connect HOST:PORT --timeout=1s --protocol=tcp|udp` (kubemanager.go),
+// whose exit status is the verdict: 0 connected, 1 not. A probe to a
+// port without a server must fail (that is what a denied pair looks
+// like), and one whose packets are dropped (what a policy does) must
+// fail within its timeout.
+func TestAgnhostNetpolProbe(t *testing.T) {
+	root := rootfs(t, "agnhost-rootfs")
+	stdout, stderr, err := inNetns(t, root, `
+# an address whose packets are dropped, as a policy drops them
+ip addr add 10.99.0.1/32 dev lo
+nft add table ip podnet-test
+nft add chain ip podnet-test in '{ type filter hook input priority 0; }'
+nft add rule ip podnet-test in ip daddr 10.99.0.1 drop
+img '/agnhost serve-hostname --tcp --http=false --port 80' >/dev/null 2>&1 &
+s1=$!
+img '/agnhost serve-hostname --udp --http=false --port 81' >/dev/null 2>&1 &
+s2=$!
+trap 'kill $s1 $s2 2>/dev/null' EXIT
+sleep 0.5
+probe() { if img "/agnhost connect $1 --timeout=1s --protocol=$2" 2>/tmp/err; then echo "$1/$2 ok"; else echo "$1/$2 fail $(tr -d '\n' </tmp/err)"; fi; }
+probe 127.0.0.1:80 tcp
+probe 127.0.0.1:81 udp
+probe 127.0.0.1:81 tcp
+probe 127.0.0.1:80 udp
+img '/agnhost serve-hostname --tcp --http=false --port 82' >/dev/null 2>&1 &
+s3=$!
+trap 'kill $s1 $s2 $s3 2>/dev/null' EXIT
+sleep 0.5
+probe 10.99.0.1:82 tcp
+probe 10.99.0.1:81 udp
+`)
+	if err != nil {
+		t.Fatalf("%v\nstdout: %s\nstderr: %s", err, stdout, stderr)
+	}
+	for _, want := range []string{
+		"127.0.0.1:80/tcp ok\n",
+		"127.0.0.1:81/udp ok\n",
+		"127.0.0.1:81/tcp fail REFUSED\n",
+		"127.0.0.1:80/udp fail REFUSED",
+		"10.99.0.1:82/tcp fail TIMEOUT\n",
+		"10.99.0.1:81/udp fail TIMEOUT",
+	} {
+		if !strings.Contains(stdout, want) {
+			t.Errorf("want %q in stdout:\n%s\nstderr: %s", want, stdout, stderr)
+		}
+	}
+}

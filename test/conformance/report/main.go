@@ -38,7 +38,9 @@ type specReport struct {
 	LeafNodeType            string
 	State                   string
 	RunTime                 time.Duration
-	Failure                 *struct {
+	// the spec's log (the Netpol specs log each wrong probe there)
+	CapturedGinkgoWriterOutput string
+	Failure                    *struct {
 		Message  string
 		Location struct {
 			FileName   string
@@ -157,6 +159,7 @@ func write(w io.Writer, title, selected string, meta []string, dryPath, runPath,
 					msg = msg[:300] + "…"
 				}
 			}
+			msg += wrongProbes(s.CapturedGinkgoWriterOutput)
 			fmt.Fprintf(w, "| %s | %s | %s |\n", cell(s.name()), s.RunTime.Round(time.Second), cell(msg))
 		}
 		fmt.Fprintln(w)
@@ -176,6 +179,25 @@ func write(w io.Writer, title, selected string, meta []string, dryPath, runPath,
 		}
 	}
 	return nil
+}
+
+// The Netpol specs (test/e2e/network/netpol, probe.go) log each probe of
+// the reachability matrix whose outcome was not the expected one.
+const (
+	probeAllowed = "Expected blocked pod connection was instead ALLOWED"
+	probeBlocked = "Expected allowed pod connection was instead BLOCKED"
+)
+
+// wrongProbes says, for a Netpol spec's log, how many probes (of both of
+// its tries) connected where the policy should have blocked them (too
+// little enforcement) and how many were blocked where they should have
+// connected (too much, or a broken network): "" when there are none.
+func wrongProbes(log string) string {
+	allowed, blocked := strings.Count(log, probeAllowed), strings.Count(log, probeBlocked)
+	if allowed+blocked == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" (wrong probes: %d allowed that should be blocked, %d blocked that should be allowed)", allowed, blocked)
 }
 
 func cell(s string) string { return strings.ReplaceAll(s, "|", `\|`) }

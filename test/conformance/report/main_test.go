@@ -76,3 +76,35 @@ func TestReportBadSkips(t *testing.T) {
 		t.Error("a missing dry-run report: no error")
 	}
 }
+
+// TestReportNetpolProbes: a failed Netpol spec's row says how many probes
+// were allowed that the policy blocks and how many blocked that it allows
+// (from the spec's log), so a run tells missing enforcement from a broken
+// network or harness.
+func TestReportNetpolProbes(t *testing.T) {
+	dir := t.TempDir()
+	netpol := func(leaf, state, log string) string {
+		return `{"ContainerHierarchyTexts":["[sig-network] Netpol","NetworkPolicy between server and client"],"LeafNodeText":"` + leaf +
+			`","LeafNodeType":"It","State":"` + state + `","RunTime":1000000000,"CapturedGinkgoWriterOutput":` + log +
+			`,"Failure":{"Message":"Had 3 wrong results in reachability matrix"}}`
+	}
+	allowed := "I1126 probe.go:106] " + probeAllowed + " --- run 'kubectl exec a'\\n"
+	blocked := "I1126 probe.go:104] " + probeBlocked + " --- run 'kubectl exec b'\\n"
+	dry := writeFile(t, dir, "all.json", `[{"SpecReports":[`+netpol("should deny", "passed", `""`)+","+netpol("should allow", "passed", `""`)+"]}]")
+	run := writeFile(t, dir, "run.json", `[{"SpecReports":[`+
+		netpol("should deny", "failed", `"`+allowed+allowed+"other line\\n"+allowed+`"`)+","+
+		netpol("should allow", "failed", `"`+blocked+allowed+`"`)+"]}]")
+	var b strings.Builder
+	if err := write(&b, "T", "x", nil, dry, run, "", ""); err != nil {
+		t.Fatal(err)
+	}
+	got := b.String()
+	for _, want := range []string{
+		"should deny | 1s | Had 3 wrong results in reachability matrix (wrong probes: 3 allowed that should be blocked, 0 blocked that should be allowed) |",
+		"should allow | 1s | Had 3 wrong results in reachability matrix (wrong probes: 1 allowed that should be blocked, 1 blocked that should be allowed) |",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("report lacks %q:\n%s", want, got)
+		}
+	}
+}
