@@ -126,15 +126,14 @@ ipipvm: test-ipipvm
 # conformance run's own parts (e2e image, report).
 test-ship: build cni-tools go-suite-ship
 # The real-cluster run: a Kubernetes cluster with podnet installed by its
-# DaemonSet, the check matrix and upstream's sig-network conformance specs
-# (report in bin/conformance-REPORT.md; `make conformance` writes the
-# committed test/conformance/REPORT.md).
-# NETPOL=subset NETPOL_PROCS=3 (scripts/k8s/conformance.sh) would then run
-# the Netpol specs of test/conformance/netpol-subset.txt on the same
-# cluster in 3 Ginkgo processes, report in bin/conformance-REPORT-netpol.md:
-# off until podnet enforces NetworkPolicy (issue 24).
+# DaemonSet (NetworkPolicy engine on), the check matrix and upstream's
+# sig-network conformance specs in 3 Ginkgo processes (report in
+# bin/conformance-REPORT.md; `make conformance` writes the committed
+# test/conformance/REPORT*.md), then on the same cluster the Netpol specs of
+# test/conformance/netpol-subset.txt (report in
+# bin/conformance-REPORT-netpol.md; `make netpol` runs the whole suite).
 test-conformance: build k8s
-	FAMILY=dual REPORT=$(CURDIR)/bin/conformance-REPORT.md scripts/k8s/conformance.sh
+	FAMILY=dual PROCS=3 NETPOL=subset NETPOL_PROCS=3 REPORT=$(CURDIR)/bin/conformance-REPORT.md scripts/k8s/conformance.sh
 
 # Every package with Go files is in exactly one suite.
 test-suites-complete:
