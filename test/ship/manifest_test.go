@@ -135,7 +135,8 @@ func TestManifestApplies(t *testing.T) {
 		t.Errorf("stored ClusterRole rules %+v, want %+v", stored.Rules, fileRole.Rules)
 	}
 
-	// What the DaemonSet's service account may do: read Nodes, nothing else.
+	// What the DaemonSet's service account may do: read Nodes, list and
+	// watch what the NetworkPolicy engine reads, nothing else.
 	sa := "system:serviceaccount:kube-system:podnet-routed"
 	for _, c := range []struct {
 		verb, resource string
@@ -143,11 +144,20 @@ func TestManifestApplies(t *testing.T) {
 	}{
 		{"get", "nodes", true}, {"list", "nodes", true}, {"watch", "nodes", true},
 		{"patch", "nodes", false}, {"update", "nodes", false}, {"delete", "nodes", false},
-		{"list", "pods", false}, {"get", "secrets", false}, {"create", "configmaps", false},
+		{"list", "pods", true}, {"watch", "pods", true}, {"list", "namespaces", true}, {"watch", "namespaces", true},
+		{"get", "pods/log", false}, {"create", "pods/exec", false}, {"update", "pods", false}, {"delete", "pods", false}, {"patch", "namespaces", false},
+		{"list", "networking.k8s.io/networkpolicies", true}, {"watch", "networking.k8s.io/networkpolicies", true},
+		{"create", "networking.k8s.io/networkpolicies", false}, {"delete", "networking.k8s.io/networkpolicies", false},
+		{"get", "secrets", false}, {"create", "configmaps", false},
 	} {
+		group, resource, ok := strings.Cut(c.resource, "/")
+		if !ok || strings.HasPrefix(c.resource, "pods/") {
+			group, resource = "", c.resource
+		}
+		resource, sub, _ := strings.Cut(resource, "/")
 		r, err := client.AuthorizationV1().SubjectAccessReviews().Create(ctx, &authzv1.SubjectAccessReview{Spec: authzv1.SubjectAccessReviewSpec{
 			User: sa, Groups: []string{"system:serviceaccounts", "system:serviceaccounts:kube-system", "system:authenticated"},
-			ResourceAttributes: &authzv1.ResourceAttributes{Verb: c.verb, Resource: c.resource, Namespace: "kube-system"},
+			ResourceAttributes: &authzv1.ResourceAttributes{Verb: c.verb, Group: group, Resource: resource, Subresource: sub, Namespace: "kube-system"},
 		}}, metav1.CreateOptions{})
 		if err != nil {
 			t.Fatal(err)

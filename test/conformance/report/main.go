@@ -112,15 +112,26 @@ func write(w io.Writer, title, selected string, meta []string, dryPath, runPath,
 	}
 	type skipped struct{ name, reason string }
 	var notRun []skipped
+	var unexplained []string
 	for _, s := range all {
-		if r, ok := byName[s.name()]; ok && r.State != "skipped" {
+		r, ok := byName[s.name()]
+		if ok && r.State != "skipped" {
 			continue
 		}
-		reason := "not selected (no reason recorded)"
-		for _, r := range rules {
-			if r.re.MatchString(s.name()) {
-				reason = r.reason
+		reason := ""
+		for _, rule := range rules {
+			if rule.re.MatchString(s.name()) {
+				reason = rule.reason
 				break
+			}
+		}
+		if reason == "" {
+			// a selected spec that did not run, and no line of the
+			// skips file says why: the run is not what it claims
+			unexplained = append(unexplained, s.name())
+			reason = "not run, and no reason in the skips file"
+			if ok && r.Failure != nil && r.Failure.Message != "" {
+				reason = "skipped at run time (" + r.Failure.Message + "), and no reason in the skips file"
 			}
 		}
 		notRun = append(notRun, skipped{s.name(), reason})
@@ -177,6 +188,9 @@ func write(w io.Writer, title, selected string, meta []string, dryPath, runPath,
 		for _, s := range notRun {
 			fmt.Fprintf(w, "| %s | %s |\n", cell(s.name), cell(s.reason))
 		}
+	}
+	if len(unexplained) > 0 {
+		return fmt.Errorf("%d selected specs did not run and the skips file gives no reason (the report says how each was skipped): %s", len(unexplained), strings.Join(unexplained, "; "))
 	}
 	return nil
 }

@@ -108,3 +108,28 @@ func TestReportNetpolProbes(t *testing.T) {
 		}
 	}
 }
+
+// TestReportUnexplainedSkip: a selected spec that skipped itself at run
+// time (as the DualStack granular checks do when the framework does not
+// know the node count) fails the report, which says how it was skipped; a
+// skip the skips file explains does not.
+func TestReportUnexplainedSkip(t *testing.T) {
+	dir := t.TempDir()
+	leaf := "should function for pod-Service: http"
+	dry := writeFile(t, dir, "all.json", `[{"SpecReports":[`+spec("[sig-network] [Feature:IPv6DualStack] Granular Checks", leaf, "passed", "0")+`]}]`)
+	run := writeFile(t, dir, "run.json", `[{"SpecReports":[{"ContainerHierarchyTexts":["[sig-network] [Feature:IPv6DualStack] Granular Checks"],"LeafNodeText":"`+leaf+
+		`","LeafNodeType":"It","State":"skipped","RunTime":0,"Failure":{"Message":"Requires at least 2 nodes (not -1)"}}]}]`)
+	var b strings.Builder
+	err := write(&b, "T", "x", nil, dry, run, "", "")
+	if err == nil || !strings.Contains(err.Error(), "1 selected specs did not run") {
+		t.Fatalf("write: %v, want the unexplained skip refused", err)
+	}
+	if !strings.Contains(b.String(), "skipped at run time (Requires at least 2 nodes (not -1))") {
+		t.Errorf("the report does not say how the spec was skipped:\n%s", b.String())
+	}
+	skips := writeFile(t, dir, "skips.txt", "Granular Checks\tneeds two nodes\n")
+	b.Reset()
+	if err := write(&b, "T", "x", nil, dry, run, skips, ""); err != nil {
+		t.Fatalf("a skip the skips file explains: %v", err)
+	}
+}
