@@ -5,6 +5,11 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -124,4 +129,166 @@ func BenchmarkConnect(b *testing.B) {
 			b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "conn/s")
 		})
 	}
+}
+
+// BenchmarkConnectArms measures what the table costs a new connection,
+// in isolation from the machine's other load: arms that differ in one
+// thing take turns (the order rotates every round), each round writes
+// the arm's table and times sequential connections from pod b to pod a
+// (TCP connect, one echo, close) and a 4-worker connection rate, and the
+// result is the median over the rounds of each arm's ratio to the arm
+// "open" of the same round (pair ratios, like the bench's datapath
+// stage). Every arm but no-table holds 1,000 other pods isolated by
+// 1,000 other policies (connRuleset). Run it once:
+//
+//	go test -run XXX -bench ConnectArms -benchtime 1x ./test/policynft/
+//
+// PODNET_BENCH_ROUNDS (12) and PODNET_BENCH_CONNS (300) size it.
+//
+//	no-table        no table inet podnet-policy at all
+//	open            a not isolated: its first packets pass the base chains
+//	                and miss the verdict maps (the bench's "0 policies")
+//	isolated        a isolated, its chain jumps to the one policy chain
+//	                that allows b (two set lookups)
+//	walk-10         a's chain walks 10 other policy chains first
+//	walk-100        and 100
+//	no-midstream    isolated, the egress chains' mid-stream TCP rules
+//	                deleted (nft CLI)
+func BenchmarkConnectArms(b *testing.B) {
+	rounds := envInt("PODNET_BENCH_ROUNDS", 12)
+	conns := envInt("PODNET_BENCH_CONNS", 300)
+	e := newEnv(b, "a", "b")
+	server(b, e.pods["a"].ns, 8080)
+	pa, pb := e.pods["a"], e.pods["b"]
+	others := connRuleset(e, 1000, false)
+	withWalk := func(n int) policy.Ruleset {
+		rs := others
+		rs.Pods = slices.Clone(rs.Pods)
+		rs.Policies = slices.Clone(rs.Policies)
+		for i := range n {
+			id := fmt.Sprintf("walk%d", i)
+			rs.Policies = append(rs.Policies, policy.PolicyChain{ID: id, Direction: policy.Ingress, Rules: []policy.Rule{
+				{Peers: []policy.Range{{From: netip.AddrFrom4([4]byte{12, byte(i >> 8), byte(i), 0}), To: netip.AddrFrom4([4]byte{12, byte(i >> 8), byte(i), 200})}},
+					Ports: join(port(policy.ProtoTCP, 80, 80), port(policy.ProtoTCP, 8080, 8080))},
+			}})
+			rs.Pods[0].Ingress = append([]string{id}, rs.Pods[0].Ingress...)
+		}
+		return rs
+	}
+	open := others
+	open.Pods = slices.DeleteFunc(slices.Clone(others.Pods), func(p policy.PodChains) bool { return p.ID == "a" })
+	type arm struct {
+		name  string
+		rs    *policy.Ruleset
+		after func()
+	}
+	dropMidstream := func() {
+		for _, chain := range []string{"egress-fwd", "egress-in"} {
+			for _, line := range strings.Split(e.nft("-a", "list", "chain", "inet", nft.TableName, chain), "\n") {
+				if !strings.Contains(line, "tcp flags") {
+					continue
+				}
+				f := strings.Fields(line)
+				e.nft("delete", "rule", "inet", nft.TableName, chain, "handle", f[len(f)-1])
+			}
+		}
+	}
+	iso, w10, w100 := withWalk(0), withWalk(10), withWalk(100)
+	arms := []arm{
+		{"no-table", nil, nil},
+		{"open", &open, nil},
+		{"isolated", &iso, nil},
+		{"walk-10", &w10, nil},
+		{"walk-100", &w100, nil},
+		{"no-midstream", &iso, dropMidstream},
+	}
+	dial := nettest.DialIn(pb.ns)
+	dst := net.JoinHostPort(pa.v4.String(), "8080")
+	connect := func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		c, err := dial(ctx, "tcp", dst)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		return echo(c)
+	}
+	type sample struct{ p50us, rate float64 }
+	got := map[string][]sample{}
+	for r := range rounds {
+		for k := range arms {
+			a := arms[(k+r)%len(arms)]
+			if a.rs == nil {
+				nettest.Do(b, e.node, e.w.Delete)
+			} else {
+				nettest.Do(b, e.node, func() error { return e.w.ApplyFull(*a.rs) })
+			}
+			if a.after != nil {
+				a.after()
+			}
+			if err := connect(); err != nil { // warm: ARP, neighbours
+				b.Fatalf("%s: %v", a.name, err)
+			}
+			var us []float64
+			for range conns {
+				start := time.Now()
+				if err := connect(); err != nil {
+					b.Fatalf("%s: %v", a.name, err)
+				}
+				us = append(us, float64(time.Since(start).Microseconds()))
+			}
+			slices.Sort(us)
+			var mu sync.Mutex
+			ok := 0
+			end := time.Now().Add(time.Second)
+			var wg sync.WaitGroup
+			for range 4 {
+				wg.Go(func() {
+					for time.Now().Before(end) {
+						if connect() == nil {
+							mu.Lock()
+							ok++
+							mu.Unlock()
+						}
+					}
+				})
+			}
+			wg.Wait()
+			got[a.name] = append(got[a.name], sample{us[len(us)/2], float64(ok)})
+		}
+	}
+	medianOf := func(xs []float64) float64 {
+		s := slices.Sorted(slices.Values(xs))
+		if len(s)%2 == 1 {
+			return s[len(s)/2]
+		}
+		return (s[len(s)/2-1] + s[len(s)/2]) / 2
+	}
+	for _, a := range arms {
+		var lat, rate, latR, rateR []float64
+		for i, s := range got[a.name] {
+			o := got["open"][i]
+			lat, rate = append(lat, s.p50us), append(rate, s.rate)
+			latR, rateR = append(latR, s.p50us/o.p50us), append(rateR, s.rate/o.rate)
+		}
+		b.Logf("%-13s connect p50 %6.0f µs (÷open %.3f), rate %5.0f/s (÷open %.3f); rate ratios %v",
+			a.name, medianOf(lat), medianOf(latR), medianOf(rate), medianOf(rateR), fmtRatios(rateR))
+		b.ReportMetric(medianOf(rateR), a.name+"-rate÷open")
+	}
+}
+
+func fmtRatios(xs []float64) string {
+	var s []string
+	for _, x := range xs {
+		s = append(s, fmt.Sprintf("%.2f", x))
+	}
+	return strings.Join(s, " ")
+}
+
+func envInt(name string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
+		return v
+	}
+	return def
 }
