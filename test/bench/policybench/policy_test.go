@@ -186,7 +186,7 @@ func TestPolicyBench(t *testing.T) {
 	revokes := envInt("PODNET_BENCH_POLICY_REVOKES", 10)
 	conns := envInt("PODNET_BENCH_POLICY_CONNS", 300)
 	iperfS := envInt("PODNET_BENCH_POLICY_IPERF_SECONDS", 5)
-	reps := envInt("PODNET_BENCH_POLICY_REPS", 2)
+	reps := envInt("PODNET_BENCH_POLICY_REPS", 3)
 	var counts []int
 	for _, f := range strings.Split(cmp.Or(os.Getenv("PODNET_BENCH_POLICY_COUNTS"), "100,1000"), ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(f))
