@@ -38,8 +38,10 @@ type policyData struct {
 		Rep        int       `json:"rep"`
 		ConnectMs  []float64 `json:"connect_ms"`
 		ConnPerSec float64   `json:"conn_per_s"`
+		CPUPerConn float64   `json:"cpu_per_conn_us"`
 		Gbps       float64   `json:"gbps"`
 		Load1      float64   `json:"load1"`
+		TimeWait   int       `json:"time_wait"`
 	} `json:"phases"`
 	Restarts []struct {
 		Policies      int     `json:"policies"`
@@ -214,18 +216,18 @@ func (r *report) policySection(d *policyData, err error) {
 
 	// 0 vs n policies
 	r.f("**0 vs %s policies** (the %d pods there in both; with the policies srv is isolated for ingress and cli for egress, and cli → srv is allowed by web-allow-cli and cli-egress-web after the walks above). Each run measures 300 sequential fresh connections (connect and one echoed line), 3 s of 4 workers making them, and 5 s of one iperf3 TCP stream cli → srv; the run without policies and the one with them are back to back, so their ratio cancels most of the machine's drift; one line per run:\n\n", strings.Join(counts, " and "), d.PodsTotal)
-	r.f("| policies | run | load | fresh connection p50 / p99 (ms) | connections/s (4 workers) | iperf3 Gbit/s |\n|---:|---:|---:|---|---:|---:|\n")
+	r.f("| policies | run | load | cli's TIME_WAIT sockets at the start | fresh connection p50 / p99 (ms) | connections/s (4 workers) | CPU per connection (µs) | iperf3 Gbit/s |\n|---:|---:|---:|---:|---|---:|---:|---:|\n")
 	type key struct{ n, rep int }
 	byKey := map[key]int{}
 	for i, p := range d.Phases {
-		r.f("| %d | %d | %.1f | %s / %s | %.0f | %.2f |\n", p.Policies, p.Rep, p.Load1, fmtMs(median(p.ConnectMs)), fmtMs(pct(p.ConnectMs, 99)), p.ConnPerSec, p.Gbps)
+		r.f("| %d | %d | %.1f | %d | %s / %s | %.0f | %s | %.2f |\n", p.Policies, p.Rep, p.Load1, p.TimeWait, fmtMs(median(p.ConnectMs)), fmtMs(pct(p.ConnectMs, 99)), p.ConnPerSec, cpuCell(p.CPUPerConn), p.Gbps)
 		byKey[key{p.Policies, p.Rep}] = i
 	}
 	r.f("\n")
 	// the run without policies right before each run with them
 	for _, sc := range d.Scales {
 		n := sc.Policies
-		var c99, c50, rr, gr []float64
+		var c99, c50, rr, gr, cr []float64
 		var conn0, connN []float64
 		for i, p := range d.Phases {
 			if p.Policies != n || i == 0 || d.Phases[i-1].Policies != 0 {
@@ -236,6 +238,9 @@ func (r *report) policySection(d *policyData, err error) {
 			c50 = append(c50, median(p.ConnectMs)/median(z.ConnectMs))
 			rr = append(rr, p.ConnPerSec/z.ConnPerSec)
 			gr = append(gr, p.Gbps/z.Gbps)
+			if p.CPUPerConn > 0 && z.CPUPerConn > 0 {
+				cr = append(cr, z.CPUPerConn/p.CPUPerConn)
+			}
 			conn0, connN = append(conn0, z.ConnectMs...), append(connN, p.ConnectMs...)
 		}
 		if len(rr) == 0 {
@@ -243,12 +248,22 @@ func (r *report) policySection(d *policyData, err error) {
 		}
 		r.f("With %d ÷ without, median of the %d pairs (each pair's ratios in brackets): fresh connection p99 %.2f× (%s), p50 %.2f× (%s); connection rate %.2f× (%s); throughput %.2f× (%s). Pooled samples: p99 %s vs %s ms.\n\n",
 			n, len(rr), median(c99), fmtRatios(c99), median(c50), fmtRatios(c50), median(rr), fmtRatios(rr), median(gr), fmtRatios(gr), fmtMs(pct(connN, 99)), fmtMs(pct(conn0, 99)))
+		if len(cr) > 0 {
+			r.f("CPU per connection, without ÷ with (the connection rate CPU time allows, as a fraction of the one without policies): %.2f× (%s).\n\n", median(cr), fmtRatios(cr))
+		}
 		m99, mr, mg := median(c99), median(rr), median(gr)
 		r.targets = append(r.targets,
 			target{fmt.Sprintf("fresh-connection latency p99 with %d policies over %d pods ≤ 1.10× without (median of %d pairs)", n, d.PodsTotal, len(c99)), fmt.Sprintf("%.2f×", m99), met(m99 <= 1.10), gapRatio(m99, 1.10)},
 			target{fmt.Sprintf("pod↔pod connection rate with %d policies ≥ 95 %% of without (median of %d pairs)", n, len(rr)), fmt.Sprintf("%.0f %%", mr*100), met(mr >= 0.95), gapPct(mr, 0.95)},
 			target{fmt.Sprintf("pod↔pod throughput with %d policies ≥ 95 %% of without (median of %d pairs)", n, len(gr)), fmt.Sprintf("%.0f %%", mg*100), met(mg >= 0.95), gapPct(mg, 0.95)})
 	}
+}
+
+func cpuCell(us float64) string {
+	if us <= 0 {
+		return "—"
+	}
+	return fmt.Sprintf("%.0f", us)
 }
 
 func fmtRatios(xs []float64) string {

@@ -49,6 +49,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -79,8 +80,18 @@ type phase struct {
 	// echoed line, sequential
 	ConnectMs  []float64 `json:"connect_ms"`
 	ConnPerSec float64   `json:"conn_per_s"` // 4 workers, new connection + echo each
-	Gbps       float64   `json:"gbps"`       // iperf3 cli -> srv, one TCP stream
-	Load1      float64   `json:"load1"`
+	// CPUPerConnUs: this process's CPU time (user + system, getrusage)
+	// during those 4 workers' connections, per connection: the client's
+	// and the server's syscalls and the forwarding of both nodes, which
+	// the kernel runs in the softirq of the sending task, mostly this one
+	// (podnet-routed and the API server are other processes). Unlike the
+	// rate it does not count the time spent waiting for a CPU, which
+	// the machine's other tenants decide.
+	CPUPerConnUs float64 `json:"cpu_per_conn_us"`
+	Gbps         float64 `json:"gbps"` // iperf3 cli -> srv, one TCP stream
+	Load1        float64 `json:"load1"`
+	// TimeWait: cli's sockets in TIME_WAIT when the phase started
+	TimeWait int `json:"time_wait"`
 }
 
 type restart struct {
@@ -244,6 +255,13 @@ func TestPolicyBench(t *testing.T) {
 	probeSrv := addPod(n1, "probe-srv", map[string]string{"app": "probe"})
 	cli := addPod(n2, "cli", map[string]string{"role": "cli"})
 	probeCli := addPod(n2, "probe-cli", map[string]string{"role": "probe-cli"})
+	// cli makes some 10,000 connections a phase and closes first: its
+	// TIME_WAIT sockets (60 s) pile up over the phases, and connect()'s
+	// search for a free port slows down with them (p50 0.4 -> 4 ms by the
+	// third phase, so that the phase after another was slower whatever
+	// its policies). Reusing TIME_WAIT ports for new connections (TCP
+	// timestamps keep them apart) keeps every phase like the first.
+	must(cli.NS.Do(func() error { return nettest.WriteSysctl("net/ipv4/tcp_tw_reuse", "1") }))
 	must(srv.ServeEcho(srvPort))
 	must(probeSrv.ServeEcho(srvPort))
 	nettest.StartProcT(t, srv.NS.NetNS, filepath.Join(t.TempDir(), "iperf3.log"), "iperf3", "-s", "-B", srv.IP.String(), "-p", strconv.Itoa(iperfPort))
@@ -293,14 +311,18 @@ func TestPolicyBench(t *testing.T) {
 				if withPol {
 					createAll()
 				}
-				ph := phase{Policies: 0, Rep: rep, Load1: load1()}
+				ph := phase{Policies: 0, Rep: rep, Load1: load1(), TimeWait: timeWait(t, cli.NS)}
 				if withPol {
 					ph.Policies = len(pols)
 				}
 				ph.ConnectMs = connectLatencies(t, cli.NS, srvAddr, conns)
+				cpu0 := cpuTime()
 				ph.ConnPerSec = connRate(cli.NS, srvAddr, 3*time.Second, 4)
+				if ph.ConnPerSec > 0 {
+					ph.CPUPerConnUs = (cpuTime() - cpu0).Seconds() * 1e6 / (ph.ConnPerSec * 3)
+				}
 				ph.Gbps = iperf(t, cli.NS.NetNS, srv.IP.String(), iperfPort, iperfS)
-				t.Logf("%d policies, rep %d: connect p50 %.2f ms p99 %.2f ms, %.0f conn/s, %.2f Gbit/s (load %.1f)", ph.Policies, rep, pct(ph.ConnectMs, 50), pct(ph.ConnectMs, 99), ph.ConnPerSec, ph.Gbps, ph.Load1)
+				t.Logf("%d policies, rep %d: connect p50 %.2f ms p99 %.2f ms, %.0f conn/s (%.0f µs CPU each), %.2f Gbit/s (load %.1f)", ph.Policies, rep, pct(ph.ConnectMs, 50), pct(ph.ConnectMs, 99), ph.ConnPerSec, ph.CPUPerConnUs, ph.Gbps, ph.Load1)
 				res.Phases = append(res.Phases, ph)
 				if withPol && rep < reps {
 					deleteAll()
@@ -960,6 +982,38 @@ func applyStats(n *cluster.Node) [2]float64 {
 	s, _ := cluster.Metric(body, "podnet_policy_apply_seconds_sum")
 	c, _ := cluster.Metric(body, "podnet_policy_apply_seconds_count")
 	return [2]float64{s, c}
+}
+
+// timeWait is the TCP sockets in TIME_WAIT in netns (/proc/net/sockstat).
+func timeWait(t *testing.T, n *cluster.NetNS) int {
+	var tw int
+	_ = n.Do(func() error {
+		data, err := os.ReadFile("/proc/net/sockstat")
+		if err != nil {
+			return err
+		}
+		for _, l := range strings.Split(string(data), "\n") {
+			if rest, ok := strings.CutPrefix(l, "TCP: "); ok {
+				f := strings.Fields(rest)
+				for i := 0; i+1 < len(f); i += 2 {
+					if f[i] == "tw" {
+						tw, _ = strconv.Atoi(f[i+1])
+					}
+				}
+			}
+		}
+		return nil
+	})
+	return tw
+}
+
+// cpuTime is this process's CPU time so far (user + system).
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // loadavg is the 1, 5 and 15 minute load averages.
