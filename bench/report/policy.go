@@ -34,14 +34,16 @@ type policyData struct {
 	} `json:"flips"`
 	RevocationMs []float64 `json:"revocation_ms"`
 	Phases       []struct {
-		Policies   int       `json:"policies"`
-		Rep        int       `json:"rep"`
-		ConnectMs  []float64 `json:"connect_ms"`
-		ConnPerSec float64   `json:"conn_per_s"`
-		CPUPerConn float64   `json:"cpu_per_conn_us"`
-		Gbps       float64   `json:"gbps"`
-		Load1      float64   `json:"load1"`
-		TimeWait   int       `json:"time_wait"`
+		Policies   int        `json:"policies"`
+		Rep        int        `json:"rep"`
+		ConnectMs  []float64  `json:"connect_ms"`
+		ConnPerSec float64    `json:"conn_per_s"`
+		CPUPerConn float64    `json:"cpu_per_conn_us"`
+		Gbps       float64    `json:"gbps"`
+		Load1      float64    `json:"load1"`
+		TimeWait   int        `json:"time_wait"`
+		RoutedCPU  [2]float64 `json:"routed_cpu_ms"`
+		Seconds    float64    `json:"seconds"`
 	} `json:"phases"`
 	Restarts []struct {
 		Policies      int     `json:"policies"`
@@ -216,11 +218,15 @@ func (r *report) policySection(d *policyData, err error) {
 
 	// 0 vs n policies
 	r.f("**0 vs %s policies** (the %d pods there in both; with the policies srv is isolated for ingress and cli for egress, and cli → srv is allowed by web-allow-cli and cli-egress-web after the walks above). Each run measures 300 sequential fresh connections (connect and one echoed line), 3 s of 4 workers making them, and 5 s of one iperf3 TCP stream cli → srv; the run without policies and the one with them are back to back, so their ratio cancels most of the machine's drift; one line per run:\n\n", strings.Join(counts, " and "), d.PodsTotal)
-	r.f("| policies | run | load | cli's TIME_WAIT sockets at the start | fresh connection p50 / p99 (ms) | connections/s (4 workers) | CPU per connection (µs) | iperf3 Gbit/s |\n|---:|---:|---:|---:|---|---:|---:|---:|\n")
+	r.f("| policies | run | load | cli's TIME_WAIT sockets at the start | fresh connection p50 / p99 (ms) | connections/s (4 workers) | CPU per connection (µs) | iperf3 Gbit/s | podnet-routed CPU, node 1 / node 2 (%% of a CPU) |\n|---:|---:|---:|---:|---|---:|---:|---:|---|\n")
 	type key struct{ n, rep int }
 	byKey := map[key]int{}
 	for i, p := range d.Phases {
-		r.f("| %d | %d | %.1f | %d | %s / %s | %.0f | %s | %.2f |\n", p.Policies, p.Rep, p.Load1, p.TimeWait, fmtMs(median(p.ConnectMs)), fmtMs(pct(p.ConnectMs, 99)), p.ConnPerSec, cpuCell(p.CPUPerConn), p.Gbps)
+		routed := "—"
+		if p.Seconds > 0 {
+			routed = fmt.Sprintf("%.1f / %.1f", p.RoutedCPU[0]/p.Seconds/10, p.RoutedCPU[1]/p.Seconds/10)
+		}
+		r.f("| %d | %d | %.1f | %d | %s / %s | %.0f | %s | %.2f | %s |\n", p.Policies, p.Rep, p.Load1, p.TimeWait, fmtMs(median(p.ConnectMs)), fmtMs(pct(p.ConnectMs, 99)), p.ConnPerSec, cpuCell(p.CPUPerConn), p.Gbps, routed)
 		byKey[key{p.Policies, p.Rep}] = i
 	}
 	r.f("\n")

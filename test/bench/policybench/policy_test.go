@@ -92,6 +92,11 @@ type phase struct {
 	Load1        float64 `json:"load1"`
 	// TimeWait: cli's sockets in TIME_WAIT when the phase started
 	TimeWait int `json:"time_wait"`
+	// RoutedCPUMs: node 1's and node 2's podnet-routed CPU time during the
+	// phase's measurements (its engine's resync read-back every 30 s
+	// among them)
+	RoutedCPUMs [2]float64 `json:"routed_cpu_ms"`
+	Seconds     float64    `json:"seconds"` // the measurements' wall time
 }
 
 type restart struct {
@@ -315,6 +320,7 @@ func TestPolicyBench(t *testing.T) {
 				if withPol {
 					ph.Policies = len(pols)
 				}
+				phStart, r1, r2 := time.Now(), procCPU(n1), procCPU(n2)
 				ph.ConnectMs = connectLatencies(t, cli.NS, srvAddr, conns)
 				cpu0 := cpuTime()
 				ph.ConnPerSec = connRate(cli.NS, srvAddr, 3*time.Second, 4)
@@ -322,6 +328,8 @@ func TestPolicyBench(t *testing.T) {
 					ph.CPUPerConnUs = (cpuTime() - cpu0).Seconds() * 1e6 / (ph.ConnPerSec * 3)
 				}
 				ph.Gbps = iperf(t, cli.NS.NetNS, srv.IP.String(), iperfPort, iperfS)
+				ph.Seconds = time.Since(phStart).Seconds()
+				ph.RoutedCPUMs = [2]float64{(procCPU(n1) - r1).Seconds() * 1000, (procCPU(n2) - r2).Seconds() * 1000}
 				t.Logf("%d policies, rep %d: connect p50 %.2f ms p99 %.2f ms, %.0f conn/s (%.0f µs CPU each), %.2f Gbit/s (load %.1f)", ph.Policies, rep, pct(ph.ConnectMs, 50), pct(ph.ConnectMs, 99), ph.ConnPerSec, ph.CPUPerConnUs, ph.Gbps, ph.Load1)
 				res.Phases = append(res.Phases, ph)
 				if withPol && rep < reps {
@@ -1005,6 +1013,28 @@ func timeWait(t *testing.T, n *cluster.NetNS) int {
 		return nil
 	})
 	return tw
+}
+
+// procCPU is n's podnet-routed CPU time so far (/proc/<pid>/stat).
+func procCPU(n *cluster.Node) time.Duration {
+	p := n.Routed()
+	if p == nil || p.Cmd == nil || p.Cmd.Process == nil {
+		return 0
+	}
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.Cmd.Process.Pid))
+	if err != nil {
+		return 0
+	}
+	// after the command name in parentheses: field 3 on; utime and stime
+	// are fields 14 and 15, in clock ticks (100 a second)
+	rest := string(data[strings.LastIndexByte(string(data), ')')+2:])
+	f := strings.Fields(rest)
+	if len(f) < 13 {
+		return 0
+	}
+	ut, _ := strconv.ParseInt(f[11], 10, 64)
+	st, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(ut+st) * 10 * time.Millisecond
 }
 
 // cpuTime is this process's CPU time so far (user + system).
