@@ -992,11 +992,12 @@ func applyStats(n *cluster.Node) [2]float64 {
 	return [2]float64{s, c}
 }
 
-// timeWait is the TCP sockets in TIME_WAIT in netns (/proc/net/sockstat).
+// timeWait is the TCP sockets in TIME_WAIT in netns (sockstat of the
+// thread in it: /proc/net is the main thread's netns).
 func timeWait(t *testing.T, n *cluster.NetNS) int {
 	var tw int
 	_ = n.Do(func() error {
-		data, err := os.ReadFile("/proc/net/sockstat")
+		data, err := os.ReadFile("/proc/thread-self/net/sockstat")
 		if err != nil {
 			return err
 		}
