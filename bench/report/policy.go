@@ -263,7 +263,15 @@ func (r *report) policySection(d *policyData, err error) {
 			target{fmt.Sprintf("pod↔pod connection rate with %d policies ≥ 95 %% of without (median of %d pairs)", n, len(rr)), fmt.Sprintf("%.0f %%", mr*100), met(mr >= 0.95), gapPct(mr, 0.95)},
 			target{fmt.Sprintf("pod↔pod throughput with %d policies ≥ 95 %% of without (median of %d pairs)", n, len(gr)), fmt.Sprintf("%.0f %%", mg*100), met(mg >= 0.95), gapPct(mg, 0.95)})
 	}
+	r.f("%s\n\n", policyNoise)
 }
+
+// policyNoise is what issue 24's investigation of the connection rate
+// found (test/policynft BenchmarkConnectArms and the stage's own runs).
+const policyNoise = `Why these ratios move so much, and what the policies really cost a connection (issue 24): only a connection's first packet meets the policies (every later packet of both directions is accepted by the first rule of each base chain, ` + "`ct state established,related accept`" + `, which the table has with and without policies), so throughput cannot depend on them, and the connection rate only through the SYN's walk. ` +
+	`The 0.77× rate at 100 policies of an earlier run was the order of the pair: cli closes first, its TIME_WAIT sockets (60 s) piled up to some 16,000 over the phases, and connect()'s search for a free port slowed with them (connect p50 0.44 → 4 ms by the third phase, with the machine's load at 1.6 as well as at 13), so the second run of each pair, the one with policies, was the slower one; the stage now lets cli reuse TIME_WAIT ports (` + "`tcp_tw_reuse=1`" + ` in its netns), after which both runs of a pair made 2,200-3,300 connections/s. ` +
+	`Measured in isolation (BenchmarkConnectArms: one node netns, two veth pods, 1,000 other pods and policies in the table, 12 rounds of 500 connections per arm, the arms' order rotating, CPU time per connection from getrusage; client, server and forwarding all in that process), per connection about 350 µs of CPU: the pod isolated and its first packet through its pod chain and one policy chain 1.10× the pod not isolated (single rounds 0.84-1.32), walking 10 policy chains 0.97×, walking 100 1.12×, the mid-stream TCP rules deleted 1.05×, no table at all (no conntrack either) 0.93×. The spread of single rounds (±20-30 %) is the machine; the policies' share is below it: from the 100-chain walk, about 0.2 µs per policy chain walked, so the 12 + 5 chains the first packet walks here at 1,000 policies cost some 4 µs, about 1 % of a connection. ` +
+	`What can cost the rate at 1,000 policies is podnet-routed's own CPU (the column above): its resync reads the table back every 30 s, one netlink dump per set, and took up to a fifth of a CPU during a 10 s run when it fell inside one.`
 
 func cpuCell(us float64) string {
 	if us <= 0 {
