@@ -32,20 +32,9 @@ type policyData struct {
 		Ms       float64 `json:"ms"`
 		Attempts int     `json:"attempts"`
 	} `json:"flips"`
-	RevocationMs []float64 `json:"revocation_ms"`
-	Phases       []struct {
-		Policies   int        `json:"policies"`
-		Rep        int        `json:"rep"`
-		ConnectMs  []float64  `json:"connect_ms"`
-		ConnPerSec float64    `json:"conn_per_s"`
-		CPUPerConn float64    `json:"cpu_per_conn_us"`
-		Gbps       float64    `json:"gbps"`
-		Load1      float64    `json:"load1"`
-		TimeWait   int        `json:"time_wait"`
-		RoutedCPU  [2]float64 `json:"routed_cpu_ms"`
-		Seconds    float64    `json:"seconds"`
-	} `json:"phases"`
-	Restarts []struct {
+	RevocationMs []float64     `json:"revocation_ms"`
+	Phases       []policyPhase `json:"phases"`
+	Restarts     []struct {
 		Policies      int     `json:"policies"`
 		StartToWriteS float64 `json:"start_to_write_s"`
 		ApplyS        float64 `json:"apply_s"`
@@ -56,6 +45,20 @@ type policyData struct {
 	Repairs                float64       `json:"repairs"`
 	LoadAfter              string        `json:"load_after"`
 	Scales                 []policyScale `json:"scales"`
+}
+
+// policyPhase is one run of the 0 vs n policies comparison.
+type policyPhase struct {
+	Policies   int        `json:"policies"`
+	Rep        int        `json:"rep"`
+	ConnectMs  []float64  `json:"connect_ms"`
+	ConnPerSec float64    `json:"conn_per_s"`
+	CPUPerConn float64    `json:"cpu_per_conn_us"`
+	Gbps       float64    `json:"gbps"`
+	Load1      float64    `json:"load1"`
+	TimeWait   int        `json:"time_wait"`
+	RoutedCPU  [2]float64 `json:"routed_cpu_ms"`
+	Seconds    float64    `json:"seconds"`
 }
 
 // policyScale is what one count of policies built on node 1.
@@ -217,7 +220,7 @@ func (r *report) policySection(d *policyData, err error) {
 		fmt.Sprintf("%s ms (max of %d)", fmtMs(maxOf(rev)), len(d.RevocationMs)), met(worst <= 1), gapSecs(worst, 1)})
 
 	// 0 vs n policies
-	r.f("**0 vs %s policies** (the %d pods there in both; with the policies srv is isolated for ingress and cli for egress, and cli → srv is allowed by web-allow-cli and cli-egress-web after the walks above). Each run measures 300 sequential fresh connections (connect and one echoed line), 3 s of 4 workers making them, and 5 s of one iperf3 TCP stream cli → srv; the run without policies and the one with them are back to back, so their ratio cancels most of the machine's drift; one line per run:\n\n", strings.Join(counts, " and "), d.PodsTotal)
+	r.f("**0 vs %s policies** (the %d pods there in both; with the policies srv is isolated for ingress and cli for egress, and cli → srv is allowed by web-allow-cli and cli-egress-web after the walks above). Each run measures 300 sequential fresh connections (connect and one echoed line), 3 s of 4 workers making them, and 5 s of one iperf3 TCP stream cli → srv; the run without policies and the one with them are back to back, in alternating order, so their ratio cancels most of the machine's drift (before the first pair, 3 s of connections bring cli's TIME_WAIT sockets to their steady state); one line per run:\n\n", strings.Join(counts, " and "), d.PodsTotal)
 	r.f("| policies | run | load | cli's TIME_WAIT sockets at the start | fresh connection p50 / p99 (ms) | connections/s (4 workers) | CPU per connection (µs) | iperf3 Gbit/s | podnet-routed CPU, node 1 / node 2 (%% of a CPU) |\n|---:|---:|---:|---:|---|---:|---:|---:|---|\n")
 	type key struct{ n, rep int }
 	byKey := map[key]int{}
@@ -236,10 +239,21 @@ func (r *report) policySection(d *policyData, err error) {
 		var c99, c50, rr, gr, cr []float64
 		var conn0, connN []float64
 		for i, p := range d.Phases {
-			if p.Policies != n || i == 0 || d.Phases[i-1].Policies != 0 {
+			if p.Policies != n {
 				continue
 			}
-			z := d.Phases[i-1]
+			// its pair: the run without policies of the same repetition
+			// right before or after it
+			var z *policyPhase
+			for _, j := range []int{i - 1, i + 1} {
+				if j >= 0 && j < len(d.Phases) && d.Phases[j].Policies == 0 && d.Phases[j].Rep == p.Rep {
+					z = &d.Phases[j]
+					break
+				}
+			}
+			if z == nil {
+				continue
+			}
 			c99 = append(c99, pct(p.ConnectMs, 99)/pct(z.ConnectMs, 99))
 			c50 = append(c50, median(p.ConnectMs)/median(z.ConnectMs))
 			rr = append(rr, p.ConnPerSec/z.ConnPerSec)

@@ -202,7 +202,7 @@ func TestPolicyBench(t *testing.T) {
 	revokes := envInt("PODNET_BENCH_POLICY_REVOKES", 10)
 	conns := envInt("PODNET_BENCH_POLICY_CONNS", 300)
 	iperfS := envInt("PODNET_BENCH_POLICY_IPERF_SECONDS", 5)
-	reps := envInt("PODNET_BENCH_POLICY_REPS", 3)
+	reps := envInt("PODNET_BENCH_POLICY_REPS", 4)
 	var counts []int
 	for _, f := range strings.Split(cmp.Or(os.Getenv("PODNET_BENCH_POLICY_COUNTS"), "100,1000"), ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(f))
@@ -311,10 +311,23 @@ func TestPolicyBench(t *testing.T) {
 			deleteAll()
 		}
 		// 0 vs count policies, alternating.
+		// cli's TIME_WAIT sockets at their steady state before the first
+		// measured run (the first run of a series otherwise had none)
+		connRate(cli.NS, srvAddr, 3*time.Second, 4)
+		// 0 vs count policies in pairs, the order alternating (0 first in
+		// odd pairs), so that a drift of the machine's load does not
+		// always favour the same side
 		for rep := 1; rep <= reps; rep++ {
-			for _, withPol := range []bool{false, true} {
-				if withPol {
+			order := []bool{false, true}
+			if rep%2 == 0 {
+				order = []bool{true, false}
+			}
+			for _, withPol := range order {
+				if withPol && len(inPlace) == 0 {
 					createAll()
+				}
+				if !withPol && len(inPlace) > 0 {
+					deleteAll()
 				}
 				ph := phase{Policies: 0, Rep: rep, Load1: load1(), TimeWait: timeWait(t, cli.NS)}
 				if withPol {
@@ -332,10 +345,10 @@ func TestPolicyBench(t *testing.T) {
 				ph.RoutedCPUMs = [2]float64{(procCPU(n1) - r1).Seconds() * 1000, (procCPU(n2) - r2).Seconds() * 1000}
 				t.Logf("%d policies, rep %d: connect p50 %.2f ms p99 %.2f ms, %.0f conn/s (%.0f µs CPU each), %.2f Gbit/s (load %.1f)", ph.Policies, rep, pct(ph.ConnectMs, 50), pct(ph.ConnectMs, 99), ph.ConnPerSec, ph.CPUPerConnUs, ph.Gbps, ph.Load1)
 				res.Phases = append(res.Phases, ph)
-				if withPol && rep < reps {
-					deleteAll()
-				}
 			}
+		}
+		if len(inPlace) == 0 {
+			createAll()
 		}
 		// the policies are in place from here on
 		if body, err := n1.MetricsText(); err == nil {
