@@ -21,10 +21,12 @@
 #             22): pass time, store lock holds        -> bench/results/reconcile.json
 #   policy    test/bench/policybench TestPolicyBench: NetworkPolicy (issue
 #             24) on a two-node cluster with 1,000 pods (4 real netns, 996
-#             Pod objects) and 100 policies: enforcement latency of policy
-#             and pod changes, revocation, fresh connections, connection
-#             rate and throughput with 0 vs 100 policies, the full write
-#             after a restart (about 4 min)           -> bench/results/policy.json
+#             Pod objects), 100 then 1,000 policies: at each count fresh
+#             connections, connection rate and throughput with 0 vs that
+#             many policies (back-to-back pairs), the table's size,
+#             enforcement latency of policy and pod changes, the
+#             incremental and the full write (restart); revocation at 100
+#             (about 12 min)                          -> bench/results/policy.json
 #   ipam      scripts/bench-ipam.sh: podnet-ipam vs host-local alone
 #                                                     -> bench/results/ipam.md
 #   report    bench/report (its own module, gonum.org/v1/plot)
@@ -41,7 +43,8 @@
 # BENCH_OCCUPANCY (1000, 0 skips), BENCH_ROUTED_SCALES (100,1000,5000),
 # BENCH_ROUTED_SAMPLES (100), BENCH_IPERF_SECONDS (10), BENCH_IPERF_REPS (5),
 # BENCH_RECONCILE_N (250), BENCH_RECONCILE_REPS (5),
-# BENCH_POLICY_ROUNDS (10: 4 flips each), BENCH_POLICY_REVOKES (10),
+# BENCH_POLICY_ROUNDS (10: 4 flips each, at each count), BENCH_POLICY_REVOKES (10),
+# BENCH_POLICY_COUNTS (100,1000), BENCH_POLICY_REPS (4: pairs of 0 vs n policies, alternating),
 # BENCH_STAGES (routed,datapath,cni,reconcile,policy,ipam; `make bench
 # STAGES=policy` runs one stage: the report is rebuilt from every
 # results file there, and meta.json, which describes the last full run,
@@ -62,8 +65,8 @@ if [ "${BENCH_QUICK:-0}" = 1 ]; then
 	: "${BENCH_DIR:=${TMPDIR:-/tmp}/podnet-bench-quick}"
 	: "${BENCH_PODS:=30}" "${BENCH_REPS:=1}" "${BENCH_OCCUPANCY:=100}" "${BENCH_ROUTED_SCALES:=20,100}"
 	: "${BENCH_ROUTED_SAMPLES:=10}" "${BENCH_IPERF_SECONDS:=1}" "${BENCH_IPERF_REPS:=1}" "${BENCH_RECONCILE_REPS:=2}"
-	: "${BENCH_POLICY_ROUNDS:=2}" "${BENCH_POLICY_REVOKES:=2}"
-	export PODNET_BENCH_POLICY_CONNS=${PODNET_BENCH_POLICY_CONNS:-50} PODNET_BENCH_POLICY_IPERF_SECONDS=${PODNET_BENCH_POLICY_IPERF_SECONDS:-1} PODNET_BENCH_POLICY_REPS=${PODNET_BENCH_POLICY_REPS:-1}
+	: "${BENCH_POLICY_ROUNDS:=2}" "${BENCH_POLICY_REVOKES:=2}" "${BENCH_POLICY_COUNTS:=100}"
+	export PODNET_BENCH_POLICY_CONNS=${PODNET_BENCH_POLICY_CONNS:-50} PODNET_BENCH_POLICY_IPERF_SECONDS=${PODNET_BENCH_POLICY_IPERF_SECONDS:-1} PODNET_BENCH_POLICY_REPS=${BENCH_POLICY_REPS:-1}
 	export BENCH_PAIRS=${BENCH_PAIRS:-20} BENCH_PAIRS_FULL=${BENCH_PAIRS_FULL:-0} BENCH_GO_TIME=${BENCH_GO_TIME:-200x} BENCH_GO_COUNT=${BENCH_GO_COUNT:-1}
 fi
 pods=${BENCH_PODS:-200}
@@ -129,6 +132,7 @@ export PODNET_BENCH_IPERF_SECONDS=${BENCH_IPERF_SECONDS:-10}
 export PODNET_BENCH_IPERF_REPS=${BENCH_IPERF_REPS:-5}
 export PODNET_BENCH_RECONCILE_N=${BENCH_RECONCILE_N:-250} PODNET_BENCH_RECONCILE_REPS=${BENCH_RECONCILE_REPS:-5}
 export PODNET_BENCH_POLICY_ROUNDS=${BENCH_POLICY_ROUNDS:-10} PODNET_BENCH_POLICY_REVOKES=${BENCH_POLICY_REVOKES:-10}
+export PODNET_BENCH_POLICY_COUNTS=${BENCH_POLICY_COUNTS:-100,1000} PODNET_BENCH_POLICY_REPS=${BENCH_POLICY_REPS:-${PODNET_BENCH_POLICY_REPS:-4}}
 export PODNET_BENCH_COMMIT=$rev
 
 run_stage routed "$tmp/routedbench.test" -test.run '^TestRoutedScale$' -test.v -test.count=1 -test.timeout=30m

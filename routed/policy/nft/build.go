@@ -41,7 +41,9 @@ import (
 //	  chain pol-<ID> {                        per rule, per family:
 //	    meta nfproto ipv4 ip saddr|daddr @pol-<ID>-r<N>-peers4
 //	      ip daddr . meta l4proto . th dport @pol-<ID>-r<N>-ports4 accept
-//	    (AnyPeer: no peer lookup; AnyPort: no port lookup; both: one "accept")
+//	    (AnyPeer: no peer lookup; AnyPort: no port lookup; both: one "accept";
+//	    no rule and no sets for a family whose peers or ports set would be
+//	    empty: it could match nothing)
 //	  }
 //	}
 //
@@ -289,17 +291,32 @@ func build(rs policy.Ruleset, opt buildOptions) (*tableDef, error) {
 			peers := mergeRanges(r.Peers)
 			ports := normalizePorts(r.Ports)
 			for _, v6 := range []bool{false, true} {
+				// A family whose peers or ports set would be empty can
+				// match nothing: no rule and no sets for it (an IPv4-only
+				// cluster's policies get no IPv6 rules, which halves the
+				// sets to write and to read back).
+				var peerElems, portElems []nftables.SetElement
+				if !r.AnyPeer {
+					if peerElems = rangeElements(peers, v6); len(peerElems) == 0 {
+						continue
+					}
+				}
+				if !r.AnyPort {
+					if portElems = portElements(ports, v6); len(portElems) == 0 {
+						continue
+					}
+				}
 				rule := nfproto(v6)
 				if !r.AnyPeer {
 					name := ruleSetName(p.ID, i, "peers", v6)
-					def.sets = append(def.sets, setDef{name: name, kind: kindInterval, v6: v6, elems: rangeElements(peers, v6)})
+					def.sets = append(def.sets, setDef{name: name, kind: kindInterval, v6: v6, elems: peerElems})
 					rule = append(rule,
 						loadAddr(v6, p.Direction == policy.Ingress, unix.NFT_REG_1),
 						&expr.Lookup{SourceRegister: unix.NFT_REG_1, SetName: name})
 				}
 				if !r.AnyPort {
 					name := ruleSetName(p.ID, i, "ports", v6)
-					def.sets = append(def.sets, setDef{name: name, kind: kindPorts, v6: v6, elems: portElements(ports, v6)})
+					def.sets = append(def.sets, setDef{name: name, kind: kindPorts, v6: v6, elems: portElems})
 					rule = append(rule, loadPortKey(v6)...)
 					rule = append(rule, &expr.Lookup{SourceRegister: unix.NFT_REG_1, SetName: name})
 				}

@@ -74,3 +74,56 @@ func TestMergeRanges(t *testing.T) {
 		t.Errorf("rangeElements = %v: want 5, the last range open", e)
 	}
 }
+
+// TestEmptyFamilyNoRule: a rule gets a rule and sets only for the
+// families in which its peers and ports sets would hold something; an
+// IPv4-only rule writes no IPv6 rule or set, and a rule whose ports are
+// of one family and peers of the other writes none at all.
+func TestEmptyFamilyNoRule(t *testing.T) {
+	v4, v6 := addr4(7), netip.MustParseAddr("fd00::7")
+	anyV6 := policy.Range{From: netip.IPv6Unspecified(), To: netip.MustParseAddr("ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff")}
+	tcp80 := func(a policy.Range) policy.PortRange {
+		return policy.PortRange{Addrs: a, Proto: policy.ProtoTCP, PortFrom: 80, PortTo: 80}
+	}
+	rs := policy.Ruleset{
+		Known: []netip.Addr{v4},
+		Pods:  []policy.PodChains{{ID: "p", Addrs: []netip.Addr{v4}, IngressIsolated: true, Ingress: []string{"a", "b", "c", "d"}}},
+		Policies: []policy.PolicyChain{
+			// peers and ports IPv4 only: one rule, two sets
+			{ID: "a", Direction: policy.Ingress, Rules: []policy.Rule{{Peers: []policy.Range{{From: addr4(1), To: addr4(9)}}, Ports: []policy.PortRange{tcp80(policy.Range{From: v4, To: v4})}}}},
+			// IPv4 ports, IPv6 peers: no family can match
+			{ID: "b", Direction: policy.Ingress, Rules: []policy.Rule{{Peers: []policy.Range{{From: v6, To: v6}}, Ports: []policy.PortRange{tcp80(policy.Range{From: v4, To: v4})}}}},
+			// any peer, ports of both families: two rules, two sets
+			{ID: "c", Direction: policy.Ingress, Rules: []policy.Rule{{AnyPeer: true, Ports: []policy.PortRange{tcp80(policy.Range{From: v4, To: v4}), tcp80(anyV6)}}}},
+			// peers of both families, any port: two rules
+			{ID: "d", Direction: policy.Ingress, Rules: []policy.Rule{{Peers: []policy.Range{{From: addr4(1), To: addr4(1)}, {From: v6, To: v6}}, AnyPort: true}}},
+		},
+	}
+	def, err := build(rs, buildOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rules := map[string]int{}
+	for _, c := range def.chains {
+		rules[c.chain.Name] = len(c.rules)
+	}
+	sets := map[string]bool{}
+	for _, s := range def.sets {
+		sets[s.name] = true
+	}
+	for chain, want := range map[string]int{"pol-a": 1, "pol-b": 0, "pol-c": 2, "pol-d": 2} {
+		if rules[chain] != want {
+			t.Errorf("chain %s: %d rules, want %d", chain, rules[chain], want)
+		}
+	}
+	for name, want := range map[string]bool{
+		"pol-a-r0-peers4": true, "pol-a-r0-ports4": true, "pol-a-r0-peers6": false, "pol-a-r0-ports6": false,
+		"pol-b-r0-peers4": false, "pol-b-r0-peers6": false, "pol-b-r0-ports4": false, "pol-b-r0-ports6": false,
+		"pol-c-r0-ports4": true, "pol-c-r0-ports6": true,
+		"pol-d-r0-peers4": true, "pol-d-r0-peers6": true,
+	} {
+		if sets[name] != want {
+			t.Errorf("set %s written: %v, want %v", name, sets[name], want)
+		}
+	}
+}

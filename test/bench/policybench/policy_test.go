@@ -2,8 +2,9 @@
 
 // Package policybench is the NetworkPolicy stage of `make bench` (issue
 // 24), built only with the build tag bench: a two-node VXLAN test/cluster
-// with podnet-routed --network-policy=true on both nodes, 1,000 pods and
-// 100 NetworkPolicies in the API server.
+// with podnet-routed --network-policy=true on both nodes, 1,000 pods, and
+// 100 then 1,000 NetworkPolicies in the API server
+// (PODNET_BENCH_POLICY_COUNTS, "100,1000").
 //
 // What is real and what is not: the two node netns, their podnet-routed
 // (engine, nft table inet podnet-policy, conntrack) and kube-apiserver +
@@ -13,21 +14,28 @@
 // with status.podIPs set as a kubelet would: 200 bound to node 1 with
 // addresses in its PodCIDR (the engine compiles and writes them as local
 // pods: verdict map elements, pod chains), 796 bound to 20 nodes that do
-// not exist (peers in the policies' address sets). The 100 policies are in
-// 11 namespaces and select those pods with pod selectors, namespace
-// selectors, ipBlocks with excepts, named ports and egress rules.
+// not exist (peers in the policies' address sets). The policies (see
+// policies) are in 11 namespaces and select those pods with pod
+// selectors, namespace selectors, matchExpressions, ipBlocks with
+// excepts, named ports, port ranges and egress rules; n/100 of them
+// select srv besides the one allowing cli, and n/250 select cli for
+// egress besides the one allowing it to srv, so that the measured first
+// packets walk several policy chains on both nodes.
 //
-// Measured: enforcement latency (a policy created or deleted, a client
-// pod's label changed -> the first new connection of the probe flow with
-// the new verdict), revocation (an established stream's first line that
-// gets no echo after the allowing policy is deleted), fresh-connection
-// latency, connection rate and iperf3 throughput with 0 and 100 policies
-// (the 1,000 pods there in both), and the full write after a restart of
-// node 1's podnet-routed. It asserts nothing; the numbers go to
+// Measured at each count: fresh-connection latency, connection rate and
+// iperf3 throughput with 0 and that many policies (the 1,000 pods there in
+// both), the table's size, the chains the first packet walks,
+// enforcement latency (a policy created or deleted, a client pod's label
+// changed -> the first new connection of the probe flow with the new
+// verdict) and the incremental writes' time, and the full write after a
+// restart of node 1's podnet-routed; revocation (an established stream's
+// first line that gets no echo after the allowing policy is deleted) at
+// the first count. It asserts nothing; the numbers go to
 // $PODNET_BENCH_OUT/policy.json for bench/report.
 package policybench
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -41,6 +49,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -50,15 +59,17 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
+	"github.com/podnet/podnet/routed/policy"
 	"github.com/podnet/podnet/test/cluster"
 	"github.com/podnet/podnet/test/kapi"
 	"github.com/podnet/podnet/test/nettest"
 )
 
 type flip struct {
-	Kind     string  `json:"kind"` // policy-create, policy-delete, label-remove, label-add
-	To       string  `json:"to"`   // allowed or refused
-	Ms       float64 `json:"ms"`   // change requested -> first attempt of the final run with the new verdict; -1: not within the limit
+	Policies int     `json:"policies"` // policies in place (0 in results before the 1,000-policy runs: 100)
+	Kind     string  `json:"kind"`     // policy-create, policy-delete, label-remove, label-add
+	To       string  `json:"to"`       // allowed or refused
+	Ms       float64 `json:"ms"`       // change requested -> first attempt of the final run with the new verdict; -1: not within the limit
 	Attempts int     `json:"attempts"`
 }
 
@@ -69,11 +80,27 @@ type phase struct {
 	// echoed line, sequential
 	ConnectMs  []float64 `json:"connect_ms"`
 	ConnPerSec float64   `json:"conn_per_s"` // 4 workers, new connection + echo each
-	Gbps       float64   `json:"gbps"`       // iperf3 cli -> srv, one TCP stream
-	Load1      float64   `json:"load1"`
+	// CPUPerConnUs: this process's CPU time (user + system, getrusage)
+	// during those 4 workers' connections, per connection: the client's
+	// and the server's syscalls and the forwarding of both nodes, which
+	// the kernel runs in the softirq of the sending task, mostly this one
+	// (podnet-routed and the API server are other processes). Unlike the
+	// rate it does not count the time spent waiting for a CPU, which
+	// the machine's other tenants decide.
+	CPUPerConnUs float64 `json:"cpu_per_conn_us"`
+	Gbps         float64 `json:"gbps"` // iperf3 cli -> srv, one TCP stream
+	Load1        float64 `json:"load1"`
+	// TimeWait: cli's sockets in TIME_WAIT when the phase started
+	TimeWait int `json:"time_wait"`
+	// RoutedCPUMs: node 1's and node 2's podnet-routed CPU time during the
+	// phase's measurements (its engine's resync read-back every 30 s
+	// among them)
+	RoutedCPUMs [2]float64 `json:"routed_cpu_ms"`
+	Seconds     float64    `json:"seconds"` // the measurements' wall time
 }
 
 type restart struct {
+	Policies int `json:"policies"` // 0 in results before the 1,000-policy runs: 100
 	// StartToWriteS: podnet-routed started -> its first write of the
 	// table (informers synced, compiled, written whole) seen in /metrics
 	StartToWriteS float64 `json:"start_to_write_s"`
@@ -83,11 +110,38 @@ type restart struct {
 	ApplyCount float64 `json:"apply_count"`
 }
 
+// scale is what one count of policies built on node 1 (with every
+// policy of the count in place).
+type scale struct {
+	Policies     int     `json:"policies"`
+	SetupPolS    float64 `json:"setup_policies_s"` // the last create of them -> enforced
+	IsolatedPods float64 `json:"isolated_pods"`
+	PolicyChains float64 `json:"policy_chains"`
+	// `nft list table inet podnet-policy` on node 1: lines, bytes, sets
+	// and maps, chains
+	TableLines  int `json:"table_lines"`
+	TableBytes  int `json:"table_bytes"`
+	TableSets   int `json:"table_sets"`
+	TableChains int `json:"table_chains"`
+	// SrvWalk: the policy chains the first packet cli -> srv walks in
+	// srv's ingress chain on node 1 (the allowing one included), and how
+	// many that chain jumps to; CliWalk: the same in cli's egress chain
+	// on node 2
+	SrvWalk [2]int `json:"srv_walk"`
+	CliWalk [2]int `json:"cli_walk"`
+	// IncrementalApply: podnet_policy_apply_seconds on node 1 over the
+	// flips (diff writes): count and mean
+	IncrementalApplyCount  float64 `json:"incremental_apply_count"`
+	IncrementalApplyMeanMs float64 `json:"incremental_apply_mean_ms"`
+	Repairs                float64 `json:"repairs"`
+}
+
 type result struct {
 	Started      time.Time `json:"started"`
 	Seconds      float64   `json:"seconds"`
 	Commit       string    `json:"commit"`
 	LoadBefore   string    `json:"load_before"`
+	LoadAfter    string    `json:"load_after"`
 	Real         string    `json:"real"`
 	Encap        string    `json:"encap"`
 	PodsTotal    int       `json:"pods_total"`
@@ -113,6 +167,9 @@ type result struct {
 	// Repairs: podnet_repairs_total{object="policy-table"} on node 1 before
 	// its restarts (no one touched the table: should be 0)
 	Repairs float64 `json:"repairs"`
+	// Scales: one per count of policies (PODNET_BENCH_POLICY_COUNTS); the
+	// fields above are the first count's
+	Scales []scale `json:"scales"`
 }
 
 func envInt(name string, def int) int {
@@ -128,6 +185,7 @@ const (
 	fakeRemote  = 796
 	fakeNodes   = 20
 	fakeNSCount = 10
+	fakeApps    = 200 // app=a<i%200>: 5 pods each, all in one namespace
 	srvPort     = 80
 	iperfPort   = 5201
 )
@@ -144,10 +202,17 @@ func TestPolicyBench(t *testing.T) {
 	revokes := envInt("PODNET_BENCH_POLICY_REVOKES", 10)
 	conns := envInt("PODNET_BENCH_POLICY_CONNS", 300)
 	iperfS := envInt("PODNET_BENCH_POLICY_IPERF_SECONDS", 5)
-	reps := envInt("PODNET_BENCH_POLICY_REPS", 2)
-	loadBefore, _ := os.ReadFile("/proc/loadavg")
+	reps := envInt("PODNET_BENCH_POLICY_REPS", 4)
+	var counts []int
+	for _, f := range strings.Split(cmp.Or(os.Getenv("PODNET_BENCH_POLICY_COUNTS"), "100,1000"), ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 20 {
+			t.Fatalf("PODNET_BENCH_POLICY_COUNTS=%q: counts of at least 20, comma-separated", os.Getenv("PODNET_BENCH_POLICY_COUNTS"))
+		}
+		counts = append(counts, n)
+	}
 	res := result{Started: time.Now().UTC(), Encap: "vxlan", Commit: os.Getenv("PODNET_BENCH_COMMIT"),
-		LoadBefore: strings.Join(strings.Fields(string(loadBefore))[:3], " "),
+		LoadBefore: loadavg(),
 		Real: "2 node netns with podnet-routed --network-policy=true (engine, nft, conntrack) and a real kube-apiserver + etcd; 4 pod netns attached by the plugins " +
 			"(srv, probe-srv on node 1; cli, probe-cli on node 2: all measured traffic is theirs); 996 Pod objects without netns (200 on node 1 with addresses in its PodCIDR, 796 on 20 nodes that do not exist)"}
 	ctx := context.Background()
@@ -191,140 +256,204 @@ func TestPolicyBench(t *testing.T) {
 		must(err)
 		return p
 	}
-	srv := addPod(n1, "srv", map[string]string{"app": "srv"})
+	srv := addPod(n1, "srv", map[string]string{"app": "srv", "tier": "web"})
 	probeSrv := addPod(n1, "probe-srv", map[string]string{"app": "probe"})
 	cli := addPod(n2, "cli", map[string]string{"role": "cli"})
 	probeCli := addPod(n2, "probe-cli", map[string]string{"role": "probe-cli"})
+	// cli makes some 10,000 connections a phase and closes first: its
+	// TIME_WAIT sockets (60 s) pile up over the phases, and connect()'s
+	// search for a free port slows down with them (p50 0.4 -> 4 ms by the
+	// third phase, so that the phase after another was slower whatever
+	// its policies). Reusing TIME_WAIT ports for new connections (TCP
+	// timestamps keep them apart) keeps every phase like the first.
+	must(cli.NS.Do(func() error { return nettest.WriteSysctl("net/ipv4/tcp_tw_reuse", "1") }))
 	must(srv.ServeEcho(srvPort))
 	must(probeSrv.ServeEcho(srvPort))
 	nettest.StartProcT(t, srv.NS.NetNS, filepath.Join(t.TempDir(), "iperf3.log"), "iperf3", "-s", "-B", srv.IP.String(), "-p", strconv.Itoa(iperfPort))
 	srvAddr, probeAddr := netip.AddrPortFrom(srv.IP, srvPort), netip.AddrPortFrom(probeSrv.IP, srvPort)
 	waitVerdict(t, cli.NS, srvAddr, true, 20*time.Second)
 
-	// 996 Pod objects, then 100 policies.
+	// 996 Pod objects, then each count of policies in turn.
 	start := time.Now()
 	createFakePods(t, c, n1)
 	res.SetupPodsS = time.Since(start).Seconds()
 	res.PodsReal, res.PodsLocal, res.PodsRemote = 4, fakeLocal, fakeRemote
 	res.PodsTotal = res.PodsReal + res.PodsLocal + res.PodsRemote
-	pols := policies()
-	res.Policies = len(pols)
-	createAll := func() {
-		start := time.Now()
-		parallel(t, len(pols), 8, func(i int) error { return c.CreatePolicy(ctx, pols[i]) })
-		waitVerdict(t, probeCli.NS, probeAddr, false, 30*time.Second) // bench's deny-all
-		waitVerdict(t, cli.NS, srvAddr, true, 30*time.Second)         // allow-cli
-		res.SetupPolS = time.Since(start).Seconds()
-		time.Sleep(2 * time.Second) // the last writes settle
-	}
+	res.Policies = counts[0]
+	var inPlace []*networkingv1.NetworkPolicy
 	deleteAll := func() {
-		parallel(t, len(pols), 8, func(i int) error { return c.DeletePolicy(ctx, pols[i].Namespace, pols[i].Name) })
-		waitVerdict(t, probeCli.NS, probeAddr, true, 30*time.Second)
+		parallel(t, len(inPlace), 8, func(i int) error { return c.DeletePolicy(ctx, inPlace[i].Namespace, inPlace[i].Name) })
+		inPlace = nil
+		waitVerdict(t, probeCli.NS, probeAddr, true, 60*time.Second)
 		time.Sleep(2 * time.Second)
 	}
-
-	// 0 vs 100 policies, alternating.
-	for rep := 1; rep <= reps; rep++ {
-		for _, withPol := range []bool{false, true} {
-			if withPol {
-				createAll()
+	for ci, count := range counts {
+		pols := policies(count)
+		sc := scale{Policies: len(pols)}
+		createAll := func() {
+			start := time.Now()
+			parallel(t, len(pols), 8, func(i int) error { return c.CreatePolicy(ctx, pols[i]) })
+			inPlace = pols
+			waitVerdict(t, probeCli.NS, probeAddr, false, 60*time.Second) // bench's deny-all
+			waitVerdict(t, cli.NS, srvAddr, true, 60*time.Second)         // web-allow-cli
+			sc.SetupPolS = time.Since(start).Seconds()
+			// the last writes settle: until node 1 wrote nothing for 2 s
+			_ = nettest.Poll(ctx, 60*time.Second, time.Second, func() error {
+				before := applyStats(n1)
+				time.Sleep(2 * time.Second)
+				if applyStats(n1)[1] != before[1] {
+					return fmt.Errorf("node 1 still writing")
+				}
+				return nil
+			})
+		}
+		if len(inPlace) > 0 {
+			deleteAll()
+		}
+		// 0 vs count policies, alternating.
+		// cli's TIME_WAIT sockets at their steady state before the first
+		// measured run (the first run of a series otherwise had none)
+		connRate(cli.NS, srvAddr, 3*time.Second, 4)
+		// 0 vs count policies in pairs, the order alternating (0 first in
+		// odd pairs), so that a drift of the machine's load does not
+		// always favour the same side
+		for rep := 1; rep <= reps; rep++ {
+			order := []bool{false, true}
+			if rep%2 == 0 {
+				order = []bool{true, false}
 			}
-			ph := phase{Policies: 0, Rep: rep, Load1: load1()}
-			if withPol {
-				ph.Policies = len(pols)
-			}
-			ph.ConnectMs = connectLatencies(t, cli.NS, srvAddr, conns)
-			ph.ConnPerSec = connRate(cli.NS, srvAddr, 3*time.Second, 4)
-			ph.Gbps = iperf(t, cli.NS.NetNS, srv.IP.String(), iperfPort, iperfS)
-			t.Logf("%d policies, rep %d: connect p50 %.2f ms p99 %.2f ms, %.0f conn/s, %.2f Gbit/s", ph.Policies, rep, pct(ph.ConnectMs, 50), pct(ph.ConnectMs, 99), ph.ConnPerSec, ph.Gbps)
-			res.Phases = append(res.Phases, ph)
-			if withPol && rep < reps {
-				deleteAll()
+			for _, withPol := range order {
+				if withPol && len(inPlace) == 0 {
+					createAll()
+				}
+				if !withPol && len(inPlace) > 0 {
+					deleteAll()
+				}
+				ph := phase{Policies: 0, Rep: rep, Load1: load1(), TimeWait: timeWait(t, cli.NS)}
+				if withPol {
+					ph.Policies = len(pols)
+				}
+				phStart, r1, r2 := time.Now(), procCPU(n1), procCPU(n2)
+				ph.ConnectMs = connectLatencies(t, cli.NS, srvAddr, conns)
+				cpu0 := cpuTime()
+				ph.ConnPerSec = connRate(cli.NS, srvAddr, 3*time.Second, 4)
+				if ph.ConnPerSec > 0 {
+					ph.CPUPerConnUs = (cpuTime() - cpu0).Seconds() * 1e6 / (ph.ConnPerSec * 3)
+				}
+				ph.Gbps = iperf(t, cli.NS.NetNS, srv.IP.String(), iperfPort, iperfS)
+				ph.Seconds = time.Since(phStart).Seconds()
+				ph.RoutedCPUMs = [2]float64{(procCPU(n1) - r1).Seconds() * 1000, (procCPU(n2) - r2).Seconds() * 1000}
+				t.Logf("%d policies, rep %d: connect p50 %.2f ms p99 %.2f ms, %.0f conn/s (%.0f µs CPU each), %.2f Gbit/s (load %.1f)", ph.Policies, rep, pct(ph.ConnectMs, 50), pct(ph.ConnectMs, 99), ph.ConnPerSec, ph.CPUPerConnUs, ph.Gbps, ph.Load1)
+				res.Phases = append(res.Phases, ph)
 			}
 		}
-	}
-	// the policies are in place from here on
-	if body, err := n1.MetricsText(); err == nil {
-		res.IsolatedPods, _ = cluster.Metric(body, "podnet_policy_isolated_pods")
-		res.PolicyChains, _ = cluster.Metric(body, "podnet_policy_chains")
-	}
-	if out, err := n1.NS.Exec(ctx, "nft", "list", "table", "inet", "podnet-policy"); err == nil {
-		res.TableLines = strings.Count(out, "\n")
-	}
+		if len(inPlace) == 0 {
+			createAll()
+		}
+		// the policies are in place from here on
+		if body, err := n1.MetricsText(); err == nil {
+			sc.IsolatedPods, _ = cluster.Metric(body, "podnet_policy_isolated_pods")
+			sc.PolicyChains, _ = cluster.Metric(body, "podnet_policy_chains")
+		}
+		if out, err := n1.NS.Exec(ctx, "nft", "list", "table", "inet", "podnet-policy"); err == nil {
+			sc.TableLines, sc.TableBytes = strings.Count(out, "\n"), len(out)
+			for _, l := range strings.Split(out, "\n") {
+				l = strings.TrimSpace(l)
+				switch {
+				case strings.HasPrefix(l, "set "), strings.HasPrefix(l, "map "):
+					sc.TableSets++
+				case strings.HasPrefix(l, "chain "):
+					sc.TableChains++
+				}
+			}
+		}
+		sc.SrvWalk = walk(t, n1, "ingress4", srv.IP, policy.PolicyID(nsBench, allowCli, policy.Ingress))
+		sc.CliWalk = walk(t, n2, "egress4", cli.IP, policy.PolicyID(nsBench, cliEgWeb, policy.Egress))
+		t.Logf("%d policies: table %d lines, %d sets, %d chains; srv's first packet walks %d of %d policy chains (node 1 ingress), cli's %d of %d (node 2 egress)",
+			len(pols), sc.TableLines, sc.TableSets, sc.TableChains, sc.SrvWalk[0], sc.SrvWalk[1], sc.CliWalk[0], sc.CliWalk[1])
 
-	// Enforcement latency: flips of the probe flow probe-cli -> probe-srv.
-	applyBefore := applyStats(n1)
-	allowProbe := &networkingv1.NetworkPolicy{
-		ObjectMeta: metav1.ObjectMeta{Namespace: nsBench, Name: "allow-probe"},
-		Spec: networkingv1.NetworkPolicySpec{
-			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "probe"}},
-			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress},
-			Ingress: []networkingv1.NetworkPolicyIngressRule{{
-				From:  []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"role": "probe-cli"}}}},
-				Ports: []networkingv1.NetworkPolicyPort{tcpPort(intstr.FromString("http"))},
-			}},
-		},
-	}
-	setLabel := func(role string) func() error {
-		return func() error { return c.SetPodLabels(ctx, probeCli, map[string]string{"role": role}) }
-	}
-	for range rounds {
-		for _, step := range []struct {
-			kind   string
-			allow  bool
-			change func() error
-		}{
-			{"policy-create", true, func() error { return c.CreatePolicy(ctx, allowProbe.DeepCopy()) }},
-			{"label-remove", false, setLabel("none")},
-			{"label-add", true, setLabel("probe-cli")},
-			{"policy-delete", false, func() error { return c.DeletePolicy(ctx, nsBench, "allow-probe") }},
-		} {
-			f := measureFlip(t, probeCli.NS, probeAddr, step.allow, step.change)
-			f.Kind = step.kind
-			res.Flips = append(res.Flips, f)
-			t.Logf("flip %s -> %s: %.1f ms (%d attempts)", f.Kind, f.To, f.Ms, f.Attempts)
+		// Enforcement latency: flips of the probe flow probe-cli -> probe-srv.
+		applyBefore := applyStats(n1)
+		allowProbe := &networkingv1.NetworkPolicy{
+			ObjectMeta: metav1.ObjectMeta{Namespace: nsBench, Name: "allow-probe"},
+			Spec: networkingv1.NetworkPolicySpec{
+				PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "probe"}},
+				PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress},
+				Ingress: []networkingv1.NetworkPolicyIngressRule{{
+					From:  []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"role": "probe-cli"}}}},
+					Ports: []networkingv1.NetworkPolicyPort{tcpPort(intstr.FromString("http"))},
+				}},
+			},
+		}
+		setLabel := func(role string) func() error {
+			return func() error { return c.SetPodLabels(ctx, probeCli, map[string]string{"role": role}) }
+		}
+		for range rounds {
+			for _, step := range []struct {
+				kind   string
+				allow  bool
+				change func() error
+			}{
+				{"policy-create", true, func() error { return c.CreatePolicy(ctx, allowProbe.DeepCopy()) }},
+				{"label-remove", false, setLabel("none")},
+				{"label-add", true, setLabel("probe-cli")},
+				{"policy-delete", false, func() error { return c.DeletePolicy(ctx, nsBench, "allow-probe") }},
+			} {
+				f := measureFlip(t, probeCli.NS, probeAddr, step.allow, step.change)
+				f.Kind, f.Policies = step.kind, len(pols)
+				res.Flips = append(res.Flips, f)
+				t.Logf("%d policies, flip %s -> %s: %.1f ms (%d attempts)", len(pols), f.Kind, f.To, f.Ms, f.Attempts)
+			}
+		}
+		applyAfter := applyStats(n1)
+		if dc := applyAfter[1] - applyBefore[1]; dc > 0 {
+			sc.IncrementalApplyCount = dc
+			sc.IncrementalApplyMeanMs = (applyAfter[0] - applyBefore[0]) / dc * 1000
+		}
+
+		// Revocation (the first count only).
+		if ci == 0 {
+			for range revokes {
+				must(c.CreatePolicy(ctx, allowProbe.DeepCopy()))
+				waitVerdict(t, probeCli.NS, probeAddr, true, 10*time.Second)
+				ms := revocation(t, probeCli.NS, probeAddr, func() error { return c.DeletePolicy(ctx, nsBench, "allow-probe") })
+				res.RevocationMs = append(res.RevocationMs, ms)
+				t.Logf("revocation: %.1f ms", ms)
+				waitVerdict(t, probeCli.NS, probeAddr, false, 10*time.Second)
+			}
+		}
+
+		if body, err := n1.MetricsText(); err == nil {
+			sc.Repairs, _ = cluster.Metric(body, "podnet_repairs_total", `object="policy-table"`)
+		}
+
+		// Full write after a restart of node 1's podnet-routed.
+		for range 3 {
+			must(n1.StopRouted())
+			start := time.Now()
+			must(n1.StartRouted())
+			r := restart{Policies: len(pols)}
+			err := nettest.Poll(ctx, 120*time.Second, 10*time.Millisecond, func() error {
+				st := applyStats(n1)
+				if st[1] < 1 {
+					return fmt.Errorf("no write yet")
+				}
+				r.StartToWriteS, r.ApplyS, r.ApplyCount = time.Since(start).Seconds(), st[0]/st[1], st[1]
+				return nil
+			})
+			must(err)
+			must(n1.WaitReady(ctx, 60*time.Second))
+			res.Restarts = append(res.Restarts, r)
+			t.Logf("%d policies, restart: first write %.3f s after start, apply %.1f ms", len(pols), r.StartToWriteS, r.ApplyS*1000)
+		}
+		waitVerdict(t, cli.NS, srvAddr, true, 30*time.Second)
+		res.Scales = append(res.Scales, sc)
+		if ci == 0 {
+			res.TableLines, res.IsolatedPods, res.PolicyChains, res.SetupPolS = sc.TableLines, sc.IsolatedPods, sc.PolicyChains, sc.SetupPolS
+			res.IncrementalApplyCount, res.IncrementalApplyMeanMs, res.Repairs = sc.IncrementalApplyCount, sc.IncrementalApplyMeanMs, sc.Repairs
 		}
 	}
-	applyAfter := applyStats(n1)
-	if dc := applyAfter[1] - applyBefore[1]; dc > 0 {
-		res.IncrementalApplyCount = dc
-		res.IncrementalApplyMeanMs = (applyAfter[0] - applyBefore[0]) / dc * 1000
-	}
-
-	// Revocation.
-	for range revokes {
-		must(c.CreatePolicy(ctx, allowProbe.DeepCopy()))
-		waitVerdict(t, probeCli.NS, probeAddr, true, 10*time.Second)
-		ms := revocation(t, probeCli.NS, probeAddr, func() error { return c.DeletePolicy(ctx, nsBench, "allow-probe") })
-		res.RevocationMs = append(res.RevocationMs, ms)
-		t.Logf("revocation: %.1f ms", ms)
-		waitVerdict(t, probeCli.NS, probeAddr, false, 10*time.Second)
-	}
-
-	if body, err := n1.MetricsText(); err == nil {
-		res.Repairs, _ = cluster.Metric(body, "podnet_repairs_total", `object="policy-table"`)
-	}
-
-	// Full write after a restart of node 1's podnet-routed, 100 policies.
-	for range 3 {
-		must(n1.StopRouted())
-		start := time.Now()
-		must(n1.StartRouted())
-		var r restart
-		err := nettest.Poll(ctx, 60*time.Second, 10*time.Millisecond, func() error {
-			st := applyStats(n1)
-			if st[1] < 1 {
-				return fmt.Errorf("no write yet")
-			}
-			r = restart{StartToWriteS: time.Since(start).Seconds(), ApplyS: st[0] / st[1], ApplyCount: st[1]}
-			return nil
-		})
-		must(err)
-		must(n1.WaitReady(ctx, 30*time.Second))
-		res.Restarts = append(res.Restarts, r)
-		t.Logf("restart: first write %.3f s after start, apply %.1f ms", r.StartToWriteS, r.ApplyS*1000)
-	}
-	waitVerdict(t, cli.NS, srvAddr, true, 10*time.Second)
+	res.LoadAfter = loadavg()
 
 	res.Seconds = time.Since(res.Started).Seconds()
 	data, err := json.MarshalIndent(res, "", " ")
@@ -357,7 +486,8 @@ func sel(kv ...string) *metav1.LabelSelector {
 var tiers = []string{"frontend", "backend", "db"}
 
 // createFakePods makes the namespaces bns-0..9 and 996 Pod objects in
-// them (labels app=a<i%20>, tier, named ports http and metrics), with
+// them (labels app=a<i%200>, tier, version; named ports http and
+// metrics), with
 // status.podIPs: 200 on node 1 from the top of its PodCIDR (the IPAM
 // hands out from the bottom), the rest on nodes fake-0..19 from
 // 10.250.0.0/16.
@@ -388,7 +518,7 @@ func createFakePods(t *testing.T, c *cluster.Cluster, n1 *cluster.Node) {
 		}
 		spec := cluster.PodSpec{
 			Namespace: fmt.Sprintf("bns-%d", i%fakeNSCount), Name: fmt.Sprintf("fake-%d", i),
-			Labels: map[string]string{"app": fmt.Sprintf("a%d", i%20), "tier": tiers[i%3]},
+			Labels: map[string]string{"app": fmt.Sprintf("a%d", i%fakeApps), "tier": tiers[i%3], "version": fmt.Sprintf("v%d", (i/fakeNSCount)%2+1)},
 			Ports: []corev1.ContainerPort{
 				{Name: "http", ContainerPort: 8080, Protocol: corev1.ProtocolTCP},
 				{Name: "metrics", ContainerPort: 9090, Protocol: corev1.ProtocolTCP},
@@ -401,55 +531,189 @@ func createFakePods(t *testing.T, c *cluster.Cluster, n1 *cluster.Node) {
 	})
 }
 
-// policies are the 100: bench's default-deny and allow-cli, and 98 in
-// bns-*, each selecting app=a<k%20> with three ingress rules (pod
-// selector + named port, namespace selector + pod selector, ipBlock with
-// an except) and, one in four, egress rules (to db pods, DNS).
-func policies() []*networkingv1.NetworkPolicy {
+// Policy names in namespace bench. The compiler jumps to a pod's policy
+// chains in the order of their namespace/name, so srv's chain walks
+// deny-all and the srv-* policies before web-allow-cli, the one that
+// allows cli, and cli's egress chain (node 2) walks the cli-egress-dns-*
+// policies before cli-egress-web.
+const (
+	allowCli = "web-allow-cli"
+	cliEgWeb = "cli-egress-web"
+)
+
+// policies are n NetworkPolicies (n >= 20): in namespace bench,
+// deny-all (ingress, every pod), web-allow-cli (srv from role=cli on
+// the named port http and iperf3's port), n/100 more selecting srv that
+// do not allow cli (pod and namespace selectors, matchExpressions,
+// ipBlocks with excepts, named ports, endPort ranges), n/250 egress
+// policies selecting cli that allow DNS only and cli-egress-web (cli to
+// srv's http and iperf3 ports, DNS); and the rest in bns-*: a
+// default-deny per namespace and varied ones (variedPolicy), each
+// selecting app=a<k%200> (5 pods of its namespace).
+func policies(n int) []*networkingv1.NetworkPolicy {
+	in := []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}
+	inEg := []networkingv1.PolicyType{networkingv1.PolicyTypeIngress, networkingv1.PolicyTypeEgress}
+	eg := []networkingv1.PolicyType{networkingv1.PolicyTypeEgress}
+	dns := networkingv1.NetworkPolicyEgressRule{
+		To:    []networkingv1.NetworkPolicyPeer{{NamespaceSelector: sel(), PodSelector: sel("k8s-app", "kube-dns")}},
+		Ports: []networkingv1.NetworkPolicyPort{udpPort(53), tcpPort(intstr.FromInt32(53))},
+	}
 	out := []*networkingv1.NetworkPolicy{
 		{
 			ObjectMeta: metav1.ObjectMeta{Namespace: nsBench, Name: "deny-all"},
-			Spec:       networkingv1.NetworkPolicySpec{PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}},
+			Spec:       networkingv1.NetworkPolicySpec{PolicyTypes: in},
 		},
 		{
-			ObjectMeta: metav1.ObjectMeta{Namespace: nsBench, Name: "allow-cli"},
+			ObjectMeta: metav1.ObjectMeta{Namespace: nsBench, Name: allowCli},
 			Spec: networkingv1.NetworkPolicySpec{
 				PodSelector: *sel("app", "srv"),
-				PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress},
+				PolicyTypes: in,
 				Ingress: []networkingv1.NetworkPolicyIngressRule{{
 					From:  []networkingv1.NetworkPolicyPeer{{PodSelector: sel("role", "cli")}},
 					Ports: []networkingv1.NetworkPolicyPort{tcpPort(intstr.FromString("http")), tcpPort(intstr.FromInt32(iperfPort))},
 				}},
 			},
 		},
-	}
-	for k := range 98 {
-		np := &networkingv1.NetworkPolicy{
-			ObjectMeta: metav1.ObjectMeta{Namespace: fmt.Sprintf("bns-%d", k%fakeNSCount), Name: fmt.Sprintf("pol-%d", k)},
+		{
+			ObjectMeta: metav1.ObjectMeta{Namespace: nsBench, Name: cliEgWeb},
 			Spec: networkingv1.NetworkPolicySpec{
-				PodSelector: *sel("app", fmt.Sprintf("a%d", k%20)),
-				PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress},
-				Ingress: []networkingv1.NetworkPolicyIngressRule{
-					{From: []networkingv1.NetworkPolicyPeer{{PodSelector: sel("tier", "frontend")}},
-						Ports: []networkingv1.NetworkPolicyPort{tcpPort(intstr.FromString("http")), tcpPort(intstr.FromInt32(443))}},
-					{From: []networkingv1.NetworkPolicyPeer{{NamespaceSelector: sel("team", fmt.Sprintf("t%d", k%3)), PodSelector: sel("tier", "backend")}},
-						Ports: []networkingv1.NetworkPolicyPort{tcpPort(intstr.FromString("metrics"))}},
-					{From: []networkingv1.NetworkPolicyPeer{{IPBlock: &networkingv1.IPBlock{CIDR: "10.0.0.0/8", Except: []string{fmt.Sprintf("10.250.%d.0/24", k%4)}}}},
-						Ports: []networkingv1.NetworkPolicyPort{tcpPort(intstr.FromInt32(8443))}},
-				},
+				PodSelector: *sel("role", "cli"),
+				PolicyTypes: eg,
+				Egress: []networkingv1.NetworkPolicyEgressRule{{
+					To:    []networkingv1.NetworkPolicyPeer{{PodSelector: sel("app", "srv")}},
+					Ports: []networkingv1.NetworkPolicyPort{tcpPort(intstr.FromString("http")), tcpPort(intstr.FromInt32(iperfPort))},
+				}, dns},
 			},
-		}
-		if k%4 == 0 {
-			np.Spec.PolicyTypes = append(np.Spec.PolicyTypes, networkingv1.PolicyTypeEgress)
-			np.Spec.Egress = []networkingv1.NetworkPolicyEgressRule{
-				{To: []networkingv1.NetworkPolicyPeer{{PodSelector: sel("tier", "db")}}, Ports: []networkingv1.NetworkPolicyPort{tcpPort(intstr.FromInt32(5432))}},
-				{Ports: []networkingv1.NetworkPolicyPort{udpPort(53), tcpPort(intstr.FromInt32(53))}},
-			}
+		},
+	}
+	for k := range max(1, n/100) {
+		np := &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: nsBench, Name: fmt.Sprintf("srv-%d", k)}}
+		np.Spec.PolicyTypes = in
+		switch k % 3 {
+		case 0: // monitoring from another namespace's pods on the named port metrics
+			np.Spec.PodSelector = *sel("app", "srv")
+			np.Spec.Ingress = []networkingv1.NetworkPolicyIngressRule{{
+				From:  []networkingv1.NetworkPolicyPeer{{NamespaceSelector: sel("team", "t1"), PodSelector: sel("tier", "backend")}},
+				Ports: []networkingv1.NetworkPolicyPort{tcpPort(intstr.FromString("metrics")), tcpPort(intstr.FromInt32(9100 + int32(k)))},
+			}}
+		case 1: // a tier of the namespace, ipBlocks with excepts on a port range
+			np.Spec.PodSelector = metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{
+				{Key: "tier", Operator: metav1.LabelSelectorOpIn, Values: []string{"web", "edge"}}}}
+			r := tcpPort(intstr.FromInt32(8000))
+			r.EndPort = ptr(int32(8099))
+			np.Spec.Ingress = []networkingv1.NetworkPolicyIngressRule{{
+				From: []networkingv1.NetworkPolicyPeer{
+					{IPBlock: &networkingv1.IPBlock{CIDR: "192.168.0.0/16", Except: []string{fmt.Sprintf("192.168.%d.0/24", k), "192.168.255.0/24"}}},
+					{IPBlock: &networkingv1.IPBlock{CIDR: "fd10::/16", Except: []string{fmt.Sprintf("fd10:%x::/32", k)}}},
+				},
+				Ports: []networkingv1.NetworkPolicyPort{r},
+			}}
+		case 2: // the same namespace's frontends, and ingress + egress
+			np.Spec.PodSelector = *sel("app", "srv")
+			np.Spec.PolicyTypes = inEg
+			np.Spec.Ingress = []networkingv1.NetworkPolicyIngressRule{{
+				From:  []networkingv1.NetworkPolicyPeer{{PodSelector: sel("tier", "frontend")}},
+				Ports: []networkingv1.NetworkPolicyPort{tcpPort(intstr.FromInt32(443)), udpPort(int32(5000 + k))},
+			}}
+			np.Spec.Egress = []networkingv1.NetworkPolicyEgressRule{dns, {
+				To: []networkingv1.NetworkPolicyPeer{{IPBlock: &networkingv1.IPBlock{CIDR: "0.0.0.0/0", Except: []string{"10.0.0.0/8", "169.254.0.0/16"}}}},
+			}}
 		}
 		out = append(out, np)
 	}
+	for k := range n / 250 {
+		out = append(out, &networkingv1.NetworkPolicy{
+			ObjectMeta: metav1.ObjectMeta{Namespace: nsBench, Name: fmt.Sprintf("cli-egress-dns-%d", k)},
+			Spec: networkingv1.NetworkPolicySpec{PodSelector: *sel("role", "cli"), PolicyTypes: eg,
+				Egress: []networkingv1.NetworkPolicyEgressRule{dns}},
+		})
+	}
+	for i := range fakeNSCount {
+		if len(out) == n {
+			break
+		}
+		out = append(out, &networkingv1.NetworkPolicy{
+			ObjectMeta: metav1.ObjectMeta{Namespace: fmt.Sprintf("bns-%d", i), Name: "default-deny-ingress"},
+			Spec:       networkingv1.NetworkPolicySpec{PolicyTypes: in},
+		})
+	}
+	for k := 0; len(out) < n; k++ {
+		out = append(out, variedPolicy(k))
+	}
 	return out
 }
+
+// variedPolicy is the k-th policy in the bns-* namespaces: in bns-<k%10>,
+// selecting app=a<k%200>, of one of 8 kinds (k%8): pod selector + named
+// port; namespace + pod selector; ipBlocks with excepts (both families);
+// ingress + egress to db pods and DNS; matchExpressions and an endPort
+// range; the whole namespace, egress to the internet but the cluster;
+// two labels selected, several peers; another namespace by its
+// kubernetes.io/metadata.name, named port and UDP.
+func variedPolicy(k int) *networkingv1.NetworkPolicy {
+	np := &networkingv1.NetworkPolicy{
+		ObjectMeta: metav1.ObjectMeta{Namespace: fmt.Sprintf("bns-%d", k%fakeNSCount), Name: fmt.Sprintf("pol-%d", k)},
+		Spec: networkingv1.NetworkPolicySpec{
+			PodSelector: *sel("app", fmt.Sprintf("a%d", k%fakeApps)),
+			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress},
+		},
+	}
+	team := fmt.Sprintf("t%d", k%3)
+	ing := func(peers []networkingv1.NetworkPolicyPeer, ports ...networkingv1.NetworkPolicyPort) {
+		np.Spec.Ingress = append(np.Spec.Ingress, networkingv1.NetworkPolicyIngressRule{From: peers, Ports: ports})
+	}
+	egress := func(rules ...networkingv1.NetworkPolicyEgressRule) {
+		np.Spec.PolicyTypes = append(np.Spec.PolicyTypes, networkingv1.PolicyTypeEgress)
+		np.Spec.Egress = rules
+	}
+	switch k % 8 {
+	case 0:
+		ing([]networkingv1.NetworkPolicyPeer{{PodSelector: sel("tier", "frontend")}}, tcpPort(intstr.FromString("http")), tcpPort(intstr.FromInt32(443)))
+	case 1:
+		ing([]networkingv1.NetworkPolicyPeer{{NamespaceSelector: sel("team", team), PodSelector: sel("tier", "backend")}}, tcpPort(intstr.FromString("metrics")))
+	case 2:
+		ing([]networkingv1.NetworkPolicyPeer{
+			{IPBlock: &networkingv1.IPBlock{CIDR: "10.0.0.0/8", Except: []string{fmt.Sprintf("10.250.%d.0/24", k%4), fmt.Sprintf("10.250.%d.128/25", 4+k%3)}}},
+			{IPBlock: &networkingv1.IPBlock{CIDR: "fd00::/8", Except: []string{fmt.Sprintf("fd00:%x::/32", k%64)}}},
+		}, tcpPort(intstr.FromInt32(8443)))
+	case 3:
+		ing([]networkingv1.NetworkPolicyPeer{{PodSelector: sel("app", fmt.Sprintf("a%d", (k+10)%fakeApps))}}, tcpPort(intstr.FromString("http")))
+		egress(networkingv1.NetworkPolicyEgressRule{
+			To:    []networkingv1.NetworkPolicyPeer{{PodSelector: sel("tier", "db")}},
+			Ports: []networkingv1.NetworkPolicyPort{tcpPort(intstr.FromInt32(5432))},
+		}, networkingv1.NetworkPolicyEgressRule{
+			To:    []networkingv1.NetworkPolicyPeer{{NamespaceSelector: sel(), PodSelector: sel("k8s-app", "kube-dns")}},
+			Ports: []networkingv1.NetworkPolicyPort{udpPort(53), tcpPort(intstr.FromInt32(53))},
+		})
+	case 4:
+		r := tcpPort(intstr.FromInt32(9000))
+		r.EndPort = ptr(int32(9100))
+		ing([]networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{
+			{Key: "app", Operator: metav1.LabelSelectorOpIn, Values: []string{fmt.Sprintf("a%d", (k+20)%fakeApps), fmt.Sprintf("a%d", (k+30)%fakeApps)}},
+			{Key: "tier", Operator: metav1.LabelSelectorOpNotIn, Values: []string{"db"}},
+		}}}}, r)
+	case 5:
+		ing([]networkingv1.NetworkPolicyPeer{{PodSelector: sel()}})
+		egress(networkingv1.NetworkPolicyEgressRule{
+			To:    []networkingv1.NetworkPolicyPeer{{IPBlock: &networkingv1.IPBlock{CIDR: "0.0.0.0/0", Except: []string{"10.0.0.0/8", "169.254.0.0/16", "192.168.0.0/16"}}}},
+			Ports: []networkingv1.NetworkPolicyPort{tcpPort(intstr.FromInt32(443))},
+		})
+	case 6:
+		np.Spec.PodSelector = *sel("app", fmt.Sprintf("a%d", k%fakeApps), "tier", tiers[k%3])
+		ing([]networkingv1.NetworkPolicyPeer{
+			{PodSelector: sel("app", fmt.Sprintf("a%d", (k+40)%fakeApps))},
+			{NamespaceSelector: sel("team", team)},
+		}, tcpPort(intstr.FromInt32(5432)), tcpPort(intstr.FromString("metrics")))
+	case 7:
+		ing([]networkingv1.NetworkPolicyPeer{{
+			NamespaceSelector: sel("kubernetes.io/metadata.name", fmt.Sprintf("bns-%d", (k+1)%fakeNSCount)),
+			PodSelector:       sel("version", "v2"),
+		}}, tcpPort(intstr.FromString("http")), udpPort(5353))
+	}
+	return np
+}
+
+func ptr[T any](v T) *T { return &v }
 
 // parallel runs f(0..n-1) on workers goroutines and fails on the first
 // error.
@@ -739,6 +1003,108 @@ func applyStats(n *cluster.Node) [2]float64 {
 	s, _ := cluster.Metric(body, "podnet_policy_apply_seconds_sum")
 	c, _ := cluster.Metric(body, "podnet_policy_apply_seconds_count")
 	return [2]float64{s, c}
+}
+
+// timeWait is the TCP sockets in TIME_WAIT in netns (sockstat of the
+// thread in it: /proc/net is the main thread's netns).
+func timeWait(t *testing.T, n *cluster.NetNS) int {
+	var tw int
+	_ = n.Do(func() error {
+		data, err := os.ReadFile("/proc/thread-self/net/sockstat")
+		if err != nil {
+			return err
+		}
+		for _, l := range strings.Split(string(data), "\n") {
+			if rest, ok := strings.CutPrefix(l, "TCP: "); ok {
+				f := strings.Fields(rest)
+				for i := 0; i+1 < len(f); i += 2 {
+					if f[i] == "tw" {
+						tw, _ = strconv.Atoi(f[i+1])
+					}
+				}
+			}
+		}
+		return nil
+	})
+	return tw
+}
+
+// procCPU is n's podnet-routed CPU time so far (/proc/<pid>/stat).
+func procCPU(n *cluster.Node) time.Duration {
+	p := n.Routed()
+	if p == nil || p.Cmd == nil || p.Cmd.Process == nil {
+		return 0
+	}
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.Cmd.Process.Pid))
+	if err != nil {
+		return 0
+	}
+	// after the command name in parentheses: field 3 on; utime and stime
+	// are fields 14 and 15, in clock ticks (100 a second)
+	rest := string(data[strings.LastIndexByte(string(data), ')')+2:])
+	f := strings.Fields(rest)
+	if len(f) < 13 {
+		return 0
+	}
+	ut, _ := strconv.ParseInt(f[11], 10, 64)
+	st, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(ut+st) * 10 * time.Millisecond
+}
+
+// cpuTime is this process's CPU time so far (user + system).
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// loadavg is the 1, 5 and 15 minute load averages.
+func loadavg() string {
+	data, _ := os.ReadFile("/proc/loadavg")
+	f := strings.Fields(string(data))
+	if len(f) < 3 {
+		return ""
+	}
+	return strings.Join(f[:3], " ")
+}
+
+// walk reads the chain the verdict map m of node's table sends addr to
+// and returns how many of its policy chains a packet walks up to and
+// including pol-<allowing> (all of them when it is not there), and how
+// many it jumps to.
+func walk(t *testing.T, n *cluster.Node, m string, addr netip.Addr, allowing string) [2]int {
+	t.Helper()
+	ctx := context.Background()
+	out, err := n.NS.Exec(ctx, "nft", "list", "map", "inet", "podnet-policy", m)
+	if err != nil {
+		t.Fatalf("%s: nft list map %s: %v", n.Name, m, err)
+	}
+	chain := ""
+	for _, f := range strings.Split(strings.NewReplacer("{", ",", "}", ",", "\n", ",").Replace(out), ",") {
+		if k, v, ok := strings.Cut(strings.TrimSpace(f), " : jump "); ok && k == addr.String() {
+			chain = strings.TrimSpace(v)
+		}
+	}
+	if chain == "" {
+		t.Fatalf("%s: %s not in map %s:\n%s", n.Name, addr, m, out)
+	}
+	out, err = n.NS.Exec(ctx, "nft", "list", "chain", "inet", "podnet-policy", chain)
+	if err != nil {
+		t.Fatalf("%s: nft list chain %s: %v", n.Name, chain, err)
+	}
+	var jumps []string
+	for _, l := range strings.Split(out, "\n") {
+		if _, v, ok := strings.Cut(l, "jump pol-"); ok {
+			jumps = append(jumps, strings.TrimSpace(v))
+		}
+	}
+	i := slices.Index(jumps, allowing)
+	if i < 0 {
+		return [2]int{len(jumps), len(jumps)}
+	}
+	return [2]int{i + 1, len(jumps)}
 }
 
 func load1() float64 {
