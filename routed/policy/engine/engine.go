@@ -528,6 +528,7 @@ func (e *Engine) readCounters() {
 	for _, p := range last.Policies {
 		pols[p.ID] = p
 	}
+	seen := map[dropSeen]bool{}
 	for _, pod := range last.Pods {
 		for _, d := range []struct {
 			dir policy.Direction
@@ -537,8 +538,10 @@ func (e *Engine) readCounters() {
 			for _, id := range d.ids {
 				if p, ok := pols[id]; ok {
 					e.m.drops.observe(pod.ID, d.dir, p.Namespace, p.Name, n)
+					seen[dropSeen{pod: pod.ID, namespace: p.Namespace, name: p.Name, dir: d.dir}] = true
 				}
 			}
 		}
 	}
+	e.m.drops.forgetAllBut(seen)
 }

@@ -264,3 +264,24 @@ func TestEngineRepairsAndCounts(t *testing.T) {
 		t.Fatalf("errors %v after a failed write", got)
 	}
 }
+
+// TestDropCounterForgetsGonePods: the counter's memory of pod chains
+// follows the pods that are there; a pod chain seen again after being
+// forgotten counts from its current value (a new chain starts at 0).
+func TestDropCounterForgetsGonePods(t *testing.T) {
+	d := newDropCounter()
+	d.observe("p1", policy.Ingress, "shop", "deny", 5)
+	d.observe("p2", policy.Ingress, "shop", "deny", 3)
+	d.observe("p1", policy.Ingress, "shop", "deny", 9)
+	if got := testutil.ToFloat64(d.vec.WithLabelValues("shop", "deny")); got != 12 {
+		t.Fatalf("drops %v, want 5+3+4", got)
+	}
+	d.forgetAllBut(map[dropSeen]bool{{pod: "p1", namespace: "shop", name: "deny", dir: policy.Ingress}: true})
+	if len(d.last) != 1 {
+		t.Fatalf("remembers %d pod chains after p2 went, want 1", len(d.last))
+	}
+	d.observe("p2", policy.Ingress, "shop", "deny", 2) // p2's chain written anew
+	if got := testutil.ToFloat64(d.vec.WithLabelValues("shop", "deny")); got != 14 {
+		t.Fatalf("drops %v, want 14", got)
+	}
+}

@@ -88,6 +88,19 @@ func newDropCounter() *dropCounter {
 	}
 }
 
+// forgetAllBut drops what it remembers of the pod chains not in seen (pods
+// gone, or no longer isolated by that policy), so that its memory follows
+// the node's pods rather than every pod it ever saw.
+func (d *dropCounter) forgetAllBut(seen map[dropSeen]bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for k := range d.last {
+		if !seen[k] {
+			delete(d.last, k)
+		}
+	}
+}
+
 // observe takes a pod chain's counter n: what it grew by since the last
 // reading (all of it when the chain was written anew) is added.
 func (d *dropCounter) observe(podID string, dir policy.Direction, namespace, name string, n uint64) {
