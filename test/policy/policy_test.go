@@ -134,6 +134,7 @@ func TestNetworkPolicy(t *testing.T) {
 	t.Run("EgressDenyAllowDNS", func(t *testing.T) { e.egress(t) })
 	t.Run("TableRepaired", func(t *testing.T) { e.repair(t) })
 	t.Run("Revocation", func(t *testing.T) { e.revocation(t) })
+	t.Run("OneWatchPerResource", func(t *testing.T) { e.oneWatch(t) })
 }
 
 // ---- expectations ----
@@ -518,6 +519,57 @@ func repairs(n *cluster.Node) (float64, bool) {
 // revocation: established streams client → web stop once allow-client,
 // the policy that allowed them, is deleted: their next lines get no echo
 // (conntrack entries revoked, the next packet judged anew and dropped).
+// oneWatch: a node's podnet-routed holds exactly one watch on each
+// resource it reads (its informers share nothing else): stopping it on node
+// 1 ends one WATCH each of pods, namespaces, networkpolicies and nodes at
+// the API server (apiserver_longrunning_requests), and starting it again
+// brings one back.
+func (e *env) oneWatch(t *testing.T) {
+	ctx := context.Background()
+	resources := []string{"pods", "namespaces", "networkpolicies", "nodes"}
+	watches := func() map[string]float64 {
+		body, err := e.c.Client.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(ctx)
+		if err != nil {
+			t.Fatalf("API server /metrics: %v", err)
+		}
+		out := map[string]float64{}
+		for _, r := range resources {
+			out[r], _ = cluster.Metric(string(body), "apiserver_longrunning_requests", `resource="`+r+`"`, `verb="WATCH"`)
+		}
+		return out
+	}
+	// until every resource's count is want(r), within limit
+	await := func(what string, want func(string) float64) {
+		t.Helper()
+		var got map[string]float64
+		for deadline := time.Now().Add(converge); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+			got = watches()
+			ok := true
+			for _, r := range resources {
+				ok = ok && got[r] == want(r)
+			}
+			if ok {
+				return
+			}
+		}
+		t.Fatalf("%s: API server WATCH requests %v", what, got)
+	}
+	before := watches()
+	for _, r := range resources {
+		if before[r] < 2 {
+			t.Fatalf("%d WATCH requests on %s with podnet-routed on 2 nodes: %v", int(before[r]), r, before)
+		}
+	}
+	if err := e.n1.StopRouted(); err != nil {
+		t.Fatal(err)
+	}
+	await("node 1's podnet-routed stopped", func(r string) float64 { return before[r] - 1 })
+	if err := e.n1.StartRouted(); err != nil {
+		t.Fatal(err)
+	}
+	await("node 1's podnet-routed started again", func(r string) float64 { return before[r] })
+}
+
 func (e *env) revocation(t *testing.T) {
 	ctx := context.Background()
 	var streams []*cluster.Stream
