@@ -343,7 +343,7 @@ func (t *Table) change(addPeers []netip.Addr, addCIDRs []netip.Prefix, delPeers 
 	for _, a := range delPeers {
 		if i, found := slices.BinarySearchFunc(next.Peers, a, netip.Addr.Compare); found {
 			next.Peers = slices.Delete(next.Peers, i, i+1)
-			ops = append(ops, op{set(setPeers, a.Is6()), addrElements([]netip.Addr{a}, a.Is6()), true, 0})
+			ops = append(ops, op{set(setPeers, a.Is6()), nftutil.AddrElements([]netip.Addr{a}, a.Is6()), true, 0})
 		}
 	}
 	for _, p := range delCIDRs {
@@ -360,7 +360,7 @@ func (t *Table) change(addPeers []netip.Addr, addCIDRs []netip.Prefix, delPeers 
 	for _, a := range addPeers {
 		if i, found := slices.BinarySearchFunc(next.Peers, a, netip.Addr.Compare); !found {
 			next.Peers = slices.Insert(next.Peers, i, a)
-			ops = append(ops, op{set(setPeers, a.Is6()), addrElements([]netip.Addr{a}, a.Is6()), false, 1})
+			ops = append(ops, op{set(setPeers, a.Is6()), nftutil.AddrElements([]netip.Addr{a}, a.Is6()), false, 1})
 		}
 	}
 	for _, p := range addCIDRs {

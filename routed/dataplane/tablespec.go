@@ -7,6 +7,7 @@ import (
 
 	"github.com/google/nftables"
 
+	"github.com/podnet/podnet/internal/nftutil"
 	"github.com/podnet/podnet/routed/desired"
 )
 
@@ -191,23 +192,11 @@ func tunnelSets(spec TableSpec) []setDef {
 	var out []setDef
 	for _, v6 := range []bool{false, true} {
 		out = append(out,
-			setDef{name: setName(setPeers, v6), v6: v6, elems: addrElements(spec.Peers, v6)},
+			setDef{name: setName(setPeers, v6), v6: v6, elems: nftutil.AddrElements(spec.Peers, v6)},
 			setDef{name: setName(setRemote, v6), v6: v6, interval: true, elems: intervalElements(spec.RemotePodCIDRs, v6)},
 			setDef{name: setName(setLocal, v6), v6: v6, interval: true, elems: intervalElements(spec.LocalPodCIDRs, v6)},
 			setDef{name: setName(setCluster, v6), v6: v6, interval: true, elems: intervalElements(spec.ClusterCIDRs, v6)},
 		)
-	}
-	return out
-}
-
-// addrElements are the elements of a set of addresses: those of addrs
-// (sorted) in the family v6 says.
-func addrElements(addrs []netip.Addr, v6 bool) []nftables.SetElement {
-	var out []nftables.SetElement
-	for _, a := range addrs {
-		if a.Is6() == v6 {
-			out = append(out, nftables.SetElement{Key: a.AsSlice()})
-		}
 	}
 	return out
 }

@@ -54,26 +54,7 @@ func elementsDiff(want, have []nftables.SetElement) string {
 	return strings.Join(out, ", ")
 }
 
-// elementChanges compares two lists of elements of a set: del holds those
-// of before that after lacks, add those of after that before lacks.
+// elementChanges compares two lists of a set's elements (nftutil.ElementChanges).
 func elementChanges(before, after []nftables.SetElement) (del, add []nftables.SetElement) {
-	in := func(list []nftables.SetElement) map[string]bool {
-		m := make(map[string]bool, len(list))
-		for _, e := range list {
-			m[elementKey(e)] = true
-		}
-		return m
-	}
-	b, a := in(before), in(after)
-	for _, e := range before {
-		if !a[elementKey(e)] {
-			del = append(del, e)
-		}
-	}
-	for _, e := range after {
-		if !b[elementKey(e)] {
-			add = append(add, e)
-		}
-	}
-	return del, add
+	return nftutil.ElementChanges(before, after, elementKey)
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
 
+	"github.com/podnet/podnet/internal/nftutil"
 	"github.com/podnet/podnet/routed/policy"
 )
 
@@ -269,7 +270,7 @@ func build(rs policy.Ruleset, opt buildOptions) (*tableDef, error) {
 	for _, v6 := range []bool{false, true} {
 		def.sets = append(def.sets,
 			setDef{name: famName(setLocal, v6), kind: kindInterval, v6: v6, elems: rangeElements(local, v6)},
-			setDef{name: famName(setKnown, v6), kind: kindAddrs, v6: v6, elems: addrElements(known, v6)},
+			setDef{name: famName(setKnown, v6), kind: kindAddrs, v6: v6, elems: nftutil.AddrElements(known, v6)},
 		)
 	}
 	for _, d := range []policy.Direction{policy.Ingress, policy.Egress} {
@@ -601,16 +602,6 @@ func rangeElements(ranges []policy.Range, v6 bool) []nftables.SetElement {
 		out = append(out, nftables.SetElement{Key: r.From.AsSlice()})
 		if end := r.To.Next(); end.IsValid() {
 			out = append(out, nftables.SetElement{Key: end.AsSlice(), IntervalEnd: true})
-		}
-	}
-	return out
-}
-
-func addrElements(addrs []netip.Addr, v6 bool) []nftables.SetElement {
-	var out []nftables.SetElement
-	for _, a := range addrs {
-		if a.Is6() == v6 {
-			out = append(out, nftables.SetElement{Key: a.AsSlice()})
 		}
 	}
 	return out

@@ -667,30 +667,6 @@ func decodeVerdict(b []byte) (expr.VerdictKind, string, bool) {
 	return kind, chain, found
 }
 
-// elementChanges compares two lists of elements of a set: del holds those
-// of before that after lacks, add those of after that before lacks.
-func elementChanges(before, after []nftables.SetElement) (del, add []nftables.SetElement) {
-	in := func(list []nftables.SetElement) map[string]bool {
-		m := make(map[string]bool, len(list))
-		for _, e := range list {
-			m[elementKey(e)] = true
-		}
-		return m
-	}
-	b, a := in(before), in(after)
-	for _, e := range before {
-		if !a[elementKey(e)] {
-			del = append(del, e)
-		}
-	}
-	for _, e := range after {
-		if !b[elementKey(e)] {
-			add = append(add, e)
-		}
-	}
-	return del, add
-}
-
 // readCounters reads the table's named counters (none without a table).
 func readCounters(c *nftables.Conn) (map[string]expr.Counter, error) {
 	objs, err := c.GetNamedObjects(table())
@@ -766,4 +742,9 @@ func (w *Writer) Delete() error {
 
 func isNotFound(err error) bool {
 	return err != nil && (errors.Is(err, unix.ENOENT) || errors.Is(err, os.ErrNotExist) || strings.Contains(err.Error(), unix.ENOENT.Error()))
+}
+
+// elementChanges compares two lists of a set's elements (nftutil.ElementChanges).
+func elementChanges(before, after []nftables.SetElement) (del, add []nftables.SetElement) {
+	return nftutil.ElementChanges(before, after, elementKey)
 }
