@@ -6,9 +6,11 @@
 package nftutil
 
 import (
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 
@@ -69,60 +71,25 @@ type dumpKind struct {
 // The attribute numbers are the kernel's (include/uapi/linux/netfilter/
 // nf_tables.h), not all of which golang.org/x/sys names.
 var dumpKinds = []dumpKind{
-	{name: "table", msg: unix.NFT_MSG_GETTABLE, named: 1, skip: []uint16{4 /* HANDLE */, 5 /* PAD */}},
-	{name: "object", msg: unix.NFT_MSG_GETOBJ, named: 2, skip: []uint16{4 /* DATA: the counter's values */, 6 /* HANDLE */, 7 /* PAD */}},
+	// USE (the references to an object) follows other objects' rules and
+	// elements, which are compared on their own: an object's line changes
+	// only when the object itself does.
+	{name: "table", msg: unix.NFT_MSG_GETTABLE, named: 1, skip: []uint16{3 /* USE */, 4 /* HANDLE */, 5 /* PAD */}},
+	{name: "object", msg: unix.NFT_MSG_GETOBJ, named: 2, skip: []uint16{4 /* DATA: the counter's values */, 5 /* USE */, 6 /* HANDLE */, 7 /* PAD */}},
 	{name: "set", msg: unix.NFT_MSG_GETSET, named: 2, skip: []uint16{14 /* PAD */, 16 /* HANDLE */, 19 /* TYPE: the backend */, 20 /* COUNT: elements */}},
-	{name: "chain", msg: unix.NFT_MSG_GETCHAIN, named: 3, skip: []uint16{2 /* HANDLE */, 8 /* COUNTERS */, 9 /* PAD */}},
+	{name: "chain", msg: unix.NFT_MSG_GETCHAIN, named: 3, skip: []uint16{2 /* HANDLE */, 6 /* USE */, 8 /* COUNTERS */, 9 /* PAD */}},
 	{name: "rule", msg: unix.NFT_MSG_GETRULE, named: 2, skip: []uint16{3 /* HANDLE */, 6 /* POSITION */, 8 /* PAD */}},
 }
 
 // Structure reads table (of family, an NFPROTO_* value) from the kernel
 // as canonical lines, one per object: the table, its objects, sets,
 // chains and rules (in order), each "<kind> <name>: <its attributes in
-// hex>" without handles, counter values and element counts. Set elements
-// are not in it. nil, nil: there is no such table. conn is a netfilter
-// netlink socket.
+// hex>" without handles, counter values, element counts and reference
+// counts. Set elements are not in it. nil, nil: there is no such table.
+// conn is a netfilter netlink socket.
 func Structure(conn *netlink.Conn, family byte, table string) ([]string, error) {
-	return structure(conn, family, table, nil, nil)
-}
-
-// StructureUpdate is Structure after a change to a table whose Structure
-// was old: everything is read again but the rules, which are read only
-// for the chains in changed (created or rewritten) and taken from old for
-// the others. Its cost is that of the table's chains, sets and objects,
-// not of all its rules.
-func StructureUpdate(conn *netlink.Conn, family byte, table string, old []string, changed map[string]bool) ([]string, error) {
-	if old == nil {
-		return Structure(conn, family, table)
-	}
-	return structure(conn, family, table, old, changed)
-}
-
-func structure(conn *netlink.Conn, family byte, table string, old []string, changed map[string]bool) ([]string, error) {
-	var lines, chains []string
+	var lines []string
 	for _, k := range dumpKinds {
-		if k.name == "rule" && old != nil {
-			// the rules, chain by chain in the table's order
-			oldRules := map[string][]string{}
-			for _, l := range old {
-				label, _, _ := strings.Cut(l, ": ")
-				if _, chain, ok := strings.Cut(label, " of chain "); ok && strings.HasPrefix(label, "rule ") {
-					oldRules[chain] = append(oldRules[chain], l)
-				}
-			}
-			for _, chain := range chains {
-				if !changed[chain] {
-					lines = append(lines, oldRules[chain]...)
-					continue
-				}
-				got, err := dumpLines(conn, k, family, table, chain)
-				if err != nil {
-					return nil, err
-				}
-				lines = append(lines, got...)
-			}
-			continue
-		}
 		got, err := dumpLines(conn, k, family, table, "")
 		if k.name == "table" && errors.Is(err, unix.ENOENT) {
 			return nil, nil
@@ -130,15 +97,150 @@ func structure(conn *netlink.Conn, family byte, table string, old []string, chan
 		if err != nil {
 			return nil, err
 		}
-		if k.name == "chain" {
-			for _, l := range got {
-				label, _, _ := strings.Cut(l, ": ")
-				chains = append(chains, strings.TrimPrefix(label, "chain "))
-			}
-		}
 		lines = append(lines, got...)
 	}
 	return lines, nil
+}
+
+// Patch names what one transaction changed in a table: the objects it
+// created or replaced, those it deleted, and the chains whose rules it
+// wrote. Sets' and maps' elements are not structure.
+type Patch struct {
+	Counters, Sets, Chains []string // created or replaced
+	Gone                   []string // labels deleted: "object NAME", "set NAME", "chain NAME"
+	Rules                  []string // chains whose rules were written
+}
+
+// StructurePatch is Structure after a transaction p describes, applied to
+// a table whose Structure was old: only what p names is read from the
+// kernel, everything else is taken from old, so that an edit someone else
+// made to another object is not taken in as written (a comparison with
+// Structure later finds it). A kind with few names is read object by
+// object (one request each: the cost follows the change, not the table),
+// one with many in one dump, filtered.
+func StructurePatch(conn *netlink.Conn, family byte, table string, old []string, p Patch) ([]string, error) {
+	drop := map[string]bool{}
+	for _, g := range p.Gone {
+		drop[g] = true
+	}
+	read := map[string]map[string]bool{"object": {}, "set": {}, "chain": {}, "rule": {}}
+	for _, x := range []struct {
+		kind  string
+		names []string
+	}{{"object", p.Counters}, {"set", p.Sets}, {"chain", p.Chains}, {"rule", p.Rules}} {
+		for _, n := range x.names {
+			read[x.kind][n] = true
+			if x.kind != "rule" {
+				drop[x.kind+" "+n] = true
+			}
+		}
+	}
+	for _, g := range p.Gone {
+		if c, ok := strings.CutPrefix(g, "chain "); ok {
+			read["rule"][c] = true // its rules are gone with it (none in the kernel)
+		}
+	}
+	var lines []string
+	for _, l := range old {
+		label, _, _ := strings.Cut(l, ": ")
+		if drop[label] {
+			continue
+		}
+		if _, chain, ok := strings.Cut(label, " of chain "); ok && strings.HasPrefix(label, "rule ") && read["rule"][chain] {
+			continue
+		}
+		lines = append(lines, l)
+	}
+	for _, k := range dumpKinds {
+		names := read[k.name]
+		if len(names) == 0 {
+			continue
+		}
+		if len(names) > patchGets {
+			got, err := dumpLines(conn, k, family, table, "")
+			if err != nil {
+				return nil, err
+			}
+			for _, l := range got {
+				label, _, _ := strings.Cut(l, ": ")
+				name := strings.TrimPrefix(label, k.name+" ")
+				if k.name == "rule" {
+					_, name, _ = strings.Cut(label, " of chain ")
+				}
+				if names[name] {
+					lines = append(lines, l)
+				}
+			}
+			continue
+		}
+		for _, n := range slices.Sorted(maps.Keys(names)) {
+			var got []string
+			var err error
+			if k.name == "rule" {
+				if slices.Contains(p.Gone, "chain "+n) && !slices.Contains(p.Chains, n) {
+					continue
+				}
+				got, err = dumpLines(conn, k, family, table, n)
+			} else {
+				got, err = getLines(conn, k, family, table, n)
+			}
+			if err != nil {
+				return nil, err
+			}
+			lines = append(lines, got...)
+		}
+	}
+	return lines, nil
+}
+
+// patchGets is the most objects of one kind StructurePatch reads one by
+// one; more are read in one dump.
+const patchGets = 32
+
+// Generation is the netns's nftables ruleset generation: the kernel adds
+// one at each committed transaction, whatever table it changes. The same
+// generation before and after a read means that nothing changed during it.
+func Generation(conn *netlink.Conn) (uint32, error) {
+	msgs, err := conn.Execute(netlink.Message{
+		Header: netlink.Header{Type: netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_GETGEN), Flags: netlink.Request},
+		Data:   []byte{unix.AF_UNSPEC, unix.NFNETLINK_V0, 0, 0},
+	})
+	if err != nil {
+		return 0, fmt.Errorf("nftables generation: %w", err)
+	}
+	for _, m := range msgs {
+		attrs, err := netlink.UnmarshalAttributes(m.Data[min(4, len(m.Data)):])
+		if err != nil {
+			return 0, fmt.Errorf("nftables generation: %w", err)
+		}
+		for _, a := range attrs {
+			if a.Type&^(unix.NLA_F_NESTED|unix.NLA_F_NET_BYTEORDER) == unix.NFTA_GEN_ID && len(a.Data) == 4 {
+				return binary.BigEndian.Uint32(a.Data), nil
+			}
+		}
+	}
+	return 0, errors.New("nftables generation: no NFTA_GEN_ID in the answer")
+}
+
+// getLines reads one named object of kind k (a counter, set or chain) as
+// Structure's line.
+func getLines(conn *netlink.Conn, k dumpKind, family byte, table, name string) ([]string, error) {
+	list := []netlink.Attribute{{Type: 1, Data: []byte(table + "\x00")}, {Type: k.named, Data: []byte(name + "\x00")}}
+	if k.name == "object" {
+		list = append(list, netlink.Attribute{Type: 3 /* NFTA_OBJ_TYPE */, Data: binary.BigEndian.AppendUint32(nil, unix.NFT_OBJECT_COUNTER)})
+	}
+	attrs, err := netlink.MarshalAttributes(list)
+	if err != nil {
+		return nil, err
+	}
+	msgs, err := conn.Execute(netlink.Message{
+		Header: netlink.Header{Type: netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | int(k.msg)), Flags: netlink.Request},
+		Data:   append([]byte{family, unix.NFNETLINK_V0, 0, 0}, attrs...),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("get nftables %s %s of %s: %w", k.name, name, table, err)
+	}
+	return linesOf(msgs, k, table)
 }
 
 // dumpLines reads the objects of kind k of table (rules: of chain only,
@@ -148,6 +250,10 @@ func dumpLines(conn *netlink.Conn, k dumpKind, family byte, table, chain string)
 	if err != nil {
 		return nil, fmt.Errorf("dump nftables %ss of %s: %w", k.name, table, err)
 	}
+	return linesOf(msgs, k, table)
+}
+
+func linesOf(msgs []netlink.Message, k dumpKind, table string) ([]string, error) {
 	var lines []string
 	rules := map[string]int{}
 	for _, m := range msgs {
@@ -239,8 +345,7 @@ func StructureDiff(want, have []string) string {
 			out = append(out, l+" added")
 		}
 	}
-	if len(out) == 0 && !slices.Equal(want, have) {
-		out = append(out, "objects in another order")
-	}
+	// the order of the lines means nothing: a rule's label numbers it in
+	// its chain, and the order of the other objects does not matter
 	return strings.Join(out, ", ")
 }

@@ -341,7 +341,9 @@ func TestElementChanges(t *testing.T) {
 		{[]string{"table podnet: 1=aa;", "rule 1 of chain c: 4=01;"}, "rule 2 of chain c missing"},
 		{[]string{"table podnet: 1=aa;", "rule 1 of chain c: 4=01;", "rule 2 of chain c: 4=03;"}, "rule 2 of chain c changed"},
 		{append(slices.Clone(written), "set x: 2=00;"), "set x added"},
-		{[]string{"rule 1 of chain c: 4=01;", "table podnet: 1=aa;", "rule 2 of chain c: 4=02;"}, "objects in another order"},
+		// the same objects in another order: rules are numbered in their chain
+		{[]string{"rule 1 of chain c: 4=01;", "table podnet: 1=aa;", "rule 2 of chain c: 4=02;"}, ""},
+		{[]string{"table podnet: 1=aa;", "rule 1 of chain c: 4=02;", "rule 2 of chain c: 4=01;"}, "rule 1 of chain c changed, rule 2 of chain c changed"},
 	} {
 		if got := structureDiff(written, tc.have); got != tc.want {
 			t.Errorf("structureDiff(%q) = %q, want %q", tc.have, got, tc.want)

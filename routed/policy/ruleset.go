@@ -34,6 +34,7 @@ package policy
 
 import (
 	"net/netip"
+	"slices"
 )
 
 // Direction is ingress (to the selected pod) or egress (from it).
@@ -45,8 +46,8 @@ const (
 )
 
 // Ruleset is the desired state of table inet podnet-policy. It is pure data:
-// comparable with reflect.DeepEqual after Normalize, and written in full or
-// as a diff against the last one written.
+// compared with Equal, and written in full or as a diff against the last
+// one written.
 type Ruleset struct {
 	// LocalPodCIDRs are this node's PodCIDRs: a source or destination in
 	// them that is not in Known is dropped.
@@ -136,3 +137,39 @@ const (
 	ProtoUDP  uint8 = 17
 	ProtoSCTP uint8 = 132
 )
+
+// Equal tells whether r and o make the same table: the same content,
+// without telling a nil list from an empty one. It is what the engine
+// compares after each compile (reflect.DeepEqual costs tens of
+// milliseconds on a Ruleset of 1,000 pods and policies).
+func (r Ruleset) Equal(o Ruleset) bool {
+	return slices.Equal(r.LocalPodCIDRs, o.LocalPodCIDRs) && slices.Equal(r.Known, o.Known) &&
+		r.ChainsEqual(o)
+}
+
+// ChainsEqual tells whether r and o have the same pod and policy chains:
+// what a connection may do is the same in both (Known aside).
+func (r Ruleset) ChainsEqual(o Ruleset) bool {
+	return slices.EqualFunc(r.Pods, o.Pods, PodChains.Equal) &&
+		slices.EqualFunc(r.Policies, o.Policies, PolicyChain.Equal)
+}
+
+// Equal tells whether p and o are the same pod entry.
+func (p PodChains) Equal(o PodChains) bool {
+	return p.ID == o.ID && p.Namespace == o.Namespace && p.Name == o.Name &&
+		slices.Equal(p.Addrs, o.Addrs) &&
+		p.IngressIsolated == o.IngressIsolated && slices.Equal(p.Ingress, o.Ingress) &&
+		p.EgressIsolated == o.EgressIsolated && slices.Equal(p.Egress, o.Egress)
+}
+
+// Equal tells whether p and o are the same policy chain.
+func (p PolicyChain) Equal(o PolicyChain) bool {
+	return p.ID == o.ID && p.Namespace == o.Namespace && p.Name == o.Name &&
+		p.Direction == o.Direction && slices.EqualFunc(p.Rules, o.Rules, Rule.Equal)
+}
+
+// Equal tells whether r and o are the same rule.
+func (r Rule) Equal(o Rule) bool {
+	return r.AnyPeer == o.AnyPeer && r.AnyPort == o.AnyPort &&
+		slices.Equal(r.Peers, o.Peers) && slices.Equal(r.Ports, o.Ports)
+}

@@ -194,11 +194,17 @@ func (e *Engine) Run(ctx context.Context) error {
 	return e.loop(ctx)
 }
 
-// loop writes each change as it comes and reads the table back every
-// resync, writing it whole when someone changed it.
+// loop writes each change as it comes. Every resync, beside it, the
+// table is read back (and written whole when someone changed it), the
+// drop counters are read and stale overrides pruned: a change never
+// waits for that reading.
 func (e *Engine) loop(ctx context.Context) error {
 	t := time.NewTicker(e.cfg.Resync)
 	defer t.Stop()
+	var periodic sync.WaitGroup
+	defer periodic.Wait()
+	busy := false
+	periodicDone := make(chan struct{}, 1)
 	for {
 		if err := e.sync(); err != nil {
 			e.m.Errors.Inc()
@@ -214,11 +220,20 @@ func (e *Engine) loop(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case <-e.kick:
+		case <-periodicDone:
+			busy = false
 		case <-t.C:
-			e.bridgeNetfilter()
-			e.resync()
-			e.readCounters()
-			e.pruneOverrides()
+			if busy {
+				continue // the last one is still reading: skip this tick
+			}
+			busy = true
+			periodic.Go(func() {
+				e.bridgeNetfilter()
+				e.resync()
+				e.readCounters()
+				e.pruneOverrides()
+				periodicDone <- struct{}{}
+			})
 		}
 	}
 }
@@ -272,7 +287,7 @@ func (e *Engine) sync() error {
 	refused := e.state.Refused()
 	e.mu.Unlock()
 	e.report(refused)
-	if prev != nil && reflect.DeepEqual(*prev, rs) {
+	if prev != nil && prev.Equal(rs) {
 		e.done(gen, prev)
 		return nil
 	}
@@ -285,7 +300,7 @@ func (e *Engine) sync() error {
 	e.done(gen, &rs)
 	// a change of which addresses are known only adds or removes whole
 	// pods; what a connection may do changes only with the chains
-	if prev != nil && (!reflect.DeepEqual(prev.Pods, rs.Pods) || !reflect.DeepEqual(prev.Policies, rs.Policies)) {
+	if prev != nil && !prev.ChainsEqual(rs) {
 		n, err := e.w.Revoke(policy.NewMatcher(rs).Allows)
 		if err != nil {
 			e.log.Warn("cannot revoke the connections the new policy refuses", "err", err)

@@ -150,6 +150,10 @@ func (d setDef) set(t *nftables.Table) *nftables.Set {
 type chainDef struct {
 	chain nftables.Chain
 	rules [][]expr.Any
+	// sig is everything build made the rules from: two chainDefs of one
+	// name with the same sig have the same rules, which an incremental
+	// write compares without walking the expressions.
+	sig string
 }
 
 // tableDef is the whole content of the table for a Ruleset.
@@ -217,6 +221,8 @@ func build(rs policy.Ruleset, opt buildOptions) (*tableDef, error) {
 			}
 			name := PodChain(p.ID, d)
 			c := chainDef{chain: nftables.Chain{Name: name}}
+			var sig strings.Builder
+			fmt.Fprintf(&sig, "pod %s %v", d, addrs)
 			// a pod cannot block itself (a Service hairpin): its own
 			// address as the peer is accepted before any policy
 			for _, a := range addrs {
@@ -236,10 +242,13 @@ func build(rs policy.Ruleset, opt buildOptions) (*tableDef, error) {
 				}
 				seen[j] = true
 				c.rules = append(c.rules, []expr.Any{&expr.Verdict{Kind: expr.VerdictJump, Chain: PolicyChain(j)}})
+				sig.WriteString(" " + j)
 			}
 			if opt.logDrops {
 				c.rules = append(c.rules, dropLog(p, d, opt.logRate))
+				fmt.Fprintf(&sig, " log %d %s/%s", opt.logRate, p.Namespace, p.Name)
 			}
+			c.sig = sig.String()
 			c.rules = append(c.rules, []expr.Any{
 				&expr.Objref{Type: int(nftables.ObjTypeCounter), Name: name},
 				&expr.Verdict{Kind: expr.VerdictDrop},
@@ -284,9 +293,12 @@ func build(rs policy.Ruleset, opt buildOptions) (*tableDef, error) {
 	var polChains []chainDef
 	for _, p := range pols {
 		c := chainDef{chain: nftables.Chain{Name: PolicyChain(p.ID)}}
+		var sig strings.Builder
+		sig.WriteString("policy " + string(p.Direction))
 		for i, r := range p.Rules {
 			if r.AnyPeer && r.AnyPort {
 				c.rules = append(c.rules, []expr.Any{&expr.Verdict{Kind: expr.VerdictAccept}})
+				fmt.Fprintf(&sig, " r%d:any", i)
 				continue
 			}
 			peers := mergeRanges(r.Peers)
@@ -322,8 +334,10 @@ func build(rs policy.Ruleset, opt buildOptions) (*tableDef, error) {
 					rule = append(rule, &expr.Lookup{SourceRegister: unix.NFT_REG_1, SetName: name})
 				}
 				c.rules = append(c.rules, append(rule, &expr.Verdict{Kind: expr.VerdictAccept}))
+				fmt.Fprintf(&sig, " r%d:%t/%t/%t", i, v6, r.AnyPeer, r.AnyPort)
 			}
 		}
+		c.sig = sig.String()
 		polChains = append(polChains, c)
 	}
 
@@ -363,6 +377,7 @@ func baseChains() []chainDef {
 		return chainDef{
 			chain: nftables.Chain{Name: name, Type: nftables.ChainTypeFilter, Hooknum: hook, Priority: priorityEgress, Policy: accept},
 			rules: baseRules(policy.Egress),
+			sig:   "base egress",
 		}
 	}
 	return []chainDef{
@@ -371,6 +386,7 @@ func baseChains() []chainDef {
 		{
 			chain: nftables.Chain{Name: chainIngressFwd, Type: nftables.ChainTypeFilter, Hooknum: nftables.ChainHookForward, Priority: priorityIngress, Policy: accept},
 			rules: baseRules(policy.Ingress),
+			sig:   "base ingress",
 		},
 	}
 }

@@ -72,8 +72,22 @@ type Writer struct {
 	last *tableDef
 	// written is the table's structure read back after the last write.
 	written []string
-	conn    *nftables.Conn
-	nl      *netlink.Conn
+	// gen is the nftables generation at which the kernel's table was
+	// last known to be last/written (right after a write of the Writer's
+	// alone, or a resync that found it so); 0: not known. A resync that
+	// finds the same generation has nothing to read.
+	gen uint32
+	// seq counts writes: a resync that read the table without w.mu
+	// discards what it found when a write came meanwhile.
+	seq  uint64
+	conn *nftables.Conn
+	nl   *netlink.Conn
+
+	// rmu serializes resyncs, which read the table on their own socket
+	// (rconn, rnl) without w.mu: writes go on meanwhile.
+	rmu   sync.Mutex
+	rconn *nftables.Conn
+	rnl   *netlink.Conn
 }
 
 // Stats describes one Apply.
@@ -106,10 +120,16 @@ func table() *nftables.Table {
 // nft returns the Writer's socket, dialed when needed, with a deadline of
 // nftTimeout. Callers hold w.mu.
 func (w *Writer) nft() (*nftables.Conn, error) {
-	if w.conn == nil {
-		var nl *netlink.Conn
-		c, err := nftables.New(nftables.AsLasting(), nftables.WithSockOptions(func(c *netlink.Conn) error {
-			nl = c
+	return nftConn(&w.conn, &w.nl)
+}
+
+// nftConn dials a lasting nftables socket into *c (its netlink socket in
+// *nl) when there is none, and sets its deadline.
+func nftConn(c **nftables.Conn, nl **netlink.Conn) (*nftables.Conn, error) {
+	if *c == nil {
+		var raw *netlink.Conn
+		conn, err := nftables.New(nftables.AsLasting(), nftables.WithSockOptions(func(c *netlink.Conn) error {
+			raw = c
 			if err := nftutil.SetReceiveBuffer(c, nftReceiveBuffer); err != nil {
 				return err
 			}
@@ -118,34 +138,39 @@ func (w *Writer) nft() (*nftables.Conn, error) {
 		if err != nil {
 			return nil, fmt.Errorf("nftables: %w", err)
 		}
-		w.conn, w.nl = c, nl
+		*c, *nl = conn, raw
 	}
-	if err := w.nl.SetDeadline(time.Now().Add(nftTimeout)); err != nil {
-		w.closeConn()
+	if err := (*nl).SetDeadline(time.Now().Add(nftTimeout)); err != nil {
+		closeConn(c, nl)
 		return nil, fmt.Errorf("nftables: %w", err)
 	}
-	return w.conn, nil
+	return *c, nil
+}
+
+func closeConn(c **nftables.Conn, nl **netlink.Conn) {
+	if *c != nil {
+		_ = (*c).CloseLasting()
+	}
+	*c, *nl = nil, nil
 }
 
 // Close closes the Writer's socket (a later use dials again). The table
 // stays.
 func (w *Writer) Close() {
+	w.rmu.Lock()
+	closeConn(&w.rconn, &w.rnl)
+	w.rmu.Unlock()
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.closeConn()
 }
 
-func (w *Writer) closeConn() {
-	if w.conn != nil {
-		_ = w.conn.CloseLasting()
-	}
-	w.conn, w.nl = nil, nil
-}
+func (w *Writer) closeConn() { closeConn(&w.conn, &w.nl) }
 
 // fail forgets what the kernel holds after a failed write: the next
 // Apply writes everything.
 func (w *Writer) fail() {
-	w.last, w.written = nil, nil
+	w.last, w.written, w.gen = nil, nil, 0
 	w.closeConn()
 }
 
@@ -191,29 +216,87 @@ func (w *Writer) ApplyFull(want policy.Ruleset) error {
 // (or nothing was written yet), writes it whole: repaired says that a
 // table written before was found changed behind the Writer's back (a
 // deleted or edited table, chain, rule, set or element).
+//
+// When no nftables transaction at all was committed since the Writer last
+// knew the table (the netns's generation), there is nothing to read.
+// Otherwise the table is read on a socket of its own without holding up
+// Apply: a write that comes meanwhile makes this resync's reading moot
+// (it returns false; the next one reads again).
 func (w *Writer) Resync(want policy.Ruleset) (repaired bool, err error) {
 	def, err := build(want, w.buildOptions())
 	if err != nil {
 		return false, fmt.Errorf("policy ruleset: %w", err)
 	}
 	w.mu.Lock()
-	defer w.mu.Unlock()
 	if w.last == nil {
+		defer w.mu.Unlock()
 		return false, w.writeFull(def)
 	}
-	diff, err := w.differs(def)
+	if d := defDiff(w.last, def); d != "" {
+		defer w.mu.Unlock()
+		return w.repair(def, "not the ruleset last written: "+d)
+	}
+	if _, err := w.nft(); err == nil {
+		if g, err := nftutil.Generation(w.nl); err == nil && g != 0 && g == w.gen {
+			w.mu.Unlock()
+			return false, nil
+		}
+	}
+	seq, written := w.seq, w.written
+	w.mu.Unlock()
+
+	w.rmu.Lock()
+	diff, gen, err := w.check(def, written)
+	w.rmu.Unlock()
+
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.seq != seq {
+		return false, nil
+	}
 	if err != nil {
-		w.closeConn()
 		diff = err.Error()
 	}
 	if diff == "" {
+		w.gen = gen
 		return false, nil
 	}
+	return w.repair(def, diff)
+}
+
+// repair writes def whole because the kernel's table differs (why).
+// Callers hold w.mu.
+func (w *Writer) repair(def *tableDef, why string) (bool, error) {
 	if err := w.writeFull(def); err != nil {
 		return false, err
 	}
-	w.log().Info("nft table repaired", "table", "inet "+TableName, "why", diff)
+	w.log().Info("nft table repaired", "table", "inet "+TableName, "why", why)
 	return true, nil
+}
+
+// check compares the kernel's table with def and written (its structure
+// read back after the write of def) on the resync socket; gen is the
+// generation it read at when nothing was committed during the reading
+// (else 0). Callers hold w.rmu.
+func (w *Writer) check(def *tableDef, written []string) (diff string, gen uint32, err error) {
+	c, err := nftConn(&w.rconn, &w.rnl)
+	if err != nil {
+		return "", 0, err
+	}
+	g0, err := nftutil.Generation(w.rnl)
+	if err != nil {
+		closeConn(&w.rconn, &w.rnl)
+		return "", 0, err
+	}
+	diff, err = differs(c, w.rnl, def, written)
+	if err != nil {
+		closeConn(&w.rconn, &w.rnl)
+		return "", 0, err
+	}
+	if g1, err := nftutil.Generation(w.rnl); err != nil || g1 != g0 {
+		g0 = 0
+	}
+	return diff, g0, nil
 }
 
 // Verify says how the kernel's table differs from want ("" when it does
@@ -231,16 +314,6 @@ func (w *Writer) Verify(want policy.Ruleset) (string, error) {
 	if w.last == nil {
 		return "nothing written yet", nil
 	}
-	diff, err := w.differs(def)
-	if err != nil {
-		w.closeConn()
-	}
-	return diff, err
-}
-
-// differs compares the kernel's table with def. Callers hold w.mu and
-// w.last is set.
-func (w *Writer) differs(def *tableDef) (string, error) {
 	if d := defDiff(w.last, def); d != "" {
 		return "not the ruleset last written: " + d, nil
 	}
@@ -248,14 +321,25 @@ func (w *Writer) differs(def *tableDef) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	have, err := nftutil.Structure(w.nl, unix.NFPROTO_INET, TableName)
+	diff, err := differs(c, w.nl, def, w.written)
+	if err != nil {
+		w.closeConn()
+	}
+	return diff, err
+}
+
+// differs compares the kernel's table (read on c and its netlink socket
+// nl) with def and written, its structure read back after def was
+// written: "" when they are the same.
+func differs(c *nftables.Conn, nl *netlink.Conn, def *tableDef, written []string) (string, error) {
+	have, err := nftutil.Structure(nl, unix.NFPROTO_INET, TableName)
 	if err != nil {
 		return "", err
 	}
 	if have == nil {
 		return "table missing", nil
 	}
-	if d := nftutil.StructureDiff(w.written, have); d != "" {
+	if d := nftutil.StructureDiff(written, have); d != "" {
 		return d, nil
 	}
 	t := table()
@@ -336,25 +420,48 @@ func (w *Writer) writeFullOnce(def *tableDef) error {
 			}
 		}
 	}
+	g0, err := nftutil.Generation(w.nl)
+	if err != nil {
+		return err
+	}
+	w.seq++
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("write nftables table %s: %w", TableName, err)
 	}
 	w.written = nil
-	return w.readBack(def, nil)
+	return w.readBack(def, g0, nil)
 }
 
-// readBack reads the table's structure after a write: all of it after a
-// full write (w.written nil), else the rules of the chains in changed
-// only.
-func (w *Writer) readBack(def *tableDef, changed map[string]bool) error {
-	written, err := nftutil.StructureUpdate(w.nl, unix.NFPROTO_INET, TableName, w.written, changed)
+// readBack reads the table's structure after a write made at generation
+// g0 (read just before it): all of it after a full write (p nil), else
+// only what the write changed (p), on top of what was read before.
+func (w *Writer) readBack(def *tableDef, g0 uint32, p *nftutil.Patch) error {
+	g1, err := nftutil.Generation(w.nl)
+	if err != nil {
+		return fmt.Errorf("read back nftables table %s: %w", TableName, err)
+	}
+	// alone: the write was the only transaction; known: before it, the
+	// kernel's table was known to be w.written, at g0
+	alone, known := g1 == g0+1, w.gen != 0 && w.gen == g0 && w.written != nil
+	var written []string
+	if p != nil && w.written != nil {
+		written, err = nftutil.StructurePatch(w.nl, unix.NFPROTO_INET, TableName, w.written, *p)
+	} else {
+		p, known = nil, true
+		written, err = nftutil.Structure(w.nl, unix.NFPROTO_INET, TableName)
+	}
 	if err != nil {
 		return fmt.Errorf("read back nftables table %s: %w", TableName, err)
 	}
 	if written == nil {
 		return fmt.Errorf("nftables table %s gone right after it was written", TableName)
 	}
-	w.last, w.written = def, written
+	w.last, w.written, w.gen = def, written, 0
+	// the kernel's table is known to be what was written and read when
+	// nothing else committed since it last was, nor during the reading
+	if g2, err := nftutil.Generation(w.nl); err == nil && alone && known && g2 == g1 {
+		w.gen = g1
+	}
 	return nil
 }
 
@@ -451,7 +558,7 @@ func (w *Writer) writeDiff(def *tableDef) (Stats, error) {
 			rewrite = append(rewrite, d)
 		case !reflect.DeepEqual(o.chain, d.chain):
 			return st, fmt.Errorf("chain %s changed type: a full write is needed", d.chain.Name)
-		case !reflect.DeepEqual(o.rules, d.rules):
+		case o.sig != d.sig:
 			ch := d.chain
 			ch.Table = t
 			c.FlushChain(&ch)
@@ -541,14 +648,48 @@ func (w *Writer) writeDiff(def *tableDef) (Stats, error) {
 		w.last = def
 		return st, nil
 	}
+	// what the read-back reads again
+	var p nftutil.Patch
+	for _, o := range old.chains {
+		if _, ok := newChains[o.chain.Name]; !ok {
+			p.Gone = append(p.Gone, "chain "+o.chain.Name)
+		}
+	}
+	for _, d := range rewrite {
+		if _, ok := oldChains[d.chain.Name]; !ok {
+			p.Chains = append(p.Chains, d.chain.Name)
+		}
+		p.Rules = append(p.Rules, d.chain.Name)
+	}
+	for _, o := range old.sets {
+		if d, ok := newSets[o.name]; !ok || d.kind != o.kind || d.v6 != o.v6 {
+			p.Gone = append(p.Gone, "set "+o.name)
+		}
+	}
+	for _, d := range def.sets {
+		if o, ok := oldSets[d.name]; !ok || o.kind != d.kind || o.v6 != d.v6 {
+			p.Sets = append(p.Sets, d.name)
+		}
+	}
+	for _, n := range old.counters {
+		if !newCounters[n] {
+			p.Gone = append(p.Gone, "object "+n)
+		}
+	}
+	for _, n := range def.counters {
+		if !oldCounters[n] {
+			p.Counters = append(p.Counters, n)
+		}
+	}
+	g0, err := nftutil.Generation(w.nl)
+	if err != nil {
+		return st, err
+	}
+	w.seq++
 	if err := c.Flush(); err != nil {
 		return st, fmt.Errorf("update nftables table %s: %w", TableName, err)
 	}
-	changed := map[string]bool{}
-	for _, d := range rewrite {
-		changed[d.chain.Name] = true
-	}
-	return st, w.readBack(def, changed)
+	return st, w.readBack(def, g0, &p)
 }
 
 func kindOrder(k setKind) int {
@@ -599,7 +740,7 @@ func defDiff(a, b *tableDef) string {
 		return "chains"
 	}
 	for i := range a.chains {
-		if !reflect.DeepEqual(a.chains[i], b.chains[i]) {
+		if a.chains[i].sig != b.chains[i].sig || !reflect.DeepEqual(a.chains[i].chain, b.chains[i].chain) {
 			return "chain " + a.chains[i].chain.Name
 		}
 	}
@@ -693,21 +834,25 @@ func readCounters(c *nftables.Conn) (map[string]expr.Counter, error) {
 // addresses dropped.
 func (w *Writer) DropCounters() (pods map[CounterKey]uint64, unknownDropped uint64, err error) {
 	w.mu.Lock()
-	defer w.mu.Unlock()
 	pods = map[CounterKey]uint64{}
 	if w.last == nil {
+		w.mu.Unlock()
 		return pods, 0, nil
 	}
-	c, err := w.nft()
+	keys := maps.Clone(w.last.pods)
+	w.mu.Unlock()
+	// read on the resync socket: writes go on meanwhile
+	w.rmu.Lock()
+	defer w.rmu.Unlock()
+	c, err := nftConn(&w.rconn, &w.rnl)
 	if err != nil {
 		return nil, 0, err
 	}
 	all, err := readCounters(c)
 	if err != nil {
-		w.closeConn()
+		closeConn(&w.rconn, &w.rnl)
 		return nil, 0, err
 	}
-	keys := maps.Clone(w.last.pods)
 	for name, k := range keys {
 		pods[k] = all[name].Packets
 	}
