@@ -7,6 +7,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 
@@ -121,10 +122,15 @@ func (s *eventSink) post(node, typ, reason, msg string) {
 		LastTimestamp:  now,
 		Count:          1,
 	}
+	s.send(ev)
+}
+
+// send queues ev; a full queue drops it (logged).
+func (s *eventSink) send(ev *corev1.Event) {
 	select {
 	case s.queue <- ev:
 	default:
-		s.log.Warn("event queue full: event dropped", "node", node, "reason", reason)
+		s.log.Warn("event queue full: event dropped", "kind", ev.InvolvedObject.Kind, "name", ev.InvolvedObject.Name, "reason", ev.Reason)
 	}
 }
 
@@ -137,8 +143,13 @@ func (s *eventSink) run(ctx context.Context) {
 			cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 			err := s.client.Post().Namespace(ev.Namespace).Resource("events").Body(ev).Do(cctx).Error()
 			cancel()
-			if err != nil {
-				s.log.Warn("cannot post event", "node", ev.InvolvedObject.Name, "reason", ev.Reason, "err", err)
+			switch {
+			case err == nil:
+			case ev.Name != "" && apierrors.IsAlreadyExists(err):
+				// another node posted this very Event first
+				s.log.Debug("event already posted", "name", ev.Name)
+			default:
+				s.log.Warn("cannot post event", "kind", ev.InvolvedObject.Kind, "name", ev.InvolvedObject.Name, "reason", ev.Reason, "err", err)
 			}
 		}
 	}

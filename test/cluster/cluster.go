@@ -152,6 +152,10 @@ type Config struct {
 	// PodObjects gives every pod a Pod object, as the scheduler and
 	// kubelet would (AddPodSpec), without NetworkPolicy too.
 	PodObjects bool
+	// Plugin is the conflist the nodes' pods are attached with: "" or
+	// "podnet" (conf/10-podnet.conflist, routed /32 pods), "podnet-bridge"
+	// (conf/10-podnet-bridge.conflist, pods on the podnet0 bridge).
+	Plugin string
 	// Resync is podnet-routed's --resync-interval (0: its default).
 	Resync time.Duration
 	// UnderlayMTU is the MTU of every underlay link (default 1500).
@@ -234,7 +238,15 @@ func Up(ctx context.Context, cfg Config) (c *Cluster, err error) {
 	if err := c.saveState(); err != nil {
 		return c, err
 	}
-	if c.conflist, err = conflist(filepath.Join(cfg.RepoRoot, "conf", "10-podnet.conflist")); err != nil {
+	confFile := "10-podnet.conflist"
+	switch cfg.Plugin {
+	case "", "podnet":
+	case "podnet-bridge":
+		confFile = "10-podnet-bridge.conflist"
+	default:
+		return c, fmt.Errorf("cluster: unknown Plugin %q (podnet or podnet-bridge)", cfg.Plugin)
+	}
+	if c.conflist, err = conflist(filepath.Join(cfg.RepoRoot, "conf", confFile)); err != nil {
 		return c, err
 	}
 

@@ -64,7 +64,7 @@ func (n *Node) NodeConflist() ([]byte, error) {
 	found := false
 	for _, p := range plugins {
 		plugin, _ := p.(map[string]any)
-		if plugin["type"] != "podnet" {
+		if plugin["type"] != "podnet" && plugin["type"] != "podnet-bridge" {
 			continue
 		}
 		found = true
@@ -96,7 +96,7 @@ func (n *Node) NodeConflist() ([]byte, error) {
 		}
 	}
 	if !found {
-		return nil, errors.New("conflist: no podnet plugin")
+		return nil, errors.New("conflist: no podnet or podnet-bridge plugin")
 	}
 	return json.MarshalIndent(conf, "", "  ")
 }

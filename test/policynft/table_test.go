@@ -417,6 +417,40 @@ func TestRepairAcrossWrites(t *testing.T) {
 	runChecks(t, []check{{"b->a tcp:8080 after the repair", true, func() error { return flow(b.ns, "tcp", a.v4, 8080) }}})
 }
 
+// TestResyncStaleWant: a resync running beside the write loop may be
+// handed a Ruleset older than the last Apply; it checks and keeps what the
+// last Apply wrote and never writes the older one back (that re-isolated
+// pods in the bench until the next change).
+func TestResyncStaleWant(t *testing.T) {
+	e := newEnv(t, "a", "b")
+	old := trafficRulesetAB(e)
+	e.apply(old)
+	open := old
+	open.Pods, open.Policies = nil, nil
+	e.apply(open)
+	e.do(func() error {
+		repaired, err := e.w.Resync(old)
+		if err != nil || repaired {
+			t.Errorf("Resync(older Ruleset): repaired %v, %v; want nothing done", repaired, err)
+		}
+		if d, err := e.w.Verify(open); err != nil || d != "" {
+			t.Errorf("Verify(last Apply's Ruleset) after a stale Resync: %q, %v", d, err)
+		}
+		// and a repair, when one is due, writes the last Apply's
+		e.nft("delete", "table", "inet", nft.TableName)
+		if repaired, err := e.w.Resync(old); err != nil || !repaired {
+			t.Errorf("Resync after the table was deleted: repaired %v, %v", repaired, err)
+		}
+		if d, err := e.w.Verify(open); err != nil || d != "" {
+			t.Errorf("Verify after the repair: %q, %v", d, err)
+		}
+		return nil
+	})
+	a, b := e.pods["a"], e.pods["b"]
+	server(t, a.ns, 8081)
+	runChecks(t, []check{{"b->a tcp:8081 (no policy)", true, func() error { return flow(b.ns, "tcp", a.v4, 8081) }}})
+}
+
 // trafficRulesetAB: a isolated for ingress, b allowed to it on TCP 8080.
 func trafficRulesetAB(e *env) policy.Ruleset {
 	a, b := e.pods["a"], e.pods["b"]

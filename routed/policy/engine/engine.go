@@ -9,6 +9,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/netip"
@@ -19,6 +20,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/podnet/podnet/internal/policysock"
@@ -51,6 +53,19 @@ type DropKey struct {
 	Direction policy.Direction
 }
 
+// Events posts Kubernetes Events about NetworkPolicies (daemon.PolicyEvents:
+// one per cluster, whichever node posts first).
+type Events interface {
+	Policy(namespace, name string, uid types.UID, typ, reason, message string)
+}
+
+// Event reasons: a policy the engine refuses (it isolates the pods it
+// selects and allows nothing) and accepts again.
+const (
+	EventPolicyRefused  = "PolicyRefused"
+	EventPolicyAccepted = "PolicyAccepted"
+)
+
 // ListWatches are the informers' sources (one watch each).
 type ListWatches struct {
 	Pods, Namespaces, Policies cache.ListerWatcher
@@ -68,6 +83,10 @@ type Config struct {
 	// OverrideTTL is how long an address a plugin reported counts while
 	// the Pod object does not show it yet.
 	OverrideTTL time.Duration
+	// Events, when set, gets a Warning Event for each policy refused and a
+	// Normal one when it is accepted again (the log and the
+	// podnet_policy_refused gauge say it in any case).
+	Events Events
 	// ProcSys is the node's sysctl tree ("": /proc/sys), where the engine
 	// keeps bridge-nf-call-iptables/ip6tables on: podnet-bridge's pods on
 	// one node talk through the bridge, and only br_netfilter shows that
@@ -83,6 +102,7 @@ type Engine struct {
 	m       *Metrics
 	log     *slog.Logger
 	podInf  cache.SharedIndexInformer
+	polInf  cache.SharedIndexInformer
 	kick    chan struct{}
 	now     func() time.Time
 	applied chan struct{} // closed and replaced after each successful write
@@ -155,6 +175,7 @@ func (e *Engine) Run(ctx context.Context) error {
 	}
 	nsInf := cache.NewSharedIndexInformer(e.lw.Namespaces, &corev1.Namespace{}, 0, cache.Indexers{})
 	polInf := cache.NewSharedIndexInformer(e.lw.Policies, &networkingv1.NetworkPolicy{}, 0, cache.Indexers{})
+	e.polInf = polInf
 	if err := nsInf.SetTransform(stripMeta); err != nil {
 		return fmt.Errorf("namespace informer: %w", err)
 	}
@@ -324,7 +345,9 @@ func (e *Engine) done(gen uint64, rs *policy.Ruleset) {
 	e.mu.Unlock()
 }
 
-// report logs each newly refused policy once and keeps the gauge.
+// report says each newly refused policy once (a log line and, with
+// cfg.Events, a Warning Event on it), and once again when it is accepted;
+// it keeps the gauge.
 func (e *Engine) report(refused map[string]error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -333,10 +356,36 @@ func (e *Engine) report(refused map[string]error) {
 		now[k] = err.Error()
 		if e.refused[k] != now[k] {
 			e.log.Warn("NetworkPolicy refused: it isolates the pods it selects and allows nothing until fixed", "policy", k, "reason", err)
+			why := now[k]
+			if pe, ok := errors.AsType[*policy.PolicyError](err); ok {
+				why = pe.Field + ": " + pe.Reason
+			}
+			e.policyEvent(k, corev1.EventTypeWarning, EventPolicyRefused,
+				"podnet refuses this NetworkPolicy: "+why+"; it isolates the pods it selects and allows them nothing until it is fixed")
+		}
+	}
+	for k := range e.refused {
+		if _, still := now[k]; !still {
+			e.log.Info("NetworkPolicy accepted again", "policy", k)
+			e.policyEvent(k, corev1.EventTypeNormal, EventPolicyAccepted, "podnet enforces this NetworkPolicy again")
 		}
 	}
 	e.refused = now
 	e.m.Refused.Set(float64(len(now)))
+}
+
+// policyEvent posts an Event about the policy of key (namespace/name)
+// when it still exists.
+func (e *Engine) policyEvent(key, typ, reason, msg string) {
+	if e.cfg.Events == nil || e.polInf == nil {
+		return
+	}
+	obj, ok, _ := e.polInf.GetStore().GetByKey(key)
+	np, isPolicy := obj.(*networkingv1.NetworkPolicy)
+	if !ok || !isPolicy {
+		return // deleted: nothing to say about it
+	}
+	e.cfg.Events.Policy(np.Namespace, np.Name, np.UID, typ, reason, msg)
 }
 
 // handleWait answers a plugin's ADD-time wait: it records the addresses

@@ -3,10 +3,12 @@ package engine
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/netip"
 	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -16,6 +18,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	fcache "k8s.io/client-go/tools/cache/testing"
 
 	"github.com/podnet/podnet/internal/policysock"
@@ -81,10 +84,29 @@ func (f *fakeWriter) last() (policy.Ruleset, int) {
 	return f.applied[len(f.applied)-1], len(f.applied)
 }
 
+// fakeEvents records the Events the engine posts.
+type fakeEvents struct {
+	mu  sync.Mutex
+	got []string // "namespace/name uid type reason: message"
+}
+
+func (f *fakeEvents) Policy(namespace, name string, uid types.UID, typ, reason, message string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.got = append(f.got, fmt.Sprintf("%s/%s %s %s %s: %s", namespace, name, uid, typ, reason, message))
+}
+
+func (f *fakeEvents) list() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.got)
+}
+
 type rig struct {
 	t               *testing.T
 	pods, nss, pols *fcache.FakeControllerSource
 	w               *fakeWriter
+	ev              *fakeEvents
 	e               *Engine
 	m               *Metrics
 	reg             *prometheus.Registry
@@ -96,11 +118,11 @@ type rig struct {
 const node = "node-a"
 
 func newRig(t *testing.T) *rig {
-	r := &rig{t: t, pods: fcache.NewFakeControllerSource(), nss: fcache.NewFakeControllerSource(), pols: fcache.NewFakeControllerSource(), w: &fakeWriter{}}
+	r := &rig{t: t, pods: fcache.NewFakeControllerSource(), nss: fcache.NewFakeControllerSource(), pols: fcache.NewFakeControllerSource(), w: &fakeWriter{}, ev: &fakeEvents{}}
 	r.reg = prometheus.NewRegistry()
 	r.m = NewMetrics(r.reg, nil)
 	r.sock = filepath.Join(t.TempDir(), policysock.FileName)
-	r.e = New(Config{NodeName: node, Resync: 50 * time.Millisecond, SocketPath: r.sock, ProcSys: t.TempDir()},
+	r.e = New(Config{NodeName: node, Resync: 50 * time.Millisecond, SocketPath: r.sock, ProcSys: t.TempDir(), Events: r.ev},
 		ListWatches{Pods: r.pods, Namespaces: r.nss, Policies: r.pols}, r.w, r.m, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	r.e.SetLocalPodCIDRs([]netip.Prefix{netip.MustParsePrefix("10.244.1.0/24")})
 	r.nss.Add(&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop", Labels: map[string]string{"team": "a"}}})
@@ -284,4 +306,67 @@ func TestDropCounterForgetsGonePods(t *testing.T) {
 	if got := testutil.ToFloat64(d.vec.WithLabelValues("shop", "deny")); got != 14 {
 		t.Fatalf("drops %v, want 14", got)
 	}
+}
+
+// TestEngineEventsForRefusedPolicy: a policy the engine refuses gets one
+// Warning Event (with its UID), not one per compile; fixed, one Normal
+// Event; a refused policy deleted gets none.
+func TestEngineEventsForRefusedPolicy(t *testing.T) {
+	r := newRig(t)
+	bad := denyIngress()
+	bad.UID = "uid-deny"
+	bad.Spec.Ingress = []networkingv1.NetworkPolicyIngressRule{{Ports: []networkingv1.NetworkPolicyPort{{Protocol: ptr(corev1.Protocol("ICMP"))}}}}
+	r.pods.Add(pod("db-0", "10.244.1.5", map[string]string{"app": "db"}))
+	r.pols.Add(bad)
+	r.until("db-0 isolated by the refused policy", func(rs policy.Ruleset) bool { return len(rs.Pods) == 1 })
+	want := []string{`shop/deny-ingress uid-deny Warning PolicyRefused: podnet refuses this NetworkPolicy: ` +
+		`spec.ingress[0].ports[0].protocol: unsupported protocol "ICMP" (TCP, UDP or SCTP); it isolates the pods it selects and allows them nothing until it is fixed`}
+	eventually(t, "one Warning Event", func() error { return sameList(r.ev.list(), want) })
+	// more compiles (a pod, resyncs) say nothing again
+	r.pods.Add(pod("web-0", "10.244.1.6", map[string]string{"app": "web"}))
+	r.until("web-0 known", func(rs policy.Ruleset) bool { return known(rs, "10.244.1.6") })
+	time.Sleep(200 * time.Millisecond) // four resyncs
+	if err := sameList(r.ev.list(), want); err != nil {
+		t.Fatalf("after more compiles: %v", err)
+	}
+	good := denyIngress()
+	good.UID = "uid-deny"
+	r.pols.Modify(good)
+	want = append(want, "shop/deny-ingress uid-deny Normal PolicyAccepted: podnet enforces this NetworkPolicy again")
+	eventually(t, "one Normal Event", func() error { return sameList(r.ev.list(), want) })
+	r.pols.Modify(bad)
+	eventually(t, "refused again", func() error {
+		if n := len(r.ev.list()); n != 3 {
+			return fmt.Errorf("%d Events, want 3", n)
+		}
+		return nil
+	})
+	r.pols.Delete(bad)
+	r.until("isolation lifted", func(rs policy.Ruleset) bool { return len(rs.Pods) == 0 })
+	time.Sleep(200 * time.Millisecond)
+	if n := len(r.ev.list()); n != 3 {
+		t.Fatalf("a deleted policy got an Event: %q", r.ev.list())
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+func sameList(got, want []string) error {
+	if !slices.Equal(got, want) {
+		return fmt.Errorf("Events %q, want %q", got, want)
+	}
+	return nil
+}
+
+func eventually(t *testing.T, what string, f func() error) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	var err error
+	for time.Now().Before(deadline) {
+		if err = f(); err == nil {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("%s: %v", what, err)
 }

@@ -212,10 +212,14 @@ func (w *Writer) ApplyFull(want policy.Ruleset) error {
 	return w.writeFull(def)
 }
 
-// Resync verifies the kernel's table against want and, when it differs
-// (or nothing was written yet), writes it whole: repaired says that a
-// table written before was found changed behind the Writer's back (a
-// deleted or edited table, chain, rule, set or element).
+// Resync verifies the kernel's table against the last Ruleset written
+// and, when it differs, writes it whole: repaired says that the table was
+// found changed behind the Writer's back (a deleted or edited table,
+// chain, rule, set or element). want counts only when nothing is known to
+// be in the kernel (nothing written yet, or the last write failed): it is
+// written then. A caller's want may be older than the last Apply (a
+// resync running beside the write loop), so it never replaces what a
+// later Apply wrote.
 //
 // When no nftables transaction at all was committed since the Writer last
 // knew the table (the netns's generation), there is nothing to read.
@@ -223,18 +227,14 @@ func (w *Writer) ApplyFull(want policy.Ruleset) error {
 // Apply: a write that comes meanwhile makes this resync's reading moot
 // (it returns false; the next one reads again).
 func (w *Writer) Resync(want policy.Ruleset) (repaired bool, err error) {
-	def, err := build(want, w.buildOptions())
-	if err != nil {
-		return false, fmt.Errorf("policy ruleset: %w", err)
-	}
 	w.mu.Lock()
 	if w.last == nil {
 		defer w.mu.Unlock()
+		def, err := build(want, w.buildOptions())
+		if err != nil {
+			return false, fmt.Errorf("policy ruleset: %w", err)
+		}
 		return false, w.writeFull(def)
-	}
-	if d := defDiff(w.last, def); d != "" {
-		defer w.mu.Unlock()
-		return w.repair(def, "not the ruleset last written: "+d)
 	}
 	if _, err := w.nft(); err == nil {
 		if g, err := nftutil.Generation(w.nl); err == nil && g != 0 && g == w.gen {
@@ -242,7 +242,7 @@ func (w *Writer) Resync(want policy.Ruleset) (repaired bool, err error) {
 			return false, nil
 		}
 	}
-	seq, written := w.seq, w.written
+	seq, def, written := w.seq, w.last, w.written
 	w.mu.Unlock()
 
 	w.rmu.Lock()
@@ -251,7 +251,7 @@ func (w *Writer) Resync(want policy.Ruleset) (repaired bool, err error) {
 
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.seq != seq {
+	if w.seq != seq || w.last != def {
 		return false, nil
 	}
 	if err != nil {
