@@ -31,7 +31,7 @@ import (
 //	    ct state established,related accept
 //	    meta l4proto tcp ct state new tcp flags & (fin|syn|rst|ack) != syn ip saddr|daddr @ingress4|@egress4 drop
 //	                                          (egress, and ip6: no mid-stream pickup for isolated pods, see baseRules)
-//	    meta nfproto ipv6 meta l4proto icmpv6 icmpv6 type 133-136 accept   (egress: neighbor discovery)
+//	    meta nfproto ipv6 meta l4proto icmpv6 icmpv6 type 133-136 accept   (neighbor discovery)
 //	    meta nfproto ipv4 ip saddr @local4 ip saddr != @known4 counter unknown_dropped drop   (and ip6)
 //	    meta nfproto ipv4 ip saddr vmap @egress4                                              (and ip6)
 //	  }
@@ -439,19 +439,22 @@ func baseRules(d policy.Direction) [][]expr.Any {
 				}
 			}
 		}
-		// A pod resolves its gateway (the host veth) with Neighbor
-		// Solicitations from its global address, which conntrack does
-		// not track: like ARP, neighbor discovery is never the policy's
-		// to refuse (an egress-isolated IPv6 pod would lose its gateway).
-		rules = append(rules, join(nfproto(true), []expr.Any{
-			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: unix.NFT_REG_1},
-			&expr.Cmp{Op: expr.CmpOpEq, Register: unix.NFT_REG_1, Data: []byte{unix.IPPROTO_ICMPV6}},
-			&expr.Payload{DestRegister: unix.NFT_REG_1, Base: expr.PayloadBaseTransportHeader, Offset: 0, Len: 1},
-			&expr.Cmp{Op: expr.CmpOpGte, Register: unix.NFT_REG_1, Data: []byte{133}}, // router solicitation
-			&expr.Cmp{Op: expr.CmpOpLte, Register: unix.NFT_REG_1, Data: []byte{136}}, // neighbor advertisement
-			&expr.Verdict{Kind: expr.VerdictAccept},
-		}))
 	}
+	// Neighbor discovery, which conntrack does not track, is never the
+	// policy's to refuse, in either direction, as ARP is not: a pod
+	// resolves its gateway (the host veth) with Neighbor Solicitations
+	// from its global address (an egress-isolated IPv6 pod would lose its
+	// gateway), and on podnet-bridge's bridge, which br_netfilter shows to
+	// the forward hook, pods resolve each other (an ingress-isolated pod
+	// would lose its neighbours' advertisements).
+	rules = append(rules, join(nfproto(true), []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: unix.NFT_REG_1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: unix.NFT_REG_1, Data: []byte{unix.IPPROTO_ICMPV6}},
+		&expr.Payload{DestRegister: unix.NFT_REG_1, Base: expr.PayloadBaseTransportHeader, Offset: 0, Len: 1},
+		&expr.Cmp{Op: expr.CmpOpGte, Register: unix.NFT_REG_1, Data: []byte{133}}, // router solicitation
+		&expr.Cmp{Op: expr.CmpOpLte, Register: unix.NFT_REG_1, Data: []byte{136}}, // neighbor advertisement
+		&expr.Verdict{Kind: expr.VerdictAccept},
+	}))
 	for _, v6 := range []bool{false, true} {
 		rules = append(rules, join(nfproto(v6), []expr.Any{
 			loadAddr(v6, source, unix.NFT_REG_1),
