@@ -13,7 +13,9 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"time"
 
+	"github.com/google/nftables"
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 )
@@ -348,4 +350,63 @@ func StructureDiff(want, have []string) string {
 	// the order of the lines means nothing: a rule's label numbers it in
 	// its chain, and the order of the other objects does not matter
 	return strings.Join(out, ", ")
+}
+
+// Conn is a lasting nftables socket (one netlink socket for every
+// request, not one per request), dialed at its first use and again after
+// Close. The zero Conn is ready; it is not safe for concurrent use.
+type Conn struct {
+	// SendBuffer and ReceiveBuffer size the socket when it is dialed (0:
+	// the kernel's default); Timeout bounds each use (see Open).
+	SendBuffer, ReceiveBuffer int
+	Timeout                   time.Duration
+
+	c  *nftables.Conn
+	nl *netlink.Conn
+}
+
+// Open returns the socket, dialed when needed, with a deadline of Timeout
+// from now for what the caller does with it: a lost acknowledgement fails
+// the request rather than hanging it.
+func (x *Conn) Open() (*nftables.Conn, error) {
+	if x.c == nil {
+		var raw *netlink.Conn
+		c, err := nftables.New(nftables.AsLasting(), nftables.WithSockOptions(func(c *netlink.Conn) error {
+			raw = c
+			if x.ReceiveBuffer > 0 {
+				if err := SetReceiveBuffer(c, x.ReceiveBuffer); err != nil {
+					return err
+				}
+			}
+			if x.SendBuffer > 0 {
+				return SetSendBuffer(c, x.SendBuffer)
+			}
+			return nil
+		}))
+		if err != nil {
+			return nil, fmt.Errorf("nftables: %w", err)
+		}
+		x.c, x.nl = c, raw
+	}
+	if x.Timeout > 0 {
+		if err := x.nl.SetDeadline(time.Now().Add(x.Timeout)); err != nil {
+			x.Close()
+			return nil, fmt.Errorf("nftables: %w", err)
+		}
+	}
+	return x.c, nil
+}
+
+// Netlink is the open socket's netlink side, for the raw requests of
+// Structure, StructurePatch and Generation (nil before Open).
+func (x *Conn) Netlink() *netlink.Conn { return x.nl }
+
+// Close closes the socket; the next Open dials again. Callers close it
+// after an error too: whatever it was in the middle of must not be read
+// as the answer to the next request.
+func (x *Conn) Close() {
+	if x.c != nil {
+		_ = x.c.CloseLasting()
+	}
+	x.c, x.nl = nil, nil
 }

@@ -98,34 +98,19 @@ type Table struct {
 	written []string
 	// nested: spec's RemotePodCIDRs overlap (see change)
 	nested bool
-	// conn is the Table's one nftables socket (nl underneath), kept open:
-	// closing a netfilter socket while the kernel still has deleted set
-	// elements to free waits for them (an RCU grace period, ~10 ms) with
-	// nf_tables' commit lock held, which would delay the next Node
-	// event's transaction. nil: dialed at the next use.
-	conn *nftables.Conn
-	nl   *netlink.Conn
+	// conn is the Table's one nftables socket, kept open: closing a
+	// netfilter socket while the kernel still has deleted set elements to
+	// free waits for them (an RCU grace period, ~10 ms) with nf_tables'
+	// commit lock held, which would delay the next Node event's
+	// transaction. Dialed at its next use after an error.
+	conn nftutil.Conn
 }
 
 // nft returns the Table's socket, dialed when needed, with a deadline of
 // nftTimeout for what the caller does now. Callers hold t.mu.
 func (t *Table) nft() (*nftables.Conn, error) {
-	if t.conn == nil {
-		var nl *netlink.Conn
-		c, err := nftables.New(nftables.AsLasting(), nftables.WithSockOptions(func(c *netlink.Conn) error {
-			nl = c
-			return setSendBuffer(c)
-		}))
-		if err != nil {
-			return nil, fmt.Errorf("nftables: %w", err)
-		}
-		t.conn, t.nl = c, nl
-	}
-	if err := t.nl.SetDeadline(time.Now().Add(nftTimeout)); err != nil {
-		t.closeConn()
-		return nil, fmt.Errorf("nftables: %w", err)
-	}
-	return t.conn, nil
+	t.conn.SendBuffer, t.conn.Timeout = nftSendBuffer, nftTimeout
+	return t.conn.Open()
 }
 
 // Close closes the Table's socket (a later use dials again).
@@ -137,12 +122,7 @@ func (t *Table) Close() {
 
 // closeConn drops the socket after an error: whatever it was in the
 // middle of is not read as the answer to the next request.
-func (t *Table) closeConn() {
-	if t.conn != nil {
-		_ = t.conn.CloseLasting()
-	}
-	t.conn, t.nl = nil, nil
-}
+func (t *Table) closeConn() { t.conn.Close() }
 
 func (t *Table) log() *slog.Logger {
 	if t.Log == nil {
@@ -243,7 +223,7 @@ func (t *Table) write(want TableSpec) error {
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("write nftables table %s: %w", contract.NFTable, err)
 	}
-	written, err := tableStructure(t.nl)
+	written, err := tableStructure(t.conn.Netlink())
 	if err != nil {
 		return fmt.Errorf("read back nftables table %s: %w", contract.NFTable, err)
 	}
@@ -261,7 +241,7 @@ func (t *Table) differs(want TableSpec) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	have, err := tableStructure(t.nl)
+	have, err := tableStructure(t.conn.Netlink())
 	if err != nil {
 		return "", err
 	}

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/cni/pkg/types"
@@ -31,6 +32,9 @@ type Pod struct {
 	IP6         netip.Addr // dual-stack clusters only
 	ContainerID string
 	Result      *current.Result
+	// ADD is how long the CNI ADD took (the plugin chain through libcni,
+	// the plugin's wait for the node's NetworkPolicy engine included).
+	ADD time.Duration
 
 	rt      *libcni.RuntimeConf
 	mu      sync.Mutex
@@ -163,7 +167,9 @@ func (n *Node) AddPodSpec(ctx context.Context, spec PodSpec) (*Pod, error) {
 	var res types.Result
 	err = n.NS.Do(func() error {
 		var err error
+		start := time.Now()
 		res, err = n.cni.AddNetworkList(ctx, n.list, p.rt)
+		p.ADD = time.Since(start)
 		return err
 	})
 	if err != nil {

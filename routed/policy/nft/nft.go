@@ -80,14 +80,12 @@ type Writer struct {
 	// seq counts writes: a resync that read the table without w.mu
 	// discards what it found when a write came meanwhile.
 	seq  uint64
-	conn *nftables.Conn
-	nl   *netlink.Conn
+	conn nftutil.Conn
 
 	// rmu serializes resyncs, which read the table on their own socket
-	// (rconn, rnl) without w.mu: writes go on meanwhile.
+	// (rconn) without w.mu: writes go on meanwhile.
 	rmu   sync.Mutex
-	rconn *nftables.Conn
-	rnl   *netlink.Conn
+	rconn nftutil.Conn
 }
 
 // Stats describes one Apply.
@@ -120,52 +118,28 @@ func table() *nftables.Table {
 // nft returns the Writer's socket, dialed when needed, with a deadline of
 // nftTimeout. Callers hold w.mu.
 func (w *Writer) nft() (*nftables.Conn, error) {
-	return nftConn(&w.conn, &w.nl)
+	w.conn.SendBuffer, w.conn.ReceiveBuffer, w.conn.Timeout = nftSendBuffer, nftReceiveBuffer, nftTimeout
+	return w.conn.Open()
 }
 
-// nftConn dials a lasting nftables socket into *c (its netlink socket in
-// *nl) when there is none, and sets its deadline.
-func nftConn(c **nftables.Conn, nl **netlink.Conn) (*nftables.Conn, error) {
-	if *c == nil {
-		var raw *netlink.Conn
-		conn, err := nftables.New(nftables.AsLasting(), nftables.WithSockOptions(func(c *netlink.Conn) error {
-			raw = c
-			if err := nftutil.SetReceiveBuffer(c, nftReceiveBuffer); err != nil {
-				return err
-			}
-			return nftutil.SetSendBuffer(c, nftSendBuffer)
-		}))
-		if err != nil {
-			return nil, fmt.Errorf("nftables: %w", err)
-		}
-		*c, *nl = conn, raw
-	}
-	if err := (*nl).SetDeadline(time.Now().Add(nftTimeout)); err != nil {
-		closeConn(c, nl)
-		return nil, fmt.Errorf("nftables: %w", err)
-	}
-	return *c, nil
-}
-
-func closeConn(c **nftables.Conn, nl **netlink.Conn) {
-	if *c != nil {
-		_ = (*c).CloseLasting()
-	}
-	*c, *nl = nil, nil
+// rnft is nft for the resync socket. Callers hold w.rmu.
+func (w *Writer) rnft() (*nftables.Conn, error) {
+	w.rconn.ReceiveBuffer, w.rconn.Timeout = nftReceiveBuffer, nftTimeout
+	return w.rconn.Open()
 }
 
 // Close closes the Writer's socket (a later use dials again). The table
 // stays.
 func (w *Writer) Close() {
 	w.rmu.Lock()
-	closeConn(&w.rconn, &w.rnl)
+	w.rconn.Close()
 	w.rmu.Unlock()
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.closeConn()
 }
 
-func (w *Writer) closeConn() { closeConn(&w.conn, &w.nl) }
+func (w *Writer) closeConn() { w.conn.Close() }
 
 // fail forgets what the kernel holds after a failed write: the next
 // Apply writes everything.
@@ -237,7 +211,7 @@ func (w *Writer) Resync(want policy.Ruleset) (repaired bool, err error) {
 		return false, w.writeFull(def)
 	}
 	if _, err := w.nft(); err == nil {
-		if g, err := nftutil.Generation(w.nl); err == nil && g != 0 && g == w.gen {
+		if g, err := nftutil.Generation(w.conn.Netlink()); err == nil && g != 0 && g == w.gen {
 			w.mu.Unlock()
 			return false, nil
 		}
@@ -279,21 +253,21 @@ func (w *Writer) repair(def *tableDef, why string) (bool, error) {
 // generation it read at when nothing was committed during the reading
 // (else 0). Callers hold w.rmu.
 func (w *Writer) check(def *tableDef, written []string) (diff string, gen uint32, err error) {
-	c, err := nftConn(&w.rconn, &w.rnl)
+	c, err := w.rnft()
 	if err != nil {
 		return "", 0, err
 	}
-	g0, err := nftutil.Generation(w.rnl)
+	g0, err := nftutil.Generation(w.rconn.Netlink())
 	if err != nil {
-		closeConn(&w.rconn, &w.rnl)
+		w.rconn.Close()
 		return "", 0, err
 	}
-	diff, err = differs(c, w.rnl, def, written)
+	diff, err = differs(c, w.rconn.Netlink(), def, written)
 	if err != nil {
-		closeConn(&w.rconn, &w.rnl)
+		w.rconn.Close()
 		return "", 0, err
 	}
-	if g1, err := nftutil.Generation(w.rnl); err != nil || g1 != g0 {
+	if g1, err := nftutil.Generation(w.rconn.Netlink()); err != nil || g1 != g0 {
 		g0 = 0
 	}
 	return diff, g0, nil
@@ -321,7 +295,7 @@ func (w *Writer) Verify(want policy.Ruleset) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	diff, err := differs(c, w.nl, def, w.written)
+	diff, err := differs(c, w.conn.Netlink(), def, w.written)
 	if err != nil {
 		w.closeConn()
 	}
@@ -420,7 +394,7 @@ func (w *Writer) writeFullOnce(def *tableDef) error {
 			}
 		}
 	}
-	g0, err := nftutil.Generation(w.nl)
+	g0, err := nftutil.Generation(w.conn.Netlink())
 	if err != nil {
 		return err
 	}
@@ -436,7 +410,7 @@ func (w *Writer) writeFullOnce(def *tableDef) error {
 // g0 (read just before it): all of it after a full write (p nil), else
 // only what the write changed (p), on top of what was read before.
 func (w *Writer) readBack(def *tableDef, g0 uint32, p *nftutil.Patch) error {
-	g1, err := nftutil.Generation(w.nl)
+	g1, err := nftutil.Generation(w.conn.Netlink())
 	if err != nil {
 		return fmt.Errorf("read back nftables table %s: %w", TableName, err)
 	}
@@ -445,10 +419,10 @@ func (w *Writer) readBack(def *tableDef, g0 uint32, p *nftutil.Patch) error {
 	alone, known := g1 == g0+1, w.gen != 0 && w.gen == g0 && w.written != nil
 	var written []string
 	if p != nil && w.written != nil {
-		written, err = nftutil.StructurePatch(w.nl, unix.NFPROTO_INET, TableName, w.written, *p)
+		written, err = nftutil.StructurePatch(w.conn.Netlink(), unix.NFPROTO_INET, TableName, w.written, *p)
 	} else {
 		p, known = nil, true
-		written, err = nftutil.Structure(w.nl, unix.NFPROTO_INET, TableName)
+		written, err = nftutil.Structure(w.conn.Netlink(), unix.NFPROTO_INET, TableName)
 	}
 	if err != nil {
 		return fmt.Errorf("read back nftables table %s: %w", TableName, err)
@@ -459,7 +433,7 @@ func (w *Writer) readBack(def *tableDef, g0 uint32, p *nftutil.Patch) error {
 	w.last, w.written, w.gen = def, written, 0
 	// the kernel's table is known to be what was written and read when
 	// nothing else committed since it last was, nor during the reading
-	if g2, err := nftutil.Generation(w.nl); err == nil && alone && known && g2 == g1 {
+	if g2, err := nftutil.Generation(w.conn.Netlink()); err == nil && alone && known && g2 == g1 {
 		w.gen = g1
 	}
 	return nil
@@ -681,7 +655,7 @@ func (w *Writer) writeDiff(def *tableDef) (Stats, error) {
 			p.Counters = append(p.Counters, n)
 		}
 	}
-	g0, err := nftutil.Generation(w.nl)
+	g0, err := nftutil.Generation(w.conn.Netlink())
 	if err != nil {
 		return st, err
 	}
@@ -844,13 +818,13 @@ func (w *Writer) DropCounters() (pods map[CounterKey]uint64, unknownDropped uint
 	// read on the resync socket: writes go on meanwhile
 	w.rmu.Lock()
 	defer w.rmu.Unlock()
-	c, err := nftConn(&w.rconn, &w.rnl)
+	c, err := w.rnft()
 	if err != nil {
 		return nil, 0, err
 	}
 	all, err := readCounters(c)
 	if err != nil {
-		closeConn(&w.rconn, &w.rnl)
+		w.rconn.Close()
 		return nil, 0, err
 	}
 	for name, k := range keys {
