@@ -419,6 +419,17 @@ func (n *Node) Cleanup(ctx context.Context) (string, error) {
 	return n.NS.Exec(ctx, filepath.Join(n.c.Cfg.BinDir, "podnet-routed"), "--cleanup", "--state-dir="+n.StateDir)
 }
 
+// ExplainPolicy runs `podnet-routed --explain-policy SRC DST PORT` in the
+// node netns as an operator would in the node's podnet-routed pod (its
+// kubeconfig, --node-name: the node's kernel table is checked too) and
+// returns its output.
+func (n *Node) ExplainPolicy(ctx context.Context, src, dst netip.Addr, port string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	return n.NS.Exec(ctx, filepath.Join(n.c.Cfg.BinDir, "podnet-routed"), "--kubeconfig="+n.kubeconfigPath(), "--node-name="+n.Name,
+		"--explain-policy", src.String(), dst.String(), port)
+}
+
 // Route is a podnet route (protocol contract.RouteProtocol) in the main table.
 type Route struct {
 	Dst       netip.Prefix

@@ -60,6 +60,7 @@ func TestNetworkPolicy(t *testing.T) {
 	e := newEnv(t, "podnet")
 	t.Run("DefaultDenyIngressThenAllowFromPod", func(t *testing.T) { e.defaultDeny(t) })
 	t.Run("NodeToPodAlwaysAllowed", func(t *testing.T) { e.nodeToPod(t) })
+	t.Run("ExplainOnTheNode", func(t *testing.T) { e.explainOnNode(t) })
 	t.Run("DropsMetric", func(t *testing.T) { e.dropsMetric(t) })
 	t.Run("NamespaceSelector", func(t *testing.T) { e.namespaceSelector(t) })
 	t.Run("NamedPort", func(t *testing.T) { e.namedPort(t) })
@@ -341,6 +342,48 @@ func (e *env) defaultDeny(t *testing.T) {
 		deny(e.other, e.web, "tcp", portMain), deny(e.other, e.web, "udp", portMain), // label not selected
 		deny(e.devclient, e.web, "tcp", portMain), // role=client of another namespace
 	)...)
+}
+
+// explainOnNode: `podnet-routed --explain-policy` run on web's node (as
+// in its podnet-routed pod) names the policies and says the node's
+// kernel table is what they compile to; with the table edited behind the
+// engine's back, it says that it differs (the engine repairs it at its
+// next resync, so the edit is made again right before each try).
+func (e *env) explainOnNode(t *testing.T) {
+	ctx := context.Background()
+	const same = "its table inet podnet-policy is what the API objects compile to"
+	for _, tc := range []struct {
+		from *cluster.Pod
+		port string
+		want []string
+	}{
+		{e.client, "80/tcp", []string{"allowed", "prod/allow-client", same}},
+		{e.other, "80/udp", []string{"denied", "prod/deny-in", same}},
+	} {
+		out, err := e.n1.ExplainPolicy(ctx, tc.from.IP, e.web.IP, tc.port)
+		if err != nil {
+			t.Fatalf("explain %s -> web %s: %v\n%s", tc.from.Name, tc.port, err, out)
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(out, w) {
+				t.Errorf("explain %s -> web %s: no %q in:\n%s", tc.from.Name, tc.port, w, out)
+			}
+		}
+	}
+	var out string
+	for range 5 {
+		if _, err := e.n1.NS.Exec(ctx, "nft", "add", "element", "inet", "podnet-policy", "known4", "{ 10.244.0.250 }"); err != nil {
+			t.Fatal(err)
+		}
+		var err error
+		if out, err = e.n1.ExplainPolicy(ctx, e.client.IP, e.web.IP, "80/tcp"); err != nil {
+			t.Fatalf("explain: %v\n%s", err, out)
+		}
+		if strings.Contains(out, "differs from what the API objects compile to (set known4: 1 element(s) not wanted") {
+			return
+		}
+	}
+	t.Errorf("explain with an element added behind the engine's back:\n%s", out)
 }
 
 // nodeToPod: web's own node reaches it on every port while every pod is

@@ -451,6 +451,54 @@ func TestResyncStaleWant(t *testing.T) {
 	runChecks(t, []check{{"b->a tcp:8081 (no policy)", true, func() error { return flow(b.ns, "tcp", a.v4, 8081) }}})
 }
 
+// TestCheck: nft.Check (what --explain-policy runs on a node) finds the
+// table the Writer wrote the same as the Ruleset, names what differs from
+// another Ruleset or after an edit, says when there is no table, and
+// leaves the calling thread in its own network namespace (the table is
+// still there to read afterwards).
+func TestCheck(t *testing.T) {
+	e := newEnv(t, "a", "b")
+	rs := trafficRulesetAB(e)
+	e.apply(rs)
+	more := rs
+	more.Known = append(slices.Clone(rs.Known), netip.MustParseAddr("10.64.1.99"))
+	e.do(func() error {
+		for _, tc := range []struct {
+			rs   policy.Ruleset
+			want string
+		}{{rs, ""}, {more, "set known4: 1 element(s) missing (0a400163)"}} {
+			d, err := nft.Check(tc.rs, false, 0)
+			if err != nil {
+				return err
+			}
+			if d != tc.want {
+				t.Errorf("Check = %q, want %q", d, tc.want)
+			}
+		}
+		if d, err := nft.Check(rs, true, 10); err != nil || !strings.Contains(d, "chain pod-a-in changed") {
+			t.Errorf("Check with drop logging on (the table has none) = %q, %v; want pod-a-in's rules to differ", d, err)
+		}
+		return nil
+	})
+	e.nft("flush", "chain", "inet", nft.TableName, "pol-a-in")
+	e.do(func() error {
+		if d, err := nft.Check(rs, false, 0); err != nil || !strings.HasPrefix(d, "rule 1 of chain pol-a-in missing") {
+			t.Errorf("Check after a flush = %q, %v", d, err)
+		}
+		// still in the node netns: the Writer reads the same table
+		if d, err := e.w.Verify(rs); err != nil || !strings.HasPrefix(d, "rule 1 of chain pol-a-in missing") {
+			t.Errorf("Verify after Check = %q, %v", d, err)
+		}
+		return nil
+	})
+	nettest.Do(t, nettest.NewNetNS(t), func() error {
+		if d, err := nft.Check(rs, false, 0); err != nil || d != "table missing" {
+			t.Errorf("Check without a table = %q, %v", d, err)
+		}
+		return nil
+	})
+}
+
 // trafficRulesetAB: a isolated for ingress, b allowed to it on TCP 8080.
 func trafficRulesetAB(e *env) policy.Ruleset {
 	a, b := e.pods["a"], e.pods["b"]

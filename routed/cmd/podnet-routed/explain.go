@@ -1,16 +1,19 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"net/netip"
 	"strconv"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/podnet/podnet/routed/policy"
@@ -61,9 +64,20 @@ func parseFlow(args []string) (flow, error) {
 	return f, nil
 }
 
+// nodeCheck is what explain needs to hold this node's kernel table
+// against the API objects: the node, its PodCIDRs and the comparison
+// (nft.Check with the daemon's --policy-log-drops).
+type nodeCheck struct {
+	name     string
+	podCIDRs []netip.Prefix
+	check    func(policy.Ruleset) (string, error)
+}
+
 // explain lists Pods, Namespaces and NetworkPolicies once and prints
-// which policies allow or refuse the flow, and why.
-func explain(w io.Writer, pods, namespaces, policies cache.ListerWatcher, f flow) error {
+// which policies allow or refuse the flow, and why. With node, it then
+// says whether this node's table inet podnet-policy is what those objects
+// compile to for it: the answer above is then what the kernel does.
+func explain(w io.Writer, pods, namespaces, policies cache.ListerWatcher, f flow, node *nodeCheck) error {
 	st := policy.NewState()
 	list := func(what string, lw cache.ListerWatcher, each func(any)) error {
 		obj, err := lw.List(metav1.ListOptions{})
@@ -103,5 +117,42 @@ func explain(w io.Writer, pods, namespaces, policies cache.ListerWatcher, f flow
 		return err
 	}
 	fmt.Fprintln(w, st.Explain(f.src, f.dst, f.proto, f.port).String())
+	if node == nil {
+		return nil
+	}
+	diff, err := node.check(st.Compile(node.name, node.podCIDRs))
+	switch {
+	case err != nil:
+		fmt.Fprintf(w, "node %s: cannot compare its table inet podnet-policy with the API objects: %v\n", node.name, err)
+	case diff == "table missing":
+		fmt.Fprintf(w, "node %s: no table inet podnet-policy here: this node enforces no NetworkPolicy (is podnet-routed running on it with --network-policy=true?)\n", node.name)
+	case diff != "":
+		fmt.Fprintf(w, "node %s: its table inet podnet-policy differs from what the API objects compile to (%s): the engine may be in the middle of a change (run again), or failing to write (podnet_policy_errors_total); a pod whose Pod object does not show its addresses yet differs too\n", node.name, diff)
+	default:
+		fmt.Fprintf(w, "node %s: its table inet podnet-policy is what the API objects compile to: the kernel does as said above\n", node.name)
+	}
 	return nil
+}
+
+// nodePodCIDRs reads Node name's PodCIDRs from the API server.
+func nodePodCIDRs(core rest.Interface, name string) ([]netip.Prefix, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var n corev1.Node
+	if err := core.Get().Resource("nodes").Name(name).Do(ctx).Into(&n); err != nil {
+		return nil, fmt.Errorf("get Node %s: %w", name, err)
+	}
+	cidrs := n.Spec.PodCIDRs
+	if len(cidrs) == 0 && n.Spec.PodCIDR != "" {
+		cidrs = []string{n.Spec.PodCIDR}
+	}
+	var out []netip.Prefix
+	for _, c := range cidrs {
+		p, err := netip.ParsePrefix(c)
+		if err != nil {
+			return nil, fmt.Errorf("Node %s: PodCIDR %q: %w", name, c, err)
+		}
+		out = append(out, p.Masked())
+	}
+	return out, nil
 }

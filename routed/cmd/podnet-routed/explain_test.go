@@ -59,7 +59,7 @@ func TestExplain(t *testing.T) {
 			t.Fatal(err)
 		}
 		var b bytes.Buffer
-		if err := explain(&b, pods, nss, pols, f); err != nil {
+		if err := explain(&b, pods, nss, pols, f, nil); err != nil {
 			t.Fatal(err)
 		}
 		return b.String()

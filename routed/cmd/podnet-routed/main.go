@@ -28,6 +28,7 @@ import (
 	"github.com/podnet/podnet/routed/daemon"
 	"github.com/podnet/podnet/routed/dataplane"
 	"github.com/podnet/podnet/routed/desired"
+	"github.com/podnet/podnet/routed/policy"
 	"github.com/podnet/podnet/routed/policy/engine"
 	"github.com/podnet/podnet/routed/policy/nft"
 	"github.com/podnet/podnet/routed/reconcile"
@@ -94,7 +95,19 @@ func run(argv []string) error {
 		if err != nil {
 			return err
 		}
-		return explain(os.Stdout, pods, nss, pols, f)
+		var node *nodeCheck
+		if *nodeName != "" {
+			// on a node (NODE_NAME is set in podnet-routed's pod): its
+			// kernel table against the API objects too
+			cidrs, err := nodePodCIDRs(core, *nodeName)
+			if err != nil {
+				return fmt.Errorf("--explain-policy: %w", err)
+			}
+			node = &nodeCheck{name: *nodeName, podCIDRs: cidrs, check: func(rs policy.Ruleset) (string, error) {
+				return nft.Check(rs, *policyLogDrops > 0, *policyLogDrops)
+			}}
+		}
+		return explain(os.Stdout, pods, nss, pols, f, node)
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %q (only --explain-policy takes arguments)", fs.Args())

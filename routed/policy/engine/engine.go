@@ -96,16 +96,18 @@ type Config struct {
 
 // Engine is one node's NetworkPolicy engine.
 type Engine struct {
-	cfg     Config
-	lw      ListWatches
-	w       Writer
-	m       *Metrics
-	log     *slog.Logger
-	podInf  cache.SharedIndexInformer
-	polInf  cache.SharedIndexInformer
-	kick    chan struct{}
-	now     func() time.Time
-	applied chan struct{} // closed and replaced after each successful write
+	cfg    Config
+	lw     ListWatches
+	w      Writer
+	m      *Metrics
+	log    *slog.Logger
+	podInf cache.SharedIndexInformer
+	polInf cache.SharedIndexInformer
+	kick   chan struct{}
+	// revokeKick asks the revoker for a conntrack scan (capacity 1)
+	revokeKick chan struct{}
+	now        func() time.Time
+	applied    chan struct{} // closed and replaced after each successful write
 
 	mu        sync.Mutex
 	state     *policy.State
@@ -137,12 +139,13 @@ func New(cfg Config, lw ListWatches, w Writer, m *Metrics, log *slog.Logger) *En
 	}
 	return &Engine{
 		cfg: cfg, lw: lw, w: w, m: m, log: log,
-		kick:      make(chan struct{}, 1),
-		now:       time.Now,
-		applied:   make(chan struct{}),
-		state:     policy.NewState(),
-		overrides: map[string]override{},
-		refused:   map[string]string{},
+		kick:       make(chan struct{}, 1),
+		revokeKick: make(chan struct{}, 1),
+		now:        time.Now,
+		applied:    make(chan struct{}),
+		state:      policy.NewState(),
+		overrides:  map[string]override{},
+		refused:    map[string]string{},
 	}
 }
 
@@ -224,6 +227,7 @@ func (e *Engine) loop(ctx context.Context) error {
 	defer t.Stop()
 	var periodic sync.WaitGroup
 	defer periodic.Wait()
+	periodic.Go(func() { e.revoker(ctx) })
 	busy := false
 	periodicDone := make(chan struct{}, 1)
 	for {
@@ -322,7 +326,34 @@ func (e *Engine) sync() error {
 	// a change of which addresses are known only adds or removes whole
 	// pods; what a connection may do changes only with the chains
 	if prev != nil && !prev.ChainsEqual(rs) {
-		n, err := e.w.Revoke(policy.NewMatcher(rs).Allows)
+		select {
+		case e.revokeKick <- struct{}{}:
+		default: // one is pending: it will judge by the newest Ruleset
+		}
+	}
+	return nil
+}
+
+// revoker deletes the conntrack entries of the connections the Ruleset in
+// the kernel no longer allows, after each change of the chains, beside
+// the write loop: the conntrack table's scan (tens of milliseconds with
+// many connections) never delays the next change, nor a new pod's ADD.
+// Changes that come during a scan make one more scan, by the newest
+// Ruleset (e.last, what the kernel holds).
+func (e *Engine) revoker(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-e.revokeKick:
+		}
+		e.mu.Lock()
+		rs := e.last
+		e.mu.Unlock()
+		if rs == nil {
+			continue
+		}
+		n, err := e.w.Revoke(policy.NewMatcher(*rs).Allows)
 		if err != nil {
 			e.log.Warn("cannot revoke the connections the new policy refuses", "err", err)
 		}
@@ -331,7 +362,6 @@ func (e *Engine) sync() error {
 			e.log.Info("connections revoked", "count", n)
 		}
 	}
-	return nil
 }
 
 func (e *Engine) done(gen uint64, rs *policy.Ruleset) {

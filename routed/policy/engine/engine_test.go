@@ -27,11 +27,13 @@ import (
 
 // fakeWriter records what the engine writes.
 type fakeWriter struct {
-	mu       sync.Mutex
-	applied  []policy.Ruleset
-	resyncs  int
-	repair   bool
-	revokes  int
+	mu      sync.Mutex
+	applied []policy.Ruleset
+	resyncs int
+	repair  bool
+	revokes int
+	// webToDB: what each revocation's verdict said of web-0 -> db-0 TCP 5432
+	webToDB  []bool
 	counters map[DropKey]uint64
 	failNext error
 }
@@ -70,7 +72,25 @@ func (f *fakeWriter) Revoke(allowed func(src, dst netip.Addr, proto uint8, dport
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.revokes++
+	f.webToDB = append(f.webToDB, allowed(netip.MustParseAddr("10.244.1.6"), netip.MustParseAddr("10.244.1.5"), policy.ProtoTCP, 5432))
 	return 0, nil
+}
+
+// revocations waits for the n-th revocation and returns what each said of
+// web-0 -> db-0.
+func (r *rig) revocations(n int) []bool {
+	r.t.Helper()
+	var got []bool
+	eventually(r.t, fmt.Sprintf("%d revocations", n), func() error {
+		r.w.mu.Lock()
+		defer r.w.mu.Unlock()
+		got = slices.Clone(r.w.webToDB)
+		if len(got) < n {
+			return fmt.Errorf("%d revocations", len(got))
+		}
+		return nil
+	})
+	return got
 }
 
 func (f *fakeWriter) Delete() error { return nil }
@@ -203,17 +223,22 @@ func TestEngineFollowsTheCluster(t *testing.T) {
 	if rs.Allows(netip.MustParseAddr("10.244.1.6"), netip.MustParseAddr("10.244.1.5"), policy.ProtoTCP, 5432) {
 		t.Fatal("the written Ruleset still allows web-0 -> db-0")
 	}
+	// the revocation (beside the write loop) judges by the Ruleset written
+	if got := r.revocations(1); got[0] {
+		t.Fatalf("the revocation after the policy allowed web-0 -> db-0: %v", got)
+	}
 	r.pols.Delete(denyIngress())
 	r.until("isolation lifted", func(rs policy.Ruleset) bool { return len(rs.Pods) == 0 && known(rs, "10.244.1.5") })
+	if got := r.revocations(2); !got[1] {
+		t.Fatalf("the revocation after the policy went refused web-0 -> db-0: %v", got)
+	}
 	r.pods.Delete(pod("db-0", "10.244.1.5", nil))
 	r.until("db-0 forgotten", func(rs policy.Ruleset) bool { return !known(rs, "10.244.1.5") })
-	r.w.mu.Lock()
-	revokes := r.w.revokes
-	r.w.mu.Unlock()
 	// the policy's arrival and its deletion changed the chains; the pod's
-	// deletion only the known addresses
-	if revokes != 2 {
-		t.Fatalf("%d revocations, want 2 (one per change of the chains)", revokes)
+	// deletion only the known addresses: no third scan
+	time.Sleep(200 * time.Millisecond)
+	if got := r.revocations(2); len(got) != 2 {
+		t.Fatalf("%d revocations, want 2 (one per change of the chains)", len(got))
 	}
 }
 
