@@ -6,6 +6,8 @@ import (
 	"net/netip"
 	"testing"
 
+	"github.com/google/nftables"
+
 	"github.com/podnet/podnet/routed/policy"
 	"github.com/podnet/podnet/routed/policy/nft"
 	"github.com/podnet/podnet/test/nettest"
@@ -67,6 +69,29 @@ func BenchmarkApplyScale(b *testing.B) {
 		nettest.Do(b, node, func() error { return w.ApplyFull(rs) })
 		for b.Loop() {
 			nettest.Do(b, node, func() error { _, err := w.Resync(rs); return err })
+		}
+	})
+	// a commit to another table before each resync: the whole table is
+	// read and compared
+	b.Run("resync-after-foreign-commit", func(b *testing.B) {
+		nettest.Do(b, node, func() error { return w.ApplyFull(rs) })
+		other := &nftables.Table{Family: nftables.TableFamilyINet, Name: "someone-else"}
+		for b.Loop() {
+			nettest.Do(b, node, func() error {
+				c, err := nftables.New()
+				if err != nil {
+					return err
+				}
+				c.AddTable(other)
+				if err := c.Flush(); err != nil {
+					return err
+				}
+				repaired, err := w.Resync(rs)
+				if err == nil && repaired {
+					err = fmt.Errorf("resync repaired an untouched table")
+				}
+				return err
+			})
 		}
 	})
 }
