@@ -223,7 +223,7 @@ func (r *report) policySection(d *policyData, err error) {
 
 	// attach with the engine on
 	if len(d.AttachZeroMs) > 0 {
-		r.f("**Attach with the engine on**: the CNI ADD of a new pod on node 1 (podnet through libcni, one pod at a time, each deleted after; labelled so that the policies select it), whose last step waits on the engine's socket until the pod's addresses and chains are in the kernel (the Pod object shows its address only later, as kubelet reports it). Section 3 has ADD without the engine.\n\n")
+		r.f("**Attach with the engine on**: the CNI ADD of a new pod on node 1 (podnet through libcni, one pod at a time, each deleted after; labelled so that the policies select it), whose last step waits on the engine's socket until the pod's addresses and chains are in the kernel (the Pod object shows its address only later, as kubelet reports it). Section 1 has ADD without the engine (no socket to wait on).\n\n")
 		r.f("| policies | pods | ADD p50 (ms) | ADD p99 (ms) |\n|---:|---:|---:|---:|\n")
 		r.f("| 0 | %d | %s | %s |\n", len(d.AttachZeroMs), fmtMs(median(d.AttachZeroMs)), fmtMs(pct(d.AttachZeroMs, 99)))
 		for _, sc := range d.Scales {
@@ -235,7 +235,11 @@ func (r *report) policySection(d *policyData, err error) {
 	}
 
 	// 0 vs n policies
-	r.f("**0 vs %s policies** (the %d pods there in both; with the policies srv is isolated for ingress and cli for egress, and cli → srv is allowed by web-allow-cli and cli-egress-web after the walks above). Each run measures 300 sequential fresh connections (connect and one echoed line), 3 s of 4 workers making them, and 5 s of one iperf3 TCP stream cli → srv; the run without policies and the one with them are back to back, in alternating order, so their ratio cancels most of the machine's drift (before the first pair, 3 s of connections bring cli's TIME_WAIT sockets to their steady state); one line per run:\n\n", strings.Join(counts, " and "), d.PodsTotal)
+	conns := 0
+	if len(d.Phases) > 0 {
+		conns = len(d.Phases[0].ConnectMs)
+	}
+	r.f("**0 vs %s policies** (the %d pods there in both; with the policies srv is isolated for ingress and cli for egress, and cli → srv is allowed by web-allow-cli and cli-egress-web after the walks above). Each run measures %d sequential fresh connections (connect and one echoed line), 3 s of 4 workers making them, and 5 s of one iperf3 TCP stream cli → srv; the run without policies and the one with them are back to back, in alternating order, so their ratio cancels most of the machine's drift (before the first pair, 3 s of connections bring cli's TIME_WAIT sockets to their steady state); one line per run:\n\n", strings.Join(counts, " and "), d.PodsTotal, conns)
 	r.f("| policies | run | load | cli's TIME_WAIT sockets at the start | fresh connection p50 / p99 (ms) | connections/s (4 workers) | CPU per connection (µs) | iperf3 Gbit/s | podnet-routed CPU, node 1 / node 2 (%% of a CPU) |\n|---:|---:|---:|---:|---|---:|---:|---:|---|\n")
 	type key struct{ n, rep int }
 	byKey := map[key]int{}

@@ -136,17 +136,37 @@ func NewState() *State {
 }
 
 // SetPod adds or replaces a pod (by namespace/name).
-func (s *State) SetPod(p Pod) {
-	s.ix = nil
+//
+// It reports whether a Ruleset can change: Compile and Explain see only
+// pods with an address that are not hostNetwork, so a pod that is not one
+// of those before and after the change (a pod created before it has an
+// address, as every pod is) changes none.
+func (s *State) SetPod(p Pod) bool {
 	p.IPs = cleanIPs(p.IPs)
+	old := s.pods[p.Key()]
 	s.pods[p.Key()] = &p
+	if !seen(old) && !seen(&p) {
+		return false
+	}
+	s.ix = nil
+	return true
 }
 
-// DeletePod removes a pod.
-func (s *State) DeletePod(namespace, name string) {
+// DeletePod removes a pod. It reports whether a Ruleset can change (see
+// SetPod).
+func (s *State) DeletePod(namespace, name string) bool {
+	key := namespace + "/" + name
+	old := s.pods[key]
+	delete(s.pods, key)
+	if !seen(old) {
+		return false
+	}
 	s.ix = nil
-	delete(s.pods, namespace+"/"+name)
+	return true
 }
+
+// seen says whether Compile and Explain see pod p (the index holds it).
+func seen(p *Pod) bool { return p != nil && !p.HostNetwork && len(p.IPs) > 0 }
 
 // SetNamespace adds or replaces a namespace.
 func (s *State) SetNamespace(ns Namespace) {

@@ -482,8 +482,9 @@ func (e *Engine) setPodLocked(obj *corev1.Pod) {
 			p.IPs = slices.Clone(o.ips)
 		}
 	}
-	e.state.SetPod(p)
-	e.changedLocked()
+	if e.state.SetPod(p) {
+		e.changedLocked()
+	}
 }
 
 // pruneOverrides forgets reported addresses older than OverrideTTL.
@@ -536,9 +537,10 @@ func (e *Engine) onPodDelete(obj any) {
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	e.state.DeletePod(ns, name)
 	delete(e.overrides, ns+"/"+name)
-	e.changedLocked()
+	if e.state.DeletePod(ns, name) {
+		e.changedLocked()
+	}
 }
 
 func (e *Engine) onNamespace(obj any) {

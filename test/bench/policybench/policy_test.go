@@ -207,7 +207,10 @@ func TestPolicyBench(t *testing.T) {
 	}
 	rounds := envInt("PODNET_BENCH_POLICY_ROUNDS", 10) // 4 flips each
 	revokes := envInt("PODNET_BENCH_POLICY_REVOKES", 10)
-	conns := envInt("PODNET_BENCH_POLICY_CONNS", 300)
+	// sequential fresh connections per run: 2,000 make the p99 the 20th
+	// slowest, not the 3rd (300 did), so that one preempted connection
+	// does not decide a run's ratio
+	conns := envInt("PODNET_BENCH_POLICY_CONNS", 2000)
 	iperfS := envInt("PODNET_BENCH_POLICY_IPERF_SECONDS", 5)
 	reps := envInt("PODNET_BENCH_POLICY_REPS", 4)
 	var counts []int
