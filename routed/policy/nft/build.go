@@ -171,16 +171,32 @@ type CounterKey struct {
 	Direction policy.Direction
 }
 
-// build is the content of the table for rs. It fails on a Ruleset that
-// cannot be written: a pod jumping to a policy chain it does not hold, a
-// name nft refuses.
 // buildOptions are the Writer's settings that shape the table.
 type buildOptions struct {
 	logDrops bool
 	logRate  uint64
 }
 
-func build(rs policy.Ruleset, opt buildOptions) (*tableDef, error) {
+// buildCache keeps what build made of each policy chain, for the next
+// build: a policy chain equal to the one built before (policy.PolicyChain
+// Equal, the same options) is not built again. At 1,000 policies that is
+// most of build's time, and a change touches a few of them.
+type buildCache struct {
+	opt  buildOptions
+	pols map[string]builtPolicy
+}
+
+type builtPolicy struct {
+	pc    policy.PolicyChain // a deep copy: the caller's may change
+	chain chainDef
+	sets  []setDef
+}
+
+// build is the content of the table for rs. It fails on a Ruleset that
+// cannot be written: a pod jumping to a policy chain it does not hold, a
+// name nft refuses. cache (nil: none) is read, and replaced by what this
+// build made when it succeeds.
+func build(rs policy.Ruleset, opt buildOptions, cache *buildCache) (*tableDef, error) {
 	def := &tableDef{pods: map[string]CounterKey{}}
 	known := sortedAddrs(rs.Known)
 	pods := slices.Clone(rs.Pods)
@@ -291,7 +307,17 @@ func build(rs policy.Ruleset, opt buildOptions) (*tableDef, error) {
 
 	// the policy chains and their sets
 	var polChains []chainDef
+	built := map[string]builtPolicy{}
 	for _, p := range pols {
+		if cache != nil && cache.opt == opt {
+			if b, ok := cache.pols[p.ID]; ok && b.pc.Equal(p) {
+				def.sets = append(def.sets, b.sets...)
+				polChains = append(polChains, b.chain)
+				built[p.ID] = b
+				continue
+			}
+		}
+		firstSet := len(def.sets)
 		c := chainDef{chain: nftables.Chain{Name: PolicyChain(p.ID)}}
 		var sig strings.Builder
 		sig.WriteString("policy " + string(p.Direction))
@@ -339,6 +365,7 @@ func build(rs policy.Ruleset, opt buildOptions) (*tableDef, error) {
 		}
 		c.sig = sig.String()
 		polChains = append(polChains, c)
+		built[p.ID] = builtPolicy{pc: clonePolicyChain(p), chain: c, sets: slices.Clone(def.sets[firstSet:])}
 	}
 
 	def.chains = append(def.chains, baseChains()...)
@@ -354,7 +381,20 @@ func build(rs policy.Ruleset, opt buildOptions) (*tableDef, error) {
 			return nil, fmt.Errorf("set name %q too long", s.name)
 		}
 	}
+	if cache != nil {
+		cache.opt, cache.pols = opt, built
+	}
 	return def, nil
+}
+
+// clonePolicyChain is a deep copy of p.
+func clonePolicyChain(p policy.PolicyChain) policy.PolicyChain {
+	p.Rules = slices.Clone(p.Rules)
+	for i := range p.Rules {
+		p.Rules[i].Peers = slices.Clone(p.Rules[i].Peers)
+		p.Rules[i].Ports = slices.Clone(p.Rules[i].Ports)
+	}
+	return p
 }
 
 // checkName refuses an ID nft could not take in a name.

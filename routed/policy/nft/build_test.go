@@ -99,7 +99,7 @@ func TestEmptyFamilyNoRule(t *testing.T) {
 			{ID: "d", Direction: policy.Ingress, Rules: []policy.Rule{{Peers: []policy.Range{{From: addr4(1), To: addr4(1)}, {From: v6, To: v6}}, AnyPort: true}}},
 		},
 	}
-	def, err := build(rs, buildOptions{})
+	def, err := build(rs, buildOptions{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -19,7 +19,7 @@ import (
 // network namespace of its own, which goes when Check returns.
 func Check(want policy.Ruleset, logDrops bool, logRate uint64) (string, error) {
 	w := &Writer{LogDrops: logDrops, LogRate: logRate}
-	def, err := build(want, w.buildOptions())
+	def, err := build(want, w.buildOptions(), nil)
 	if err != nil {
 		return "", fmt.Errorf("policy ruleset: %w", err)
 	}

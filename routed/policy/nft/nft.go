@@ -82,6 +82,9 @@ type Writer struct {
 	seq  uint64
 	conn nftutil.Conn
 
+	// cache is build's: the policy chains built for the last Ruleset
+	cache buildCache
+
 	// rmu serializes resyncs, which read the table on their own socket
 	// (rconn) without w.mu: writes go on meanwhile.
 	rmu   sync.Mutex
@@ -154,12 +157,12 @@ func (w *Writer) fail() {
 // what was written: a set or chain deleted behind the Writer's back), it
 // writes the whole table in a second transaction.
 func (w *Writer) Apply(want policy.Ruleset) (Stats, error) {
-	def, err := build(want, w.buildOptions())
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	def, err := build(want, w.buildOptions(), &w.cache)
 	if err != nil {
 		return Stats{}, fmt.Errorf("policy ruleset: %w", err)
 	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
 	if w.last == nil {
 		return Stats{Full: true}, w.writeFull(def)
 	}
@@ -177,12 +180,12 @@ func (w *Writer) Apply(want policy.Ruleset) (Stats, error) {
 // ApplyFull writes the whole table for want in one transaction (delete
 // and create), whatever the kernel holds.
 func (w *Writer) ApplyFull(want policy.Ruleset) error {
-	def, err := build(want, w.buildOptions())
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	def, err := build(want, w.buildOptions(), &w.cache)
 	if err != nil {
 		return fmt.Errorf("policy ruleset: %w", err)
 	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
 	return w.writeFull(def)
 }
 
@@ -204,7 +207,7 @@ func (w *Writer) Resync(want policy.Ruleset) (repaired bool, err error) {
 	w.mu.Lock()
 	if w.last == nil {
 		defer w.mu.Unlock()
-		def, err := build(want, w.buildOptions())
+		def, err := build(want, w.buildOptions(), &w.cache)
 		if err != nil {
 			return false, fmt.Errorf("policy ruleset: %w", err)
 		}
@@ -279,7 +282,7 @@ func (w *Writer) check(def *tableDef, written []string) (diff string, gen uint32
 // read back after the last write, or a set's or map's elements are not
 // want's. Nothing written yet is a difference.
 func (w *Writer) Verify(want policy.Ruleset) (string, error) {
-	def, err := build(want, w.buildOptions())
+	def, err := build(want, w.buildOptions(), nil)
 	if err != nil {
 		return "", fmt.Errorf("policy ruleset: %w", err)
 	}
