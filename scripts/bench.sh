@@ -26,7 +26,7 @@
 #             many policies (back-to-back pairs), the table's size,
 #             enforcement latency of policy and pod changes, the
 #             incremental and the full write (restart); revocation at 100
-#             (about 12 min)                          -> bench/results/policy.json
+#             (about 9 min)                           -> bench/results/policy.json
 #   ipam      scripts/bench-ipam.sh: podnet-ipam vs host-local alone
 #                                                     -> bench/results/ipam.md
 #   report    bench/report (its own module, gonum.org/v1/plot)
@@ -44,7 +44,7 @@
 # BENCH_ROUTED_SAMPLES (100), BENCH_IPERF_SECONDS (10), BENCH_IPERF_REPS (5),
 # BENCH_RECONCILE_N (250), BENCH_RECONCILE_REPS (5),
 # BENCH_POLICY_ROUNDS (10: 4 flips each, at each count), BENCH_POLICY_REVOKES (10),
-# BENCH_POLICY_COUNTS (100,1000), BENCH_POLICY_REPS (4: pairs of 0 vs n policies, alternating),
+# BENCH_POLICY_COUNTS (100,1000), BENCH_POLICY_REPS (8: pairs of 0 vs n policies, alternating),
 # BENCH_STAGES (routed,datapath,cni,reconcile,policy,ipam; `make bench
 # STAGES=policy` runs one stage: the report is rebuilt from every
 # results file there, and meta.json, which describes the last full run,
@@ -132,7 +132,7 @@ export PODNET_BENCH_IPERF_SECONDS=${BENCH_IPERF_SECONDS:-10}
 export PODNET_BENCH_IPERF_REPS=${BENCH_IPERF_REPS:-5}
 export PODNET_BENCH_RECONCILE_N=${BENCH_RECONCILE_N:-250} PODNET_BENCH_RECONCILE_REPS=${BENCH_RECONCILE_REPS:-5}
 export PODNET_BENCH_POLICY_ROUNDS=${BENCH_POLICY_ROUNDS:-10} PODNET_BENCH_POLICY_REVOKES=${BENCH_POLICY_REVOKES:-10}
-export PODNET_BENCH_POLICY_COUNTS=${BENCH_POLICY_COUNTS:-100,1000} PODNET_BENCH_POLICY_REPS=${BENCH_POLICY_REPS:-${PODNET_BENCH_POLICY_REPS:-4}}
+export PODNET_BENCH_POLICY_COUNTS=${BENCH_POLICY_COUNTS:-100,1000} PODNET_BENCH_POLICY_REPS=${BENCH_POLICY_REPS:-${PODNET_BENCH_POLICY_REPS:-8}}
 export PODNET_BENCH_COMMIT=$rev
 
 run_stage routed "$tmp/routedbench.test" -test.run '^TestRoutedScale$' -test.v -test.count=1 -test.timeout=30m

@@ -212,7 +212,9 @@ func TestPolicyBench(t *testing.T) {
 	// does not decide a run's ratio
 	conns := envInt("PODNET_BENCH_POLICY_CONNS", 2000)
 	iperfS := envInt("PODNET_BENCH_POLICY_IPERF_SECONDS", 5)
-	reps := envInt("PODNET_BENCH_POLICY_REPS", 4)
+	// 8 pairs: one iperf3 stream of 5 s moves by ±20 % from run to run on
+	// this 2-core machine, policies or not
+	reps := envInt("PODNET_BENCH_POLICY_REPS", 8)
 	var counts []int
 	for _, f := range strings.Split(cmp.Or(os.Getenv("PODNET_BENCH_POLICY_COUNTS"), "100,1000"), ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(f))
