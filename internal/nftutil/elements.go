@@ -1,7 +1,9 @@
 package nftutil
 
 import (
+	"fmt"
 	"net/netip"
+	"slices"
 
 	"github.com/google/nftables"
 )
@@ -41,4 +43,20 @@ func ElementChanges(before, after []nftables.SetElement, key func(nftables.SetEl
 		}
 	}
 	return del, add
+}
+
+// QueueElements queues on c adding (or, with del, deleting) elems to set
+// s, in messages of at most perMessage elements: a message's element list
+// is one netlink attribute, whose length is 16 bits.
+func QueueElements(c *nftables.Conn, s *nftables.Set, elems []nftables.SetElement, del bool, perMessage int) error {
+	for chunk := range slices.Chunk(elems, perMessage) {
+		op := c.SetAddElements
+		if del {
+			op = c.SetDeleteElements
+		}
+		if err := op(s, chunk); err != nil {
+			return fmt.Errorf("nftables set %s: %w", s.Name, err)
+		}
+	}
+	return nil
 }

@@ -55,21 +55,6 @@ func newNFT() (*nftables.Conn, error) {
 // setSendBuffer gives c room for a whole transaction.
 func setSendBuffer(c *netlink.Conn) error { return nftutil.SetSendBuffer(c, nftSendBuffer) }
 
-// addElements queues adding (or, with del, deleting) elems to set s, in
-// messages of at most setElementsPerMessage elements.
-func addElements(c *nftables.Conn, s *nftables.Set, elems []nftables.SetElement, del bool) error {
-	for chunk := range slices.Chunk(elems, setElementsPerMessage) {
-		op := c.SetAddElements
-		if del {
-			op = c.SetDeleteElements
-		}
-		if err := op(s, chunk); err != nil {
-			return fmt.Errorf("nftables set %s: %w", s.Name, err)
-		}
-	}
-	return nil
-}
-
 func podnetTable() *nftables.Table {
 	return &nftables.Table{Family: nftables.TableFamilyINet, Name: contract.NFTable}
 }
@@ -199,7 +184,7 @@ func (t *Table) write(want TableSpec) error {
 		if err := c.AddSet(s, nil); err != nil {
 			return fmt.Errorf("nftables set %s: %w", d.name, err)
 		}
-		if err := addElements(c, s, d.elems, false); err != nil {
+		if err := nftutil.QueueElements(c, s, d.elems, false, setElementsPerMessage); err != nil {
 			return err
 		}
 		ids[s.Name] = s.ID
@@ -368,7 +353,7 @@ func (t *Table) change(addPeers []netip.Addr, addCIDRs []netip.Prefix, delPeers 
 	slices.SortStableFunc(ops, func(a, b op) int { return a.prio - b.prio })
 	writes := 0
 	for _, o := range ops {
-		if err := addElements(c, o.s, o.e, o.del); err != nil {
+		if err := nftutil.QueueElements(c, o.s, o.e, o.del, setElementsPerMessage); err != nil {
 			t.spec, t.written = nil, nil
 			t.closeConn()
 			return err

@@ -377,7 +377,7 @@ func (w *Writer) writeFullOnce(def *tableDef) error {
 		if d.kind == kindVmap {
 			continue // its jumps need the chains
 		}
-		if err := addElements(c, s, d.elems, false); err != nil {
+		if err := nftutil.QueueElements(c, s, d.elems, false, setElementsPerMessage); err != nil {
 			return err
 		}
 	}
@@ -392,7 +392,7 @@ func (w *Writer) writeFullOnce(def *tableDef) error {
 	}
 	for _, d := range def.sets {
 		if d.kind == kindVmap {
-			if err := addElements(c, d.set(t), d.elems, false); err != nil {
+			if err := nftutil.QueueElements(c, d.set(t), d.elems, false, setElementsPerMessage); err != nil {
 				return err
 			}
 		}
@@ -459,21 +459,6 @@ func addRules(c *nftables.Conn, chain *nftables.Chain, rules [][]expr.Any, ids m
 	}
 }
 
-// addElements queues adding (or, with del, deleting) elems to set s, in
-// messages of at most setElementsPerMessage elements.
-func addElements(c *nftables.Conn, s *nftables.Set, elems []nftables.SetElement, del bool) error {
-	for chunk := range slices.Chunk(elems, setElementsPerMessage) {
-		op := c.SetAddElements
-		if del {
-			op = c.SetDeleteElements
-		}
-		if err := op(s, chunk); err != nil {
-			return fmt.Errorf("nftables set %s: %w", s.Name, err)
-		}
-	}
-	return nil
-}
-
 // writeDiff writes the difference between w.last and def in one
 // transaction, ordered so that nothing is deleted while still used and
 // nothing is used before it exists:
@@ -520,7 +505,7 @@ func (w *Writer) writeDiff(def *tableDef) (Stats, error) {
 	slices.SortStableFunc(dels, func(a, b elemOp) int { return kindOrder(b.d.kind) - kindOrder(a.d.kind) })
 	slices.SortStableFunc(adds, func(a, b elemOp) int { return kindOrder(a.d.kind) - kindOrder(b.d.kind) })
 	for _, o := range dels {
-		if err := addElements(c, o.d.set(t), o.e, true); err != nil {
+		if err := nftutil.QueueElements(c, o.d.set(t), o.e, true, setElementsPerMessage); err != nil {
 			return st, err
 		}
 		st.Elements += len(o.e)
@@ -593,7 +578,7 @@ func (w *Writer) writeDiff(def *tableDef) (Stats, error) {
 			return st, fmt.Errorf("nftables set %s: %w", d.name, err)
 		}
 		ids[s.Name] = s.ID
-		if err := addElements(c, s, d.elems, false); err != nil {
+		if err := nftutil.QueueElements(c, s, d.elems, false, setElementsPerMessage); err != nil {
 			return st, err
 		}
 		st.Sets++
@@ -616,7 +601,7 @@ func (w *Writer) writeDiff(def *tableDef) (Stats, error) {
 	}
 	// 6. elements that come
 	for _, o := range adds {
-		if err := addElements(c, o.d.set(t), o.e, false); err != nil {
+		if err := nftutil.QueueElements(c, o.d.set(t), o.e, false, setElementsPerMessage); err != nil {
 			return st, err
 		}
 		st.Elements += len(o.e)
