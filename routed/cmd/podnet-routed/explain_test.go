@@ -2,6 +2,10 @@ package main
 
 import (
 	"bytes"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 
@@ -9,7 +13,11 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/rest"
 	fcache "k8s.io/client-go/tools/cache/testing"
+
+	"github.com/podnet/podnet/routed/daemon"
+	"github.com/podnet/podnet/routed/policy"
 )
 
 func TestParseFlow(t *testing.T) {
@@ -73,4 +81,81 @@ func TestExplain(t *testing.T) {
 		t.Errorf("refused flow explained as:\n%s", out)
 	}
 	t.Logf("explain output:\n%s", out)
+}
+
+// TestExplainNodeCheck: on a node, the explanation is followed by the
+// comparison's verdict; a comparison that fails (a Node that cannot be
+// read) still leaves the explanation whole.
+func TestExplainNodeCheck(t *testing.T) {
+	pods, nss, pols := fcache.NewFakeControllerSource(), fcache.NewFakeControllerSource(), fcache.NewFakeControllerSource()
+	f, err := parseFlow([]string{"10.244.2.7", "10.244.1.5", "80"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		diff string
+		err  error
+		want string
+	}{
+		{"", nil, "node n1: its table inet podnet-policy is what the API objects compile to"},
+		{"set known4: 1 element(s) missing (0af40105)", nil, "differs from what the API objects compile to (set known4: 1 element(s) missing (0af40105))"},
+		{"table missing", nil, "node n1: no table inet podnet-policy here"},
+		{"", errors.New(`Node n1: PodCIDR "bad": no '/'`), `node n1: cannot compare its table inet podnet-policy with the API objects: Node n1: PodCIDR "bad"`},
+	} {
+		var b bytes.Buffer
+		node := &nodeCheck{name: "n1", check: func(policy.Ruleset) (string, error) { return tc.diff, tc.err }}
+		if err := explain(&b, pods, nss, pols, f, node); err != nil {
+			t.Fatal(err)
+		}
+		out := b.String()
+		if !strings.HasPrefix(out, "allowed") || !strings.Contains(out, tc.want) {
+			t.Errorf("with the comparison saying %q, %v:\n%s", tc.diff, tc.err, out)
+		}
+	}
+}
+
+// TestNodePodCIDRs: the Node's PodCIDRs as the API server gives them; a
+// broken one is an error naming it.
+func TestNodePodCIDRs(t *testing.T) {
+	for _, tc := range []struct {
+		node string
+		want string
+	}{
+		{`{"kind":"Node","apiVersion":"v1","metadata":{"name":"n1"},"spec":{"podCIDRs":["10.244.1.0/24","fd00:10:244:1::/64"]}}`, "[10.244.1.0/24 fd00:10:244:1::/64]"},
+		{`{"kind":"Node","apiVersion":"v1","metadata":{"name":"n1"},"spec":{"podCIDR":"10.244.1.7/24"}}`, "[10.244.1.0/24]"},
+		{`{"kind":"Node","apiVersion":"v1","metadata":{"name":"n1"},"spec":{"podCIDRs":["bad"]}}`, `error: Node n1: PodCIDR "bad"`},
+	} {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path != "/api/v1/nodes/n1" {
+				http.NotFound(w, r)
+				return
+			}
+			w.Header().Set("Content-Type", "application/json")
+			fmt.Fprint(w, tc.node)
+		}))
+		core, err := daemon.CoreClient(&rest.Config{Host: srv.URL})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := nodePodCIDRs(core, "n1")
+		s := fmt.Sprint(got)
+		if err != nil {
+			s = "error: " + err.Error()
+		}
+		if !strings.HasPrefix(s, tc.want) {
+			t.Errorf("Node %s: %s, want %s", tc.node, s, tc.want)
+		}
+		srv.Close()
+	}
+	if _, err := nodePodCIDRs(mustCore(t, "http://127.0.0.1:1"), "n1"); err == nil || !strings.Contains(err.Error(), "get Node n1") {
+		t.Errorf("no API server: %v", err)
+	}
+}
+
+func mustCore(t *testing.T, host string) rest.Interface {
+	core, err := daemon.CoreClient(&rest.Config{Host: host})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return core
 }

@@ -99,11 +99,13 @@ func run(argv []string) error {
 		if *nodeName != "" {
 			// on a node (NODE_NAME is set in podnet-routed's pod): its
 			// kernel table against the API objects too
-			cidrs, err := nodePodCIDRs(core, *nodeName)
-			if err != nil {
-				return fmt.Errorf("--explain-policy: %w", err)
-			}
+			// a Node that cannot be read stops only this comparison, not
+			// the explanation
+			cidrs, cerr := nodePodCIDRs(core, *nodeName)
 			node = &nodeCheck{name: *nodeName, podCIDRs: cidrs, check: func(rs policy.Ruleset) (string, error) {
+				if cerr != nil {
+					return "", cerr
+				}
 				return nft.Check(rs, *policyLogDrops > 0, *policyLogDrops)
 			}}
 		}
