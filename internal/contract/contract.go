@@ -7,6 +7,8 @@
 package contract
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"strings"
 
 	"github.com/vishvananda/netlink"
@@ -124,4 +126,23 @@ func parseAlias(alias, prefix string) (o VethOwner, ok bool) {
 		return VethOwner{}, false
 	}
 	return VethOwner{Network: parts[0], ContainerID: parts[1], IfName: parts[2]}, true
+}
+
+// hostVethHashLen is how many hex characters of a hash follow the prefix
+// in a host veth's name.
+const hostVethHashLen = 11
+
+// HostVethName returns the deterministic host-side veth name of an
+// attachment: HostVethPrefix ("pn") + 11 hex characters of a hash of the
+// pod (namespace/name when the runtime passes them, else the container ID)
+// and the interface name inside the pod. It is 13 characters, below the
+// 15-character limit. podnet-routed's NetworkPolicy engine derives the
+// same name from a Pod object to know which host veth is that pod's port.
+func HostVethName(podNamespace, podName, containerID, ifName string) string {
+	key := containerID
+	if podNamespace != "" && podName != "" {
+		key = podNamespace + "/" + podName
+	}
+	sum := sha256.Sum256([]byte(key + "\x00" + ifName))
+	return HostVethPrefix + hex.EncodeToString(sum[:])[:hostVethHashLen]
 }

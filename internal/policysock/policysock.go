@@ -20,8 +20,11 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
+
+	"github.com/podnet/podnet/internal/contract"
 )
 
 // FileName is the socket's name in the node state directory.
@@ -39,6 +42,9 @@ type Request struct {
 	Name        string       `json:"name"`
 	ContainerID string       `json:"containerID,omitempty"`
 	IPs         []netip.Addr `json:"ips"`
+	// HostVeth is the pod's host-side interface (its routed host veth or
+	// bridge port): the engine judges what passes it as the pod's.
+	HostVeth string `json:"hostVeth,omitempty"`
 }
 
 // Answer is the engine's reply: OK once the pod's policy is in the kernel.
@@ -167,6 +173,9 @@ func validate(r Request) error {
 		if !ip.IsValid() || ip.IsUnspecified() || ip.IsMulticast() || ip.IsLoopback() {
 			return fmt.Errorf("bad request: %v is not a pod address", ip)
 		}
+	}
+	if r.HostVeth != "" && !contract.IsHostVeth(r.HostVeth) || len(r.HostVeth) > 15 || strings.ContainsAny(r.HostVeth, "/ :\x00") {
+		return fmt.Errorf("bad request: %q is not a podnet host veth name", r.HostVeth)
 	}
 	return nil
 }

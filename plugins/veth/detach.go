@@ -48,7 +48,7 @@ const (
 // DEL finds nothing left to rename).
 func DetachedName(ifName string) string {
 	sum := sha256.Sum256([]byte(ifName))
-	return contract.DetachedVethPrefix + hex.EncodeToString(sum[:])[:nameHashLen]
+	return contract.DetachedVethPrefix + hex.EncodeToString(sum[:])[:11]
 }
 
 // detachOrDeleteVeth takes an attachment's veth pair out of service: it

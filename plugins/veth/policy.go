@@ -31,7 +31,7 @@ func waitPolicy(inv *invocation, containerID string, ips []net.IP, log *slog.Log
 	if wait <= 0 || inv.pod.PodNamespace == "" || inv.pod.PodName == "" {
 		return
 	}
-	req := policysock.Request{Namespace: inv.pod.PodNamespace, Name: inv.pod.PodName, ContainerID: containerID}
+	req := policysock.Request{Namespace: inv.pod.PodNamespace, Name: inv.pod.PodName, ContainerID: containerID, HostVeth: inv.host}
 	for _, ip := range ips {
 		if a, ok := netip.AddrFromSlice(ip); ok {
 			req.IPs = append(req.IPs, a.Unmap())

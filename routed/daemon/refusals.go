@@ -198,3 +198,12 @@ func (f *familyNotes) sync(now map[string]string, names []string) {
 	}
 	f.gauge(len(f.reported))
 }
+
+// NodeEvent posts an Event on this node's own Node (nothing without an
+// API client for Events): what another loop of podnet-routed (the policy
+// engine) has to tell the operator about the node.
+func (d *Daemon) NodeEvent(typ, reason, msg string) {
+	if d.events != nil {
+		d.events.post(d.cfg.NodeName, typ, reason, fmt.Sprintf("podnet-routed on %s: %s", d.cfg.NodeName, msg))
+	}
+}

@@ -12,8 +12,8 @@ import (
 )
 
 // entry is a pod as the compiler and Explain see it: its addresses are
-// those it owns (an address two pods claim belongs to the first by
-// namespace/name: only a stale object can do that).
+// those it owns (an address two pods claim goes to one of them:
+// resolveClaims).
 type entry struct {
 	pod *Pod
 	ips []netip.Addr
@@ -37,6 +37,8 @@ type index struct {
 	// addrs are every owned address, sorted: a set of pods is a bitset
 	// over it, turned into merged ranges by one walk, no sort.
 	addrs []netip.Addr
+	// clashes are the addresses two or more pods claim.
+	clashes []Clash
 }
 
 type nsIndex struct {
@@ -72,11 +74,18 @@ func (s *State) buildIndex() *index {
 		}
 	}
 	slices.Sort(keys)
+	claims := map[netip.Addr][]*Pod{}
+	for _, k := range keys {
+		for _, a := range s.pods[k].IPs {
+			claims[a] = append(claims[a], s.pods[k])
+		}
+	}
+	winner := ix.resolveClaims(claims)
 	for _, k := range keys {
 		p := s.pods[k]
 		e := &entry{pod: p}
 		for _, a := range p.IPs {
-			if _, taken := ix.owner[a]; !taken {
+			if winner[a] == p {
 				ix.owner[a] = e
 				e.ips = append(e.ips, a)
 			}
@@ -289,10 +298,17 @@ func (s *State) Compile(node string, localPodCIDRs []netip.Prefix) Ruleset {
 				locals[e] = l
 				order = append(order, l)
 				rs.Known = append(rs.Known, e.ips...)
+				routed, bridged := s.localPorts(e.pod.Key())
+				rs.Ports = append(rs.Ports, routed...)
+				rs.BridgePorts = append(rs.BridgePorts, bridged...)
 			}
 		}
 	}
 	slices.SortFunc(rs.Known, netip.Addr.Compare)
+	slices.Sort(rs.Ports)
+	rs.Ports = slices.Compact(rs.Ports)
+	slices.Sort(rs.BridgePorts)
+	rs.BridgePorts = slices.Compact(rs.BridgePorts)
 
 	ids := newIDs()
 	pkeys := make([]string, 0, len(s.policies))
@@ -345,11 +361,14 @@ func (s *State) Compile(node string, localPodCIDRs []netip.Prefix) Ruleset {
 			continue
 		}
 		p := l.e.pod
+		routed, bridged := s.localPorts(p.Key())
 		rs.Pods = append(rs.Pods, PodChains{
 			ID:              ids.id(p.Namespace + "/" + p.Name),
 			Namespace:       p.Namespace,
 			Name:            p.Name,
 			Addrs:           slices.Clone(l.e.ips),
+			Ports:           routed,
+			BridgePorts:     bridged,
 			IngressIsolated: l.isolated[dirIn],
 			Ingress:         l.chains[dirIn],
 			EgressIsolated:  l.isolated[dirEg],
@@ -357,6 +376,21 @@ func (s *State) Compile(node string, localPodCIDRs []netip.Prefix) Ruleset {
 		})
 	}
 	return rs
+}
+
+// localPorts are the names of pod key's routed host veths and bridge
+// ports on this node, sorted.
+func (s *State) localPorts(key string) (routed, bridged []string) {
+	for _, p := range s.ports[key] {
+		if p.Bridged {
+			bridged = append(bridged, p.Name)
+		} else {
+			routed = append(routed, p.Name)
+		}
+	}
+	slices.Sort(routed)
+	slices.Sort(bridged)
+	return slices.Compact(routed), slices.Compact(bridged)
 }
 
 // compileRule compiles one rule. targets are the local pods the policy

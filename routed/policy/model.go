@@ -4,6 +4,7 @@ import (
 	"maps"
 	"net/netip"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
@@ -28,6 +29,11 @@ type Pod struct {
 	// Ports are the containers' named ports, the only ones a policy can
 	// name.
 	Ports []NamedPort
+	// Terminating: the Pod object is being deleted (deletionTimestamp).
+	// Created is its creationTimestamp. Both only decide which of two Pod
+	// objects claiming one address gets it (see resolveClaims).
+	Terminating bool
+	Created     time.Time
 }
 
 // NamedPort is a container port with a name.
@@ -70,6 +76,8 @@ func FromPod(p *corev1.Pod) Pod {
 		Node:        p.Spec.NodeName,
 		Labels:      maps.Clone(p.Labels),
 		HostNetwork: p.Spec.HostNetwork,
+		Terminating: p.DeletionTimestamp != nil,
+		Created:     p.CreationTimestamp.Time,
 	}
 	if p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed {
 		seen := map[netip.Addr]bool{}
@@ -121,6 +129,11 @@ type State struct {
 	pods       map[string]*Pod // by namespace/name
 	namespaces map[string]*Namespace
 	policies   map[string]*parsedPolicy // by namespace/name
+	// holders: which pod (namespace/name) holds each address of this
+	// node, by the node's own records (SetHolders).
+	holders map[netip.Addr]string
+	// ports: this node's host-side pod interfaces by pod (SetLocalPorts).
+	ports map[string][]LocalPort
 	// ix is the index of the current objects, built on demand, dropped
 	// by every change.
 	ix *index

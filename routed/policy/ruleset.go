@@ -55,6 +55,16 @@ type Ruleset struct {
 	// Known are the addresses of this node's pods that the engine has
 	// compiled, isolated or not.
 	Known []netip.Addr
+	// Ports are the routed host veths (podnet) and BridgePorts the bridge
+	// ports (podnet-bridge) of the pods in Known, sorted: traffic through
+	// any other host-side pod interface is dropped (a pod the engine does
+	// not know yet).
+	Ports       []string
+	BridgePorts []string
+	// BridgeUnfiltered: bridged traffic does not reach the inet hooks
+	// (br_netfilter cannot be turned on), so IP between bridge ports is
+	// dropped rather than left unjudged.
+	BridgeUnfiltered bool
 	// Pods are this node's pods isolated in at least one direction.
 	Pods []PodChains
 	// Policies are the (policy, direction) chains that at least one pod in
@@ -72,6 +82,10 @@ type PodChains struct {
 	Namespace string
 	Name      string
 	Addrs     []netip.Addr
+	// Ports are the pod's routed host veths and BridgePorts its bridge
+	// ports: a packet through them is the pod's, whatever its addresses.
+	Ports       []string
+	BridgePorts []string
 	// Ingress and Egress are the IDs of the PolicyChains the pod's chain
 	// jumps to, in order, for each direction it is isolated in; IngressIsolated
 	// with an empty Ingress means "deny all ingress".
@@ -144,7 +158,8 @@ const (
 // milliseconds on a Ruleset of 1,000 pods and policies).
 func (r Ruleset) Equal(o Ruleset) bool {
 	return slices.Equal(r.LocalPodCIDRs, o.LocalPodCIDRs) && slices.Equal(r.Known, o.Known) &&
-		r.ChainsEqual(o)
+		slices.Equal(r.Ports, o.Ports) && slices.Equal(r.BridgePorts, o.BridgePorts) &&
+		r.BridgeUnfiltered == o.BridgeUnfiltered && r.ChainsEqual(o)
 }
 
 // ChainsEqual tells whether r and o have the same pod and policy chains:
@@ -157,7 +172,7 @@ func (r Ruleset) ChainsEqual(o Ruleset) bool {
 // Equal tells whether p and o are the same pod entry.
 func (p PodChains) Equal(o PodChains) bool {
 	return p.ID == o.ID && p.Namespace == o.Namespace && p.Name == o.Name &&
-		slices.Equal(p.Addrs, o.Addrs) &&
+		slices.Equal(p.Addrs, o.Addrs) && slices.Equal(p.Ports, o.Ports) && slices.Equal(p.BridgePorts, o.BridgePorts) &&
 		p.IngressIsolated == o.IngressIsolated && slices.Equal(p.Ingress, o.Ingress) &&
 		p.EgressIsolated == o.EgressIsolated && slices.Equal(p.Egress, o.Egress)
 }

@@ -13,6 +13,7 @@ import (
 	"net/netip"
 	"os/exec"
 	"strconv"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -236,9 +237,11 @@ func addAddr(l netlink.Link, cidr string) error {
 	return nil
 }
 
-// apply writes rs with the env's writer in the node.
+// apply writes rs with the env's writer in the node, with the ports of
+// its pods filled in as the engine does (withPorts).
 func (e *env) apply(rs policy.Ruleset) nft.Stats {
 	e.t.Helper()
+	rs = e.withPorts(rs)
 	var st nft.Stats
 	e.do(func() error {
 		var err error
@@ -246,6 +249,42 @@ func (e *env) apply(rs policy.Ruleset) nft.Stats {
 		return err
 	})
 	return st
+}
+
+// withPorts gives rs the host veths of the env's pods it knows (Known, or a
+// pod entry with one of their addresses), as the engine's compile does from
+// the node's links: a pod rs does not know has no port in it.
+func (e *env) withPorts(rs policy.Ruleset) policy.Ruleset {
+	if rs.Ports != nil {
+		return rs // the test set them
+	}
+	rs.Ports = []string{}
+	owner := map[netip.Addr]string{}
+	for _, p := range e.pods {
+		owner[p.v4], owner[p.v6] = "pn"+p.name, "pn"+p.name
+	}
+	for _, a := range rs.Known {
+		if h, ok := owner[a]; ok && !slices.Contains(rs.Ports, h) {
+			rs.Ports = append(rs.Ports, h)
+		}
+	}
+	rs.Pods = slices.Clone(rs.Pods)
+	for i := range rs.Pods {
+		pc := &rs.Pods[i]
+		if pc.Ports != nil {
+			continue
+		}
+		for _, a := range pc.Addrs {
+			if h, ok := owner[a]; ok && !slices.Contains(pc.Ports, h) {
+				pc.Ports = append(pc.Ports, h)
+				if !slices.Contains(rs.Ports, h) {
+					rs.Ports = append(rs.Ports, h)
+				}
+			}
+		}
+	}
+	slices.Sort(rs.Ports)
+	return rs
 }
 
 // server serves TCP and UDP echo on port in netns (every address, one

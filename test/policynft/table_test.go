@@ -168,6 +168,15 @@ func (g *gen) pod(i int) policy.PodChains {
 	if g.r.IntN(6) == 0 {
 		p.IngressIsolated = true // deny all ingress
 	}
+	// a routed host veth, a bridge port, both or none
+	switch g.r.IntN(4) {
+	case 0:
+		p.Ports = []string{fmt.Sprintf("pnr%d", i)}
+	case 1:
+		p.BridgePorts = []string{fmt.Sprintf("pnb%d", i)}
+	case 2:
+		p.Ports, p.BridgePorts = []string{fmt.Sprintf("pnr%d", i)}, []string{fmt.Sprintf("pnb%d", i)}
+	}
 	return p
 }
 
@@ -222,6 +231,14 @@ func (g *gen) next() policy.Ruleset {
 			used[id] = true
 		}
 	}
+	rs.Ports, rs.BridgePorts = []string{"pnx0"}, []string{"pnx1"}
+	for _, p := range rs.Pods {
+		rs.Ports = append(rs.Ports, p.Ports...)
+		rs.BridgePorts = append(rs.BridgePorts, p.BridgePorts...)
+	}
+	slices.Sort(rs.Ports)
+	slices.Sort(rs.BridgePorts)
+	rs.BridgeUnfiltered = g.r.IntN(5) == 0
 	out := *rs
 	out.Policies = nil
 	for _, p := range rs.Policies {
@@ -311,24 +328,24 @@ func TestRepair(t *testing.T) {
 				e.nft(strings.Fields(cmd)...)
 			}
 			e.do(func() error {
-				d, err := e.w.Verify(rs)
+				d, err := e.w.Verify(e.withPorts(rs))
 				if err != nil {
 					return err
 				}
 				if !strings.Contains(d, tc.want) {
 					t.Errorf("Verify = %q, want it to say %q", d, tc.want)
 				}
-				repaired, err := e.w.Resync(rs)
+				repaired, err := e.w.Resync(e.withPorts(rs))
 				if err != nil {
 					return err
 				}
 				if !repaired {
 					t.Errorf("Resync did not repair")
 				}
-				if d, err := e.w.Verify(rs); err != nil || d != "" {
+				if d, err := e.w.Verify(e.withPorts(rs)); err != nil || d != "" {
 					t.Errorf("Verify after the repair: %q, %v", d, err)
 				}
-				if repaired, err := e.w.Resync(rs); err != nil || repaired {
+				if repaired, err := e.w.Resync(e.withPorts(rs)); err != nil || repaired {
 					t.Errorf("second Resync: repaired %v, %v", repaired, err)
 				}
 				return nil
@@ -347,7 +364,7 @@ func TestRepair(t *testing.T) {
 		t.Errorf("Apply over a deleted set: %+v, want a full write", st)
 	}
 	e.do(func() error {
-		if d, err := e.w.Verify(rs); err != nil || d != "" {
+		if d, err := e.w.Verify(e.withPorts(rs)); err != nil || d != "" {
 			t.Errorf("Verify after the full write: %q, %v", d, err)
 		}
 		return nil
@@ -373,7 +390,7 @@ func TestRepairAcrossWrites(t *testing.T) {
 	e.apply(rs)
 	e.nft("add", "table", "inet", "someone-else")
 	e.do(func() error {
-		if repaired, err := e.w.Resync(rs); err != nil || repaired {
+		if repaired, err := e.w.Resync(e.withPorts(rs)); err != nil || repaired {
 			t.Errorf("Resync after a commit to another table: repaired %v, %v", repaired, err)
 		}
 		return nil
@@ -391,7 +408,7 @@ func TestRepairAcrossWrites(t *testing.T) {
 		t.Fatalf("pod a egress-isolated: %+v, want an incremental write of chains", st)
 	}
 	e.do(func() error {
-		d, err := e.w.Verify(rs)
+		d, err := e.w.Verify(e.withPorts(rs))
 		if err != nil {
 			return err
 		}
@@ -400,11 +417,11 @@ func TestRepairAcrossWrites(t *testing.T) {
 				t.Errorf("Verify = %q, want it to say %q", d, want)
 			}
 		}
-		repaired, err := e.w.Resync(rs)
+		repaired, err := e.w.Resync(e.withPorts(rs))
 		if err != nil || !repaired {
 			t.Errorf("Resync: repaired %v, %v; want repaired", repaired, err)
 		}
-		if d, err := e.w.Verify(rs); err != nil || d != "" {
+		if d, err := e.w.Verify(e.withPorts(rs)); err != nil || d != "" {
 			t.Errorf("Verify after the repair: %q, %v", d, err)
 		}
 		return nil
@@ -429,19 +446,19 @@ func TestResyncStaleWant(t *testing.T) {
 	open.Pods, open.Policies = nil, nil
 	e.apply(open)
 	e.do(func() error {
-		repaired, err := e.w.Resync(old)
+		repaired, err := e.w.Resync(e.withPorts(old))
 		if err != nil || repaired {
 			t.Errorf("Resync(older Ruleset): repaired %v, %v; want nothing done", repaired, err)
 		}
-		if d, err := e.w.Verify(open); err != nil || d != "" {
+		if d, err := e.w.Verify(e.withPorts(open)); err != nil || d != "" {
 			t.Errorf("Verify(last Apply's Ruleset) after a stale Resync: %q, %v", d, err)
 		}
 		// and a repair, when one is due, writes the last Apply's
 		e.nft("delete", "table", "inet", nft.TableName)
-		if repaired, err := e.w.Resync(old); err != nil || !repaired {
+		if repaired, err := e.w.Resync(e.withPorts(old)); err != nil || !repaired {
 			t.Errorf("Resync after the table was deleted: repaired %v, %v", repaired, err)
 		}
-		if d, err := e.w.Verify(open); err != nil || d != "" {
+		if d, err := e.w.Verify(e.withPorts(open)); err != nil || d != "" {
 			t.Errorf("Verify after the repair: %q, %v", d, err)
 		}
 		return nil
@@ -458,7 +475,7 @@ func TestResyncStaleWant(t *testing.T) {
 // still there to read afterwards).
 func TestCheck(t *testing.T) {
 	e := newEnv(t, "a", "b")
-	rs := trafficRulesetAB(e)
+	rs := e.withPorts(trafficRulesetAB(e))
 	e.apply(rs)
 	more := rs
 	more.Known = append(slices.Clone(rs.Known), netip.MustParseAddr("10.64.1.99"))
@@ -486,7 +503,7 @@ func TestCheck(t *testing.T) {
 			t.Errorf("Check after a flush = %q, %v", d, err)
 		}
 		// still in the node netns: the Writer reads the same table
-		if d, err := e.w.Verify(rs); err != nil || !strings.HasPrefix(d, "rule 1 of chain pol-a-in missing") {
+		if d, err := e.w.Verify(e.withPorts(rs)); err != nil || !strings.HasPrefix(d, "rule 1 of chain pol-a-in missing") {
 			t.Errorf("Verify after Check = %q, %v", d, err)
 		}
 		return nil

@@ -213,8 +213,8 @@ func TestPolicyTraffic(t *testing.T) {
 
 	// u becomes known (its pod compiled, not isolated): it talks
 	rs.Known = append(rs.Known, e.pods["u"].v4, e.pods["u"].v6)
-	if st := e.apply(rs); st.Full || st.Chains != 0 || st.Elements != 2 {
-		t.Errorf("Apply with u known: %+v, want 2 elements and no chain written", st)
+	if st := e.apply(rs); st.Full || st.Chains != 0 || st.Elements != 3 {
+		t.Errorf("Apply with u known: %+v, want 3 elements (known4, known6, its host veth in ports) and no chain written", st)
 	}
 	runChecks(t, []check{
 		{"u->b tcp:8080", true, func() error { return flow(e.pods["u"].ns, "tcp", e.pods["b"].v4, 8080) }},

@@ -216,7 +216,8 @@ func run(argv []string) error {
 		m := engine.NewMetrics(reg, repairs)
 		pev := daemon.NewPolicyEvents(events, *nodeName, log)
 		go pev.Run(ctx)
-		eng := engine.New(engine.Config{NodeName: *nodeName, Resync: *resync, SocketPath: policysock.Path(*stateDir), ProcSys: *procSys, Events: pev},
+		eng := engine.New(engine.Config{NodeName: *nodeName, Resync: *resync, SocketPath: policysock.Path(*stateDir), ProcSys: *procSys, Events: pev,
+			IPAMDataDirs: dataDirs, NodeEvent: d.NodeEvent},
 			engine.ListWatches{Pods: pods, Namespaces: nss, Policies: pols}, engine.NFTWriter{W: &nft.Writer{Log: log, LogDrops: *policyLogDrops > 0, LogRate: *policyLogDrops}, Unknown: m.SetUnknownDropped}, m, log.With("loop", "policy"))
 		d.OnLocalPodCIDRs(eng.SetLocalPodCIDRs)
 		go func() {

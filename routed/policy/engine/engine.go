@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/netip"
 	"reflect"
 	"slices"
@@ -92,7 +93,17 @@ type Config struct {
 	// one node talk through the bridge, and only br_netfilter shows that
 	// traffic to the inet hooks of the table.
 	ProcSys string
+	// IPAMDataDirs are the podnet-ipam data directories whose stores say
+	// which pod holds each of the node's addresses (local.go).
+	IPAMDataDirs []string
+	// NodeEvent, when set, posts an Event on this node's Node (bridged
+	// traffic that cannot be filtered, and so is dropped).
+	NodeEvent func(typ, reason, message string)
 }
+
+// EventBridgeUnfiltered is the reason of the Node Event that says bridged
+// pod traffic is dropped because br_netfilter cannot be turned on.
+const EventBridgeUnfiltered = "BridgeNetfilterOff"
 
 // Engine is one node's NetworkPolicy engine.
 type Engine struct {
@@ -117,8 +128,23 @@ type Engine struct {
 	doneGen   uint64 // the last generation in the kernel
 	last      *policy.Ruleset
 	refused   map[string]string
+	// links are the node's host-side pod interfaces (local.go), vethNames
+	// the names derived from Pod objects (a cache), storeHolders and
+	// waitHolders who holds each address by the IPAM stores and by the
+	// plugins' waits since.
+	links        map[string]portLink
+	vethNames    map[string]string
+	storeHolders map[netip.Addr]string
+	waitHolders  map[netip.Addr]string
+	waitAt       map[netip.Addr]time.Time
+	// clashes are the address clashes last reported (address -> text)
+	clashes map[netip.Addr]string
 
-	warnedBridge bool
+	// bridgeOff: br_netfilter cannot be turned on, bridged pod traffic is
+	// dropped (Ruleset.BridgeUnfiltered); sysctlsSet: bridgeNetfilter ran
+	// once (what it sets later is a repair)
+	bridgeOff  bool
+	sysctlsSet bool
 }
 
 type override struct {
@@ -139,13 +165,18 @@ func New(cfg Config, lw ListWatches, w Writer, m *Metrics, log *slog.Logger) *En
 	}
 	return &Engine{
 		cfg: cfg, lw: lw, w: w, m: m, log: log,
-		kick:       make(chan struct{}, 1),
-		revokeKick: make(chan struct{}, 1),
-		now:        time.Now,
-		applied:    make(chan struct{}),
-		state:      policy.NewState(),
-		overrides:  map[string]override{},
-		refused:    map[string]string{},
+		kick:        make(chan struct{}, 1),
+		revokeKick:  make(chan struct{}, 1),
+		now:         time.Now,
+		applied:     make(chan struct{}),
+		state:       policy.NewState(),
+		overrides:   map[string]override{},
+		refused:     map[string]string{},
+		links:       map[string]portLink{},
+		vethNames:   map[string]string{},
+		waitHolders: map[netip.Addr]string{},
+		waitAt:      map[netip.Addr]time.Time{},
+		clashes:     map[netip.Addr]string{},
 	}
 }
 
@@ -215,6 +246,7 @@ func (e *Engine) Run(ctx context.Context) error {
 	}
 	e.log.Info("NetworkPolicy engine synced")
 	e.bridgeNetfilter()
+	e.refreshLocal()
 	return e.loop(ctx)
 }
 
@@ -254,6 +286,7 @@ func (e *Engine) loop(ctx context.Context) error {
 			busy = true
 			periodic.Go(func() {
 				e.bridgeNetfilter()
+				e.refreshLocal()
 				e.resync()
 				e.readCounters()
 				e.pruneOverrides()
@@ -265,20 +298,69 @@ func (e *Engine) loop(ctx context.Context) error {
 
 // bridgeNetfilter keeps bridged IPv4 and IPv6 traffic going through the
 // inet hooks (kubeadm's preflight wants the same settings).
+//
+// Where they cannot be turned on (no br_netfilter module, a read-only
+// /proc/sys), bridged traffic would skip the policy table: the engine then
+// fails closed, the bridge table drops IP between two pod ports
+// (Ruleset.BridgeUnfiltered), the podnet_policy_bridge_unfiltered gauge is
+// 1, and the node gets a Warning Event. Traffic through the node (to other
+// nodes, to the node itself) is routed and still judged.
 func (e *Engine) bridgeNetfilter() {
 	w := dataplane.SysctlWriter{Root: e.cfg.ProcSys, Log: e.log}
 	changed, failed := w.Set([]dataplane.Sysctl{
 		{Name: "net/bridge/bridge-nf-call-iptables", Value: "1"},
 		{Name: "net/bridge/bridge-nf-call-ip6tables", Value: "1"},
 	})
-	if len(changed) > 0 {
-		e.m.Repairs.Add(float64(len(changed)))
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if len(changed) > 0 && e.sysctlsSet {
+		e.m.Repairs.Add(float64(len(changed))) // someone turned them off
 	}
-	for _, f := range failed {
-		if !e.warnedBridge {
-			e.log.Warn("cannot turn bridge netfilter on (is br_netfilter loaded?): podnet-bridge pods on one node reach each other unfiltered", "err", f)
+	e.sysctlsSet = true
+	off := len(failed) > 0
+	if off == e.bridgeOff {
+		return
+	}
+	e.bridgeOff = off
+	e.m.BridgeUnfiltered.Set(map[bool]float64{false: 0, true: 1}[off])
+	e.changedLocked()
+	if !off {
+		e.log.Info("bridge netfilter is on again: bridged pod traffic is judged by policy again")
+		return
+	}
+	e.log.Error("cannot turn bridge netfilter on (is br_netfilter loaded?): IP between podnet-bridge pods of this node is dropped until it is", "err", failed[0])
+	if e.cfg.NodeEvent != nil {
+		e.cfg.NodeEvent(corev1.EventTypeWarning, EventBridgeUnfiltered,
+			"bridge netfilter (br_netfilter, net.bridge.bridge-nf-call-iptables/ip6tables) cannot be turned on: IP traffic between podnet-bridge pods of this node is dropped, since NetworkPolicy could not judge it: "+failed[0].Error())
+	}
+}
+
+// refreshLocal reads the node's host-side pod interfaces and the IPAM
+// stores' holders again (at start and every resync).
+func (e *Engine) refreshLocal() {
+	links, err := scanLinks()
+	if err != nil {
+		e.log.Warn("cannot list the node's links: the pods' ports stay as last known", "err", err)
+	}
+	holders := readHolders(e.cfg.IPAMDataDirs)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	changed := false
+	if err == nil && !maps.Equal(links, e.links) {
+		e.links, changed = links, true
+	}
+	if !maps.Equal(holders, e.storeHolders) {
+		e.storeHolders, changed = holders, true
+	}
+	for a, at := range e.waitAt {
+		if e.now().Sub(at) >= e.cfg.OverrideTTL {
+			delete(e.waitAt, a)
+			delete(e.waitHolders, a)
+			changed = true
 		}
-		e.warnedBridge = true
+	}
+	if changed {
+		e.changedLocked()
 	}
 }
 
@@ -307,11 +389,16 @@ func (e *Engine) sync() error {
 	start := e.now()
 	e.mu.Lock()
 	gen := e.gen
+	e.state.SetLocalPorts(e.localPortsLocked())
+	e.state.SetHolders(e.holdersLocked())
 	rs := e.state.Compile(e.cfg.NodeName, e.cidrs)
+	rs.BridgeUnfiltered = e.bridgeOff
 	prev := e.last
 	refused := e.state.Refused()
+	clashes := e.state.Clashes()
 	e.mu.Unlock()
 	e.report(refused)
+	e.reportClashes(clashes)
 	if prev != nil && prev.Equal(rs) {
 		e.done(gen, prev)
 		return nil
@@ -373,6 +460,27 @@ func (e *Engine) done(gen uint64, rs *policy.Ruleset) {
 	close(e.applied)
 	e.applied = make(chan struct{})
 	e.mu.Unlock()
+}
+
+// reportClashes logs each address two Pod objects claim once (and again
+// when who gets it changes), and keeps the gauge.
+func (e *Engine) reportClashes(clashes []policy.Clash) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	now := make(map[netip.Addr]string, len(clashes))
+	for _, c := range clashes {
+		by := "the rule every node applies (not terminating, then newer, then namespace/name)"
+		if c.ByHolder {
+			by = "this node's IPAM record of the pod that holds it"
+		}
+		text := fmt.Sprintf("%v -> %s by %s", c.Pods, c.Winner, by)
+		now[c.Addr] = text
+		if e.clashes[c.Addr] != text {
+			e.log.Warn("two or more Pod objects claim one address: it gets the policy of one of them", "address", c.Addr, "pods", c.Pods, "winner", c.Winner, "decidedBy", by)
+		}
+	}
+	e.clashes = now
+	e.m.AddressClashes.Set(float64(len(now)))
 }
 
 // report says each newly refused policy once (a log line and, with
@@ -446,8 +554,19 @@ func (e *Engine) handleWait(ctx context.Context, req policysock.Request) error {
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
+	link, linked := portLink{}, false
+	if req.HostVeth != "" {
+		link, linked = lookupLink(req.HostVeth)
+	}
 	e.mu.Lock()
 	e.overrides[key] = override{ips: req.IPs, at: e.now()}
+	for _, a := range req.IPs {
+		e.waitHolders[a.Unmap()], e.waitAt[a.Unmap()] = key, e.now()
+	}
+	if linked {
+		e.links[req.HostVeth] = link
+	}
+	e.changedLocked()
 	obj, ok, _ := e.podInf.GetStore().GetByKey(key)
 	if ok {
 		e.setPodLocked(obj.(*corev1.Pod))

@@ -18,8 +18,13 @@ type Metrics struct {
 	IsolatedPods prometheus.Gauge
 	Policies     prometheus.Gauge
 	Refused      prometheus.Gauge
-	drops        *dropCounter
-	unknown      atomic.Uint64
+	// AddressClashes: addresses two or more Pod objects claim;
+	// BridgeUnfiltered: 1 while bridged pod traffic is dropped because
+	// br_netfilter cannot be turned on.
+	AddressClashes   prometheus.Gauge
+	BridgeUnfiltered prometheus.Gauge
+	drops            *dropCounter
+	unknown          atomic.Uint64
 }
 
 // SetUnknownDropped takes the table's unknown_dropped counter.
@@ -49,6 +54,12 @@ func NewMetrics(reg prometheus.Registerer, repairs *prometheus.CounterVec) *Metr
 		Refused: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "podnet_policy_refused", Help: "NetworkPolicies refused as invalid: each isolates the pods it selects and allows nothing.",
 		}),
+		AddressClashes: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "podnet_policy_address_clashes", Help: "Addresses that two or more Pod objects claim (a terminating pod whose address was reused, a stale status): each goes to one pod, logged.",
+		}),
+		BridgeUnfiltered: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "podnet_policy_bridge_unfiltered", Help: "1 while bridge netfilter cannot be turned on: IP between podnet-bridge pods of this node is dropped rather than left unjudged.",
+		}),
 		drops: newDropCounter(),
 	}
 	if repairs != nil {
@@ -61,7 +72,7 @@ func NewMetrics(reg prometheus.Registerer, repairs *prometheus.CounterVec) *Metr
 		Name: "podnet_policy_unknown_dropped_total",
 		Help: "Packets from or to a local pod address the engine did not know yet (a pod between its ADD and its policy), dropped; as read at the last resync.",
 	}, func() float64 { return float64(m.unknown.Load()) })
-	reg.MustRegister(unknown, m.ApplySeconds, m.Errors, m.Revoked, m.IsolatedPods, m.Policies, m.Refused, m.drops.vec)
+	reg.MustRegister(unknown, m.ApplySeconds, m.Errors, m.Revoked, m.IsolatedPods, m.Policies, m.Refused, m.AddressClashes, m.BridgeUnfiltered, m.drops.vec)
 	return m
 }
 

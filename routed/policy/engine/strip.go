@@ -7,7 +7,8 @@ import (
 )
 
 // stripPod keeps of a Pod only what the model reads (namespace, name,
-// UID, labels, node, hostNetwork, containers' ports, phase and addresses),
+// UID, labels, creation and deletion times, node, hostNetwork, containers' ports,
+// phase and addresses),
 // so that a cluster's pods cost the engine little memory.
 func stripPod(obj any) (any, error) {
 	p, ok := obj.(*corev1.Pod)
@@ -18,6 +19,7 @@ func stripPod(obj any) (any, error) {
 		ObjectMeta: metav1.ObjectMeta{
 			Namespace: p.Namespace, Name: p.Name, UID: p.UID, Labels: p.Labels,
 			ResourceVersion: p.ResourceVersion, DeletionTimestamp: p.DeletionTimestamp,
+			CreationTimestamp: p.CreationTimestamp,
 		},
 		Spec: corev1.PodSpec{NodeName: p.Spec.NodeName, HostNetwork: p.Spec.HostNetwork},
 		Status: corev1.PodStatus{

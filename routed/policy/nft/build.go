@@ -1,6 +1,7 @@
 package nft
 
 import (
+	"bytes"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -11,6 +12,7 @@ import (
 	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
 
+	"github.com/podnet/podnet/internal/contract"
 	"github.com/podnet/podnet/internal/nftutil"
 	"github.com/podnet/podnet/routed/policy"
 )
@@ -70,6 +72,12 @@ const (
 
 	setLocal = "local"
 	setKnown = "known"
+	// setPorts holds the routed host veths of the pods the engine knows;
+	// mapIngressPorts and mapEgressPorts jump from an isolated pod's host
+	// veth to its chain.
+	setPorts        = "ports"
+	mapIngressPorts = "ingress-ports"
+	mapEgressPorts  = "egress-ports"
 )
 
 // Priorities of the base chains: egress just before the filter priority,
@@ -99,6 +107,35 @@ func mapName(d policy.Direction, v6 bool) string {
 	return famName(base, v6)
 }
 
+func portMapName(d policy.Direction) string {
+	if d == policy.Ingress {
+		return mapIngressPorts
+	}
+	return mapEgressPorts
+}
+
+// ifnameKey is an interface name as nftables keys it (meta iifname: 16
+// bytes, zero-padded).
+func ifnameKey(name string) []byte {
+	k := make([]byte, unix.IFNAMSIZ)
+	copy(k, name)
+	return k
+}
+
+// ifnameElements are the set elements of names, sorted; a name that is
+// no interface name is refused.
+func ifnameElements(names []string) ([]nftables.SetElement, error) {
+	var out []nftables.SetElement
+	for _, n := range names {
+		if n == "" || len(n) >= unix.IFNAMSIZ || strings.ContainsAny(n, "/ \x00") {
+			return nil, fmt.Errorf("%q is not an interface name", n)
+		}
+		out = append(out, nftables.SetElement{Key: ifnameKey(n)})
+	}
+	slices.SortFunc(out, func(a, b nftables.SetElement) int { return bytes.Compare(a.Key, b.Key) })
+	return slices.CompactFunc(out, func(a, b nftables.SetElement) bool { return bytes.Equal(a.Key, b.Key) }), nil
+}
+
 func famName(base string, v6 bool) string {
 	if v6 {
 		return base + "6"
@@ -118,7 +155,13 @@ const (
 	kindInterval                // address ranges
 	kindPorts                   // (address . protocol . port) ranges
 	kindVmap                    // address : verdict
+	kindIfnames                 // interface names
+	kindIfVmap                  // interface name : verdict
 )
+
+// isMap says whether sets of kind k are verdict maps (written after the
+// chains their jumps name).
+func (k setKind) isMap() bool { return k == kindVmap || k == kindIfVmap }
 
 // setDef is a named set (or verdict map) and its elements.
 type setDef struct {
@@ -141,6 +184,11 @@ func (d setDef) set(t *nftables.Table) *nftables.Set {
 		s.Interval, s.Concatenation = true, true
 		s.KeyType = nftables.MustConcatSetType(addr, nftables.TypeInetProto, nftables.TypeInetService)
 	case kindVmap:
+		s.IsMap, s.DataType = true, nftables.TypeVerdict
+	case kindIfnames:
+		s.KeyType = nftables.TypeIFName
+	case kindIfVmap:
+		s.KeyType = nftables.TypeIFName
 		s.IsMap, s.DataType = true, nftables.TypeVerdict
 	}
 	return s
@@ -216,6 +264,7 @@ func build(rs policy.Ruleset, opt buildOptions, cache *buildCache) (*tableDef, e
 
 	// the verdict maps and the pod chains
 	vmaps := map[string][]nftables.SetElement{}
+	portVmaps := map[string][]nftables.SetElement{}
 	taken := map[string]map[netip.Addr]bool{}
 	var podChains []chainDef
 	for i, p := range pods {
@@ -238,7 +287,7 @@ func build(rs policy.Ruleset, opt buildOptions, cache *buildCache) (*tableDef, e
 			name := PodChain(p.ID, d)
 			c := chainDef{chain: nftables.Chain{Name: name}}
 			var sig strings.Builder
-			fmt.Fprintf(&sig, "pod %s %v", d, addrs)
+			fmt.Fprintf(&sig, "pod %s %v %v", d, addrs, p.Ports)
 			// a pod cannot block itself (a Service hairpin): its own
 			// address as the peer is accepted before any policy
 			for _, a := range addrs {
@@ -272,6 +321,11 @@ func build(rs policy.Ruleset, opt buildOptions, cache *buildCache) (*tableDef, e
 			podChains = append(podChains, c)
 			def.counters = append(def.counters, name)
 			def.pods[name] = CounterKey{PodID: p.ID, Direction: d}
+			for _, port := range p.Ports {
+				m := portMapName(d)
+				portVmaps[m] = append(portVmaps[m], nftables.SetElement{Key: ifnameKey(port),
+					VerdictData: &expr.Verdict{Kind: expr.VerdictJump, Chain: name}})
+			}
 			for _, a := range addrs {
 				m := mapName(d, a.Is6())
 				if taken[m] == nil {
@@ -303,6 +357,18 @@ func build(rs policy.Ruleset, opt buildOptions, cache *buildCache) (*tableDef, e
 			m := mapName(d, v6)
 			def.sets = append(def.sets, setDef{name: m, kind: kindVmap, v6: v6, elems: vmaps[m]})
 		}
+	}
+	ports, err := ifnameElements(rs.Ports)
+	if err != nil {
+		return nil, err
+	}
+	def.sets = append(def.sets, setDef{name: setPorts, kind: kindIfnames, elems: ports})
+	for _, d := range []policy.Direction{policy.Ingress, policy.Egress} {
+		m := portMapName(d)
+		elems := portVmaps[m]
+		slices.SortFunc(elems, func(a, b nftables.SetElement) int { return bytes.Compare(a.Key, b.Key) })
+		elems = slices.CompactFunc(elems, func(a, b nftables.SetElement) bool { return bytes.Equal(a.Key, b.Key) })
+		def.sets = append(def.sets, setDef{name: m, kind: kindIfVmap, elems: elems})
 	}
 
 	// the policy chains and their sets
@@ -480,21 +546,50 @@ func baseRules(d policy.Direction) [][]expr.Any {
 			}
 		}
 	}
-	// Neighbor discovery, which conntrack does not track, is never the
-	// policy's to refuse, in either direction, as ARP is not: a pod
-	// resolves its gateway (the host veth) with Neighbor Solicitations
-	// from its global address (an egress-isolated IPv6 pod would lose its
-	// gateway), and on podnet-bridge's bridge, which br_netfilter shows to
-	// the forward hook, pods resolve each other (an ingress-isolated pod
-	// would lose its neighbours' advertisements).
+	// Neighbor discovery, which conntrack does not track, is not the
+	// policy's to refuse, as ARP is not: a pod resolves its gateway (the
+	// host veth) with Neighbor Solicitations from its global address (an
+	// egress-isolated IPv6 pod would lose its gateway), and on
+	// podnet-bridge's bridge, which br_netfilter shows to the forward
+	// hook, pods resolve each other (an ingress-isolated pod would lose
+	// its neighbours' advertisements). Only neighbor discovery between
+	// neighbours passes: hop limit 255, which a router never forwards
+	// (RFC 4861 makes receivers drop any other) and which a routed packet
+	// no longer has when it reaches the forward hook. So between a pod and
+	// its gateway or bridge neighbours; anything else with these ICMPv6
+	// types is judged like any packet.
 	rules = append(rules, join(nfproto(true), []expr.Any{
 		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: unix.NFT_REG_1},
 		&expr.Cmp{Op: expr.CmpOpEq, Register: unix.NFT_REG_1, Data: []byte{unix.IPPROTO_ICMPV6}},
+		&expr.Payload{DestRegister: unix.NFT_REG_1, Base: expr.PayloadBaseNetworkHeader, Offset: 7, Len: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: unix.NFT_REG_1, Data: []byte{255}}, // hop limit
 		&expr.Payload{DestRegister: unix.NFT_REG_1, Base: expr.PayloadBaseTransportHeader, Offset: 0, Len: 1},
 		&expr.Cmp{Op: expr.CmpOpGte, Register: unix.NFT_REG_1, Data: []byte{133}}, // router solicitation
 		&expr.Cmp{Op: expr.CmpOpLte, Register: unix.NFT_REG_1, Data: []byte{136}}, // neighbor advertisement
 		&expr.Verdict{Kind: expr.VerdictAccept},
 	}))
+	// A packet through a pod's routed host veth is that pod's, whatever
+	// its addresses (a link-local one, one the pod does not own): the
+	// port decides which pod's chain judges it, before any address does.
+	// A host veth the engine does not know (a pod whose policy is not in
+	// the kernel yet) passes nothing.
+	ifname := expr.MetaKeyIIFNAME
+	if !source {
+		ifname = expr.MetaKeyOIFNAME
+	}
+	rules = append(rules,
+		[]expr.Any{
+			&expr.Meta{Key: ifname, Register: unix.NFT_REG_1},
+			&expr.Lookup{SourceRegister: unix.NFT_REG_1, SetName: portMapName(d), DestRegister: unix.NFT_REG_VERDICT, IsDestRegSet: true},
+		},
+		[]expr.Any{
+			&expr.Meta{Key: ifname, Register: unix.NFT_REG_1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: unix.NFT_REG_1, Data: []byte(contract.HostVethPrefix)},
+			&expr.Lookup{SourceRegister: unix.NFT_REG_1, SetName: setPorts, Invert: true},
+			&expr.Objref{Type: int(nftables.ObjTypeCounter), Name: CounterUnknown},
+			&expr.Verdict{Kind: expr.VerdictDrop},
+		},
+	)
 	for _, v6 := range []bool{false, true} {
 		rules = append(rules, join(nfproto(v6), []expr.Any{
 			loadAddr(v6, source, unix.NFT_REG_1),

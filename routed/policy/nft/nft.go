@@ -85,6 +85,12 @@ type Writer struct {
 	// cache is build's: the policy chains built for the last Ruleset
 	cache buildCache
 
+	// bridgeLast is what the bridge table holds (nil: not known) and
+	// bridgeWritten its structure read back after it was last written
+	// whole (bridge.go).
+	bridgeLast    *bridgeDef
+	bridgeWritten []string
+
 	// rmu serializes resyncs, which read the table on their own socket
 	// (rconn) without w.mu: writes go on meanwhile.
 	rmu   sync.Mutex
@@ -148,6 +154,7 @@ func (w *Writer) closeConn() { w.conn.Close() }
 // Apply writes everything.
 func (w *Writer) fail() {
 	w.last, w.written, w.gen = nil, nil, 0
+	w.bridgeLast, w.bridgeWritten = nil, nil
 	w.closeConn()
 }
 
@@ -162,6 +169,16 @@ func (w *Writer) Apply(want policy.Ruleset) (Stats, error) {
 	def, err := build(want, w.buildOptions(), &w.cache)
 	if err != nil {
 		return Stats{}, fmt.Errorf("policy ruleset: %w", err)
+	}
+	bdef, err := buildBridge(want)
+	if err != nil {
+		return Stats{}, fmt.Errorf("policy ruleset: %w", err)
+	}
+	// the bridge table first, in a transaction of its own before the
+	// inet table's: the inet write's read-back still sees its own
+	// transaction alone
+	if err := w.applyBridge(bdef); err != nil {
+		return Stats{}, err
 	}
 	if w.last == nil {
 		return Stats{Full: true}, w.writeFull(def)
@@ -186,6 +203,14 @@ func (w *Writer) ApplyFull(want policy.Ruleset) error {
 	if err != nil {
 		return fmt.Errorf("policy ruleset: %w", err)
 	}
+	bdef, err := buildBridge(want)
+	if err != nil {
+		return fmt.Errorf("policy ruleset: %w", err)
+	}
+	w.bridgeLast = nil
+	if err := w.applyBridge(bdef); err != nil {
+		return err
+	}
 	return w.writeFull(def)
 }
 
@@ -205,11 +230,18 @@ func (w *Writer) ApplyFull(want policy.Ruleset) error {
 // (it returns false; the next one reads again).
 func (w *Writer) Resync(want policy.Ruleset) (repaired bool, err error) {
 	w.mu.Lock()
-	if w.last == nil {
+	if w.last == nil || w.bridgeLast == nil {
 		defer w.mu.Unlock()
 		def, err := build(want, w.buildOptions(), &w.cache)
 		if err != nil {
 			return false, fmt.Errorf("policy ruleset: %w", err)
+		}
+		bdef, err := buildBridge(want)
+		if err != nil {
+			return false, fmt.Errorf("policy ruleset: %w", err)
+		}
+		if err := w.applyBridge(bdef); err != nil {
+			return false, err
 		}
 		return false, w.writeFull(def)
 	}
@@ -220,15 +252,16 @@ func (w *Writer) Resync(want policy.Ruleset) (repaired bool, err error) {
 		}
 	}
 	seq, def, written := w.seq, w.last, w.written
+	bdef, bwritten := w.bridgeLast, w.bridgeWritten
 	w.mu.Unlock()
 
 	w.rmu.Lock()
-	diff, gen, err := w.check(def, written)
+	diff, gen, err := w.check(def, written, bdef, bwritten)
 	w.rmu.Unlock()
 
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.seq != seq || w.last != def {
+	if w.seq != seq || w.last != def || w.bridgeLast != bdef {
 		return false, nil
 	}
 	if err != nil {
@@ -244,6 +277,11 @@ func (w *Writer) Resync(want policy.Ruleset) (repaired bool, err error) {
 // repair writes def whole because the kernel's table differs (why).
 // Callers hold w.mu.
 func (w *Writer) repair(def *tableDef, why string) (bool, error) {
+	b := w.bridgeLast
+	w.bridgeLast = nil
+	if err := w.applyBridge(b); err != nil {
+		return false, err
+	}
 	if err := w.writeFull(def); err != nil {
 		return false, err
 	}
@@ -255,7 +293,7 @@ func (w *Writer) repair(def *tableDef, why string) (bool, error) {
 // read back after the write of def) on the resync socket; gen is the
 // generation it read at when nothing was committed during the reading
 // (else 0). Callers hold w.rmu.
-func (w *Writer) check(def *tableDef, written []string) (diff string, gen uint32, err error) {
+func (w *Writer) check(def *tableDef, written []string, bdef *bridgeDef, bwritten []string) (diff string, gen uint32, err error) {
 	c, err := w.rnft()
 	if err != nil {
 		return "", 0, err
@@ -266,6 +304,9 @@ func (w *Writer) check(def *tableDef, written []string) (diff string, gen uint32
 		return "", 0, err
 	}
 	diff, err = differs(c, w.rconn.Netlink(), def, written)
+	if err == nil && diff == "" {
+		diff, err = bridgeDiffers(c, w.rconn.Netlink(), bdef, bwritten)
+	}
 	if err != nil {
 		w.rconn.Close()
 		return "", 0, err
@@ -374,7 +415,7 @@ func (w *Writer) writeFullOnce(def *tableDef) error {
 			return fmt.Errorf("nftables set %s: %w", d.name, err)
 		}
 		ids[s.Name] = s.ID
-		if d.kind == kindVmap {
+		if d.kind.isMap() {
 			continue // its jumps need the chains
 		}
 		if err := nftutil.QueueElements(c, s, d.elems, false, setElementsPerMessage); err != nil {
@@ -391,7 +432,7 @@ func (w *Writer) writeFullOnce(def *tableDef) error {
 		addRules(c, chains[d.chain.Name], d.rules, ids)
 	}
 	for _, d := range def.sets {
-		if d.kind == kindVmap {
+		if d.kind.isMap() {
 			if err := nftutil.QueueElements(c, d.set(t), d.elems, false, setElementsPerMessage); err != nil {
 				return err
 			}
@@ -655,7 +696,7 @@ func (w *Writer) writeDiff(def *tableDef) (Stats, error) {
 }
 
 func kindOrder(k setKind) int {
-	if k == kindVmap {
+	if k.isMap() {
 		return 1
 	}
 	return 0
@@ -827,22 +868,25 @@ func (w *Writer) Delete() error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.last, w.written = nil, nil
+	w.bridgeLast, w.bridgeWritten = nil, nil
 	c, err := w.nft()
 	if err != nil {
 		return err
 	}
-	tables, err := c.ListTablesOfFamily(nftables.TableFamilyINet)
-	if err != nil {
-		w.closeConn()
-		return fmt.Errorf("list nftables tables: %w", err)
-	}
-	if !slices.ContainsFunc(tables, func(t *nftables.Table) bool { return t.Name == TableName }) {
-		return nil
-	}
-	c.DelTable(table())
-	if err := c.Flush(); err != nil && !isNotFound(err) {
-		w.closeConn()
-		return fmt.Errorf("delete nftables table %s: %w", TableName, err)
+	for _, t := range []*nftables.Table{table(), bridgeTable()} {
+		tables, err := c.ListTablesOfFamily(t.Family)
+		if err != nil {
+			w.closeConn()
+			return fmt.Errorf("list nftables tables: %w", err)
+		}
+		if !slices.ContainsFunc(tables, func(have *nftables.Table) bool { return have.Name == TableName }) {
+			continue
+		}
+		c.DelTable(t)
+		if err := c.Flush(); err != nil && !isNotFound(err) {
+			w.closeConn()
+			return fmt.Errorf("delete nftables table %s: %w", TableName, err)
+		}
 	}
 	return nil
 }

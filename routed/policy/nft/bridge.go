@@ -1,0 +1,330 @@
+package nft
+
+import (
+	"fmt"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
+	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/podnet/podnet/internal/contract"
+	"github.com/podnet/podnet/internal/nftutil"
+	"github.com/podnet/podnet/routed/policy"
+)
+
+// The bridge half of the policy: podnet-bridge's pods of one node talk
+// through the bridge podnet0, and br_netfilter shows their IP traffic to
+// the inet table's forward hook with the bridge, not the port, as its
+// interfaces. There a pod is found by its address, which the pod filter
+// guarantees for what a pod sends from its global addresses; what carries
+// no address of the pod (its link-local source, a link-local, multicast or
+// broadcast destination) is judged here, by port, in the bridge family,
+// before br_netfilter hands the packet on:
+//
+//	table bridge podnet-policy {
+//	  set ports { type ifname }          bridge ports of the pods the engine knows
+//	  set isolated-in, isolated-eg       ports of pods isolated for ingress, egress
+//	  counter unknown_dropped, counter link_dropped, counter unfiltered_dropped
+//	  chain forward { type filter hook forward priority -200; policy accept
+//	    neighbor discovery between neighbours (hop limit 255) accept
+//	    br_netfilter off: IP between two pod ports -> unfiltered_dropped, drop
+//	    IP from or to a pod port not in @ports -> unknown_dropped, drop
+//	    from @isolated-eg with an IPv6 link-local source -> link_dropped, drop
+//	    to @isolated-in for a link-local, multicast or broadcast destination -> link_dropped, drop
+//	  }
+//	  chain input { type filter hook input priority -200; policy accept
+//	    the same for what a pod port sends to the node itself
+//	  }
+//	}
+//
+// An isolated pod's link-local, multicast and broadcast traffic on the
+// bridge is so dropped whatever its policies allow (neighbor discovery
+// and ARP aside): a NetworkPolicy peer is a pod or an ipBlock, and none of
+// these addresses is a pod's.
+const (
+	bridgeChainForward = "forward"
+	bridgeChainInput   = "input"
+	bridgeSetPorts     = "ports"
+	bridgeSetIn        = "isolated-in"
+	bridgeSetEg        = "isolated-eg"
+	// CounterLinkDropped and CounterUnfiltered are the bridge table's
+	// counters of isolated pods' link-local, multicast and broadcast
+	// packets, and of bridged packets dropped because br_netfilter is off.
+	CounterLinkDropped = "link_dropped"
+	CounterUnfiltered  = "unfiltered_dropped"
+)
+
+var bridgePriority = nftables.ChainPriorityRef(-200)
+
+// bridgeDef is the bridge table's content for a Ruleset.
+type bridgeDef struct {
+	ports, in, eg []nftables.SetElement
+	unfiltered    bool
+}
+
+func bridgeTable() *nftables.Table {
+	return &nftables.Table{Family: nftables.TableFamilyBridge, Name: TableName}
+}
+
+func buildBridge(rs policy.Ruleset) (*bridgeDef, error) {
+	var b bridgeDef
+	var err error
+	if b.ports, err = ifnameElements(rs.BridgePorts); err != nil {
+		return nil, fmt.Errorf("bridge ports: %w", err)
+	}
+	var in, eg []string
+	for _, p := range rs.Pods {
+		if p.IngressIsolated || len(p.Ingress) > 0 {
+			in = append(in, p.BridgePorts...)
+		}
+		if p.EgressIsolated || len(p.Egress) > 0 {
+			eg = append(eg, p.BridgePorts...)
+		}
+	}
+	if b.in, err = ifnameElements(in); err != nil {
+		return nil, fmt.Errorf("bridge ports: %w", err)
+	}
+	if b.eg, err = ifnameElements(eg); err != nil {
+		return nil, fmt.Errorf("bridge ports: %w", err)
+	}
+	b.unfiltered = rs.BridgeUnfiltered
+	return &b, nil
+}
+
+func (b *bridgeDef) equal(o *bridgeDef) bool {
+	return o != nil && b.unfiltered == o.unfiltered &&
+		sameElements(b.ports, o.ports) && sameElements(b.in, o.in) && sameElements(b.eg, o.eg)
+}
+
+func (b *bridgeDef) sets(t *nftables.Table) []struct {
+	set   *nftables.Set
+	elems []nftables.SetElement
+} {
+	mk := func(name string) *nftables.Set {
+		return &nftables.Set{Table: t, Name: name, KeyType: nftables.TypeIFName}
+	}
+	return []struct {
+		set   *nftables.Set
+		elems []nftables.SetElement
+	}{{mk(bridgeSetPorts), b.ports}, {mk(bridgeSetIn), b.in}, {mk(bridgeSetEg), b.eg}}
+}
+
+// writeBridge writes the bridge table whole (whole) or only its sets'
+// elements, in one transaction on c.
+func (w *Writer) writeBridge(c *nftables.Conn, b *bridgeDef, whole bool) error {
+	t := bridgeTable()
+	if whole {
+		c.AddTable(t)
+		c.DelTable(t)
+		c.AddTable(t)
+		for _, n := range []string{CounterUnknown, CounterLinkDropped, CounterUnfiltered} {
+			c.AddObj(&nftables.NamedObj{Table: t, Name: n, Type: nftables.ObjTypeCounter, Obj: &expr.Counter{}})
+		}
+	}
+	for _, s := range b.sets(t) {
+		if whole {
+			if err := c.AddSet(s.set, nil); err != nil {
+				return fmt.Errorf("nftables set %s: %w", s.set.Name, err)
+			}
+		} else {
+			c.FlushSet(s.set)
+		}
+		if err := nftutil.QueueElements(c, s.set, s.elems, false, setElementsPerMessage); err != nil {
+			return err
+		}
+	}
+	if whole {
+		for _, ch := range bridgeChains(b) {
+			ch.chain.Table = t
+			added := c.AddChain(&ch.chain)
+			addRules(c, added, ch.rules, nil)
+		}
+	}
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("write nftables table bridge %s: %w", TableName, err)
+	}
+	return nil
+}
+
+// applyBridge puts b in the kernel when it is not what was last written
+// there. Callers hold w.mu.
+func (w *Writer) applyBridge(b *bridgeDef) error {
+	if b.equal(w.bridgeLast) {
+		return nil
+	}
+	c, err := w.nft()
+	if err != nil {
+		return err
+	}
+	whole := w.bridgeLast == nil || w.bridgeLast.unfiltered != b.unfiltered || w.bridgeWritten == nil
+	if err := w.writeBridge(c, b, whole); err != nil {
+		w.bridgeLast, w.bridgeWritten = nil, nil
+		if whole {
+			return err
+		}
+		// the table or a set is gone: write it whole
+		if err := w.writeBridge(c, b, true); err != nil {
+			return err
+		}
+		whole = true
+	}
+	if whole {
+		written, err := nftutil.Structure(w.conn.Netlink(), unix.NFPROTO_BRIDGE, TableName)
+		if err != nil {
+			return fmt.Errorf("read back nftables table bridge %s: %w", TableName, err)
+		}
+		w.bridgeWritten = written
+	}
+	w.bridgeLast = b
+	return nil
+}
+
+// bridgeDiffers compares the kernel's bridge table with b and written, its
+// structure read back after b was written: "" when they are the same.
+func bridgeDiffers(c *nftables.Conn, nl *netlink.Conn, b *bridgeDef, written []string) (string, error) {
+	have, err := nftutil.Structure(nl, unix.NFPROTO_BRIDGE, TableName)
+	if err != nil {
+		return "", err
+	}
+	if have == nil {
+		return "bridge table missing", nil
+	}
+	if d := nftutil.StructureDiff(written, have); d != "" {
+		return "bridge table: " + d, nil
+	}
+	for _, s := range b.sets(bridgeTable()) {
+		got, err := c.GetSetElements(s.set)
+		if err != nil {
+			return fmt.Sprintf("bridge set %s: %v", s.set.Name, err), nil
+		}
+		if del, add := elementChanges(got, s.elems); len(del)+len(add) > 0 {
+			return fmt.Sprintf("bridge set %s: %d element(s) missing, %d not wanted", s.set.Name, len(add), len(del)), nil
+		}
+	}
+	return "", nil
+}
+
+type bridgeChain struct {
+	chain nftables.Chain
+	rules [][]expr.Any
+}
+
+// bridgeChains are the bridge table's two base chains.
+func bridgeChains(b *bridgeDef) []bridgeChain {
+	accept := ptr(nftables.ChainPolicyAccept)
+	base := func(name string, hook *nftables.ChainHook) nftables.Chain {
+		return nftables.Chain{Name: name, Type: nftables.ChainTypeFilter, Hooknum: hook, Priority: bridgePriority, Policy: accept}
+	}
+	fwd := [][]expr.Any{bridgeND()}
+	if b.unfiltered {
+		for _, v6 := range []bool{false, true} {
+			fwd = append(fwd, join(etherIs(v6), podPort(expr.MetaKeyIIFNAME), podPort(expr.MetaKeyOIFNAME), countDrop(CounterUnfiltered)))
+		}
+	}
+	fwd = append(fwd, unknownPort(expr.MetaKeyIIFNAME)...)
+	fwd = append(fwd, unknownPort(expr.MetaKeyOIFNAME)...)
+	fwd = append(fwd, isolatedLinkSource())
+	fwd = append(fwd, isolatedNonPodDestination()...)
+	in := [][]expr.Any{bridgeND()}
+	in = append(in, unknownPort(expr.MetaKeyIIFNAME)...)
+	in = append(in, isolatedLinkSource())
+	return []bridgeChain{
+		{chain: base(bridgeChainForward, nftables.ChainHookForward), rules: fwd},
+		{chain: base(bridgeChainInput, nftables.ChainHookInput), rules: in},
+	}
+}
+
+// etherIs matches IPv4 (or IPv6) frames: meta protocol, the EtherType the
+// bridge family sees (the pod filter drops tagged frames before this).
+func etherIs(v6 bool) []expr.Any {
+	et := []byte{0x08, 0x00}
+	if v6 {
+		et = []byte{0x86, 0xdd}
+	}
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyPROTOCOL, Register: unix.NFT_REG_1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: unix.NFT_REG_1, Data: et},
+	}
+}
+
+// podPort matches a host-side pod interface ("pn*") as key's interface.
+func podPort(key expr.MetaKey) []expr.Any {
+	return []expr.Any{
+		&expr.Meta{Key: key, Register: unix.NFT_REG_1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: unix.NFT_REG_1, Data: []byte(contract.HostVethPrefix)},
+	}
+}
+
+func countDrop(counter string) []expr.Any {
+	return []expr.Any{
+		&expr.Objref{Type: int(nftables.ObjTypeCounter), Name: counter},
+		&expr.Verdict{Kind: expr.VerdictDrop},
+	}
+}
+
+// bridgeND accepts neighbor discovery between neighbours (hop limit 255).
+func bridgeND() []expr.Any {
+	return join(etherIs(true), []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: unix.NFT_REG_1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: unix.NFT_REG_1, Data: []byte{unix.IPPROTO_ICMPV6}},
+		&expr.Payload{DestRegister: unix.NFT_REG_1, Base: expr.PayloadBaseNetworkHeader, Offset: 7, Len: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: unix.NFT_REG_1, Data: []byte{255}},
+		&expr.Payload{DestRegister: unix.NFT_REG_1, Base: expr.PayloadBaseTransportHeader, Offset: 0, Len: 1},
+		&expr.Cmp{Op: expr.CmpOpGte, Register: unix.NFT_REG_1, Data: []byte{133}},
+		&expr.Cmp{Op: expr.CmpOpLte, Register: unix.NFT_REG_1, Data: []byte{136}},
+		&expr.Verdict{Kind: expr.VerdictAccept},
+	})
+}
+
+// unknownPort drops IP through a pod port (as key's interface) that is not
+// in @ports.
+func unknownPort(key expr.MetaKey) [][]expr.Any {
+	var out [][]expr.Any
+	for _, v6 := range []bool{false, true} {
+		out = append(out, join(etherIs(v6), podPort(key), []expr.Any{
+			&expr.Lookup{SourceRegister: unix.NFT_REG_1, SetName: bridgeSetPorts, Invert: true},
+		}, countDrop(CounterUnknown)))
+	}
+	return out
+}
+
+// inIsolated matches key's interface in set.
+func inIsolated(key expr.MetaKey, set string) []expr.Any {
+	return []expr.Any{
+		&expr.Meta{Key: key, Register: unix.NFT_REG_1},
+		&expr.Lookup{SourceRegister: unix.NFT_REG_1, SetName: set},
+	}
+}
+
+// prefixMatch matches the len(prefix) bytes at offset of the network
+// header against prefix under mask.
+func prefixMatch(offset uint32, prefix, mask []byte) []expr.Any {
+	return []expr.Any{
+		&expr.Payload{DestRegister: unix.NFT_REG_1, Base: expr.PayloadBaseNetworkHeader, Offset: offset, Len: uint32(len(prefix))},
+		&expr.Bitwise{SourceRegister: unix.NFT_REG_1, DestRegister: unix.NFT_REG_1, Len: uint32(len(prefix)), Mask: mask, Xor: make([]byte, len(prefix))},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: unix.NFT_REG_1, Data: prefix},
+	}
+}
+
+func v6Prefix(first ...byte) []byte { p := make([]byte, 16); copy(p, first); return p }
+
+// isolatedLinkSource drops what an egress-isolated pod sends from its
+// IPv6 link-local address.
+func isolatedLinkSource() []expr.Any {
+	return join(etherIs(true), inIsolated(expr.MetaKeyIIFNAME, bridgeSetEg),
+		prefixMatch(8, v6Prefix(0xfe, 0x80), v6Prefix(0xff, 0xc0)), countDrop(CounterLinkDropped))
+}
+
+// isolatedNonPodDestination drops, to an ingress-isolated pod, what is
+// addressed to no pod: IPv6 link-local and multicast, IPv4 multicast and
+// the limited broadcast.
+func isolatedNonPodDestination() [][]expr.Any {
+	to := expr.MetaKeyOIFNAME
+	return [][]expr.Any{
+		join(etherIs(true), inIsolated(to, bridgeSetIn), prefixMatch(24, v6Prefix(0xfe, 0x80), v6Prefix(0xff, 0xc0)), countDrop(CounterLinkDropped)),
+		join(etherIs(true), inIsolated(to, bridgeSetIn), prefixMatch(24, v6Prefix(0xff), v6Prefix(0xff)), countDrop(CounterLinkDropped)),
+		join(etherIs(false), inIsolated(to, bridgeSetIn), prefixMatch(16, []byte{224, 0, 0, 0}, []byte{0xf0, 0, 0, 0}), countDrop(CounterLinkDropped)),
+		join(etherIs(false), inIsolated(to, bridgeSetIn), prefixMatch(16, []byte{255, 255, 255, 255}, []byte{0xff, 0xff, 0xff, 0xff}), countDrop(CounterLinkDropped)),
+	}
+}
