@@ -71,6 +71,7 @@ var subtests = []struct {
 	{"IPBlockExcept", (*env).ipBlock, false},
 	{"NewPodIsolatedFromFirstPacket", (*env).newPod, false},
 	{"EgressDenyAllowDNS", (*env).egress, false},
+	{"LinkLocalJudgedByPort", (*env).linkLocal, false},
 	{"TableRepaired", (*env).repair, true},
 	{"Revocation", (*env).revocation, false},
 	{"OneWatchPerResource", (*env).oneWatch, true},

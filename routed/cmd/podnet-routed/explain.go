@@ -71,6 +71,9 @@ type nodeCheck struct {
 	name     string
 	podCIDRs []netip.Prefix
 	check    func(policy.Ruleset) (string, error)
+	// local gives the State what only the node knows (engine.LocalView);
+	// nil: nothing
+	local func(*policy.State) error
 }
 
 // explain lists Pods, Namespaces and NetworkPolicies once and prints
@@ -120,7 +123,14 @@ func explain(w io.Writer, pods, namespaces, policies cache.ListerWatcher, f flow
 	if node == nil {
 		return nil
 	}
-	diff, err := node.check(st.Compile(node.name, node.podCIDRs))
+	var err error
+	if node.local != nil {
+		err = node.local(st)
+	}
+	diff := ""
+	if err == nil {
+		diff, err = node.check(st.Compile(node.name, node.podCIDRs))
+	}
 	switch {
 	case err != nil:
 		fmt.Fprintf(w, "node %s: cannot compare its table inet podnet-policy with the API objects: %v\n", node.name, err)

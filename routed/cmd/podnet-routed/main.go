@@ -107,6 +107,8 @@ func run(argv []string) error {
 					return "", cerr
 				}
 				return nft.Check(rs, *policyLogDrops > 0, *policyLogDrops)
+			}, local: func(st *policy.State) error {
+				return engine.LocalView(st, *nodeName, strings.Split(*ipamDataDirs, ","))
 			}}
 		}
 		return explain(os.Stdout, pods, nss, pols, f, node)

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"errors"
+	"fmt"
 	"maps"
 	"net/netip"
 	"slices"
@@ -81,21 +82,31 @@ func lookupLink(name string) (portLink, bool) {
 // localPortsLocked maps this node's pods to their host-side interfaces.
 // Callers hold e.mu.
 func (e *Engine) localPortsLocked() map[string][]policy.LocalPort {
+	out := portsOf(e.state, e.cfg.NodeName, e.links, e.vethNames)
+	if len(e.vethNames) > 4*len(out)+1024 {
+		e.vethNames = map[string]string{} // forget pods long gone
+	}
+	return out
+}
+
+// portsOf maps node's pods in st to their interfaces among links; names
+// caches the derived names (pod key and interface name -> veth name).
+func portsOf(st *policy.State, node string, links map[string]portLink, names map[string]string) map[string][]policy.LocalPort {
 	ifNames := map[string]bool{}
-	for _, l := range e.links {
+	for _, l := range links {
 		ifNames[l.ifName] = true
 	}
 	out := map[string][]policy.LocalPort{}
-	for _, key := range e.state.LocalPods(e.cfg.NodeName) {
+	for _, key := range st.LocalPods(node) {
 		ns, name, _ := strings.Cut(key, "/")
 		for ifName := range ifNames {
 			ck := key + "\x00" + ifName
-			veth, ok := e.vethNames[ck]
+			veth, ok := names[ck]
 			if !ok {
 				veth = contract.HostVethName(ns, name, "", ifName)
-				e.vethNames[ck] = veth
+				names[ck] = veth
 			}
-			if l, ok := e.links[veth]; ok && l.ifName == ifName {
+			if l, ok := links[veth]; ok && l.ifName == ifName {
 				out[key] = append(out[key], policy.LocalPort{Name: veth, Bridged: l.bridged})
 			}
 		}
@@ -103,10 +114,21 @@ func (e *Engine) localPortsLocked() map[string][]policy.LocalPort {
 	for _, ps := range out {
 		slices.SortFunc(ps, func(a, b policy.LocalPort) int { return strings.Compare(a.Name, b.Name) })
 	}
-	if len(e.vethNames) > 4*len(out)+1024 {
-		e.vethNames = map[string]string{} // forget pods long gone
-	}
 	return out
+}
+
+// LocalView gives st what the engine's compile on this node adds to the
+// API objects: the pods' ports (the node's links) and the holders of its
+// addresses (the IPAM stores in ipamDirs). --explain-policy on a node
+// uses it to compile what the engine there compiles.
+func LocalView(st *policy.State, node string, ipamDirs []string) error {
+	links, err := scanLinks()
+	if err != nil {
+		return fmt.Errorf("list the node's links: %w", err)
+	}
+	st.SetLocalPorts(portsOf(st, node, links, map[string]string{}))
+	st.SetHolders(readHolders(ipamDirs))
+	return nil
 }
 
 // readHolders reads which pod holds each address from the IPAM stores in

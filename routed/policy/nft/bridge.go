@@ -27,6 +27,7 @@ import (
 //	  set isolated-in, isolated-eg       ports of pods isolated for ingress, egress
 //	  counter unknown_dropped, counter link_dropped, counter unfiltered_dropped
 //	  chain forward { type filter hook forward priority -200; policy accept
+//	    TCP but a bare SYN (a connection under way) accept
 //	    neighbor discovery between neighbours (hop limit 255) accept
 //	    br_netfilter off: IP between two pod ports -> unfiltered_dropped, drop
 //	    IP from or to a pod port not in @ports -> unknown_dropped, drop
@@ -216,7 +217,7 @@ func bridgeChains(b *bridgeDef) []bridgeChain {
 	base := func(name string, hook *nftables.ChainHook) nftables.Chain {
 		return nftables.Chain{Name: name, Type: nftables.ChainTypeFilter, Hooknum: hook, Priority: bridgePriority, Policy: accept}
 	}
-	fwd := [][]expr.Any{bridgeND()}
+	fwd := [][]expr.Any{established(), bridgeND()}
 	if b.unfiltered {
 		for _, v6 := range []bool{false, true} {
 			fwd = append(fwd, join(etherIs(v6), podPort(expr.MetaKeyIIFNAME), podPort(expr.MetaKeyOIFNAME), countDrop(CounterUnfiltered)))
@@ -226,12 +227,31 @@ func bridgeChains(b *bridgeDef) []bridgeChain {
 	fwd = append(fwd, unknownPort(expr.MetaKeyOIFNAME)...)
 	fwd = append(fwd, isolatedLinkSource())
 	fwd = append(fwd, isolatedNonPodDestination()...)
-	in := [][]expr.Any{bridgeND()}
+	in := [][]expr.Any{established(), bridgeND()}
 	in = append(in, unknownPort(expr.MetaKeyIIFNAME)...)
 	in = append(in, isolatedLinkSource())
 	return []bridgeChain{
 		{chain: base(bridgeChainForward, nftables.ChainHookForward), rules: fwd},
 		{chain: base(bridgeChainInput, nftables.ChainHookInput), rules: in},
+	}
+}
+
+// established accepts the TCP segments of connections under way (any
+// but a bare SYN: the replies to what an isolated pod opened over
+// link-local). The bridge family has no conntrack of its own here (it
+// would need nf_conntrack_bridge, which does not go with br_netfilter), so
+// a connection is told by its flags: a SYN, which opens one, is judged;
+// an ACK or RST that belongs to no connection opens nothing. UDP and ICMP
+// replies to an isolated pod's link-local address are dropped.
+func established() []expr.Any {
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: unix.NFT_REG_1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: unix.NFT_REG_1, Data: []byte{unix.IPPROTO_TCP}},
+		&expr.Payload{DestRegister: unix.NFT_REG_1, Base: expr.PayloadBaseTransportHeader, Offset: 13, Len: 1},
+		&expr.Bitwise{SourceRegister: unix.NFT_REG_1, DestRegister: unix.NFT_REG_1, Len: 1, Mask: []byte{0x16}, Xor: []byte{0}}, // SYN|RST|ACK
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: unix.NFT_REG_1, Data: []byte{0x02}},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: unix.NFT_REG_1, Data: []byte{0x00}},
+		&expr.Verdict{Kind: expr.VerdictAccept},
 	}
 }
 
