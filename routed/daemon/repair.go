@@ -111,17 +111,31 @@ func (d *Daemon) repairPodFilter() {
 	}
 }
 
-// countApplyRepairs counts what a full apply wrote as repairs when it is
-// one: the last apply succeeded (the kernel held the plan) and no Node
-// changed since, so every route and VXLAN entry written had been deleted
-// or edited by someone else.
-func (d *Daemon) countApplyRepairs(repairing bool, routes int, vxlan dataplane.VXLANChanges) {
+// countApplyRepairs counts the VXLAN entries a full apply wrote as
+// repairs when it is one: the last apply succeeded (the kernel held the
+// plan) and no Node changed since, so every entry written had been
+// deleted or edited by someone else.
+func (d *Daemon) countApplyRepairs(repairing bool, vxlan dataplane.VXLANChanges) {
 	if !repairing {
 		return
 	}
-	d.countRepair(RepairRoute, routes, "routes and blackholes")
 	d.countRepair(RepairVXLANNeighbor, vxlan.Neighbors, "VXLAN neighbor entries")
 	d.countRepair(RepairVXLANFDB, vxlan.FDBs, "VXLAN FDB entries")
+}
+
+// countRouteRepairs counts the routes the last write put back because
+// the kernel no longer held what podnet-routed had written there
+// (dataplane.RouteCache.TakeRepairs): deleted or edited by someone else.
+// A route that changes with the plan (a Node, this node's network, a
+// resync that finds a new verdict) or that went with its link is not
+// one, whatever triggered the apply.
+func (d *Daemon) countRouteRepairs() {
+	dsts := d.routes.TakeRepairs()
+	if len(dsts) == 0 {
+		return
+	}
+	d.metrics.Repairs.Inc()
+	d.countRepair(RepairRoute, len(dsts), fmt.Sprint("routes and blackholes ", dsts))
 }
 
 // countStateRepair counts node.json written back: readErr is why the

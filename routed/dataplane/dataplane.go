@@ -599,6 +599,48 @@ func OwnedRoutes() ([]desired.Route, error) {
 type RouteCache struct {
 	mu    sync.Mutex
 	table *routeTable
+	// written is the route podnet-routed last wrote (or found in place
+	// and kept) to each destination, kept across dumps: a route the
+	// kernel then lacks or holds otherwise was deleted or edited behind
+	// its back (a repair), while one that differs only from the new
+	// plan is an ordinary change.
+	written map[netip.Prefix]desired.Route
+	// repaired are the destinations written back since TakeRepairs.
+	repaired []netip.Prefix
+}
+
+// TakeRepairs returns the destinations whose route was put back since
+// the last call because the kernel no longer held what podnet-routed had
+// written there (deleted or edited by someone else), and forgets them.
+func (c *RouteCache) TakeRepairs() []netip.Prefix {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	r := c.repaired
+	c.repaired = nil
+	return r
+}
+
+// ForgetDevice forgets what was written through the device name: the
+// kernel drops a link's routes when it goes down or away, so writing them
+// back is no repair of a route (the link's change is the event, and
+// podnet's own tunnel device counts as a tunnel-device repair).
+func (c *RouteCache) ForgetDevice(name string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for dst, r := range c.written {
+		if r.Kind != desired.Blackhole && r.Dev == name {
+			delete(c.written, dst)
+		}
+	}
+}
+
+// wrote records r as what podnet-routed holds at its destination now.
+// The caller holds c.mu.
+func (c *RouteCache) wrote(r desired.Route) {
+	if c.written == nil {
+		c.written = map[netip.Prefix]desired.Route{}
+	}
+	c.written[r.Dst] = r
 }
 
 // Invalidate makes the next apply read the kernel again.
@@ -698,6 +740,8 @@ func applyRoutes(k routeKernel, want []desired.Route, cache *RouteCache, dump bo
 		wanted[r.Dst] = true
 		if cur, ok := t.owned[r.Dst]; !ok || cur != r {
 			upsert = append(upsert, r)
+		} else {
+			cache.wrote(r) // in place already (a previous run's): ours now
 		}
 	}
 	for dst, r := range t.owned {
@@ -761,6 +805,7 @@ func (c *RouteCache) write(k routeKernel, t *routeTable, upsert, remove []desire
 		}
 		changed++
 		delete(t.owned, r.Dst)
+		delete(c.written, r.Dst)
 	}
 	links := map[string]int{}
 	for _, r := range upsert {
@@ -785,9 +830,14 @@ func (c *RouteCache) write(k routeKernel, t *routeTable, upsert, remove []desire
 		}
 		kr := kernelRoute(r, idx)
 		write := k.Add
-		if _, ours := t.owned[r.Dst]; ours {
+		cur, ours := t.owned[r.Dst]
+		if ours {
 			write = k.Replace // ours: change it in place
 		}
+		// a repair when the kernel no longer holds what was written
+		// there last, whatever the plan wants now
+		last, written := c.written[r.Dst]
+		repair := written && (!ours || cur != last)
 		if err := write(kr); err != nil {
 			if errors.Is(err, unix.EEXIST) {
 				err = fmt.Errorf("a route to %s that is not podnet-routed's exists (it appeared after the last read of the routing table); leaving it alone", r.Dst)
@@ -797,6 +847,10 @@ func (c *RouteCache) write(k routeKernel, t *routeTable, upsert, remove []desire
 		}
 		changed++
 		t.owned[r.Dst] = r
+		c.wrote(r)
+		if repair {
+			c.repaired = append(c.repaired, r.Dst)
+		}
 	}
 	// An older podnet-routed's blackholes, after the new ones are in (at
 	// the highest metric, so that podnet0's connected route wins).
