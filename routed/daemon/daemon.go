@@ -80,6 +80,7 @@ type Daemon struct {
 	dp             *dataplane.Netlink
 	table          dataplane.Table
 	routes         dataplane.RouteCache
+	vxlanRec       dataplane.VXLANRecord // what was written to podnet.vxlan
 	metrics        *Metrics
 	kick           chan struct{}
 	refusals       *refusals
@@ -473,6 +474,9 @@ func (d *Daemon) watchLinks(ctx context.Context, first chan struct{}) {
 				// the kernel drops the link's routes with it: putting
 				// them back is no route repair
 				d.routes.ForgetDevice(u.Link.Attrs().Name)
+				if u.Link.Attrs().Name == desired.VXLANDevice {
+					d.vxlanRec.Forget()
+				}
 			}
 			d.trigger("link change")
 		}
@@ -648,7 +652,7 @@ func (d *Daemon) applyNodes(lister listersv1.NodeLister) (own, remote error) {
 		d.countRouteRepairs()
 	}
 	if d.cfg.Encap == desired.VXLAN {
-		if err := dataplane.ApplyVXLANDelta(delta.SetNeighbors, delta.DelNeighbors, delta.AddFDBs, delta.DelFDBs); err != nil {
+		if err := dataplane.ApplyVXLANDelta(delta.SetNeighbors, delta.DelNeighbors, delta.AddFDBs, delta.DelFDBs, &d.vxlanRec); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -669,15 +673,11 @@ func (d *Daemon) applyNodes(lister listersv1.NodeLister) (own, remote error) {
 // only for what this node itself needs; a route that cannot be written
 // is reported in remote.
 func (d *Daemon) apply(lister listersv1.NodeLister, why string) (own, remote error) {
-	// the VXLAN entries this apply writes are repairs when the kernel
-	// held the plan and no Node changed since (a route is judged on its
-	// own: countRouteRepairs)
-	repairing := d.plan != nil && why != "node"
+	// (what this apply writes back is a repair or not by what was last
+	// written, whatever the trigger: countRouteRepairs, VXLANRecord)
 	d.plan = nil
 	// every Node is read below: what changed until now is covered
-	if len(d.takeDirty()) > 0 {
-		repairing = false
-	}
+	d.takeDirty()
 	objs, err := lister.List(labels.Everything())
 	if err != nil {
 		return fmt.Errorf("list nodes: %w", err), nil
@@ -774,6 +774,7 @@ func (d *Daemon) apply(lister listersv1.NodeLister, why string) (own, remote err
 	if deviceReset {
 		d.routes.ForgetDevice(desired.TunnelDevice)
 		d.routes.ForgetDevice(desired.VXLANDevice)
+		d.vxlanRec.Forget()
 	}
 	changed, programmed, err := dataplane.ApplyRoutes(st.Routes, &d.routes, deviceReset)
 	if err != nil {
@@ -782,14 +783,13 @@ func (d *Daemon) apply(lister listersv1.NodeLister, why string) (own, remote err
 	d.metrics.RoutesProgramed.Set(float64(programmed))
 	var vxlanChanges dataplane.VXLANChanges
 	if d.cfg.Encap == desired.VXLAN && underlay != nil {
-		if vxlanChanges, err = dataplane.ApplyVXLANPeers(st.Neighbors, st.FDBs); err != nil {
+		if vxlanChanges, err = dataplane.ApplyVXLANPeers(st.Neighbors, st.FDBs, &d.vxlanRec); err != nil {
 			remoteErrs = append(remoteErrs, err)
 		}
 	}
 	d.countRouteRepairs()
-	// VXLAN entries lost with the device it re-created or brought up are
-	// that device's repair
-	d.countApplyRepairs(repairing && !deviceReset, vxlanChanges)
+	d.countRepair(RepairVXLANNeighbor, vxlanChanges.RepairedNeighbors, "VXLAN neighbor entries")
+	d.countRepair(RepairVXLANFDB, vxlanChanges.RepairedFDBs, "VXLAN FDB entries")
 	if err := d.writeState(st.Self, st.SelfProblem, underlay); err != nil {
 		errs = append(errs, err)
 	}

@@ -1,8 +1,12 @@
 package daemon
 
-// Repairs: how the daemon tells a repair (the kernel or node.json differs
-// from what it put there, and nothing it reads changed) from a change, and
-// counts each in podnet_repairs_total{object}.
+// Repairs: how the daemon tells a repair (the kernel or node.json no
+// longer holds what it put there: deleted or edited by someone else) from
+// a change of plan, and counts each in podnet_repairs_total{object}.
+// Routes and VXLAN entries are judged one by one against what was last
+// written (dataplane.RouteCache, dataplane.VXLANRecord), whatever
+// triggered the apply; what goes with a link that goes down or away is
+// the link's event.
 
 import (
 	"errors"
@@ -109,18 +113,6 @@ func (d *Daemon) repairPodFilter() {
 			d.countRepair(RepairPodFilter, 1, "the pod filter's chain ("+g.String()+")")
 		}
 	}
-}
-
-// countApplyRepairs counts the VXLAN entries a full apply wrote as
-// repairs when it is one: the last apply succeeded (the kernel held the
-// plan) and no Node changed since, so every entry written had been
-// deleted or edited by someone else.
-func (d *Daemon) countApplyRepairs(repairing bool, vxlan dataplane.VXLANChanges) {
-	if !repairing {
-		return
-	}
-	d.countRepair(RepairVXLANNeighbor, vxlan.Neighbors, "VXLAN neighbor entries")
-	d.countRepair(RepairVXLANFDB, vxlan.FDBs, "VXLAN FDB entries")
 }
 
 // countRouteRepairs counts the routes the last write put back because
