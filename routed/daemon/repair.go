@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vishvananda/netlink"
@@ -75,6 +76,11 @@ func (d *Daemon) setup(self desired.Node, vteps []netip.Prefix, underlay netlink
 	res, err := d.dp.Setup(self, vteps)
 	for _, e := range res.SysctlErrors {
 		d.metrics.SysctlErrors.WithLabelValues(e.Sysctl.DisplayName()).Inc()
+	}
+	if slices.ContainsFunc(res.Fixes, func(f dataplane.Fix) bool { return f.Object == RepairTunnelDevice }) {
+		// a device changed (its MAC, say) has the kernel flush its
+		// neighbor entries: writing them back is that device's repair
+		d.vxlanRec.Forget()
 	}
 	key := fmt.Sprint(self.IP, self.PodCIDRs, vteps, underlay.Attrs().Index, d.dp.OverlayMTU(underlay))
 	if key == d.repairs.setupKey {
