@@ -80,6 +80,7 @@ type Daemon struct {
 	dp             *dataplane.Netlink
 	table          dataplane.Table
 	routes         dataplane.RouteCache
+	vxlanRec       dataplane.VXLANRecord // what was written to podnet.vxlan
 	metrics        *Metrics
 	kick           chan struct{}
 	refusals       *refusals
@@ -236,7 +237,7 @@ func NewMetrics() *Metrics {
 		RoutesDesired:   prometheus.NewGauge(prometheus.GaugeOpts{Name: "podnet_routes_desired", Help: "Routes podnet-routed wants in the kernel."}),
 		RoutesProgramed: prometheus.NewGauge(prometheus.GaugeOpts{Name: "podnet_routes_programmed", Help: "Routes with podnet's protocol in the kernel after the last apply."}),
 		ApplySeconds:    prometheus.NewHistogram(prometheus.HistogramOpts{Name: "podnet_apply_duration_seconds", Help: "Time to apply the desired state.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}),
-		Repairs:         prometheus.NewCounter(prometheus.CounterOpts{Name: "podnet_route_repairs_total", Help: "Applies that changed the kernel after a podnet route was removed by someone else."}),
+		Repairs:         prometheus.NewCounter(prometheus.CounterOpts{Name: "podnet_route_repairs_total", Help: "Applies that put back a podnet route someone else deleted or edited."}),
 		Errors:          prometheus.NewCounter(prometheus.CounterOpts{Name: "podnet_apply_errors_total", Help: "Applies that failed."}),
 		NodesSkipped:    prometheus.NewGauge(prometheus.GaugeOpts{Name: "podnet_nodes_skipped", Help: "Nodes without PodCIDR or address, not routed yet."}),
 		FamilyMissing: prometheus.NewGauge(prometheus.GaugeOpts{Name: "podnet_nodes_podcidr_family_missing",
@@ -469,6 +470,14 @@ func (d *Daemon) watchLinks(ctx context.Context, first chan struct{}) {
 		return netlink.LinkSubscribeWithOptions(ch, done, netlink.LinkSubscribeOptions{ErrorCallback: onErr})
 	}, func(u netlink.LinkUpdate) {
 		if linkMatters(u) {
+			if u.Header.Type == unix.RTM_DELLINK || u.IfInfomsg.Flags&unix.IFF_UP == 0 {
+				// the kernel drops the link's routes with it: putting
+				// them back is no route repair
+				d.routes.ForgetDevice(u.Link.Attrs().Name)
+				if u.Link.Attrs().Name == desired.VXLANDevice {
+					d.vxlanRec.Forget()
+				}
+			}
 			d.trigger("link change")
 		}
 	})
@@ -640,9 +649,10 @@ func (d *Daemon) applyNodes(lister listersv1.NodeLister) (own, remote error) {
 			errs = append(errs, err)
 		}
 		d.metrics.RoutesProgramed.Set(float64(programmed))
+		d.countRouteRepairs()
 	}
 	if d.cfg.Encap == desired.VXLAN {
-		if err := dataplane.ApplyVXLANDelta(delta.SetNeighbors, delta.DelNeighbors, delta.AddFDBs, delta.DelFDBs); err != nil {
+		if err := dataplane.ApplyVXLANDelta(delta.SetNeighbors, delta.DelNeighbors, delta.AddFDBs, delta.DelFDBs, &d.vxlanRec); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -663,14 +673,11 @@ func (d *Daemon) applyNodes(lister listersv1.NodeLister) (own, remote error) {
 // only for what this node itself needs; a route that cannot be written
 // is reported in remote.
 func (d *Daemon) apply(lister listersv1.NodeLister, why string) (own, remote error) {
-	// what this apply writes is a repair when the kernel held the plan
-	// and no Node changed since
-	repairing := d.plan != nil && why != "node"
+	// (what this apply writes back is a repair or not by what was last
+	// written, whatever the trigger: countRouteRepairs, VXLANRecord)
 	d.plan = nil
 	// every Node is read below: what changed until now is covered
-	if len(d.takeDirty()) > 0 {
-		repairing = false
-	}
+	d.takeDirty()
 	objs, err := lister.List(labels.Everything())
 	if err != nil {
 		return fmt.Errorf("list nodes: %w", err), nil
@@ -762,7 +769,13 @@ func (d *Daemon) apply(lister listersv1.NodeLister, why string) (own, remote err
 		d.countRepair(RepairNFTTable, 1, "nft table inet "+contract.NFTable)
 	}
 	// (LocalNetwork read the table just now when dump; a tunnel device
-	// re-created or brought up has lost its routes silently since)
+	// re-created or brought up has lost its routes silently since: they
+	// went with the device, a repair counted as such, not as routes')
+	if deviceReset {
+		d.routes.ForgetDevice(desired.TunnelDevice)
+		d.routes.ForgetDevice(desired.VXLANDevice)
+		d.vxlanRec.Forget()
+	}
 	changed, programmed, err := dataplane.ApplyRoutes(st.Routes, &d.routes, deviceReset)
 	if err != nil {
 		remoteErrs = append(remoteErrs, err)
@@ -770,11 +783,13 @@ func (d *Daemon) apply(lister listersv1.NodeLister, why string) (own, remote err
 	d.metrics.RoutesProgramed.Set(float64(programmed))
 	var vxlanChanges dataplane.VXLANChanges
 	if d.cfg.Encap == desired.VXLAN && underlay != nil {
-		if vxlanChanges, err = dataplane.ApplyVXLANPeers(st.Neighbors, st.FDBs); err != nil {
+		if vxlanChanges, err = dataplane.ApplyVXLANPeers(st.Neighbors, st.FDBs, &d.vxlanRec); err != nil {
 			remoteErrs = append(remoteErrs, err)
 		}
 	}
-	d.countApplyRepairs(repairing, changed, vxlanChanges)
+	d.countRouteRepairs()
+	d.countRepair(RepairVXLANNeighbor, vxlanChanges.RepairedNeighbors, "VXLAN neighbor entries")
+	d.countRepair(RepairVXLANFDB, vxlanChanges.RepairedFDBs, "VXLAN FDB entries")
 	if err := d.writeState(st.Self, st.SelfProblem, underlay); err != nil {
 		errs = append(errs, err)
 	}
@@ -782,9 +797,6 @@ func (d *Daemon) apply(lister listersv1.NodeLister, why string) (own, remote err
 		d.repairPodFilter()
 	}
 	if changed > 0 {
-		if why == "repair" {
-			d.metrics.Repairs.Inc()
-		}
 		d.log.Info("routes applied", "trigger", why, "changed", changed, "routes", len(st.Routes), "skipped", len(st.Skipped), "refused", len(st.Refused))
 	}
 	if len(remoteErrs) > 0 {

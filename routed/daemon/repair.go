@@ -1,13 +1,18 @@
 package daemon
 
-// Repairs: how the daemon tells a repair (the kernel or node.json differs
-// from what it put there, and nothing it reads changed) from a change, and
-// counts each in podnet_repairs_total{object}.
+// Repairs: how the daemon tells a repair (the kernel or node.json no
+// longer holds what it put there: deleted or edited by someone else) from
+// a change of plan, and counts each in podnet_repairs_total{object}.
+// Routes and VXLAN entries are judged one by one against what was last
+// written (dataplane.RouteCache, dataplane.VXLANRecord), whatever
+// triggered the apply; what goes with a link that goes down or away is
+// the link's event.
 
 import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vishvananda/netlink"
@@ -72,6 +77,11 @@ func (d *Daemon) setup(self desired.Node, vteps []netip.Prefix, underlay netlink
 	for _, e := range res.SysctlErrors {
 		d.metrics.SysctlErrors.WithLabelValues(e.Sysctl.DisplayName()).Inc()
 	}
+	if slices.ContainsFunc(res.Fixes, func(f dataplane.Fix) bool { return f.Object == RepairTunnelDevice }) {
+		// a device changed (its MAC, say) has the kernel flush its
+		// neighbor entries: writing them back is that device's repair
+		d.vxlanRec.Forget()
+	}
 	key := fmt.Sprint(self.IP, self.PodCIDRs, vteps, underlay.Attrs().Index, d.dp.OverlayMTU(underlay))
 	if key == d.repairs.setupKey {
 		for _, f := range res.Fixes {
@@ -111,17 +121,19 @@ func (d *Daemon) repairPodFilter() {
 	}
 }
 
-// countApplyRepairs counts what a full apply wrote as repairs when it is
-// one: the last apply succeeded (the kernel held the plan) and no Node
-// changed since, so every route and VXLAN entry written had been deleted
-// or edited by someone else.
-func (d *Daemon) countApplyRepairs(repairing bool, routes int, vxlan dataplane.VXLANChanges) {
-	if !repairing {
+// countRouteRepairs counts the routes the last write put back because
+// the kernel no longer held what podnet-routed had written there
+// (dataplane.RouteCache.TakeRepairs): deleted or edited by someone else.
+// A route that changes with the plan (a Node, this node's network, a
+// resync that finds a new verdict) or that went with its link is not
+// one, whatever triggered the apply.
+func (d *Daemon) countRouteRepairs() {
+	dsts := d.routes.TakeRepairs()
+	if len(dsts) == 0 {
 		return
 	}
-	d.countRepair(RepairRoute, routes, "routes and blackholes")
-	d.countRepair(RepairVXLANNeighbor, vxlan.Neighbors, "VXLAN neighbor entries")
-	d.countRepair(RepairVXLANFDB, vxlan.FDBs, "VXLAN FDB entries")
+	d.metrics.Repairs.Inc()
+	d.countRepair(RepairRoute, len(dsts), fmt.Sprint("routes and blackholes ", dsts))
 }
 
 // countStateRepair counts node.json written back: readErr is why the

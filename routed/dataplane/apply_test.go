@@ -318,3 +318,92 @@ func TestApplyRouteDelta(t *testing.T) {
 		t.Error("a deletion in another table was reported lost")
 	}
 }
+
+// TestRouteRepairsOnlyTampering: a route written back counts as a repair
+// (TakeRepairs) only when the kernel no longer held what podnet-routed had
+// written there: deleted or edited by someone else. The first apply (its
+// writes, and the routes of a previous run kept in place), a plan that
+// changes (a route moved, added, removed), a resync with nothing changed,
+// and routes that went with their device (ForgetDevice) are not.
+func TestRouteRepairsOnlyTampering(t *testing.T) {
+	k := newFakeKernel()
+	cache := &RouteCache{}
+	want := cluster(10)
+	// a previous run's route, right as it is: kept, and ours from now
+	k.routes[want[3].Dst.String()] = *kernelRoute(want[3], k.links["tunl0"])
+	repairs := func(step string, wantDsts ...netip.Prefix) {
+		t.Helper()
+		if got := cache.TakeRepairs(); !slices.Equal(got, wantDsts) {
+			t.Fatalf("%s: repairs %v, want %v", step, got, wantDsts)
+		}
+	}
+	if changed, _, err := applyRoutes(k, want, cache, true); err != nil || changed != len(want)-1 {
+		t.Fatalf("first apply: changed %d, err %v", changed, err)
+	}
+	repairs("first apply")
+
+	// the plan changes: one moves, one goes, one comes; then a resync
+	// with nothing changed
+	next := slices.Clone(want)
+	next[1].Gw = netip.MustParseAddr("192.168.9.9")
+	next = slices.Delete(next, 2, 3)
+	next = append(next, ipipRoute("10.150.0.0/24", "192.168.7.7"))
+	if changed, _, err := applyRoutes(k, next, cache, true); err != nil || changed != 3 {
+		t.Fatalf("plan change: changed %d, err %v", changed, err)
+	}
+	repairs("plan change")
+	if changed, _, err := applyRoutes(k, next, cache, true); err != nil || changed != 0 {
+		t.Fatalf("resync: changed %d, err %v", changed, err)
+	}
+	repairs("resync with nothing changed")
+	moved := next[1]
+	moved.Gw = netip.MustParseAddr("192.168.9.10")
+	if changed, _, err := applyRouteDelta(k, []desired.Route{moved}, nil, cache); err != nil || changed != 1 {
+		t.Fatalf("Node event: changed %d, err %v", changed, err)
+	}
+	next[1] = moved
+	repairs("Node event")
+
+	// someone deletes one route (seen by the subscription) and edits
+	// another (seen by the resync's dump): one repair each
+	victim := next[4].Dst
+	u := notify(k, victim.String(), true)
+	delete(k.routes, victim.String())
+	cache.Observe(u)
+	if changed, _, err := applyRoutes(k, next, cache, false); err != nil || changed != 1 {
+		t.Fatalf("repair: changed %d, err %v", changed, err)
+	}
+	repairs("route deleted", victim)
+	edited := next[5].Dst
+	er := k.routes[edited.String()]
+	er.Gw = net.ParseIP("192.168.66.66")
+	k.routes[edited.String()] = er
+	if changed, _, err := applyRoutes(k, next, cache, true); err != nil || changed != 1 {
+		t.Fatalf("edit repaired: changed %d, err %v", changed, err)
+	}
+	repairs("route edited", edited)
+	// a deleted route that the plan moves at the same time is a repair too
+	victim = next[6].Dst
+	delete(k.routes, victim.String())
+	next[6].Gw = netip.MustParseAddr("192.168.5.5")
+	if changed, _, err := applyRoutes(k, next, cache, true); err != nil || changed != 1 {
+		t.Fatalf("deleted and moved: changed %d, err %v", changed, err)
+	}
+	repairs("route deleted while the plan moved it", victim)
+
+	// tunl0 goes down: the kernel drops its routes, the daemon forgets
+	// them, the apply writes them back without a repair; the blackhole,
+	// deleted meanwhile, is one
+	for dst, r := range k.routes {
+		if r.LinkIndex == k.links["tunl0"] {
+			delete(k.routes, dst)
+		}
+	}
+	bh := next[len(next)-2].Dst // the blackhole (cluster's last; then the added route)
+	delete(k.routes, bh.String())
+	cache.ForgetDevice("tunl0")
+	if changed, _, err := applyRoutes(k, next, cache, true); err != nil || changed != len(next) {
+		t.Fatalf("after the link: changed %d, err %v (want all %d)", changed, err, len(next))
+	}
+	repairs("routes gone with their device", bh)
+}

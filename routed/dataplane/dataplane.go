@@ -599,6 +599,48 @@ func OwnedRoutes() ([]desired.Route, error) {
 type RouteCache struct {
 	mu    sync.Mutex
 	table *routeTable
+	// written is the route podnet-routed last wrote (or found in place
+	// and kept) to each destination, kept across dumps: a route the
+	// kernel then lacks or holds otherwise was deleted or edited behind
+	// its back (a repair), while one that differs only from the new
+	// plan is an ordinary change.
+	written map[netip.Prefix]desired.Route
+	// repaired are the destinations written back since TakeRepairs.
+	repaired []netip.Prefix
+}
+
+// TakeRepairs returns the destinations whose route was put back since
+// the last call because the kernel no longer held what podnet-routed had
+// written there (deleted or edited by someone else), and forgets them.
+func (c *RouteCache) TakeRepairs() []netip.Prefix {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	r := c.repaired
+	c.repaired = nil
+	return r
+}
+
+// ForgetDevice forgets what was written through the device name: the
+// kernel drops a link's routes when it goes down or away, so writing them
+// back is no repair of a route (the link's change is the event, and
+// podnet's own tunnel device counts as a tunnel-device repair).
+func (c *RouteCache) ForgetDevice(name string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for dst, r := range c.written {
+		if r.Kind != desired.Blackhole && r.Dev == name {
+			delete(c.written, dst)
+		}
+	}
+}
+
+// wrote records r as what podnet-routed holds at its destination now.
+// The caller holds c.mu.
+func (c *RouteCache) wrote(r desired.Route) {
+	if c.written == nil {
+		c.written = map[netip.Prefix]desired.Route{}
+	}
+	c.written[r.Dst] = r
 }
 
 // Invalidate makes the next apply read the kernel again.
@@ -698,6 +740,8 @@ func applyRoutes(k routeKernel, want []desired.Route, cache *RouteCache, dump bo
 		wanted[r.Dst] = true
 		if cur, ok := t.owned[r.Dst]; !ok || cur != r {
 			upsert = append(upsert, r)
+		} else {
+			cache.wrote(r) // in place already (a previous run's): ours now
 		}
 	}
 	for dst, r := range t.owned {
@@ -761,6 +805,7 @@ func (c *RouteCache) write(k routeKernel, t *routeTable, upsert, remove []desire
 		}
 		changed++
 		delete(t.owned, r.Dst)
+		delete(c.written, r.Dst)
 	}
 	links := map[string]int{}
 	for _, r := range upsert {
@@ -785,9 +830,14 @@ func (c *RouteCache) write(k routeKernel, t *routeTable, upsert, remove []desire
 		}
 		kr := kernelRoute(r, idx)
 		write := k.Add
-		if _, ours := t.owned[r.Dst]; ours {
+		cur, ours := t.owned[r.Dst]
+		if ours {
 			write = k.Replace // ours: change it in place
 		}
+		// a repair when the kernel no longer holds what was written
+		// there last, whatever the plan wants now
+		last, written := c.written[r.Dst]
+		repair := written && (!ours || cur != last)
 		if err := write(kr); err != nil {
 			if errors.Is(err, unix.EEXIST) {
 				err = fmt.Errorf("a route to %s that is not podnet-routed's exists (it appeared after the last read of the routing table); leaving it alone", r.Dst)
@@ -797,6 +847,10 @@ func (c *RouteCache) write(k routeKernel, t *routeTable, upsert, remove []desire
 		}
 		changed++
 		t.owned[r.Dst] = r
+		c.wrote(r)
+		if repair {
+			c.repaired = append(c.repaired, r.Dst)
+		}
 	}
 	// An older podnet-routed's blackholes, after the new ones are in (at
 	// the highest metric, so that podnet0's connected route wins).
@@ -850,6 +904,56 @@ func vxlanHandle() (netlinksafe.Handle, int, error) {
 // VXLANChanges counts the entries a full VXLAN apply wrote or deleted.
 type VXLANChanges struct {
 	Neighbors, FDBs int
+	// of them, the entries written back because the device no longer
+	// held what podnet-routed had written there (VXLANRecord): deleted or
+	// edited by someone else
+	RepairedNeighbors, RepairedFDBs int
+}
+
+// VXLANRecord is what podnet-routed last wrote to podnet.vxlan (or found
+// there and kept): each neighbor's MAC by IP and each FDB entry's
+// destination by MAC. An entry written back is a repair only when the
+// device no longer held what was written; one that changes with the plan
+// is not. The zero value is empty.
+type VXLANRecord struct {
+	mu    sync.Mutex
+	neigh map[netip.Addr]string
+	fdb   map[string]netip.Addr
+}
+
+// Forget forgets every entry: the device went down or away (or was
+// re-created), and its entries with it.
+func (r *VXLANRecord) Forget() {
+	if r == nil {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.neigh, r.fdb = nil, nil
+}
+
+// setNeigh and setFDB record an entry as written (mac "" / an invalid
+// dst: deleted). The caller holds r.mu.
+func (r *VXLANRecord) setNeigh(ip netip.Addr, mac string) {
+	if r.neigh == nil {
+		r.neigh = map[netip.Addr]string{}
+	}
+	if mac == "" {
+		delete(r.neigh, ip)
+		return
+	}
+	r.neigh[ip] = mac
+}
+
+func (r *VXLANRecord) setFDB(mac string, dst netip.Addr) {
+	if r.fdb == nil {
+		r.fdb = map[string]netip.Addr{}
+	}
+	if !dst.IsValid() {
+		delete(r.fdb, mac)
+		return
+	}
+	r.fdb[mac] = dst
 }
 
 // neighKernel is what VXLAN peer apply needs from the kernel (the seam that
@@ -869,16 +973,24 @@ type neighKernel interface {
 // entries that are missing or differ, and deletes the stale ones: a
 // resync with nothing changed writes nothing. It returns how many entries
 // it wrote or deleted.
-func ApplyVXLANPeers(neighs []desired.Neighbor, fdbs []desired.FDB) (VXLANChanges, error) {
+// rec (nil: none) is what was written before, kept current: the entries
+// written back that the device had lost or changed are counted as
+// repaired.
+func ApplyVXLANPeers(neighs []desired.Neighbor, fdbs []desired.FDB, rec *VXLANRecord) (VXLANChanges, error) {
 	h, idx, err := vxlanHandle()
 	if err != nil {
 		return VXLANChanges{}, err
 	}
 	defer h.Close()
-	return applyVXLANPeers(h, idx, neighs, fdbs)
+	return applyVXLANPeers(h, idx, neighs, fdbs, rec)
 }
 
-func applyVXLANPeers(k neighKernel, idx int, neighs []desired.Neighbor, fdbs []desired.FDB) (VXLANChanges, error) {
+func applyVXLANPeers(k neighKernel, idx int, neighs []desired.Neighbor, fdbs []desired.FDB, rec *VXLANRecord) (VXLANChanges, error) {
+	if rec == nil {
+		rec = &VXLANRecord{}
+	}
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
 	var ch VXLANChanges
 	var errs []error
 	gone := func(err error) bool { return err == nil || errors.Is(err, unix.ENOENT) }
@@ -903,6 +1015,7 @@ func applyVXLANPeers(k neighKernel, idx int, neighs []desired.Neighbor, fdbs []d
 		cur, ok := have[n.IP]
 		delete(have, n.IP)
 		if ok && cur.HardwareAddr.String() == mac.String() {
+			rec.setNeigh(n.IP, mac.String()) // in place: ours now
 			continue
 		}
 		e := &netlink.Neigh{LinkIndex: idx, Family: familyOf(n.IP.AsSlice()), State: netlink.NUD_PERMANENT, IP: n.IP.AsSlice(), HardwareAddr: mac}
@@ -911,6 +1024,10 @@ func applyVXLANPeers(k neighKernel, idx int, neighs []desired.Neighbor, fdbs []d
 			continue
 		}
 		ch.Neighbors++
+		if last, wrote := rec.neigh[n.IP]; wrote && (!ok || cur.HardwareAddr.String() != last) {
+			ch.RepairedNeighbors++
+		}
+		rec.setNeigh(n.IP, mac.String())
 	}
 	for ip, c := range have { // permanent entries no Node asks for
 		e := &netlink.Neigh{LinkIndex: idx, Family: c.Family, IP: c.IP}
@@ -919,6 +1036,7 @@ func applyVXLANPeers(k neighKernel, idx int, neighs []desired.Neighbor, fdbs []d
 			continue
 		}
 		ch.Neighbors++
+		rec.setNeigh(ip, "")
 	}
 
 	// FDB: the kernel keys an entry by MAC, with a list of remote
@@ -962,17 +1080,28 @@ func applyVXLANPeers(k neighKernel, idx int, neighs []desired.Neighbor, fdbs []d
 				continue
 			}
 			ch.FDBs++
+			// a repair when the entry last written is not there as it
+			// was (the plan unchanged: any difference; moved: the old
+			// destination gone or not permanent)
+			if last, wrote := rec.fdb[mac.String()]; wrote && (last == f.Dst || !slices.ContainsFunc(cur, func(c netlink.Neigh) bool {
+				ip, _ := netip.AddrFromSlice(c.IP)
+				return ip.Unmap() == last && c.State == netlink.NUD_PERMANENT
+			})) {
+				ch.RepairedFDBs++
+			}
 		}
+		rec.setFDB(mac.String(), f.Dst)
 		for _, c := range cur {
 			if !right(c) {
 				delFDB(c)
 			}
 		}
 	}
-	for _, cur := range haveFDB { // entries no Node asks for
+	for mac, cur := range haveFDB { // entries no Node asks for
 		for _, c := range cur {
 			delFDB(c)
 		}
+		rec.setFDB(mac, netip.Addr{})
 	}
 	return ch, errors.Join(errs...)
 }
@@ -980,25 +1109,38 @@ func applyVXLANPeers(k neighKernel, idx int, neighs []desired.Neighbor, fdbs []d
 // ApplyVXLANDelta writes the neighbor and FDB entries of one Node's
 // change to podnet.vxlan and deletes the ones it no longer has, without
 // listing the others.
-func ApplyVXLANDelta(setNeigh, delNeigh []desired.Neighbor, addFDB, delFDB []desired.FDB) error {
+//
+// rec (nil: none) records what was written and deleted.
+func ApplyVXLANDelta(setNeigh, delNeigh []desired.Neighbor, addFDB, delFDB []desired.FDB, rec *VXLANRecord) error {
 	h, idx, err := vxlanHandle()
 	if err != nil {
 		return err
 	}
 	defer h.Close()
+	if rec == nil {
+		rec = &VXLANRecord{}
+	}
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
 	var errs []error
 	gone := func(err error) bool { return err == nil || errors.Is(err, unix.ENOENT) }
 	for _, n := range delNeigh {
 		e := &netlink.Neigh{LinkIndex: idx, Family: familyOf(n.IP.AsSlice()), IP: n.IP.AsSlice()}
 		if err := h.NeighDel(e); !gone(err) {
 			errs = append(errs, fmt.Errorf("delete neighbor %s: %w", n.IP, err))
+			continue
 		}
+		rec.setNeigh(n.IP, "")
 	}
 	for _, f := range delFDB {
 		mac, _ := net.ParseMAC(f.MAC)
 		e := &netlink.Neigh{LinkIndex: idx, Family: unix.AF_BRIDGE, Flags: netlink.NTF_SELF, IP: f.Dst.AsSlice(), HardwareAddr: mac}
 		if err := h.NeighDel(e); !gone(err) {
 			errs = append(errs, fmt.Errorf("delete fdb %s -> %s: %w", f.MAC, f.Dst, err))
+			continue
+		}
+		if rec.fdb[mac.String()] == f.Dst {
+			rec.setFDB(mac.String(), netip.Addr{})
 		}
 	}
 	for _, n := range setNeigh {
@@ -1006,14 +1148,18 @@ func ApplyVXLANDelta(setNeigh, delNeigh []desired.Neighbor, addFDB, delFDB []des
 		e := &netlink.Neigh{LinkIndex: idx, Family: familyOf(n.IP.AsSlice()), State: netlink.NUD_PERMANENT, IP: n.IP.AsSlice(), HardwareAddr: mac}
 		if err := h.NeighSet(e); err != nil {
 			errs = append(errs, fmt.Errorf("neighbor %s: %w", n.IP, err))
+			continue
 		}
+		rec.setNeigh(n.IP, mac.String())
 	}
 	for _, f := range addFDB {
 		mac, _ := net.ParseMAC(f.MAC)
 		e := &netlink.Neigh{LinkIndex: idx, Family: unix.AF_BRIDGE, Flags: netlink.NTF_SELF, State: netlink.NUD_PERMANENT, IP: f.Dst.AsSlice(), HardwareAddr: mac}
 		if err := h.NeighSet(e); err != nil {
 			errs = append(errs, fmt.Errorf("fdb %s -> %s: %w", f.MAC, f.Dst, err))
+			continue
 		}
+		rec.setFDB(mac.String(), f.Dst)
 	}
 	return errors.Join(errs...)
 }

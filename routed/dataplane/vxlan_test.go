@@ -146,7 +146,7 @@ func peers(nodeIPs ...string) ([]desired.Neighbor, []desired.FDB) {
 func TestApplyVXLANPeersMACChange(t *testing.T) {
 	k := newFakeNeighs()
 	ns, fs := peers("172.30.0.2", "172.30.0.3")
-	ch, err := applyVXLANPeers(k, 5, ns, fs)
+	ch, err := applyVXLANPeers(k, 5, ns, fs, nil)
 	if err != nil || ch != (VXLANChanges{Neighbors: 2, FDBs: 2}) {
 		t.Fatalf("first apply: %+v %v", ch, err)
 	}
@@ -155,13 +155,13 @@ func TestApplyVXLANPeersMACChange(t *testing.T) {
 		t.Fatalf("neighbors %q, want %q", got, want)
 	}
 	k.writes = 0
-	if ch, err := applyVXLANPeers(k, 5, ns, fs); err != nil || ch != (VXLANChanges{}) || k.writes != 0 {
+	if ch, err := applyVXLANPeers(k, 5, ns, fs, nil); err != nil || ch != (VXLANChanges{}) || k.writes != 0 {
 		t.Fatalf("nothing changed: %+v %v, %d writes", ch, err, k.writes)
 	}
 
 	// node-b moves to 172.30.0.12: same VTEP address, new MAC, new FDB
 	ns2, fs2 := peers("172.30.0.12", "172.30.0.3")
-	ch, err = applyVXLANPeers(k, 5, ns2, fs2)
+	ch, err = applyVXLANPeers(k, 5, ns2, fs2, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -180,7 +180,7 @@ func TestApplyVXLANPeersMACChange(t *testing.T) {
 	// someone edits the entry's MAC by hand: put back, and kept
 	k.neigh[netip.MustParseAddr("10.244.3.0")] = netlink.Neigh{LinkIndex: 5, Family: netlink.FAMILY_V4, State: permanent,
 		IP: net.ParseIP("10.244.3.0").To4(), HardwareAddr: net.HardwareAddr{2, 0, 0, 0, 0, 9}}
-	if ch, err := applyVXLANPeers(k, 5, ns2, fs2); err != nil || ch != (VXLANChanges{Neighbors: 1}) {
+	if ch, err := applyVXLANPeers(k, 5, ns2, fs2, nil); err != nil || ch != (VXLANChanges{Neighbors: 1}) {
 		t.Errorf("edited neighbor: %+v %v", ch, err)
 	}
 	if got := k.neighs(); !slices.Equal(got, want) {
@@ -195,7 +195,7 @@ func TestApplyVXLANPeersMACChange(t *testing.T) {
 func TestApplyVXLANPeersFDBRepair(t *testing.T) {
 	k := newFakeNeighs()
 	ns, fs := peers("172.30.0.2", "172.30.0.3", "172.30.0.4", "172.30.0.5")
-	if _, err := applyVXLANPeers(k, 5, ns, fs); err != nil {
+	if _, err := applyVXLANPeers(k, 5, ns, fs, nil); err != nil {
 		t.Fatal(err)
 	}
 	want := k.fdbs()
@@ -204,7 +204,7 @@ func TestApplyVXLANPeersFDBRepair(t *testing.T) {
 	k.fdb["0e:70:ac:1e:00:04"].state = netlink.NUD_REACHABLE                                                            // learned
 	delete(k.fdb, "0e:70:ac:1e:00:05")                                                                                  // deleted
 	k.fdb["0e:70:ac:1e:00:63"] = &fakeFDB{mac: net.HardwareAddr{0x0e, 0x70, 0xac, 0x1e, 0, 0x63}, state: permanent, remotes: []netip.Addr{netip.MustParseAddr("172.30.0.99")}}
-	ch, err := applyVXLANPeers(k, 5, ns, fs)
+	ch, err := applyVXLANPeers(k, 5, ns, fs, nil)
 	if err != nil {
 		t.Errorf("repair apply: %v", err)
 	}
@@ -215,7 +215,53 @@ func TestApplyVXLANPeersFDBRepair(t *testing.T) {
 		t.Errorf("changes %+v, want at least 5 FDB writes and no neighbor write", ch)
 	}
 	k.writes = 0
-	if ch, err := applyVXLANPeers(k, 5, ns, fs); err != nil || ch != (VXLANChanges{}) || k.writes != 0 {
+	if ch, err := applyVXLANPeers(k, 5, ns, fs, nil); err != nil || ch != (VXLANChanges{}) || k.writes != 0 {
 		t.Errorf("after the repair: %+v %v, %d writes; want none", ch, err, k.writes)
 	}
+}
+
+// TestVXLANRepairsOnlyTampering: with a VXLANRecord, an entry written
+// back is a repair only when the device no longer held what was written:
+// not at the first apply, nor when the plan moves a peer, nor after the
+// device lost its entries (Forget); an edited neighbor, and FDB entries
+// edited, extended, learned over or deleted, are one repair each.
+func TestVXLANRepairsOnlyTampering(t *testing.T) {
+	k := newFakeNeighs()
+	rec := &VXLANRecord{}
+	ns, fs := peers("172.30.0.2", "172.30.0.3", "172.30.0.4", "172.30.0.5")
+	check := func(step string, ch VXLANChanges, err error, neigh, fdb int) {
+		t.Helper()
+		if err != nil || ch.RepairedNeighbors != neigh || ch.RepairedFDBs != fdb {
+			t.Fatalf("%s: %+v %v, want %d neighbor and %d FDB repairs", step, ch, err, neigh, fdb)
+		}
+	}
+	ch, err := applyVXLANPeers(k, 5, ns, fs, rec)
+	check("first apply", ch, err, 0, 0)
+	ns2, fs2 := peers("172.30.0.12", "172.30.0.3", "172.30.0.4", "172.30.0.5") // node-b moves
+	ch, err = applyVXLANPeers(k, 5, ns2, fs2, rec)
+	if ch.Neighbors != 1 || ch.FDBs != 2 {
+		t.Fatalf("the move wrote %+v", ch)
+	}
+	check("a peer moved", ch, err, 0, 0)
+
+	k.neigh[netip.MustParseAddr("10.244.3.0")] = netlink.Neigh{LinkIndex: 5, Family: netlink.FAMILY_V4, State: permanent,
+		IP: net.ParseIP("10.244.3.0").To4(), HardwareAddr: net.HardwareAddr{2, 0, 0, 0, 0, 9}}
+	k.fdb["0e:70:ac:1e:00:0c"].remotes = []netip.Addr{netip.MustParseAddr("172.30.0.99")}                               // edited
+	k.fdb["0e:70:ac:1e:00:03"].remotes = append(k.fdb["0e:70:ac:1e:00:03"].remotes, netip.MustParseAddr("172.30.0.98")) // extended
+	k.fdb["0e:70:ac:1e:00:04"].state = netlink.NUD_REACHABLE                                                            // learned
+	delete(k.fdb, "0e:70:ac:1e:00:05")                                                                                  // deleted
+	ch, err = applyVXLANPeers(k, 5, ns2, fs2, rec)
+	check("tampered", ch, err, 1, 4)
+	ch, err = applyVXLANPeers(k, 5, ns2, fs2, rec)
+	check("resync after the repair", ch, err, 0, 0)
+
+	// the device went down: its entries with it
+	clear(k.neigh)
+	clear(k.fdb)
+	rec.Forget()
+	ch, err = applyVXLANPeers(k, 5, ns2, fs2, rec)
+	if ch.Neighbors != 4 || ch.FDBs != 4 {
+		t.Fatalf("after the device's loss wrote %+v", ch)
+	}
+	check("entries lost with the device", ch, err, 0, 0)
 }

@@ -85,8 +85,9 @@ type Node struct {
 	// AltProblem is why AltIP may not be used ("": it may); set by
 	// validation on the Nodes it hands to ForNode.
 	AltProblem string
-	// Created and UID order Nodes for conflicts: the older keeps a
-	// PodCIDR or address that two Nodes claim.
+	// Created (then Name: precedes) orders other Nodes for conflicts:
+	// the older keeps a PodCIDR or address that two Nodes claim. UID
+	// is the object's, for the record: random, it decides nothing.
 	Created time.Time
 	UID     string
 	// Invalid says why a PodCIDR of the object could not be taken as

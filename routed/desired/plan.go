@@ -320,12 +320,12 @@ func (p *Plan) judge(name string, n *Node) (refusal *Refusal, claim bool, altPro
 	if had {
 		p.unclaim(old)
 	}
-	_, lost := conflicts(*n, p.v.taken, p.v.ips, p.v.macs)
+	_, lost := conflicts(*n, p.v.taken, p.v.ips, p.v.macs, nil)
 	altTaken := p.altTaken(*n)
 	if had {
 		p.claim(old)
 	}
-	_, touchesLoser := conflicts(*n, p.v.lost, p.v.lostIPs, p.v.lostMACs)
+	_, touchesLoser := conflicts(*n, p.v.lost, p.v.lostIPs, p.v.lostMACs, nil)
 	if lost || touchesLoser || altTaken {
 		return nil, false, "", false
 	}

@@ -243,7 +243,7 @@ var randomCluster = []netip.Prefix{pfx("10.244.0.0/16"), pfx("fd00:1024::/32")}
 // randomNode is a Node of a small random cluster: one of ips addresses
 // (none one time in ten: Nodes share one now and then), one of cidrs
 // IPv4 PodCIDRs (none one time in ten), an IPv6 one a time in four with
-// v6, and a creation time among a few (equal ones are ordered by UID).
+// v6, and a creation time among a few (equal ones are ordered by name).
 func randomNode(rng *rand.Rand, name string, ips, cidrs int, v6 bool) Node {
 	n := Node{Name: name, UID: "uid-" + name, Created: time.Unix(int64(rng.IntN(4)), 0)}
 	if rng.IntN(10) > 0 {

@@ -34,17 +34,17 @@ const (
 	OverlapsNodeNetwork Reason = "overlaps-node-network"
 	// a PodCIDR overlapping this node's own PodCIDRs
 	OverlapsOwnPodCIDR Reason = "overlaps-own-podcidr"
-	// a PodCIDR overlapping an older Node's
+	// a PodCIDR overlapping that of a Node that keeps it (precedes)
 	PodCIDRConflict Reason = "podcidr-conflict"
 	// a node address of the wrong family, or inside a pod, cluster or
 	// service CIDR, or loopback, link-local, multicast, unspecified
 	InvalidNodeIP Reason = "invalid-node-ip"
 	// a node address that is this node's own
 	OwnNodeIP Reason = "own-node-ip"
-	// a node address an older Node has too
+	// a node address a Node that keeps it (precedes) has too
 	NodeIPConflict Reason = "node-ip-conflict"
 	// (--encap=vxlan only) a node address whose VXLAN MAC (VTEPMAC) is
-	// an older Node's too: two IPv6 addresses whose hashes collide
+	// that of a Node that keeps it (precedes) too: two IPv6 addresses whose hashes collide
 	VTEPMACConflict Reason = "vtep-mac-conflict"
 )
 
@@ -201,12 +201,17 @@ type Validation struct {
 //   - the next hop must be of the underlay's family, not this node's,
 //     and inside no cluster, pod or service CIDR nor a reserved range;
 //   - when two Nodes claim overlapping PodCIDRs (equal or not) or one
-//     address, the older (creationTimestamp, then UID) keeps them and the
-//     other is refused for as long as the conflict lasts.
+//     address, this node's own Node keeps them against any other, and
+//     between two other Nodes the older (creationTimestamp, then the
+//     name: precedes) keeps them; the other is refused for as long as
+//     the conflict lasts.
 //
 // The checks that do not depend on this node (all but the API server,
 // this node's network and its own PodCIDRs and address) are decided, and
-// conflicts resolved, the same way on every node. Nodes without a
+// conflicts between two other Nodes resolved, the same way on every
+// node. A conflict with this node's own Node is not: each of two Nodes
+// in conflict keeps its claim on its own node, and every third node
+// gives it to the one that precedes. Nodes without a
 // PodCIDR or an address yet are neither valid nor refused (ForNode skips
 // them). The cost is O(N log N) for N Nodes: a sort and trie lookups.
 func Validate(cfg Config, local Local, nodes []Node) Validation {
@@ -244,14 +249,20 @@ func Validate(cfg Config, local Local, nodes []Node) Validation {
 		}
 		candidates = append(candidates, n)
 	}
-	// 2. conflicts between them: the older Node keeps what both claim
-	slices.SortStableFunc(candidates, func(a, b *Node) int { return older(*a, *b) })
+	// 2. conflicts between them: this node's own Node keeps what it
+	// claims, then the older Node keeps what both claim (precedes)
+	slices.SortStableFunc(candidates, func(a, b *Node) int { return precedes(cfg.Self, *a, *b) })
+	byName := make(map[string]*Node, len(candidates))
+	for _, n := range candidates {
+		byName[n.Name] = n
+	}
+	keeps := func(loser Node, owner string) string { return whyKept(cfg.Self, *byName[owner], loser) }
 	taken := &prefixTrie{}
 	ips := map[netip.Addr]string{}
 	var winners []*Node
 	conflict := map[string]conflictRefusal{}
 	for _, n := range candidates {
-		if r, lost := conflicts(*n, taken, ips, macs); lost {
+		if r, lost := conflicts(*n, taken, ips, macs, keeps); lost {
 			conflict[n.Name] = r
 			for _, p := range n.PodCIDRs {
 				v.lost.insert(p, n.Name)
@@ -429,15 +440,45 @@ func underlayFamily(self *Node) int {
 	return self.IP.BitLen()
 }
 
-// older orders Nodes by age: creationTimestamp, then UID, then name.
-func older(a, b Node) int {
+// precedes orders Nodes for conflicts, the one that keeps a contested
+// PodCIDR or address first:
+//   - this node's own Node (self) before any other: its pods hold
+//     addresses from its PodCIDRs, so yielding them to another Node would
+//     route part of its own pods' range away from them (the other Nodes
+//     decide by age: a Node they refuse keeps its range here alone);
+//   - then the older Node by creationTimestamp;
+//   - within the same second (the timestamp's resolution), the Node whose
+//     name sorts first. A name is unique, the same on every node, stable
+//     across updates and visible to the operator, so a tie is decided
+//     alike everywhere and predictably; the UID, random, would make each
+//     tie a coin flip that a Node created again and again wins sooner or
+//     later.
+func precedes(self string, a, b Node) int {
+	switch {
+	case a.Name == b.Name:
+		return 0
+	case a.Name == self:
+		return -1
+	case b.Name == self:
+		return 1
+	}
 	if c := a.Created.Compare(b.Created); c != 0 {
 		return c
 	}
-	if c := cmp.Compare(a.UID, b.UID); c != 0 {
-		return c
-	}
 	return cmp.Compare(a.Name, b.Name)
+}
+
+// whyKept says why winner keeps what loser claims too (precedes), for
+// the loser's refusal.
+func whyKept(self string, winner, loser Node) string {
+	const stamp = time.RFC3339
+	switch {
+	case winner.Name == self:
+		return "this node's own Node, which never yields its own PodCIDRs or address to another Node"
+	case winner.Created.Before(loser.Created):
+		return fmt.Sprintf("older (created %s, Node %s %s), which keeps it", winner.Created.UTC().Format(stamp), loser.Name, loser.Created.UTC().Format(stamp))
+	}
+	return fmt.Sprintf("created in the same second (%s) and keeps it: on a tie the name that sorts first wins, on every node alike", winner.Created.UTC().Format(stamp))
 }
 
 func refusal(n Node, r Reason, format string, args ...any) (Refusal, bool) {
@@ -495,23 +536,31 @@ type conflictRefusal struct {
 	owner string
 }
 
-// conflicts checks n against the Nodes already accepted (all older): their
-// PodCIDRs, addresses and (macs not nil: vxlan) VTEP MACs.
-func conflicts(n Node, taken *prefixTrie, ips map[netip.Addr]string, macs map[string]string) (conflictRefusal, bool) {
+// conflicts checks n against the Nodes already accepted (all preceding
+// it: precedes): their PodCIDRs, addresses and (macs not nil: vxlan) VTEP
+// MACs. keeps says why the owner keeps it (nil: only the verdict is
+// wanted).
+func conflicts(n Node, taken *prefixTrie, ips map[netip.Addr]string, macs map[string]string, keeps func(loser Node, owner string) string) (conflictRefusal, bool) {
+	why := func(owner string) string {
+		if keeps == nil {
+			return "which keeps it"
+		}
+		return keeps(n, owner)
+	}
 	for _, p := range n.PodCIDRs {
 		if q, owner, hit := taken.overlap(p); hit {
-			r, _ := refusal(n, PodCIDRConflict, "PodCIDR %s overlaps PodCIDR %s of Node %s, which is older and keeps it", p, q, owner)
+			r, _ := refusal(n, PodCIDRConflict, "PodCIDR %s overlaps PodCIDR %s of Node %s, %s", p, q, owner, why(owner))
 			return conflictRefusal{r, owner}, true
 		}
 	}
 	if owner, hit := ips[n.IP]; hit && n.IP.IsValid() {
-		r, _ := refusal(n, NodeIPConflict, "node address %s is also Node %s's, which is older and keeps it", n.IP, owner)
+		r, _ := refusal(n, NodeIPConflict, "node address %s is also Node %s's, %s", n.IP, owner, why(owner))
 		return conflictRefusal{r, owner}, true
 	}
 	if macs != nil && n.IP.IsValid() {
 		mac := VTEPMAC(n.IP)
 		if owner, hit := macs[mac]; hit && owner != n.Name {
-			r, _ := refusal(n, VTEPMACConflict, "the VXLAN MAC %s derived from node address %s is also Node %s's, which is older and keeps it (the two addresses' hashes collide: give this node another address)", mac, n.IP, owner)
+			r, _ := refusal(n, VTEPMACConflict, "the VXLAN MAC %s derived from node address %s is also Node %s's, %s (the two addresses' hashes collide: give this node another address)", mac, n.IP, owner, why(owner))
 			return conflictRefusal{r, owner}, true
 		}
 	}
@@ -599,12 +648,12 @@ func (lc localChecks) check(n Node, own *prefixTrie) (Refusal, bool) {
 		}
 		if own != nil {
 			if q, _, hit := own.overlap(p); hit {
-				return refusal(n, OverlapsOwnPodCIDR, "PodCIDR %s overlaps this node's own PodCIDR %s", p, q)
+				return refusal(n, OverlapsOwnPodCIDR, "PodCIDR %s overlaps PodCIDR %s of this node's own Node %s, which never yields its own PodCIDRs to another Node", p, q, lc.cfg.Self)
 			}
 		}
 	}
 	if lc.addrs[n.IP] {
-		return refusal(n, OwnNodeIP, "node address %s is this node's own address", n.IP)
+		return refusal(n, OwnNodeIP, "node address %s is this node's own address (Node %s keeps it)", n.IP, lc.cfg.Self)
 	}
 	return Refusal{}, false
 }

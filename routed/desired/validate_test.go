@@ -3,6 +3,7 @@ package desired
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -128,37 +129,184 @@ func TestValidate(t *testing.T) {
 	}
 }
 
-// The older Node keeps a PodCIDR or an address two Nodes claim, whatever
-// the order the Nodes come in and whatever their names; creation times
-// equal to the second are ordered by UID. Every node decides alike.
+// Between two other Nodes, the older keeps a PodCIDR or an address both
+// claim, whatever the order the Nodes come in and whatever their names;
+// creation times equal to the second (the API's resolution) are decided
+// by the name, never by the UID: the same verdict on every observer and
+// in every input order.
 func TestValidateConflictsOlderWins(t *testing.T) {
 	cfg := Config{Self: "a", Encap: IPIP, ClusterCIDRs: testCluster}
 	old := vnode("z-old", "192.168.1.5", 1, "10.244.5.0/24")
 	young := vnode("a-young", "192.168.1.6", 2, "10.244.5.0/24")
+	// same second; the UID (random) sorts the other way round from the
+	// name: it must not matter
 	same1 := vnode("s1", "192.168.1.7", 3, "10.244.7.0/24")
 	same2 := vnode("s2", "192.168.1.8", 3, "10.244.7.0/25")
 	same1.UID, same2.UID = "bbb", "aaa"
-	for _, self := range []Node{vnode("a", "192.168.1.1", 0, "10.244.0.0/24"), vnode("q", "192.168.1.9", 0, "10.244.9.0/24")} {
-		for _, order := range [][]Node{{old, young, same1, same2}, {same2, young, same1, old}} {
+	// same second, one address
+	ip1 := vnode("ip-m", "192.168.1.20", 4, "10.244.20.0/24")
+	ip2 := vnode("ip-n", "192.168.1.20", 4, "10.244.21.0/24")
+	ip1.UID, ip2.UID = "zzz", "000"
+	remotes := []Node{old, young, same1, same2, ip1, ip2}
+	want := map[string]Reason{"a-young": PodCIDRConflict, "s2": PodCIDRConflict, "ip-n": NodeIPConflict}
+	winner := map[string]string{"a-young": "Node z-old, older", "s2": "Node s1, created in the same second", "ip-n": "Node ip-m's, created in the same second"}
+	for _, self := range []Node{vnode("a", "192.168.1.1", 0, "10.244.0.0/24"), vnode("q", "192.168.1.9", 3, "10.244.9.0/24")} {
+		for _, order := range permutations(remotes) {
 			c := cfg
 			c.Self = self.Name
-			v := Validate(c, Local{}, append([]Node{self}, order...))
-			if v.Refused["a-young"].Reason != PodCIDRConflict || v.Refused["s1"].Reason != PodCIDRConflict {
-				t.Errorf("seen from %s: refused %v", self.Name, v.Refused)
+			// this node anywhere in the input
+			nodes := append(append([]Node{}, order[:3]...), self)
+			nodes = append(nodes, order[3:]...)
+			v := Validate(c, Local{}, nodes)
+			if len(v.Refused) != len(want) {
+				t.Fatalf("seen from %s, order %s: refused %v, want %v", self.Name, names(order), v.Refused, want)
 			}
-			if _, ok := v.Refused["z-old"]; ok {
-				t.Errorf("the older Node refused: %v", v.Refused)
-			}
-			if _, ok := v.Refused["s2"]; ok {
-				t.Errorf("the lower UID refused: %v", v.Refused)
-			}
-			for _, n := range []string{"z-old", "a-young", "s1", "s2"} {
-				if !v.Conflicted[n] {
-					t.Errorf("%s not marked conflicted", n)
+			for name, r := range want {
+				got := v.Refused[name]
+				if got.Reason != r || !strings.Contains(got.Detail, winner[name]) {
+					t.Fatalf("seen from %s, order %s: %s refused %+v, want %s naming %q", self.Name, names(order), name, got, r, winner[name])
 				}
+			}
+			for _, n := range remotes {
+				if !v.Conflicted[n.Name] {
+					t.Errorf("%s not marked conflicted", n.Name)
+				}
+			}
+			if v.Self == nil {
+				t.Fatalf("seen from %s: this node not usable: %s", self.Name, v.SelfProblem)
 			}
 		}
 	}
+}
+
+// This node never yields its own PodCIDR or address to another Node,
+// whatever that Node's age (older, the same second with a name and a UID
+// that sort first, younger) and whatever the input order: the other Node
+// is refused, naming this node's Node, and this node stays usable. A
+// third node still gives the range to the Node that precedes (the
+// subtlety of the rule: each of two Nodes in conflict keeps its own).
+func TestValidateOwnNodeNeverYields(t *testing.T) {
+	cfg := Config{Encap: VXLAN, ClusterCIDRs: testCluster}
+	self := vnode("node-self", "192.168.1.1", 10, "10.244.1.0/24")
+	self.UID = "ffff"
+	third := vnode("third", "192.168.1.3", 0, "10.244.3.0/24")
+	local := Local{Addrs: []netip.Addr{addr("192.168.1.1")}}
+	for _, age := range []struct {
+		what string
+		min  int
+	}{{"older", 9}, {"same second", 10}, {"younger", 11}} {
+		for _, tc := range []struct {
+			what   string
+			name   string
+			ip     string
+			cidr   string
+			local  Local // this node's addresses
+			reason Reason
+		}{
+			{"PodCIDR inside this node's", "0-hostile", "192.168.1.66", "10.244.1.0/25", local, OverlapsOwnPodCIDR},
+			{"this node's PodCIDR", "0-hostile", "192.168.1.66", "10.244.1.0/24", local, OverlapsOwnPodCIDR},
+			{"PodCIDR around this node's", "0-hostile", "192.168.1.66", "10.244.0.0/23", local, OverlapsOwnPodCIDR},
+			{"this node's address", "0-hostile", "192.168.1.1", "10.244.66.0/24", local, OwnNodeIP},
+			{"this node's address (not on this machine)", "0-hostile", "192.168.1.1", "10.244.66.0/24", Local{}, NodeIPConflict},
+		} {
+			h := vnode(tc.name, tc.ip, age.min, tc.cidr)
+			h.UID = "0000" // sorts before this node's UID too
+			name := age.what + ", " + tc.what
+			for _, nodes := range [][]Node{{self, h, third}, {h, third, self}, {third, h, self}} {
+				c := cfg
+				c.Self = self.Name
+				v := Validate(c, tc.local, nodes)
+				if v.Self == nil || v.SelfProblem != "" {
+					t.Fatalf("%s (order %s): this node yields: %q", name, names(nodes), v.SelfProblem)
+				}
+				r := v.Refused[h.Name]
+				if r.Reason != tc.reason || !strings.Contains(r.Detail, "node-self") {
+					t.Fatalf("%s (order %s): hostile %+v, want %s naming node-self", name, names(nodes), r, tc.reason)
+				}
+				if _, ok := v.Refused["third"]; ok {
+					t.Fatalf("%s: third refused: %v", name, v.Refused)
+				}
+				st := Compute(c, nodes, never)
+				if !slices.Contains(st.Routes, Route{Dst: pfx("10.244.1.0/24"), Kind: Blackhole}) {
+					t.Errorf("%s: no blackhole for this node's PodCIDR: %v", name, st.Routes)
+				}
+				for _, rt := range st.Routes {
+					if rt.Kind != Blackhole && rt.Dst.Overlaps(pfx("10.244.1.0/24")) {
+						t.Errorf("%s: a route into this node's PodCIDR: %v", name, rt)
+					}
+				}
+				// and the per-Node path (a hostile Node that comes, or
+				// changes, after the full apply) decides the same
+				if !slices.ContainsFunc(nodes, func(n Node) bool { return n.Name == h.Name }) {
+					continue
+				}
+				without := slices.DeleteFunc(slices.Clone(nodes), func(n Node) bool { return n.Name == h.Name })
+				plan, _ := NewPlan(c, tc.local, without, never)
+				if d, ok := plan.Update(h.Name, &h); ok {
+					if plan.Refused()[h.Name].Reason != tc.reason {
+						t.Errorf("%s: Plan.Update refused %+v, want %s", name, plan.Refused()[h.Name], tc.reason)
+					}
+					for _, rt := range d.Upsert {
+						if rt.Dst.Overlaps(pfx("10.244.1.0/24")) {
+							t.Errorf("%s: Plan.Update routes into this node's PodCIDR: %v", name, rt)
+						}
+					}
+				}
+			}
+			// seen from the third node, the rule is age, then name
+			c := cfg
+			c.Self = "third"
+			v := Validate(c, Local{}, []Node{third, self, h})
+			loser := self.Name
+			if age.what == "younger" {
+				loser = h.Name
+			}
+			if _, ok := v.Refused[loser]; !ok || len(v.Refused) != 1 {
+				t.Errorf("%s, seen from third: refused %v, want %s alone", name, v.Refused, loser)
+			}
+		}
+	}
+}
+
+// Two Nodes A and B claiming one PodCIDR, created in the same second:
+// each keeps it on its own node, and every other node gives it to A (the
+// name sorting first), whatever the UIDs and the input order.
+func TestValidateSameSecondPair(t *testing.T) {
+	a := vnode("pair-a", "192.168.1.10", 3, "10.244.10.0/24")
+	b := vnode("pair-b", "192.168.1.11", 3, "10.244.10.0/24")
+	a.UID, b.UID = "9", "1"
+	c1 := vnode("c1", "192.168.1.12", 0, "10.244.12.0/24")
+	c2 := vnode("c2", "192.168.1.13", 5, "10.244.13.0/24")
+	for _, order := range permutations([]Node{a, b, c1, c2}) {
+		for self, loser := range map[string]string{"pair-a": "pair-b", "pair-b": "pair-a", "c1": "pair-b", "c2": "pair-b"} {
+			v := Validate(Config{Self: self, Encap: None, ClusterCIDRs: testCluster}, Local{}, order)
+			if _, ok := v.Refused[loser]; !ok || len(v.Refused) != 1 || v.Self == nil {
+				t.Fatalf("seen from %s, order %s: refused %v (self problem %q), want %s alone", self, names(order), v.Refused, v.SelfProblem, loser)
+			}
+		}
+	}
+}
+
+func permutations(nodes []Node) [][]Node {
+	if len(nodes) <= 1 {
+		return [][]Node{slices.Clone(nodes)}
+	}
+	var out [][]Node
+	for i := range nodes {
+		rest := append(slices.Clone(nodes[:i]), nodes[i+1:]...)
+		for _, p := range permutations(rest) {
+			out = append(out, append([]Node{nodes[i]}, p...))
+		}
+	}
+	return out
+}
+
+func names(nodes []Node) string {
+	s := make([]string, len(nodes))
+	for i, n := range nodes {
+		s[i] = n.Name
+	}
+	return strings.Join(s, ",")
 }
 
 // This node's own problems are reported, and never stop the other Nodes.
@@ -173,7 +321,6 @@ func TestValidateSelf(t *testing.T) {
 		{"deleted", nil, "does not exist"},
 		{"no PodCIDR", &Node{Name: "a", IP: addr("192.168.1.1")}, "no spec.podCIDRs"},
 		{"outside the cluster", ptr(vnode("a", "192.168.1.1", 0, "10.99.0.0/24")), "not inside the cluster CIDR"},
-		{"loses a conflict", ptr(vnode("a", "192.168.1.1", 5, "10.244.1.0/24")), "overlaps PodCIDR 10.244.1.0/24 of Node b"},
 		{"host bits", &Node{Name: "a", IP: addr("192.168.1.1"), Invalid: "host bits set", PodCIDRs: prefixes("10.244.0.0/24")}, "host bits"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

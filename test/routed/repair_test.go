@@ -210,7 +210,11 @@ func setLearning(n *node) error {
 // TestRepairs breaks each object podnet-routed owns on a VXLAN node and
 // checks that the resync puts it back (the kernel state and node.json
 // compared whole with their state before) within two resync intervals,
-// and counts it in podnet_repairs_total{object}.
+// and counts it in podnet_repairs_total{object}: a route deleted is one
+// route repair; routes, neighbors and FDB entries that went with their
+// device are none. Ordinary changes (a Node added and deleted, this
+// node's network refusing a Node for a while, resyncs) count no route or
+// VXLAN entry repair.
 func TestRepairs(t *testing.T) {
 	c := newCluster(t)
 	c.grantRBAC()
@@ -279,13 +283,17 @@ func TestRepairs(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		object string // the podnet_repairs_total object that must rise
+		// routes is by how much podnet_repairs_total{object="route"}
+		// rises: a route deleted is one repair, the routes that go
+		// with a device set down or deleted are that device's repair
+		routes float64
 		brk    func() error
 		// always must hold at every sample between the break and the
 		// repair (nil: no constraint)
 		always func(map[string]string) error
 	}{
-		{name: "route deleted", object: "route", brk: func() error { a.delRoutes("10.244.2.0/24"); return nil }},
-		{name: "blackhole deleted", object: "route", brk: func() error { a.delRoutes("10.244.1.0/24"); return nil }},
+		{name: "route deleted", object: "route", routes: 1, brk: func() error { a.delRoutes("10.244.2.0/24"); return nil }},
+		{name: "blackhole deleted", object: "route", routes: 1, brk: func() error { a.delRoutes("10.244.1.0/24"); return nil }},
 		{name: "device set down", object: "tunnel-device", brk: link(netlink.LinkSetDown)},
 		{name: "device MTU changed", object: "tunnel-device", brk: link(func(l netlink.Link) error { return netlink.LinkSetMTU(l, 1300) })},
 		{name: "device learning on", object: "tunnel-device", brk: func() error { return setLearning(a) }},
@@ -332,6 +340,13 @@ func TestRepairs(t *testing.T) {
 	} {
 		t.Run(strings.ReplaceAll(tc.name, " ", "_"), func(t *testing.T) {
 			before := d.repairs(t, tc.object)
+			// the route and VXLAN entry counters must not rise for
+			// another object's break (routes, neighbors and FDB entries
+			// that go with a device are its repair)
+			others := map[string]float64{}
+			for _, o := range []string{"route", "vxlan-neighbor", "vxlan-fdb"} {
+				others[o] = d.repairs(t, o)
+			}
 			if err := tc.brk(); err != nil {
 				t.Fatalf("break: %v", err)
 			}
@@ -380,8 +395,88 @@ func TestRepairs(t *testing.T) {
 			if err := diffOwned(got, good); err != nil {
 				t.Errorf("%s: not stable after its repair: %v", tc.name, err)
 			}
+			for o, was := range others {
+				want := 0.0
+				switch {
+				case o == "route":
+					want = tc.routes
+				case o == tc.object:
+					continue // checked above
+				}
+				if rose := d.repairs(t, o) - was; rose != want {
+					t.Errorf("%s: podnet_repairs_total{object=%q} rose by %v, want %v", tc.name, o, rose, want)
+				}
+			}
 		})
 	}
+	if t.Failed() {
+		t.FailNow()
+	}
+
+	// Ordinary changes are no repairs: a Node that comes and goes, and
+	// this node's network taking a Node's PodCIDR for a while (its route
+	// goes and comes back at the resyncs), with resyncs in between.
+	t.Run("no_tampering_no_route_repair", func(t *testing.T) {
+		routesBefore := d.repairs(t, "route")
+		m, err := d.metrics()
+		if err != nil {
+			t.Fatal(err)
+		}
+		appliesBefore := m["podnet_route_repairs_total"]
+		vxlanBefore := map[string]float64{"vxlan-neighbor": d.repairs(t, "vxlan-neighbor"), "vxlan-fdb": d.repairs(t, "vxlan-fdb")}
+		viaD := "10.244.4.0/24 via 10.244.4.0 dev podnet.vxlan proto 77 onlink"
+		c.createNode("node-d", "172.30.0.4", "10.244.4.0/24")
+		a.expectRoutes(changeT, d, bhA, viaB, viaC, viaD)
+		time.Sleep(resync + resync/2)
+		c.deleteNode("node-d")
+		a.expectRoutes(changeT, d, bhA, viaB, viaC)
+		// an address of node-a's inside node-c's PodCIDR: node-c is
+		// refused at the next resync, and routed again once it goes
+		a.addPodAddr("10.244.3.1")
+		a.expectRoutes(repairT, d, bhA, viaB)
+		c.do(a.ns, func() error {
+			lo, err := netlink.LinkByName("lo")
+			if err != nil {
+				return err
+			}
+			addr, err := netlink.ParseAddr("10.244.3.1/32")
+			if err != nil {
+				return err
+			}
+			return netlink.AddrDel(lo, addr)
+		})
+		a.expectRoutes(repairT, d, bhA, viaB, viaC)
+		time.Sleep(resync + resync/2)
+		if got := d.repairs(t, "route"); got != routesBefore {
+			t.Errorf("podnet_repairs_total{object=\"route\"} = %v after a Node came and went and the node's network refused one for a while, was %v: none of that is a repair", got, routesBefore)
+		}
+		m, err = d.metrics()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m["podnet_route_repairs_total"] != appliesBefore {
+			t.Errorf("podnet_route_repairs_total = %v, was %v: no route was repaired", m["podnet_route_repairs_total"], appliesBefore)
+		}
+		for o, was := range vxlanBefore {
+			if got := d.repairs(t, o); got != was {
+				t.Errorf("podnet_repairs_total{object=%q} = %v after the ordinary changes, was %v", o, got, was)
+			}
+		}
+		got, err := a.owned()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := diffOwned(got, good); err != nil {
+			t.Errorf("not back as before: %v", err)
+		}
+		// and one route deleted is exactly one repair
+		a.delRoutes("10.244.3.0/24")
+		a.expectRoutes(repairT, d, bhA, viaB, viaC)
+		time.Sleep(resync + resync/2)
+		if got := d.repairs(t, "route"); got != routesBefore+1 {
+			t.Errorf("podnet_repairs_total{object=\"route\"} = %v after one route deleted, want %v", got, routesBefore+1)
+		}
+	})
 	if t.Failed() {
 		t.FailNow()
 	}

@@ -107,8 +107,9 @@ func TestNodeLifecycleRoutes(t *testing.T) {
 	a.expectState(0, nodestate.State{NodeName: "node-a", PodCIDRs: []string{"10.244.1.0/24"}, MTU: underlayMTU, Encap: "none"})
 }
 
-// TestRouteRepair: a podnet route deleted by hand comes back within 1 s; a
-// link flap that flushes routes silently is repaired by the resync.
+// TestRouteRepair: a podnet route deleted by hand comes back within 1 s
+// and counts one route repair; a link flap that flushes routes silently
+// is repaired by the resync, and counts none.
 func TestRouteRepair(t *testing.T) {
 	_, a, _, _ := threeNodes(t)
 	d := a.startDaemon()
@@ -156,9 +157,14 @@ func TestRouteRepair(t *testing.T) {
 		t.Errorf("podnet_route_repairs_total = %v after repairs", m["podnet_route_repairs_total"])
 	}
 	t.Logf("podnet_route_repairs_total = %v", m["podnet_route_repairs_total"])
+	// one repair per route deleted: 5 one by one, 3 at once
+	if got := d.repairs(t, "route"); got != 8 {
+		t.Errorf("podnet_repairs_total{object=\"route\"} = %v after 8 routes deleted, want 8", got)
+	}
 
 	// Link flap: the kernel flushes the routes via eth0 without a
 	// RTM_DELROUTE; the periodic resync puts them back once eth0 is up.
+	// Routes that went with their link are no repair.
 	setLink(t, a, uplinkName, false)
 	a.expectRoutes(changeT, d, bhA)
 	setLink(t, a, uplinkName, true)
@@ -166,6 +172,10 @@ func TestRouteRepair(t *testing.T) {
 	a.expectRoutes(resync+3*time.Second, d, bhA, viaB, viaC)
 	t.Logf("MEASURE eth0 down/up: routes back %s after link up (resync interval %s)", time.Since(start).Round(time.Millisecond), resync)
 	d.waitReady(resync + 3*time.Second)
+	time.Sleep(resync + resync/2)
+	if got := d.repairs(t, "route"); got != 8 {
+		t.Errorf("podnet_repairs_total{object=\"route\"} = %v after a link flap, want 8 still: the routes went with the link", got)
+	}
 }
 
 // pollFast polls cond every 1 ms and returns the time until it held, or
