@@ -298,6 +298,10 @@ func (l *Loop) checkRuntime(f Facts, snaps []storeSnap, links map[attachment.Own
 	return nil
 }
 
+// MsgRuntimeMismatch is the log message of a runtime whose answer is
+// refused (logged when the refusal starts).
+const MsgRuntimeMismatch = "leak reconcile: the runtime lists none of the node's live pods; taken for the wrong runtime, its answer is ignored"
+
 // setMismatch records whether the runtime's answer is refused this pass
 // (live: the live pods it does not list).
 func (l *Loop) setMismatch(on bool, live []string) {
@@ -305,8 +309,8 @@ func (l *Loop) setMismatch(on bool, live []string) {
 		l.m.RuntimeRefused.Inc()
 		l.m.RuntimeMismatch.Set(1)
 		if !l.runtimeMismatch {
-			l.log.Warn("leak reconcile: the runtime lists none of the node's live pods; it is not the runtime that made them (check --cri-socket): its answer is ignored, pods are judged by their netns and host veth until it lists them",
-				"socket", l.cfg.CRISocket, "livePods", len(live), "examples", live[:min(len(live), 5)])
+			l.log.Warn(MsgRuntimeMismatch, "socket", l.cfg.CRISocket, "livePods", len(live), "examples", live[:min(len(live), 5)],
+				"hint", "it is not the runtime that made them (check --cri-socket): pods are judged by their netns and host veth until it lists them")
 		}
 	} else {
 		l.m.RuntimeMismatch.Set(0)
