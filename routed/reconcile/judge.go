@@ -10,6 +10,21 @@
 // The shape is that of the routes: facts (store snapshot, runtime's
 // sandboxes, netns, links) → a pure judgement (Judge) → one writer that
 // re-checks under the store's lock and frees.
+//
+// It never frees an attachment whose host veth is in service, whatever
+// the runtime or the boot ID say. In service (HostVethInService) means:
+// a veth of the node's netns carries the attachment's alias
+// (contract.VethOwner.Alias, not DEL's detached one), is up and has a
+// carrier (so its peer, the pod end, is up too: DEL's detach sets both
+// ends down), and its peer is in another network namespace that is alive
+// (the kernel reports the peer's netns id, which it no longer does for a
+// namespace being destroyed). A veth whose pod netns died goes with it;
+// one that is detached, down or whose peer is not in a live pod netns is
+// judged by the other rules. A runtime that lists none of the node's live
+// pods (attachments a runtime made, past the grace, host veth in service)
+// is taken for the wrong runtime (a --cri-socket of another runtime than
+// the node's): its answer is refused for the pass, and the netns decides
+// (Loop.Status, podnet_reconcile_runtime_mismatch).
 package reconcile
 
 import (
@@ -65,13 +80,15 @@ type Facts struct {
 	// BootID is the current boot's ("" unknown).
 	BootID string
 	// Sandboxes are the runtime's sandboxes by ID; nil when no runtime
-	// answered.
+	// answered, or when its answer was refused (a runtime that lists none
+	// of the node's live pods is the wrong one).
 	Sandboxes map[string]SandboxState
 	// Netns says what is at a recorded netns path now.
 	Netns func(path string, ino uint64) NetnsState
-	// HostVethInService reports whether the attachment's host veth is on
-	// the node and not detached: its peer, the pod end, then lives in the
-	// pod's netns, which therefore exists.
+	// HostVethInService reports whether the attachment's host veth is in
+	// service (HostVethInService in reconcile.go: the attachment's alias,
+	// up, with a carrier, its peer in another live netns): its pod end
+	// then lives in the pod's netns, which therefore exists.
 	HostVethInService bool
 }
 
@@ -80,6 +97,10 @@ type Verdict struct {
 	Dead   bool
 	Kind   Kind
 	Reason string
+	// Overruled, on a live verdict, is the rule that would have judged the
+	// attachment dead (KindReboot, KindRuntime) had its host veth not been
+	// in service: a boot ID or a runtime that is not to be trusted for it.
+	Overruled Kind
 }
 
 func alive(format string, args ...any) Verdict {
@@ -95,6 +116,13 @@ func dead(k Kind, format string, args ...any) Verdict {
 // reservation's time) is dead. It errs towards alive: a live pod must
 // never lose its address, a leak only waits for the next pass.
 //
+//  0. A host veth in service is alive, whatever the other rules say: it
+//     is what the pod's traffic goes through now, the surest fact there
+//     is. Its pod end lives in the pod's netns, which the kernel destroys
+//     (and the pair with it) only once nothing holds it. A boot ID or a
+//     runtime that calls it dead is wrong about it (a record whose boot ID
+//     was rewritten or copied, a --cri-socket of another runtime than the
+//     one that made the pod): the verdict says which (Overruled).
 //  1. A record of another boot is dead at once: its netns died with the
 //     boot (after a reboot no grace is needed: no ADD of that boot can be
 //     in flight).
@@ -105,16 +133,31 @@ func dead(k Kind, format string, args ...any) Verdict {
 //     still owes it a DEL). A pod the runtime made (the record names a
 //     pod) that the runtime no longer lists is dead.
 //  4. Otherwise (no runtime answered, or an attachment made by hand) the
-//     netns decides: alive while the recorded netns is at its path or the
-//     attachment's host veth is in service; dead when neither holds.
+//     netns decides: alive while the recorded netns is at its path, dead
+//     when it is gone or another netns is there.
 //
-// A host veth in service outweighs a netns path that looks gone: its peer,
-// the pod end, lives in the pod's netns, which the kernel destroys (and
-// the pair with it) only once nothing holds it. The path alone can lie:
+// The netns path alone can lie, which is why rule 0 comes first:
 // podnet-routed, in its container, may not see where the runtime mounts
 // its netns (containerd's state directory, a mount that does not
 // propagate), and would take every pod for gone.
 func Judge(containerID string, r store.Record, created time.Time, f Facts) Verdict {
+	if f.HostVethInService {
+		// What the other rules would say, the netns path left out (where
+		// podnet-routed cannot see it, it would be every pod's answer):
+		// only a boot ID or a runtime overruled is worth reporting.
+		rest := f
+		rest.Netns = nil
+		if v := judgeByRecord(containerID, r, created, rest); v.Dead {
+			return Verdict{Overruled: v.Kind, Reason: "its host veth is in service, although " + v.Reason}
+		}
+		return alive("its host veth is in service (its pod end lives in the pod's netns)")
+	}
+	return judgeByRecord(containerID, r, created, f)
+}
+
+// judgeByRecord is rules 1 to 4 of Judge: the attachment has no host veth
+// in service.
+func judgeByRecord(containerID string, r store.Record, created time.Time, f Facts) Verdict {
 	if r.BootID != "" && f.BootID != "" && r.BootID != f.BootID {
 		return dead(KindReboot, "made in boot %s, this is boot %s", r.BootID, f.BootID)
 	}
@@ -122,7 +165,7 @@ func Judge(containerID string, r store.Record, created time.Time, f Facts) Verdi
 		return alive("made %s ago, within the grace of %s", age.Round(time.Second), f.Grace)
 	}
 	netns := func() NetnsState {
-		if r.Netns == "" || f.Netns == nil || f.HostVethInService {
+		if r.Netns == "" || f.Netns == nil {
 			return NetnsSame
 		}
 		return f.Netns(r.Netns, r.NetnsIno)
@@ -132,7 +175,7 @@ func Judge(containerID string, r store.Record, created time.Time, f Facts) Verdi
 		switch {
 		case listed && state == SandboxReady:
 			return alive("the runtime reports its sandbox ready")
-		case listed && r.Netns != "" && netns() != NetnsSame:
+		case listed && netns() != NetnsSame:
 			return dead(KindRuntime, "the runtime reports its sandbox stopped, its netns %s is gone and it has no host veth in service", r.Netns)
 		case listed:
 			return alive("the runtime reports its sandbox stopped; its netns is still there")
@@ -141,16 +184,10 @@ func Judge(containerID string, r store.Record, created time.Time, f Facts) Verdi
 		}
 	}
 	if r.Netns == "" {
-		if f.HostVethInService {
-			return alive("its host veth is in service")
-		}
 		if f.Sandboxes != nil {
-			return dead(KindRuntime, "the runtime has no sandbox %s", containerID)
+			return dead(KindRuntime, "the runtime has no sandbox %s and it has no host veth in service", containerID)
 		}
 		return alive("no netns recorded (made by an older podnet) and no runtime to ask")
-	}
-	if f.HostVethInService {
-		return alive("its host veth is in service (its pod end lives in the pod's netns)")
 	}
 	switch netns() {
 	case NetnsGone:

@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"net"
 	"net/netip"
 	"slices"
 	"sort"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -59,6 +61,16 @@ type Metrics struct {
 	// podnet_reconcile_errors_total, podnet_reconcile_lock_hold_seconds.
 	Passes, Errors prometheus.Counter
 	LockHold       prometheus.Histogram
+	// RuntimeMismatch is podnet_reconcile_runtime_mismatch: 1 while the
+	// runtime lists none of the node's live pods (its answer refused);
+	// RuntimeRefused, podnet_reconcile_runtime_refused_total, counts the
+	// passes that refused it.
+	RuntimeMismatch prometheus.Gauge
+	RuntimeRefused  prometheus.Counter
+	// Overruled is podnet_reconcile_overruled{rule}: the attachments the
+	// last pass kept only because their host veth is in service, while
+	// their boot ID ("reboot") or the runtime ("runtime") said dead.
+	Overruled *prometheus.GaugeVec
 }
 
 // NewMetrics makes the metrics and registers them in reg; repairs, when
@@ -73,6 +85,15 @@ func NewMetrics(reg prometheus.Registerer, repairs *prometheus.CounterVec) *Metr
 		Errors:  prometheus.NewCounter(prometheus.CounterOpts{Name: "podnet_reconcile_errors_total", Help: "Leak reconcile passes that met an error (see the log)."}),
 		LockHold: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "podnet_reconcile_lock_hold_seconds",
 			Help: "How long the leak reconcile held an IPAM store's lock at a time.", Buckets: prometheus.ExponentialBuckets(0.0001, 2, 12)}),
+		RuntimeMismatch: prometheus.NewGauge(prometheus.GaugeOpts{Name: "podnet_reconcile_runtime_mismatch",
+			Help: "1 while the runtime at --cri-socket lists none of the node's live pods: it is taken for the wrong runtime and its answer is ignored (pods are judged by their netns and host veth)."}),
+		RuntimeRefused: prometheus.NewCounter(prometheus.CounterOpts{Name: "podnet_reconcile_runtime_refused_total",
+			Help: "Leak reconcile passes that refused the runtime's answer: it listed none of the node's live pods."}),
+		Overruled: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "podnet_reconcile_overruled",
+			Help: "Attachments the last leak reconcile pass kept only because their host veth is in service, while their boot ID (rule=reboot) or the runtime (rule=runtime) said their pod is dead."}, []string{"rule"}),
+	}
+	for _, k := range []Kind{KindReboot, KindRuntime} {
+		m.Overruled.WithLabelValues(string(k))
 	}
 	for _, k := range []Kind{KindReboot, KindRuntime, KindNetns, KindOrphan} {
 		m.Reclaimed.WithLabelValues(string(k))
@@ -81,7 +102,7 @@ func NewMetrics(reg prometheus.Registerer, repairs *prometheus.CounterVec) *Metr
 		m.Repairs = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "podnet_repairs_total", Help: "Objects podnet put back."}, []string{"object"})
 		reg.MustRegister(m.Repairs)
 	}
-	reg.MustRegister(m.Reclaimed, m.Passes, m.Errors, m.LockHold)
+	reg.MustRegister(m.Reclaimed, m.Passes, m.Errors, m.LockHold, m.RuntimeMismatch, m.RuntimeRefused, m.Overruled)
 	return m
 }
 
@@ -93,6 +114,16 @@ type Loop struct {
 	runtime *Runtime // nil: no runtime asked
 	// runtimeDown: the last pass found no runtime (logged once).
 	runtimeDown bool
+	// runtimeMismatch: the last pass refused the runtime's answer (logged
+	// once per change).
+	runtimeMismatch bool
+	mismatchPods    int // how many live pods it did not list
+	// overruled are the attachments the last pass kept only because their
+	// host veth is in service, with the rule they overruled: each is
+	// logged when it enters the set, not at every pass.
+	overruled map[attachment.Owner]Kind
+	// status is what /readyz shows of the reconcile (Status).
+	status atomic.Pointer[[]string]
 	// now is time.Now (tests move it).
 	now func() time.Time
 	// routes are the node's pod host routes, listed once per pass.
@@ -164,6 +195,12 @@ type candidate struct {
 	links   []netlink.Link
 }
 
+// storeSnap is one network store's snapshot.
+type storeSnap struct {
+	dir, network string
+	snap         *store.Snapshot
+}
+
 // Pass reconciles every store once.
 func (l *Loop) Pass(ctx context.Context) (Result, error) {
 	res := Result{Reclaimed: map[Kind]int{}}
@@ -179,6 +216,7 @@ func (l *Loop) Pass(ctx context.Context) (Result, error) {
 	if l.routes, err = listHostRoutes(); err != nil {
 		errs = append(errs, err) // no repair this pass; reclaiming goes on
 	}
+	var snaps []storeSnap
 	for _, dir := range l.cfg.DataDirs {
 		networks, err := store.Networks(dir)
 		if errors.Is(err, fs.ErrNotExist) {
@@ -189,14 +227,26 @@ func (l *Loop) Pass(ctx context.Context) (Result, error) {
 			continue
 		}
 		for _, network := range networks {
-			if ctx.Err() != nil {
-				return res, ctx.Err()
-			}
-			if err := l.network(dir, network, facts, links, &res); err != nil {
+			snap, err := store.ReadSnapshot(dir, network)
+			if err != nil {
 				errs = append(errs, fmt.Errorf("network %s in %s: %w", network, dir, err))
+				continue
 			}
+			snaps = append(snaps, storeSnap{dir: dir, network: network, snap: snap})
 		}
 	}
+	facts.Sandboxes = l.checkRuntime(facts, snaps, links)
+	overruled := map[attachment.Owner]Kind{}
+	for _, s := range snaps {
+		if ctx.Err() != nil {
+			return res, ctx.Err()
+		}
+		if err := l.network(s, facts, links, overruled, &res); err != nil {
+			errs = append(errs, fmt.Errorf("network %s in %s: %w", s.network, s.dir, err))
+		}
+	}
+	l.noteOverruled(overruled)
+	l.publishStatus()
 	// Elements of veths that are gone (freed now, or died with their
 	// netns) leave the pod filter.
 	for _, g := range []podfilter.Guard{podfilter.Routed, podfilter.Bridged} {
@@ -209,6 +259,132 @@ func (l *Loop) Pass(ctx context.Context) (Result, error) {
 		l.m.Errors.Inc()
 	}
 	return res, err
+}
+
+// checkRuntime returns the runtime's sandboxes when its answer may be
+// used, nil when it may not: a runtime that lists none of the node's live
+// pods (attachments a runtime made, past the grace, with their host veth
+// in service) is not the runtime that made them (a --cri-socket of
+// another runtime: a containerd with CRI enabled on a CRI-O node), and
+// its "no such sandbox" would be every pod's death sentence. Pods made by
+// hand (no pod recorded) and those in their grace prove nothing either
+// way. The refusal is logged when it starts and ends, counted and shown
+// in /readyz.
+func (l *Loop) checkRuntime(f Facts, snaps []storeSnap, links map[attachment.Owner][]netlink.Link) map[string]SandboxState {
+	if f.Sandboxes == nil { // no answer to refuse ("does not answer" is logged)
+		l.runtimeMismatch, l.mismatchPods = false, 0
+		l.m.RuntimeMismatch.Set(0)
+		return nil
+	}
+	var live []string // "namespace/name" of the live pods
+	for _, s := range snaps {
+		for o, r := range s.snap.Records {
+			if _, listed := f.Sandboxes[o.ContainerID]; listed {
+				l.setMismatch(false, nil)
+				return f.Sandboxes
+			}
+			vo := attachment.Owner{Network: s.network, ContainerID: o.ContainerID, IfName: o.IfName}
+			if r.HasPod() && f.Now.Sub(createdAt(s.snap, o, r)) >= f.Grace && inService(links[vo]) {
+				live = append(live, r.PodNamespace+"/"+r.PodName)
+			}
+		}
+	}
+	if len(live) == 0 {
+		l.setMismatch(false, nil)
+		return f.Sandboxes
+	}
+	sort.Strings(live)
+	l.setMismatch(true, live)
+	return nil
+}
+
+// MsgRuntimeMismatch is the log message of a runtime whose answer is
+// refused (logged when the refusal starts).
+const MsgRuntimeMismatch = "leak reconcile: the runtime lists none of the node's live pods; taken for the wrong runtime, its answer is ignored"
+
+// setMismatch records whether the runtime's answer is refused this pass
+// (live: the live pods it does not list).
+func (l *Loop) setMismatch(on bool, live []string) {
+	if on {
+		l.m.RuntimeRefused.Inc()
+		l.m.RuntimeMismatch.Set(1)
+		if !l.runtimeMismatch {
+			l.log.Warn(MsgRuntimeMismatch, "socket", l.cfg.CRISocket, "livePods", len(live), "examples", live[:min(len(live), 5)],
+				"hint", "it is not the runtime that made them (check --cri-socket): pods are judged by their netns and host veth until it lists them")
+		}
+	} else {
+		l.m.RuntimeMismatch.Set(0)
+		if l.runtimeMismatch {
+			l.log.Info("leak reconcile: the runtime lists the node's pods again; its answer is used", "socket", l.cfg.CRISocket)
+		}
+	}
+	l.runtimeMismatch = on
+	l.mismatchPods = len(live)
+}
+
+// noteOverruled publishes the attachments this pass kept only because
+// their host veth is in service, and logs those that were not so kept in
+// the pass before.
+func (l *Loop) noteOverruled(now map[attachment.Owner]Kind) {
+	counts := map[Kind]int{}
+	for o, k := range now {
+		counts[k]++
+		if l.overruled[o] != k {
+			l.log.Warn("leak reconcile: kept an attachment whose "+overruledWhat(k)+" says its pod is dead: its host veth is in service",
+				"network", o.Network, "container", o.ContainerID, "ifname", o.IfName, "rule", k)
+		}
+	}
+	for o, k := range l.overruled {
+		if _, still := now[o]; !still {
+			l.log.Info("leak reconcile: an attachment kept against its "+overruledWhat(k)+" is no longer in that state",
+				"network", o.Network, "container", o.ContainerID, "ifname", o.IfName, "rule", k)
+		}
+	}
+	for _, k := range []Kind{KindReboot, KindRuntime} {
+		l.m.Overruled.WithLabelValues(string(k)).Set(float64(counts[k]))
+	}
+	l.overruled = now
+}
+
+func overruledWhat(k Kind) string {
+	if k == KindReboot {
+		return "boot ID (of another boot)"
+	}
+	return "runtime"
+}
+
+// publishStatus sets what Status reports.
+func (l *Loop) publishStatus() {
+	var out []string
+	if l.runtimeMismatch {
+		out = append(out, fmt.Sprintf("leak reconcile: the runtime at %s lists none of the node's %d live pods: taken for the wrong runtime (check --cri-socket), its answer is ignored",
+			l.cfg.CRISocket, l.mismatchPods))
+	}
+	if l.runtimeDown {
+		out = append(out, fmt.Sprintf("leak reconcile: the runtime at %s does not answer: pods are judged by their netns and host veth", l.cfg.CRISocket))
+	}
+	counts := map[Kind]int{}
+	for _, k := range l.overruled {
+		counts[k]++
+	}
+	if n := counts[KindReboot]; n > 0 {
+		out = append(out, fmt.Sprintf("leak reconcile: %d attachments recorded in another boot have their host veth in service: kept, their boot ID is not trusted", n))
+	}
+	if n := counts[KindRuntime]; n > 0 {
+		out = append(out, fmt.Sprintf("leak reconcile: %d attachments the runtime does not know have their host veth in service: kept", n))
+	}
+	l.status.Store(&out)
+}
+
+// Status says what an operator should know about the reconcile (the
+// runtime refused or down, attachments kept against their boot ID or the
+// runtime), one line each; nil when all is well. /readyz shows it. Safe
+// to call from any goroutine.
+func (l *Loop) Status() []string {
+	if p := l.status.Load(); p != nil {
+		return *p
+	}
+	return nil
 }
 
 // sandboxes asks the runtime (nil when none is configured or answers).
@@ -233,11 +409,10 @@ func (l *Loop) sandboxes(ctx context.Context) map[string]SandboxState {
 
 // network reconciles one store: judge from a snapshot, free the dead
 // (host side first, then the addresses under the lock), repair the live.
-func (l *Loop) network(dir, network string, facts Facts, links map[attachment.Owner][]netlink.Link, res *Result) error {
-	snap, err := store.ReadSnapshot(dir, network)
-	if err != nil {
-		return err
-	}
+// Attachments kept only because their host veth is in service are added
+// to overruled.
+func (l *Loop) network(s storeSnap, facts Facts, links map[attachment.Owner][]netlink.Link, overruled map[attachment.Owner]Kind, res *Result) error {
+	dir, network, snap := s.dir, s.network, s.snap
 	var dead []candidate
 	var repairs []*liveRepair
 	indexed := map[netip.Addr]bool{}
@@ -248,11 +423,11 @@ func (l *Loop) network(dir, network string, facts Facts, links map[attachment.Ow
 		vo := attachment.Owner{Network: network, ContainerID: o.ContainerID, IfName: o.IfName}
 		f := facts
 		f.HostVethInService = inService(links[vo])
-		created := r.Created
-		if created.IsZero() {
-			created = reservedAt(snap, o, r)
-		}
+		created := createdAt(snap, o, r)
 		v := Judge(o.ContainerID, r, created, f)
+		if v.Overruled != "" {
+			overruled[vo] = v.Overruled
+		}
 		if !v.Dead {
 			if facts.Now.Sub(created) >= facts.Grace { // an ADD in flight is not finished yet
 				if lr := l.needsRepair(o, r, links[vo]); lr != nil {
@@ -414,6 +589,15 @@ func (l *Loop) withLock(dir, network string, f func(*store.Disk) error, res *Res
 	return err
 }
 
+// createdAt is when the entry was made: r.Created, or for an entry of an
+// older podnet (no time recorded) reservedAt.
+func createdAt(snap *store.Snapshot, o allocator.Owner, r store.Record) time.Time {
+	if !r.Created.IsZero() {
+		return r.Created
+	}
+	return reservedAt(snap, o, r)
+}
+
 // reservedAt is when an entry without a recorded time (older podnet) was
 // made: its earliest reservation's ctime (now when it has none).
 func reservedAt(snap *store.Snapshot, o allocator.Owner, r store.Record) time.Time {
@@ -452,13 +636,31 @@ func netnsState(path string, ino uint64) NetnsState {
 	return NetnsSame
 }
 
-// inService reports whether one of links is a host veth in service (not
-// detached by DEL).
+// inService reports whether one of links is a host veth in service
+// (HostVethInService).
 func inService(links []netlink.Link) bool {
-	for _, l := range links {
-		if _, ok := attachmentInService(l); ok {
-			return true
-		}
+	return slices.ContainsFunc(links, HostVethInService)
+}
+
+// HostVethInService reports whether l, a link of the node's netns, is an
+// attachment's host veth in service: a veth with the attachment's alias
+// (not the one DEL gives the host end it detaches), up, with a carrier
+// (a veth has one only while its peer is up too: DEL's detach sets both
+// ends down, a half-done one at least the pod end), and its peer in
+// another network namespace that is alive. The kernel reports the peer's
+// netns as an id of this netns (IFLA_LINK_NETNSID); it reports none when
+// the peer is in this netns (not a pod's veth) and NETNSA_NSID_NOT_ASSIGNED
+// for a namespace being destroyed, whose veths are about to go. Such a
+// veth carries the pod's traffic now: its pod is alive whatever a runtime
+// or a boot ID say.
+func HostVethInService(l netlink.Link) bool {
+	if _, ok := l.(*netlink.Veth); !ok {
+		return false
 	}
-	return false
+	a := l.Attrs()
+	if _, ok := attachmentInService(l); !ok {
+		return false
+	}
+	up := a.Flags&net.FlagUp != 0 && (a.OperState == netlink.OperUp || a.RawFlags&unix.IFF_LOWER_UP != 0)
+	return up && a.NetNsID >= 0
 }

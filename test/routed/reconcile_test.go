@@ -1076,3 +1076,167 @@ func TestReconcileOrphanAndHostileStore(t *testing.T) {
 		}
 	}
 }
+
+// TestReconcileBootIDChangedWhilePodsRun is issue 31's "must show 4" for
+// the boot ID, in both modes: while pods run, every owner index entry of
+// the store is rewritten to another boot's ID (what a store copied from
+// elsewhere, or a boot ID read wrong, looks like). The pods whose host
+// veth is in service keep their reservation, owner index entry, host veth,
+// host route and pod filter elements, and answer pings, pass after pass;
+// they are counted in podnet_reconcile_overruled{rule="reboot"}, logged
+// once each, and /readyz (200) says so. A pod of the same store whose
+// netns died (its veth with it) is freed in the same passes, as of another
+// boot: the check can fail both ways. On the code before, the live pods
+// were freed as "reboot" at the first pass.
+func TestReconcileBootIDChangedWhilePodsRun(t *testing.T) {
+	t.Parallel()
+	c := newCluster(t)
+	c.grantRBAC()
+	// A grace no test waits for: only the boot ID can free anything.
+	nodes := []*rcNode{
+		c.rcNode("node-a", "172.30.0.1", "10.244.1.0/24", routedMode, rcArgs(10*time.Minute)...),
+		c.rcNode("node-b", "172.30.0.2", "10.244.2.0/24", bridgedMode, rcArgs(10*time.Minute)...),
+	}
+	for _, n := range nodes {
+		t.Run(n.mode.name, func(t *testing.T) {
+			t.Parallel()
+			testBootIDChanged(t, n)
+		})
+	}
+}
+
+func testBootIDChanged(t *testing.T, n *rcNode) {
+	var live []*rcPod
+	if n.mode.bridged {
+		n.peer = n.attach(t, n.mode.name+"-peer")
+		live = append(live, n.peer)
+	}
+	for _, name := range []string{"live-1", "live-2"} {
+		live = append(live, n.attach(t, n.mode.name+"-"+name))
+	}
+	dead := n.attach(t, n.mode.name+"-dead")
+	if err := allIntact(append([]*rcPod{dead}, live...)...); err != nil {
+		t.Fatal(err)
+	}
+	dead.dropNetNS(t, false) // the namespace dies, its veth with it
+	within(t, rcSlack, "the dead pod's host veth gone with its netns", func() error {
+		if l, err := dead.hostLink(); err != nil || l != nil {
+			return fmt.Errorf("host veth %v (%v)", l, err)
+		}
+		return nil
+	})
+	for _, p := range live {
+		if err := p.ping(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n.waitPasses(t, 2)
+	if err := n.expectReclaimed(nil); err != nil {
+		t.Fatalf("within the grace, of this boot: %v", err)
+	}
+
+	// Every entry of the store: another boot's, while the daemon runs
+	// (each file replaced whole, as podnet-ipam writes them).
+	oldBoot := newBootIDForTest()
+	owners := filepath.Join(n.m.DataDir, n.mode.network, "owners")
+	entries, err := os.ReadDir(owners)
+	if err != nil || len(entries) != len(live)+1 {
+		t.Fatalf("owner index entries %v (%v), want %d", entries, err, len(live)+1)
+	}
+	for _, e := range entries {
+		path := filepath.Join(owners, e.Name())
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(bootIDLine.FindAll(b, -1)) != 1 {
+			t.Fatalf("%s has no boot-id line:\n%s", path, b)
+		}
+		b = bootIDLine.ReplaceAll(b, []byte(`boot-id="`+oldBoot+`"`))
+		tmp := filepath.Join(n.m.DataDir, n.mode.network, ".test-"+e.Name())
+		if err := os.WriteFile(tmp, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, path); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, p := range append([]*rcPod{dead}, live...) {
+		if rec, err := p.record(); err != nil || rec.BootID != oldBoot {
+			t.Fatalf("pod %s record after the rewrite: %+v %v", p.name, rec, err)
+		}
+	}
+	rewritten := time.Now()
+
+	// The dead pod is freed, as of another boot; the live ones are kept
+	// and counted.
+	overruled := func() error {
+		v, err := n.d.labeled("podnet_reconcile_overruled", "rule", "reboot")
+		if err != nil {
+			return err
+		}
+		if v != float64(len(live)) {
+			return fmt.Errorf(`podnet_reconcile_overruled{rule="reboot"} = %v, want %d`, v, len(live))
+		}
+		return nil
+	}
+	within(t, rcSlack, "the dead pod of another boot freed", func() error {
+		if err := allGone(dead); err != nil {
+			return err
+		}
+		if err := n.expectReclaimed(map[string]float64{"reboot": 1}); err != nil {
+			return err
+		}
+		return overruled()
+	})
+	t.Logf("MEASURE %s: the dead pod of another boot freed and the %d live ones counted as kept %s after the rewrite (interval %s)",
+		n.name, len(live), time.Since(rewritten).Round(10*time.Millisecond), rcInterval)
+	if err := dead.checkReclaimLog("reboot", 0); err != nil {
+		t.Error(err)
+	}
+	holds(t, 4*rcInterval, "the live pods of another boot ID", func() error {
+		if err := allIntact(live...); err != nil {
+			return err
+		}
+		if err := n.expectReclaimed(map[string]float64{"reboot": 1}); err != nil {
+			return err
+		}
+		if err := n.noReconcileErrors(); err != nil {
+			return err
+		}
+		if err := overruled(); err != nil {
+			return err
+		}
+		code, body := n.d.status("/readyz")
+		want := fmt.Sprintf("warning: leak reconcile: %d attachments recorded in another boot have their host veth in service: kept", len(live))
+		if code != http.StatusOK || !strings.Contains(body, want) {
+			return fmt.Errorf("/readyz %d %q, want 200 with %q", code, body, want)
+		}
+		return nil
+	})
+	for _, p := range live {
+		if err := p.ping(); err != nil {
+			t.Fatal(err)
+		}
+		if rec, _ := n.reclaimLog(p.cid); rec != nil {
+			t.Fatalf("live pod %s reclaimed: %v", p.name, rec)
+		}
+		kept := 0
+		for _, rec := range n.d.logLines("leak reconcile: kept an attachment whose boot ID (of another boot) says its pod is dead: its host veth is in service") {
+			if rec["container"] == p.cid && rec["rule"] == "reboot" {
+				kept++
+			}
+		}
+		if kept != 1 {
+			t.Errorf("pod %s: %d \"kept an attachment\" log records over several passes, want 1", p.name, kept)
+		}
+	}
+}
+
+// newBootIDForTest is a random boot ID in the kernel's format.
+func newBootIDForTest() string {
+	b := make([]byte, 16)
+	_, _ = rand.Read(b)
+	s := hex.EncodeToString(b)
+	return s[:8] + "-" + s[8:12] + "-" + s[12:16] + "-" + s[16:20] + "-" + s[20:]
+}

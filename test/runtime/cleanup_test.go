@@ -36,9 +36,11 @@ func cleanupScratch(dir string) []string {
 	var notes []string
 	note := func(format string, args ...any) { notes = append(notes, fmt.Sprintf(format, args...)) }
 
-	if pid := readPID(filepath.Join(dir, containerdPID)); pid > 0 && alive(pid) && processMentions(pid, dir) {
-		note("containerd pid %d still running: killed", pid)
-		killAndWait(pid)
+	for _, f := range []string{containerdPID, wrongContainerdPID} {
+		if pid := readPID(filepath.Join(dir, f)); pid > 0 && alive(pid) && processMentions(pid, dir) {
+			note("containerd pid %d still running: killed", pid)
+			killAndWait(pid)
+		}
 	}
 	// Containers first (runc kills the pause processes and removes their
 	// cgroups), then the shims that watched them.

@@ -43,11 +43,13 @@ const (
 
 // Files in the scratch dir that let a later run undo this one.
 const (
-	ownerPIDFile     = "owner.pid"      // the go test process
-	containerdPID    = "containerd.pid" // the running containerd
-	nodeNetnsFile    = "node-netns"     // path of the node netns
-	cgroupParentFile = "cgroup-parent"  // parent cgroup of the sandboxes
-	podNamespaceFile = "pod-namespace"  // K8S_POD_NAMESPACE of every pod
+	ownerPIDFile  = "owner.pid"      // the go test process
+	containerdPID = "containerd.pid" // the running containerd
+	// the second containerd of the wrong-runtime phase (no pods)
+	wrongContainerdPID = "containerd-wrong.pid"
+	nodeNetnsFile      = "node-netns"    // path of the node netns
+	cgroupParentFile   = "cgroup-parent" // parent cgroup of the sandboxes
+	podNamespaceFile   = "pod-namespace" // K8S_POD_NAMESPACE of every pod
 )
 
 // harness is one containerd on one node netns, on scratch paths.

@@ -46,6 +46,9 @@ type routed struct {
 	log        string
 	proc       *nettest.Proc
 	started    time.Time
+	// criSocket is the --cri-socket start passes ("": the harness's
+	// containerd).
+	criSocket string
 }
 
 // newRouted starts a kube-apiserver (on the machine's loopback, reached
@@ -105,9 +108,13 @@ func (h *harness) newRouted(t *testing.T) *routed {
 func (r *routed) start(t *testing.T, interval, grace time.Duration) {
 	t.Helper()
 	h := r.h
+	socket := r.criSocket
+	if socket == "" {
+		socket = "unix://" + h.socket()
+	}
 	p, err := nettest.StartProc(h.node.NS, true, r.log, r.bin,
 		"--kubeconfig="+r.kubeconfig, "--node-name="+routedNode, "--encap=none", "--cluster-cidr="+clusterCIDR,
-		"--state-dir="+h.net.stateDir, "--ipam-data-dir="+h.net.dataDir, "--cri-socket=unix://"+h.socket(),
+		"--state-dir="+h.net.stateDir, "--ipam-data-dir="+h.net.dataDir, "--cri-socket="+socket,
 		"--reconcile-interval="+interval.String(), "--reconcile-grace="+grace.String(),
 		"--health-addr="+routedHealth, "--metrics-addr="+routedMetric, "--log-level=info")
 	if err != nil {

@@ -238,6 +238,10 @@ func run(argv []string) error {
 		if err != nil {
 			return fmt.Errorf("leak reconcile: %w", err)
 		}
+		// A runtime refused or down does not make the node unready: the
+		// pods' network works, and the reconcile keeps every pod whose
+		// host veth is in service; /readyz and the metrics say it.
+		d.ReadyDetails(loop.Status)
 		go loop.Run(ctx)
 	}
 	for _, addr := range uniq(*healthAddr, *metricsAddr) {
