@@ -115,8 +115,10 @@ type Engine struct {
 	podInf cache.SharedIndexInformer
 	polInf cache.SharedIndexInformer
 	kick   chan struct{}
-	// revokeKick asks the revoker for a conntrack scan (capacity 1)
+	// revokeKick asks the revoker for a conntrack scan (capacity 1);
+	// checkKick asks for the table's read-back and repair now
 	revokeKick chan struct{}
+	checkKick  chan struct{}
 	now        func() time.Time
 	applied    chan struct{} // closed and replaced after each successful write
 
@@ -167,6 +169,7 @@ func New(cfg Config, lw ListWatches, w Writer, m *Metrics, log *slog.Logger) *En
 		cfg: cfg, lw: lw, w: w, m: m, log: log,
 		kick:        make(chan struct{}, 1),
 		revokeKick:  make(chan struct{}, 1),
+		checkKick:   make(chan struct{}, 1),
 		now:         time.Now,
 		applied:     make(chan struct{}),
 		state:       policy.NewState(),
@@ -279,6 +282,15 @@ func (e *Engine) loop(ctx context.Context) error {
 		case <-e.kick:
 		case <-periodicDone:
 			busy = false
+		case <-e.checkKick:
+			if busy {
+				continue // one is reading: it sees the change, or the next does
+			}
+			busy = true
+			periodic.Go(func() {
+				e.resync()
+				periodicDone <- struct{}{}
+			})
 		case <-t.C:
 			if busy {
 				continue // the last one is still reading: skip this tick
@@ -293,6 +305,16 @@ func (e *Engine) loop(ctx context.Context) error {
 				periodicDone <- struct{}{}
 			})
 		}
+	}
+}
+
+// CheckNow asks for the table's read-back (and repair) at once, beside
+// the write loop: the daemon calls it when the kernel notifies a change
+// of the engine's tables. It never blocks.
+func (e *Engine) CheckNow() {
+	select {
+	case e.checkKick <- struct{}{}:
+	default:
 	}
 }
 
