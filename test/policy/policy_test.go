@@ -73,6 +73,7 @@ var subtests = []struct {
 	{"EgressDenyAllowDNS", (*env).egress, false},
 	{"LinkLocalJudgedByPort", (*env).linkLocal, false},
 	{"TableRepaired", (*env).repair, true},
+	{"TableRepairedWhole", (*env).repairWhole, false},
 	{"Revocation", (*env).revocation, false},
 	{"OneWatchPerResource", (*env).oneWatch, true},
 }
