@@ -94,6 +94,24 @@ func (e *env) linkLocal(t *testing.T) {
 		},
 	})
 	check("local isolated (deny all)", true)
+	// and counted: by local's pod chain (podnet), by the bridge table's
+	// link_dropped counter (podnet-bridge), as read at the next resync
+	metric, want := "podnet_policy_drops_total", []string{`namespace="prod"`, `policy="local-deny-all"`}
+	if bridged {
+		metric, want = "podnet_policy_link_dropped_total", nil
+	}
+	if err := nettest.Poll(ctx, converge, 200*time.Millisecond, func() error {
+		body, err := e.n1.MetricsText()
+		if err != nil {
+			return err
+		}
+		if v, ok := cluster.Metric(body, metric, want...); !ok || v == 0 {
+			return fmt.Errorf("%s%v = %v (present %v), want > 0", metric, want, v, ok)
+		}
+		return nil
+	}); err != nil {
+		t.Errorf("link-local drops not counted: %v", err)
+	}
 	e.delete(t, "prod", "local-deny-all")
 	if err := e.c.SetPodLabels(ctx, e.local, map[string]string{"role": "client"}); err != nil {
 		t.Fatal(err)

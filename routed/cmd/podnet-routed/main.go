@@ -220,7 +220,7 @@ func run(argv []string) error {
 		go pev.Run(ctx)
 		eng := engine.New(engine.Config{NodeName: *nodeName, Resync: *resync, SocketPath: policysock.Path(*stateDir), ProcSys: *procSys, Events: pev,
 			IPAMDataDirs: dataDirs, NodeEvent: d.NodeEvent},
-			engine.ListWatches{Pods: pods, Namespaces: nss, Policies: pols}, engine.NFTWriter{W: &nft.Writer{Log: log, LogDrops: *policyLogDrops > 0, LogRate: *policyLogDrops}, Unknown: m.SetUnknownDropped}, m, log.With("loop", "policy"))
+			engine.ListWatches{Pods: pods, Namespaces: nss, Policies: pols}, engine.NFTWriter{W: &nft.Writer{Log: log, LogDrops: *policyLogDrops > 0, LogRate: *policyLogDrops}, Unknown: m.SetUnknownDropped, Bridge: m.SetBridgeDropped}, m, log.With("loop", "policy"))
 		d.OnLocalPodCIDRs(eng.SetLocalPodCIDRs)
 		go func() {
 			if err := eng.Run(ctx); err != nil {

@@ -25,6 +25,15 @@ type Metrics struct {
 	BridgeUnfiltered prometheus.Gauge
 	drops            *dropCounter
 	unknown          atomic.Uint64
+	link             atomic.Uint64
+	unfiltered       atomic.Uint64
+}
+
+// SetBridgeDropped takes the bridge table's link_dropped and
+// unfiltered_dropped counters.
+func (m *Metrics) SetBridgeDropped(link, unfiltered uint64) {
+	m.link.Store(link)
+	m.unfiltered.Store(unfiltered)
 }
 
 // SetUnknownDropped takes the table's unknown_dropped counter.
@@ -72,6 +81,15 @@ func NewMetrics(reg prometheus.Registerer, repairs *prometheus.CounterVec) *Metr
 		Name: "podnet_policy_unknown_dropped_total",
 		Help: "Packets from or to a local pod address the engine did not know yet (a pod between its ADD and its policy), dropped; as read at the last resync.",
 	}, func() float64 { return float64(m.unknown.Load()) })
+	link := prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "podnet_policy_link_dropped_total",
+		Help: "Link-local, multicast and broadcast packets of isolated podnet-bridge pods, dropped on the bridge (no policy names such addresses); as read at the last resync. podnet pods' are in podnet_policy_drops_total.",
+	}, func() float64 { return float64(m.link.Load()) })
+	unfiltered := prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "podnet_policy_unfiltered_dropped_total",
+		Help: "Packets between podnet-bridge pods of the node dropped because bridge netfilter cannot be turned on; as read at the last resync.",
+	}, func() float64 { return float64(m.unfiltered.Load()) })
+	reg.MustRegister(link, unfiltered)
 	reg.MustRegister(unknown, m.ApplySeconds, m.Errors, m.Revoked, m.IsolatedPods, m.Policies, m.Refused, m.AddressClashes, m.BridgeUnfiltered, m.drops.vec)
 	return m
 }

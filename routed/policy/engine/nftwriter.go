@@ -14,6 +14,10 @@ type NFTWriter struct {
 	// Unknown, when set, hears the unknown_dropped counter (packets of
 	// local pod addresses the engine did not know yet).
 	Unknown func(uint64)
+	// Bridge, when set, hears the bridge table's counters: isolated
+	// pods' link-local, multicast and broadcast packets, and bridged
+	// packets dropped because br_netfilter is off.
+	Bridge func(link, unfiltered uint64)
 }
 
 func (n NFTWriter) Apply(want policy.Ruleset) error { _, err := n.W.Apply(want); return err }
@@ -27,8 +31,15 @@ func (n NFTWriter) DropCounters() (map[DropKey]uint64, error) {
 	if err != nil {
 		return nil, err
 	}
+	bUnknown, link, unfiltered, err := n.W.BridgeCounters()
+	if err != nil {
+		return nil, err
+	}
 	if n.Unknown != nil {
-		n.Unknown(unknown)
+		n.Unknown(unknown + bUnknown)
+	}
+	if n.Bridge != nil {
+		n.Bridge(link, unfiltered)
 	}
 	out := make(map[DropKey]uint64, len(pods))
 	for k, v := range pods {

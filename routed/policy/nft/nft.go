@@ -813,7 +813,12 @@ func decodeVerdict(b []byte) (expr.VerdictKind, string, bool) {
 
 // readCounters reads the table's named counters (none without a table).
 func readCounters(c *nftables.Conn) (map[string]expr.Counter, error) {
-	objs, err := c.GetNamedObjects(table())
+	return readCountersOf(c, table())
+}
+
+// readCountersOf reads the named counters of t.
+func readCountersOf(c *nftables.Conn, t *nftables.Table) (map[string]expr.Counter, error) {
+	objs, err := c.GetNamedObjects(t)
 	if isNotFound(err) {
 		return map[string]expr.Counter{}, nil
 	}
@@ -860,6 +865,25 @@ func (w *Writer) DropCounters() (pods map[CounterKey]uint64, unknownDropped uint
 		pods[k] = all[name].Packets
 	}
 	return pods, all[CounterUnknown].Packets, nil
+}
+
+// BridgeCounters reads the bridge table's counters (bridge.go): packets
+// of pod ports the engine did not know yet, of isolated pods' link-local,
+// multicast and broadcast traffic, and of bridged traffic dropped because
+// br_netfilter is off. A missing table counts 0.
+func (w *Writer) BridgeCounters() (unknown, link, unfiltered uint64, err error) {
+	w.rmu.Lock()
+	defer w.rmu.Unlock()
+	c, err := w.rnft()
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	all, err := readCountersOf(c, bridgeTable())
+	if err != nil {
+		w.rconn.Close()
+		return 0, 0, 0, err
+	}
+	return all[CounterUnknown].Packets, all[CounterLinkDropped].Packets, all[CounterUnfiltered].Packets, nil
 }
 
 // Delete removes the table (the engine turned off); a missing table is
