@@ -120,6 +120,14 @@ type Daemon struct {
 	// (the NetworkPolicy engine's LocalPodCIDRs).
 	onSelf  func([]netip.Prefix)
 	repairs repairState
+
+	// the pod filter's repair (repair.go): one at a time (the resync and
+	// the nftables monitor), and the refused records already logged
+	podFilterMu      sync.Mutex
+	podFilterRefused map[string]bool
+	// onNFTChange, when set, hears (debounced) that someone else changed
+	// an nftables table podnet owns (nftmonitor.go)
+	onNFTChange []func()
 }
 
 // New builds a daemon that lists and watches Nodes through nodes (see
@@ -367,6 +375,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	go d.watchLinks(ctx, linksWatched)
 	<-routesWatched
 	<-linksWatched
+	go d.watchNFT(ctx)
 
 	resync := time.NewTicker(d.cfg.ResyncInterval)
 	defer resync.Stop()
@@ -778,7 +787,7 @@ func (d *Daemon) apply(lister listersv1.NodeLister, why string) (own, remote err
 	if err := d.writeState(st.Self, st.SelfProblem, underlay); err != nil {
 		errs = append(errs, err)
 	}
-	if why == "periodic resync" {
+	if why == "periodic resync" || why == "initial sync" {
 		d.repairPodFilter()
 	}
 	if changed > 0 {
