@@ -517,7 +517,14 @@ func (g Guard) pruneRecords(links map[int]vnl.Link) {
 		}
 		r, err := readRecord(dir + "/" + e.Name())
 		if err != nil {
-			continue // not a record: not ours to remove
+			// a record cut short (a crash during ADD's write) goes with
+			// its port; anything else is not ours to remove
+			if i, aerr := strconv.Atoi(e.Name()); aerr == nil && i > 0 && e.Type().IsRegular() {
+				if _, live := links[i]; !live {
+					_ = os.Remove(dir + "/" + e.Name())
+				}
+			}
+			continue
 		}
 		if _, err := portOf(r, e.Name(), links); errors.Is(err, errGone) {
 			_ = os.Remove(dir + "/" + e.Name())

