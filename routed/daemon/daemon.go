@@ -784,11 +784,11 @@ func (d *Daemon) apply(lister listersv1.NodeLister, why string) (own, remote err
 		}
 	}
 	d.countApplyRepairs(repairing, changed, vxlanChanges)
-	if err := d.writeState(st.Self, st.SelfProblem, underlay); err != nil {
-		errs = append(errs, err)
-	}
 	if why == "periodic resync" || why == "initial sync" {
 		d.repairPodFilter()
+	}
+	if err := d.writeState(st.Self, st.SelfProblem, underlay); err != nil {
+		errs = append(errs, err)
 	}
 	if changed > 0 {
 		if why == "repair" {
