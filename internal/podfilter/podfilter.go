@@ -21,56 +21,70 @@ import (
 	"github.com/podnet/podnet/internal/contract"
 )
 
-// Pods send only as themselves. Every packet a pod sends enters the node
-// through its host veth, so the host veth's index says which pod sent it.
-// The plugins keep, in an nftables table of their own
-// (contract.PodFilterTable), which source addresses each host veth may
-// carry, and drop the rest before anything else on the node sees it:
+// Pods send only as themselves, and only what a pod needs: the filter is
+// an allow-list. Every packet a pod sends enters the node through its
+// host veth, so the host veth's index says which pod sent it. The plugins
+// keep, in nftables tables of their own (contract.PodFilterTable), what
+// each host veth may send as, and drop the rest, counted by reason,
+// before anything else on the node sees it:
 //
 //	table inet podnet-pods (podnet) / table bridge podnet-pods (podnet-bridge)
-//	  counter spoofed, counter ra-Guard
+//	  counters drop-<reason> (contract.PodFilterDropReasons), spoofed and
+//	    ra-guard (sums)
 //	  set ports  { type iface_index }                 guarded host veths
 //	  set addrs4 { type iface_index . ipv4_addr }     what each may send from
-//	  set addrs6 { type iface_index . ipv6_addr }     (bridge: + the EUI-64 link-local)
+//	  set addrs6 { type iface_index . ipv6_addr }     + its EUI-64 link-local
 //	  set macs   { type iface_index . ether_addr }    bridge only
-//	  chain prerouting { type filter hook prerouting priority -300
+//	  chain prerouting { type filter hook prerouting priority -300; policy accept
 //	    iif != @ports accept                           not a pod: not ours to judge
-//	    iif . ether saddr != @macs  -> spoofed, drop   bridge only
-//	    IPv4 with (iif . saddr) in @addrs4 accept      the fast path: a pod's
-//	    IPv6 not ICMPv6 with (iif . saddr) in @addrs6 accept   ordinary traffic
-//	    ICMPv6 Router Advertisement or Redirect -> ra-Guard, drop
-//	    ICMPv6 Neighbor Advertisement for a target neither link-local (inet
-//	      only) nor (iif . target) in @addrs6 -> spoofed, drop
-//	    ARP (bridge only): sender IP 0.0.0.0 or (iif . sender IP) in @addrs4, else spoofed, drop
-//	    IPv4: spoofed, drop (its own address was accepted above)
-//	    IPv6: saddr fe80::/10, :: (ICMPv6 only: DAD, MLD), or (iif . saddr) in @addrs6, else spoofed, drop
+//	    ether saddr not the pod's -> mac               bridge only
+//	    IPv4 from (iif . saddr) in @addrs4 accept      the fast path
+//	    IPv6 not ICMPv6 from (iif . saddr) in @addrs6 accept
+//	    ICMPv6 RA or redirect -> router-advertisement
+//	    ICMPv6 NA for a target not in @addrs6 -> neighbor-advertisement
+//	    ICMPv6 from (iif . saddr) in @addrs6 accept
+//	    from :: only DAD NS for a target in @addrs6, MLD reports; else -> unspecified-source
+//	    IPv6 from fe80::/10 -> link-local, else -> ipv6-source; IPv4 -> ipv4-source
+//	    ARP (bridge): sender MAC the pod's, sender IP 0.0.0.0 or in @addrs4, else -> arp
+//	    (bridge) a VLAN TPID -> vlan, anything else -> ethertype
+//	    (inet) -> other
 //	  }
+//	table netdev podnet-pods (podnet only: what the inet family never sees)
+//	  sets ports, addrs4; counters drop-arp, drop-vlan, drop-ethertype, spoofed
+//	  chain port-<ifindex> { type filter hook ingress device <host veth> priority -500; jump l2 }
+//	  chain l2 { iif != @ports accept; IPv4, IPv6 accept (the inet table
+//	    judges them); ARP as above; a VLAN TPID -> vlan; else -> ethertype }
+//
+// In the bridge (and netdev) family the protocol is the EtherType read
+// from the link-layer header: meta protocol shows the EtherType behind
+// the one VLAN tag the kernel strips into the skb, so a frame tagged VID 0
+// would pass as untagged IPv4 and a double-tagged one (0x8100 behind the
+// stripped tag) matched no rule at all; the payload expression puts the
+// stripped tag back. The pod's link-local address is the EUI-64 one of
+// its MAC (ADD sets addr_gen_mode 0 on the pod interface).
 //
 // Why not rp_filter: the effective value is max(conf/all, conf/<dev>), and
 // distributions set all=2 (loose), which accepts any source the node can
 // route, another pod's included; IPv6 has none; and in the bridge mode
-// pod-to-pod frames are only bridged, never routed. The bridge family's
-// prerouting hook sees the receiving port (the pod's host veth) of every
-// frame, also of those bridged to another pod; the inet family's sees the
-// host veth of the routed mode.
+// pod-to-pod frames are only bridged, never routed.
 //
 // Keys are interface indexes, which the kernel does not hand out again
 // (it counts up per netns), so an element a crash left behind never matches
-// a later pod. ADD writes one transaction: the pod's elements alone, and
-// when that fails (first pod of the node, the table or a set deleted) the
-// table, sets and counters (kept when they exist) and the chain flushed and
-// written again before them. A rule deleted, inserted or changed while the
-// table stayed is put back by Repair, which podnet-routed runs at every
-// resync. So the filter never holds a rule twice, and the common ADD pays
-// for no rule change and no read of the chain: after a transaction that removes rules (or updates
-// the base chain) the plugin's exit waits for an RCU grace period (about
-// 12 ms: the kernel holds the next close of an nftables socket until what
-// was removed is freed), while one that only adds elements takes about
-// 0.1 ms. DEL removes the elements of the attachment's host veth (those of
-// prevResult, else found by listing the sets; drop says how), GC those of
-// every interface index that no longer exists, CHECK looks for the pod's
-// elements and the chain's rules. The sets have the timeout flag (ADD's
-// elements have no timeout; drop gives one).
+// a later pod. ADD records the port (whole.go), then writes one
+// transaction: the pod's elements (and, routed, its port chain) alone;
+// when that fails (first pod of the node, a table, chain or set deleted)
+// the tables are written whole from every port's record. podnet-routed's
+// Repair writes them whole whenever anything is missing or changed. So
+// the common ADD pays for no rule change and no read of the chain: after
+// a transaction that removes rules or chains the plugin's exit waits for
+// an RCU grace period (about 12 ms: the kernel holds the next close of an
+// nftables socket until what was removed is freed), while one that only
+// adds takes about 0.1 ms. DEL removes the elements of the attachment's
+// host veth (those of prevResult, else found by listing the sets; drop
+// says how) and its record, GC those of every interface index that no
+// longer exists (and their records and port chains), CHECK looks for the
+// pod's elements and the chains' rules. The sets have the timeout flag
+// (ADD's elements have no timeout; drop gives one).
 
 // Set names of the pod filter.
 const (
