@@ -20,6 +20,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/mdlayher/netlink"
@@ -33,8 +34,9 @@ import (
 const nftDebounce = 100 * time.Millisecond
 
 // OnNFTChange calls f (from the monitor's goroutine, debounced) whenever
-// someone may have changed one of podnet's nftables tables. Set it
-// before Run.
+// someone may have changed table inet podnet-policy (deleted anything in
+// it, the table itself included, or added a chain, rule or set: its
+// owner's own writes too). Set it before Run.
 func (d *Daemon) OnNFTChange(f func()) *Daemon {
 	d.onNFTChange = append(d.onNFTChange, f)
 	return d
@@ -51,26 +53,32 @@ func ownNFTTable(family byte, table string) bool {
 	return false
 }
 
-// nftChangeMatters reads one notification: whether it may have weakened
-// one of podnet's tables.
-func nftChangeMatters(m netlink.Message) bool {
+// Which of podnet's tables a notification concerns.
+const (
+	nftTunnel    = 1 << iota // inet podnet
+	nftPodFilter             // podnet-pods, every family
+	nftOther                 // inet podnet-policy
+	nftAll       = nftTunnel | nftPodFilter | nftOther
+)
+
+// nftChangeMatters reads one notification: which of podnet's tables it
+// may have weakened (0: none).
+func nftChangeMatters(m netlink.Message) int {
 	if int(m.Header.Type)>>8 != unix.NFNL_SUBSYS_NFTABLES || len(m.Data) < 4 {
-		return false
+		return 0
 	}
 	typ := int(m.Header.Type) & 0xff
 	switch typ {
-	case unix.NFT_MSG_NEWSETELEM, unix.NFT_MSG_NEWGEN:
-		return false
 	case unix.NFT_MSG_NEWTABLE, unix.NFT_MSG_DELTABLE, unix.NFT_MSG_NEWCHAIN, unix.NFT_MSG_DELCHAIN,
 		unix.NFT_MSG_NEWRULE, unix.NFT_MSG_DELRULE, unix.NFT_MSG_NEWSET, unix.NFT_MSG_DELSET,
 		unix.NFT_MSG_DELSETELEM, unix.NFT_MSG_DELOBJ, unix.NFT_MSG_NEWOBJ:
-	default:
-		return false
+	default: // new set elements (ADD), generations
+		return 0
 	}
 	family := m.Data[0]
 	ad, err := netlink.NewAttributeDecoder(m.Data[4:])
 	if err != nil {
-		return false
+		return 0
 	}
 	table, chain := "", ""
 	for ad.Next() {
@@ -83,19 +91,28 @@ func nftChangeMatters(m netlink.Message) bool {
 		}
 	}
 	if !ownNFTTable(family, table) {
-		return false
+		return 0
 	}
-	// the routed mode's per-port L2 chains: ADD adds them, Prune deletes them
-	if family == unix.NFPROTO_NETDEV && strings.HasPrefix(chain, "port-") && typ != unix.NFT_MSG_DELRULE {
-		return false
+	switch table {
+	case contract.NFTable:
+		return nftTunnel
+	case contract.PodFilterTable:
+		// the routed mode's per-port L2 chains: ADD adds them, Prune
+		// deletes them
+		if family == unix.NFPROTO_NETDEV && strings.HasPrefix(chain, "port-") && typ != unix.NFT_MSG_DELRULE {
+			return 0
+		}
+		return nftPodFilter
 	}
-	return true
+	return nftOther
 }
 
 // watchNFT runs until ctx ends: a change that matters (or lost
-// notifications) leads, debounced, to nftChanged.
+// notifications) leads, debounced, to nftChanged for the tables it
+// concerns.
 func (d *Daemon) watchNFT(ctx context.Context) {
 	kick := make(chan struct{}, 1)
+	var pending atomic.Int32
 	go func() {
 		for {
 			select {
@@ -112,10 +129,16 @@ func (d *Daemon) watchNFT(ctx context.Context) {
 			case <-kick:
 			default:
 			}
-			d.nftChanged()
+			d.nftChanged(int(pending.Swap(0)))
 		}
 	}()
-	signal := func() {
+	signal := func(which int) {
+		for {
+			old := pending.Load()
+			if pending.CompareAndSwap(old, old|int32(which)) {
+				break
+			}
+		}
 		select {
 		case kick <- struct{}{}:
 		default:
@@ -127,7 +150,7 @@ func (d *Daemon) watchNFT(ctx context.Context) {
 			return
 		}
 		d.log.Warn("nftables change notifications lost; listening again (the resync repairs meanwhile)", "err", err)
-		signal()
+		signal(nftAll)
 		select {
 		case <-ctx.Done():
 		case <-time.After(time.Second):
@@ -136,7 +159,7 @@ func (d *Daemon) watchNFT(ctx context.Context) {
 }
 
 // listenNFT subscribes and reads notifications until an error.
-func (d *Daemon) listenNFT(ctx context.Context, signal func()) error {
+func (d *Daemon) listenNFT(ctx context.Context, signal func(int)) error {
 	conn, err := netlink.Dial(unix.NETLINK_NETFILTER, nil)
 	if err != nil {
 		return err
@@ -151,30 +174,37 @@ func (d *Daemon) listenNFT(ctx context.Context, signal func()) error {
 	for {
 		msgs, err := conn.Receive()
 		if err != nil {
-			if errors.Is(err, unix.ENOBUFS) { // overflowed: something changed
-				signal()
+			if errors.Is(err, unix.ENOBUFS) { // overflowed: anything may have changed
+				signal(nftAll)
 				continue
 			}
 			return err
 		}
+		which := 0
 		for _, m := range msgs {
-			if nftChangeMatters(m) {
-				signal()
-				break
-			}
+			which |= nftChangeMatters(m)
+		}
+		if which != 0 {
+			signal(which)
 		}
 	}
 }
 
-// nftChanged checks (and repairs) podnet's tables after a change.
-func (d *Daemon) nftChanged() {
-	if repaired, err := d.table.Verify(); err != nil {
-		d.log.Warn("cannot check the nft table", "table", "inet "+contract.NFTable, "err", err)
-	} else if repaired {
-		d.countRepair(RepairNFTTable, 1, "nft table inet "+contract.NFTable)
+// nftChanged checks (and repairs) the tables which names.
+func (d *Daemon) nftChanged(which int) {
+	if which&nftTunnel != 0 {
+		if repaired, err := d.table.Verify(); err != nil {
+			d.log.Warn("cannot check the nft table", "table", "inet "+contract.NFTable, "err", err)
+		} else if repaired {
+			d.countRepair(RepairNFTTable, 1, "nft table inet "+contract.NFTable)
+		}
 	}
-	d.repairPodFilter()
-	for _, f := range d.onNFTChange {
-		f()
+	if which&nftPodFilter != 0 {
+		d.repairPodFilter()
+	}
+	if which&nftOther != 0 {
+		for _, f := range d.onNFTChange {
+			f()
+		}
 	}
 }
