@@ -305,7 +305,8 @@ func liveLinks() (map[int]vnl.Link, error) {
 
 // installWhole replaces the filter's table(s) with the whole filter and
 // the elements of every port the records describe, p included (its
-// record was written just before). Counters keep their values. The
+// record was written just before), and of live ports without a record
+// whose elements the table holds. Counters keep their values. The
 // caller holds the exclusive lock.
 func (g Guard) installWhole(c *nftables.Conn, p Port) error {
 	ports, _, err := g.Desired()
@@ -315,6 +316,9 @@ func (g Guard) installWhole(c *nftables.Conn, p Port) error {
 	if p.Index != 0 && !slices.ContainsFunc(ports, func(q Port) bool { return q.Index == p.Index }) {
 		ports = append(ports, p)
 	}
+	// the pods of a podnet before records (an upgrade): what the table
+	// still holds of them stays
+	ports = append(ports, g.unrecorded(c, ports)...)
 	return g.writeWhole(c, ports)
 }
 
@@ -524,7 +528,7 @@ func rulesIntact(c *nftables.Conn, t *nftables.Table, ch *nftables.Chain, want [
 
 // unrecorded are the live podnet host veths with elements in the main
 // table but no record (attached by a podnet before records): a whole
-// write keeps what the table holds of them.
+// write keeps exactly what the table holds of them.
 func (g Guard) unrecorded(c *nftables.Conn, recorded []Port) []Port {
 	links, err := liveLinks()
 	if err != nil {
@@ -555,9 +559,7 @@ func (g Guard) unrecorded(c *nftables.Conn, recorded []Port) []Port {
 			}
 			switch s.Name {
 			case setAddrs4, setAddrs6:
-				if ip := net.IP(e.Key[4:]); !ip.IsLinkLocalUnicast() {
-					p.IPs = append(p.IPs, slices.Clone(ip))
-				}
+				p.IPs = append(p.IPs, slices.Clone(net.IP(e.Key[4:])))
 			case setMACs:
 				p.MAC = slices.Clone(net.HardwareAddr(e.Key[4:10]))
 			}
@@ -565,6 +567,10 @@ func (g Guard) unrecorded(c *nftables.Conn, recorded []Port) []Port {
 	}
 	var out []Port
 	for _, p := range byIndex {
+		if len(p.MAC) == 6 { // elements() adds its link-local address
+			ll := EUI64LinkLocal(p.MAC)
+			p.IPs = slices.DeleteFunc(p.IPs, func(ip net.IP) bool { return ip.Equal(ll) })
+		}
 		out = append(out, *p)
 	}
 	return out

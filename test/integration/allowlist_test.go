@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -202,6 +204,51 @@ func TestPodFilterAllowList(t *testing.T) {
 					t.Errorf("the victim received a forged datagram: %s", got)
 				}
 			}
+		})
+	}
+}
+
+// TestPodFilterKeepsUnrecordedPods: pods attached by a podnet before the
+// records (an upgrade) have elements but no record. When the next ADD has
+// to write the filter whole (here: the routed mode's netdev table and the
+// bridge's chain are gone, as after an upgrade that adds them), and when
+// podnet-routed's Repair does, the elements the table still holds of
+// such a live pod stay, and it still reaches its neighbour.
+func TestPodFilterKeepsUnrecordedPods(t *testing.T) {
+	for _, m := range spoofModes {
+		t.Run(m.name, func(t *testing.T) {
+			rt := m.runtime(t, 46, false, nil)
+			old := addSpoofPod(t, rt, "unrec-old")
+			dir, _ := stateDirs.Load(rt)
+			rec := fmt.Sprintf("%s/pod-filter/%s/%d", dir, m.guard(rt).Mode(), old.hostIdx)
+			if err := os.Remove(rec); err != nil {
+				t.Fatalf("the pod's record: %v", err)
+			}
+			if m.family == nftables.TableFamilyBridge {
+				nftCLI(t, rt.Node, "delete", "chain", "bridge", contract.PodFilterTable, "prerouting")
+			} else {
+				nftCLI(t, rt.Node, "delete", "table", "netdev", contract.PodFilterTable)
+			}
+			oldElems := slices.Clone(m.wantElements(old))
+			second := addSpoofPod(t, rt, "unrec-new")
+			if got := elemsOfIndex(filterOf(t, rt.Node), old.hostIdx); !sameElements(got, oldElems) {
+				t.Errorf("after an ADD that wrote the filter whole, the unrecorded pod has %v, want %v", got, oldElems)
+			}
+			rec2 := listenUDP(t, second)
+			sendUDP(t, old.NS, old.v4, second.v4, "unrecorded-after-add")
+			rec2.waitFor(t, "unrecorded-after-add")
+			// and podnet-routed's whole write keeps it too
+			nftCLI(t, rt.Node, "delete", "element", famName(m.family), contract.PodFilterTable, "addrs4", fmt.Sprintf("{ %s . %s }", second.host, second.v4))
+			var why string
+			nettest.Do(t, rt.Node.NS, func() (err error) { why, _, err = m.guard(rt).Repair(); return err })
+			if why == "" {
+				t.Fatal("Repair found nothing missing")
+			}
+			if got := elemsOfIndex(filterOf(t, rt.Node), old.hostIdx); !sameElements(got, oldElems) {
+				t.Errorf("after Repair (%s), the unrecorded pod has %v, want %v", why, got, oldElems)
+			}
+			sendUDP(t, old.NS, old.v4, second.v4, "unrecorded-after-repair")
+			rec2.waitFor(t, "unrecorded-after-repair")
 		})
 	}
 }
