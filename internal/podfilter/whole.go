@@ -381,7 +381,20 @@ func readCounters(c *nftables.Conn, t *nftables.Table) map[string]expr.Counter {
 // table) is nothing to repair. why says what it found ("" when it did
 // not write); refused lists the records it would not trust.
 func (g Guard) Repair() (why string, refused []string, err error) {
-	unlock, err := g.lockRecords(true)
+	// checked under the shared lock, so that ADDs go on meanwhile; an ADD
+	// between its record and its elements looks like a missing element:
+	// checked again under the exclusive lock before anything is written
+	why, refused, err = g.repair(false)
+	if err != nil || why == "" {
+		return why, refused, err
+	}
+	return g.repair(true)
+}
+
+// repair checks the filter under the lock (exclusive: and writes it whole
+// when it differs).
+func (g Guard) repair(exclusive bool) (why string, refused []string, err error) {
+	unlock, err := g.lockRecords(exclusive)
 	if err != nil {
 		return "", nil, err
 	}
@@ -403,8 +416,8 @@ func (g Guard) Repair() (why string, refused []string, err error) {
 		return "", refused, nil
 	}
 	why, err = g.differs(c, ports)
-	if err != nil || why == "" {
-		return "", refused, err
+	if err != nil || why == "" || !exclusive {
+		return why, refused, err
 	}
 	ports = append(ports, g.unrecorded(c, ports)...)
 	if err := g.writeWhole(c, ports); err != nil {

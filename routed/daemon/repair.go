@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vishvananda/netlink"
@@ -106,14 +107,24 @@ func (d *Daemon) repairPodFilter() {
 	for _, g := range []podfilter.Guard{podfilter.Routed, podfilter.Bridged} {
 		g = g.At(d.cfg.StateDir)
 		why, refused, err := g.Repair()
+		seen := map[string]bool{}
 		for _, r := range refused {
-			if !d.podFilterRefused[r] {
+			key := g.Mode() + " " + r
+			if !d.podFilterRefused[key] {
 				d.log.Warn("pod filter record refused", "mode", g.Mode(), "why", r)
 			}
+			seen[key] = true
 		}
-		d.podFilterRefused = map[string]bool{}
-		for _, r := range refused {
-			d.podFilterRefused[r] = true
+		for key := range d.podFilterRefused { // logged again if it comes back
+			if strings.HasPrefix(key, g.Mode()+" ") && !seen[key] {
+				delete(d.podFilterRefused, key)
+			}
+		}
+		if d.podFilterRefused == nil {
+			d.podFilterRefused = map[string]bool{}
+		}
+		for key := range seen {
+			d.podFilterRefused[key] = true
 		}
 		if err != nil {
 			d.log.Warn("cannot check the plugins' pod filter", "mode", g.Mode(), "err", err)
