@@ -292,8 +292,10 @@ func (g Guard) queuePort(c *nftables.Conn, p Port) error {
 			}
 		}
 		if isL2Table(t) && p.Name != "" {
+			// new (an index is never handed out again; a whole write
+			// makes the table afresh): nothing to flush, which would make
+			// the transaction one that removes rules
 			ch := c.AddChain(portChain(t, p))
-			c.FlushChain(ch)
 			for _, r := range portRules() {
 				c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: r.exprs, UserData: r.userData()})
 			}
