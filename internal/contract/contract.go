@@ -62,8 +62,12 @@ const NFTable = "podnet"
 // pod sends from its host veth as someone else (another source address,
 // MAC or ARP sender, a Neighbor Advertisement for an address not its own)
 // and the Router Advertisements and Redirects pods send
-// (internal/podfilter). The plugins write it; podnet-routed only puts its
-// chain back when someone changed it, never its elements.
+// (internal/podfilter), and any other frame (a VLAN tag, another
+// EtherType). The routed mode adds a netdev table of the same name for
+// what the inet family never sees (ARP, tagged and other frames). The
+// plugins write them and record each guarded port in the node state dir;
+// podnet-routed rebuilds them whole from those records when they are
+// damaged.
 const PodFilterTable = "podnet-pods"
 
 // The named counters of PodFilterTable (in each family): packets dropped
@@ -73,6 +77,32 @@ const (
 	PodFilterSpoofedCounter = "spoofed"
 	PodFilterRAGuardCounter = "ra-guard"
 )
+
+// Why the pod filter dropped a packet a pod sent: each reason is a named
+// counter "drop-<reason>" in the pod filter's tables (the routed mode's
+// L2 reasons, arp, vlan and ethertype, in the netdev table of the same
+// name). The spoofing reasons also count in PodFilterSpoofedCounter,
+// router-advertisement in PodFilterRAGuardCounter.
+const (
+	DropIPv4Source          = "ipv4-source"            // IPv4 from an address not the pod's
+	DropIPv6Source          = "ipv6-source"            // IPv6 from a global address not the pod's
+	DropLinkLocal           = "link-local"             // IPv6 from a link-local address not the pod's own
+	DropUnspecified         = "unspecified-source"     // from :: but DAD or MLD
+	DropARP                 = "arp"                    // ARP with a sender address not the pod's
+	DropNeighborAdvert      = "neighbor-advertisement" // NA for a target not the pod's
+	DropMAC                 = "mac"                    // a source MAC not the pod's (bridge)
+	DropVLAN                = "vlan"                   // an 802.1Q/802.1ad tag, of any depth
+	DropEtherType           = "ethertype"              // an EtherType but IPv4, IPv6, ARP
+	DropRouterAdvertisement = "router-advertisement"   // RA or redirect
+	DropOther               = "other"                  // nothing above allowed it
+)
+
+// PodFilterDropReasons are the reasons, in the order metrics list them.
+var PodFilterDropReasons = []string{DropIPv4Source, DropIPv6Source, DropLinkLocal, DropUnspecified, DropARP,
+	DropNeighborAdvert, DropMAC, DropVLAN, DropEtherType, DropRouterAdvertisement, DropOther}
+
+// PodFilterDropCounter is the named counter of reason.
+func PodFilterDropCounter(reason string) string { return "drop-" + reason }
 
 // The IFLA_IFALIAS of both ends of every veth pair the plugins create
 // records the attachment it belongs to, so that DEL never deletes another

@@ -1,14 +1,12 @@
 package podfilter
 
 import (
-	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
 	"os"
-	"reflect"
-	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -23,56 +21,70 @@ import (
 	"github.com/podnet/podnet/internal/contract"
 )
 
-// Pods send only as themselves. Every packet a pod sends enters the node
-// through its host veth, so the host veth's index says which pod sent it.
-// The plugins keep, in an nftables table of their own
-// (contract.PodFilterTable), which source addresses each host veth may
-// carry, and drop the rest before anything else on the node sees it:
+// Pods send only as themselves, and only what a pod needs: the filter is
+// an allow-list. Every packet a pod sends enters the node through its
+// host veth, so the host veth's index says which pod sent it. The plugins
+// keep, in nftables tables of their own (contract.PodFilterTable), what
+// each host veth may send as, and drop the rest, counted by reason,
+// before anything else on the node sees it:
 //
 //	table inet podnet-pods (podnet) / table bridge podnet-pods (podnet-bridge)
-//	  counter spoofed, counter ra-Guard
+//	  counters drop-<reason> (contract.PodFilterDropReasons), spoofed and
+//	    ra-guard (sums)
 //	  set ports  { type iface_index }                 guarded host veths
 //	  set addrs4 { type iface_index . ipv4_addr }     what each may send from
-//	  set addrs6 { type iface_index . ipv6_addr }     (bridge: + the EUI-64 link-local)
+//	  set addrs6 { type iface_index . ipv6_addr }     + its EUI-64 link-local
 //	  set macs   { type iface_index . ether_addr }    bridge only
-//	  chain prerouting { type filter hook prerouting priority -300
+//	  chain prerouting { type filter hook prerouting priority -300; policy accept
 //	    iif != @ports accept                           not a pod: not ours to judge
-//	    iif . ether saddr != @macs  -> spoofed, drop   bridge only
-//	    IPv4 with (iif . saddr) in @addrs4 accept      the fast path: a pod's
-//	    IPv6 not ICMPv6 with (iif . saddr) in @addrs6 accept   ordinary traffic
-//	    ICMPv6 Router Advertisement or Redirect -> ra-Guard, drop
-//	    ICMPv6 Neighbor Advertisement for a target neither link-local (inet
-//	      only) nor (iif . target) in @addrs6 -> spoofed, drop
-//	    ARP (bridge only): sender IP 0.0.0.0 or (iif . sender IP) in @addrs4, else spoofed, drop
-//	    IPv4: spoofed, drop (its own address was accepted above)
-//	    IPv6: saddr fe80::/10, :: (ICMPv6 only: DAD, MLD), or (iif . saddr) in @addrs6, else spoofed, drop
+//	    ether saddr not the pod's -> mac               bridge only
+//	    IPv4 from (iif . saddr) in @addrs4 accept      the fast path
+//	    IPv6 not ICMPv6 from (iif . saddr) in @addrs6 accept
+//	    ICMPv6 RA or redirect -> router-advertisement
+//	    ICMPv6 NA for a target not in @addrs6 -> neighbor-advertisement
+//	    ICMPv6 from (iif . saddr) in @addrs6 accept
+//	    from :: only DAD NS for a target in @addrs6, MLD reports; else -> unspecified-source
+//	    IPv6 from fe80::/10 -> link-local, else -> ipv6-source; IPv4 -> ipv4-source
+//	    ARP (bridge): sender MAC the pod's, sender IP 0.0.0.0 or in @addrs4, else -> arp
+//	    (bridge) a VLAN TPID -> vlan, anything else -> ethertype
+//	    (inet) -> other
 //	  }
+//	table netdev podnet-pods (podnet only: what the inet family never sees)
+//	  sets ports, addrs4; counters drop-arp, drop-vlan, drop-ethertype, spoofed
+//	  chain port-<ifindex> { type filter hook ingress device <host veth> priority -500; jump l2 }
+//	  chain l2 { iif != @ports accept; IPv4, IPv6 accept (the inet table
+//	    judges them); ARP as above; a VLAN TPID -> vlan; else -> ethertype }
+//
+// In the bridge (and netdev) family the protocol is the EtherType read
+// from the link-layer header: meta protocol shows the EtherType behind
+// the one VLAN tag the kernel strips into the skb, so a frame tagged VID 0
+// would pass as untagged IPv4 and a double-tagged one (0x8100 behind the
+// stripped tag) matched no rule at all; the payload expression puts the
+// stripped tag back. The pod's link-local address is the EUI-64 one of
+// its MAC (ADD sets addr_gen_mode 0 on the pod interface).
 //
 // Why not rp_filter: the effective value is max(conf/all, conf/<dev>), and
 // distributions set all=2 (loose), which accepts any source the node can
 // route, another pod's included; IPv6 has none; and in the bridge mode
-// pod-to-pod frames are only bridged, never routed. The bridge family's
-// prerouting hook sees the receiving port (the pod's host veth) of every
-// frame, also of those bridged to another pod; the inet family's sees the
-// host veth of the routed mode.
+// pod-to-pod frames are only bridged, never routed.
 //
 // Keys are interface indexes, which the kernel does not hand out again
 // (it counts up per netns), so an element a crash left behind never matches
-// a later pod. ADD writes one transaction: the pod's elements alone, and
-// when that fails (first pod of the node, the table or a set deleted) the
-// table, sets and counters (kept when they exist) and the chain flushed and
-// written again before them. A rule deleted, inserted or changed while the
-// table stayed is put back by Repair, which podnet-routed runs at every
-// resync. So the filter never holds a rule twice, and the common ADD pays
-// for no rule change and no read of the chain: after a transaction that removes rules (or updates
-// the base chain) the plugin's exit waits for an RCU grace period (about
-// 12 ms: the kernel holds the next close of an nftables socket until what
-// was removed is freed), while one that only adds elements takes about
-// 0.1 ms. DEL removes the elements of the attachment's host veth (those of
-// prevResult, else found by listing the sets; drop says how), GC those of
-// every interface index that no longer exists, CHECK looks for the pod's
-// elements and the chain's rules. The sets have the timeout flag (ADD's
-// elements have no timeout; drop gives one).
+// a later pod. ADD records the port (whole.go), then writes one
+// transaction: the pod's elements (and, routed, its port chain) alone;
+// when that fails (first pod of the node, a table, chain or set deleted)
+// the tables are written whole from every port's record. podnet-routed's
+// Repair writes them whole whenever anything is missing or changed. So
+// the common ADD pays for no rule change and no read of the chain: after
+// a transaction that removes rules or chains the plugin's exit waits for
+// an RCU grace period (about 12 ms: the kernel holds the next close of an
+// nftables socket until what was removed is freed), while one that only
+// adds takes about 0.1 ms. DEL removes the elements of the attachment's
+// host veth (those of prevResult, else found by listing the sets; drop
+// says how) and its record, GC those of every interface index that no
+// longer exists (and their records and port chains), CHECK looks for the
+// pod's elements and the chains' rules. The sets have the timeout flag
+// (ADD's elements have no timeout; drop gives one).
 
 // Set names of the pod filter.
 const (
@@ -93,6 +105,9 @@ const nftTimeout = 10 * time.Second
 // host veth is a port of the bridge; the MAC is checked too).
 type Guard struct {
 	family nftables.TableFamily
+	// dir holds the records of the guarded ports (At; "": the default
+	// state dir's)
+	dir string
 }
 
 var (
@@ -103,8 +118,10 @@ var (
 // Port is what one host veth may send as.
 type Port struct {
 	Index int              // host veth ifindex in the node netns
+	Name  string           // host veth name (the routed mode hooks its L2 chain on it)
+	Alias string           // host veth alias (contract.VethOwner.Alias): the record holds only while the link has it
 	IPs   []net.IP         // the pod's addresses
-	MAC   net.HardwareAddr // the pod interface's MAC (checked in the bridge mode)
+	MAC   net.HardwareAddr // the pod interface's MAC: the bridge checks it; its EUI-64 link-local address is the pod's
 }
 
 func (g Guard) l2() bool { return g.family == nftables.TableFamilyBridge }
@@ -150,14 +167,141 @@ func (g Guard) elements(p Port) map[string][]nftables.SetElement {
 			out[setAddrs6] = append(out[setAddrs6], nftables.SetElement{Key: append(ifKey(p.Index), ip.To16()...)})
 		}
 	}
-	if g.l2() && len(p.MAC) == 6 {
-		out[setMACs] = []nftables.SetElement{{Key: append(append(ifKey(p.Index), p.MAC...), 0, 0)}}
+	if len(p.MAC) == 6 {
+		if g.l2() {
+			out[setMACs] = []nftables.SetElement{{Key: append(append(ifKey(p.Index), p.MAC...), 0, 0)}}
+		}
 		// the pod's link-local address (the kernel's EUI-64 one of its
-		// MAC): on the shared L2 of the bridge, the only link-local
-		// address its Neighbor Advertisements may claim
+		// MAC; ADD sets addr_gen_mode eui64 on the pod interface): the
+		// only link-local address it may send from or claim
 		out[setAddrs6] = append(out[setAddrs6], nftables.SetElement{Key: append(ifKey(p.Index), EUI64LinkLocal(p.MAC)...)})
 	}
 	return out
+}
+
+// The routed mode's L2 table (family netdev, same name): the inet family
+// never sees what is not IP (ARP, a VLAN-tagged frame, another
+// EtherType), so each routed host veth gets an ingress base chain of its
+// own, port-<ifindex>, hooked on its name, that jumps to the shared chain
+// l2: IPv4 and IPv6 go on to the inet table, ARP only from the pod's
+// IPv4 address, the rest is dropped and counted. A base chain per port:
+// the kernel hooks a netdev chain on named devices only; adding it costs
+// ADD nothing measurable in the transaction that adds the port's
+// elements. DEL leaves it (deleting it would make DEL wait for an RCU
+// grace period): it hooks a name whose veth is detached (renamed) or
+// gone, and Prune removes it with the port's other leftovers.
+const l2ChainName = "l2"
+
+func l2Table() *nftables.Table {
+	return &nftables.Table{Family: nftables.TableFamilyNetdev, Name: contract.PodFilterTable}
+}
+
+func portChainName(index int) string { return "port-" + strconv.Itoa(index) }
+
+func portChain(t *nftables.Table, p Port) *nftables.Chain {
+	return &nftables.Chain{Name: portChainName(p.Index), Table: t, Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookIngress, Priority: nftables.ChainPriorityRef(-500), Device: p.Name,
+		Policy: ptr(nftables.ChainPolicyAccept)}
+}
+
+func portRules() []guardRule {
+	return []guardRule{{"the pod filter's L2 rules", []expr.Any{&expr.Verdict{Kind: expr.VerdictJump, Chain: l2ChainName}}}}
+}
+
+// l2Rules are the rules of the routed mode's chain l2.
+func l2Rules() []guardRule {
+	rules := []guardRule{
+		{"not a pod's host veth", join([]expr.Any{
+			&expr.Meta{Key: expr.MetaKeyIIF, Register: reg1},
+			&expr.Lookup{SourceRegister: reg1, SetName: setPorts, Invert: true},
+		}, []expr.Any{accept})},
+		{"IPv4: judged by the inet table", join(etherType(etherIPv4), []expr.Any{accept})},
+		{"IPv6: judged by the inet table", join(etherType(etherIPv6), []expr.Any{accept})},
+	}
+	rules = append(rules, arpRules(false)...)
+	return append(rules, l2Tail()...)
+}
+
+// tables are g's tables: the bridge mode's one, the routed mode's inet
+// and netdev ones.
+func (g Guard) tables() []*nftables.Table {
+	if g.l2() {
+		return []*nftables.Table{g.table()}
+	}
+	return []*nftables.Table{g.table(), l2Table()}
+}
+
+func isL2Table(t *nftables.Table) bool { return t.Family == nftables.TableFamilyNetdev }
+
+func (g Guard) counterNames(t *nftables.Table) []string {
+	if isL2Table(t) {
+		return counters([]string{contract.DropARP, contract.DropVLAN, contract.DropEtherType})
+	}
+	return counters(g.reasons())
+}
+
+func (g Guard) setsOf(t *nftables.Table) []*nftables.Set {
+	if isL2Table(t) {
+		return []*nftables.Set{
+			{Table: t, Name: setPorts, KeyType: nftables.TypeIFIndex, KeyByteOrder: binaryutil.NativeEndian, HasTimeout: true},
+			{Table: t, Name: setAddrs4, KeyType: nftables.MustConcatSetType(nftables.TypeIFIndex, nftables.TypeIPAddr), Concatenation: true, HasTimeout: true},
+		}
+	}
+	return g.sets(t)
+}
+
+func (g Guard) chainOf(t *nftables.Table) *nftables.Chain {
+	if isL2Table(t) {
+		return &nftables.Chain{Name: l2ChainName, Table: t}
+	}
+	return g.chain(t)
+}
+
+func (g Guard) rulesOf(t *nftables.Table) []guardRule {
+	if isL2Table(t) {
+		return l2Rules()
+	}
+	return g.rules()
+}
+
+// elementsByTable are p's elements per table family and set.
+func (g Guard) elementsByTable(p Port) map[*nftables.Table]map[string][]nftables.SetElement {
+	main := g.elements(p)
+	out := map[*nftables.Table]map[string][]nftables.SetElement{g.table(): main}
+	if !g.l2() {
+		out[l2Table()] = map[string][]nftables.SetElement{setPorts: main[setPorts], setAddrs4: main[setAddrs4]}
+	}
+	return out
+}
+
+// queuePort queues p's elements (and, routed, its L2 chain) on c.
+func (g Guard) queuePort(c *nftables.Conn, p Port) error {
+	for _, t := range g.tables() {
+		var elems map[string][]nftables.SetElement
+		for tt, m := range g.elementsByTable(p) {
+			if tt.Family == t.Family {
+				elems = m
+			}
+		}
+		for _, s := range g.setsOf(t) {
+			if len(elems[s.Name]) == 0 {
+				continue
+			}
+			if err := c.SetAddElements(s, elems[s.Name]); err != nil {
+				return fmt.Errorf("nftables set %s: %w", s.Name, err)
+			}
+		}
+		if isL2Table(t) && p.Name != "" {
+			// new (an index is never handed out again; a whole write
+			// makes the table afresh): nothing to flush, which would make
+			// the transaction one that removes rules
+			ch := c.AddChain(portChain(t, p))
+			for _, r := range portRules() {
+				c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: r.exprs, UserData: r.userData()})
+			}
+		}
+	}
+	return nil
 }
 
 // EUI64LinkLocal is the link-local address the kernel gives an interface
@@ -196,29 +340,48 @@ func newNFT() (*nftables.Conn, error) {
 	return c, nil
 }
 
-// Install adds p's elements to the filter in one transaction. The common
-// ADD sends only them (about 0.1 ms): no read of the chain. When that
-// fails (the first pod of the node, the table or a set deleted), the
-// transaction is sent again with the table, its counters and sets (kept
-// when they exist) and the chain flushed and written again. A rule
-// someone deleted or edited while the table stayed is put back by Repair,
-// which podnet-routed runs at every resync (and CHECK reports it): reading
-// the chain on every ADD cost about 0.45 ms of its 0.6.
+// Install records p (see whole.go) and adds its elements to the filter
+// in one transaction. The common ADD sends only them (about 0.1 ms): no
+// read of the chain. When that fails (the first pod of the node, the
+// table or a set deleted), the filter is written whole, with the elements
+// of every port the records describe: never a table holding only this
+// pod while the others' are lost. A rule someone deleted or edited while
+// the table stayed is put back by Repair, which podnet-routed runs at
+// every resync and on every change of the table it hears of (and CHECK
+// reports it).
 func (g Guard) Install(p Port) error {
-	c, err := newNFT()
+	unlock, err := g.lockRecords(false)
 	if err != nil {
 		return err
 	}
+	if err := g.writeRecord(p); err != nil {
+		unlock()
+		return err
+	}
+	c, err := newNFT()
+	if err != nil {
+		unlock()
+		return err
+	}
 	defer c.CloseLasting()
-	if err = g.flushInstall(c, p, false); err != nil {
-		err = g.flushInstall(c, p, true)
+	err = g.queuePort(c, p)
+	if err == nil {
+		err = c.Flush()
+	}
+	unlock()
+	if err != nil {
+		if unlock, err = g.lockRecords(true); err != nil {
+			return err
+		}
+		err = g.installWhole(c, p)
+		unlock()
 	}
 	if err != nil {
 		hint := ""
 		if isNFTNotFound(err) {
-			hint = " (the kernel lacks a part of nf_tables the filter needs: the " + familyName(g.family) + " family, or the modules nft_objref, nft_counter)"
+			hint = " (the kernel lacks a part of nf_tables the filter needs: the " + familyName(g.family) + " or netdev family, or the modules nft_objref, nft_counter)"
 		}
-		return fmt.Errorf("write nftables table %s %s for host veth index %d%s: %w", familyName(g.family), contract.PodFilterTable, p.Index, hint, err)
+		return fmt.Errorf("write nftables table %s for host veth index %d%s: %w", g, p.Index, hint, err)
 	}
 	return nil
 }
@@ -226,91 +389,11 @@ func (g Guard) Install(p Port) error {
 // String names the guard's table ("inet podnet-pods").
 func (g Guard) String() string { return familyName(g.family) + " " + contract.PodFilterTable }
 
-// Repair writes the filter's table, counters, sets and chain again when
-// the table exists and its chain is not exactly the filter's rules (a rule
-// deleted, inserted or edited, the chain deleted); the sets and their
-// elements are kept. A node with no pod of this mode has no table:
-// nothing to repair. It reports whether it wrote.
-func (g Guard) Repair() (bool, error) {
-	c, err := newNFT()
-	if err != nil {
-		return false, err
-	}
-	defer c.CloseLasting()
-	tables, err := c.ListTablesOfFamily(g.family)
-	if err != nil {
-		return false, fmt.Errorf("list nftables tables: %w", err)
-	}
-	if !slices.ContainsFunc(tables, func(t *nftables.Table) bool { return t.Name == contract.PodFilterTable }) {
-		return false, nil
-	}
-	intact, err := g.intact(c)
-	if err != nil || intact {
-		return false, err
-	}
-	if err := g.flushInstall(c, Port{}, true); err != nil {
-		return false, fmt.Errorf("repair nftables table %s %s: %w", familyName(g.family), contract.PodFilterTable, err)
-	}
-	return true, nil
-}
-
-// flushInstall sends one batch: the filter itself when whole, then p's
-// elements.
-func (g Guard) flushInstall(c *nftables.Conn, p Port, whole bool) error {
-	t := g.table()
-	sets := g.sets(t)
-	if whole {
-		c.AddTable(t)
-		for _, name := range []string{contract.PodFilterSpoofedCounter, contract.PodFilterRAGuardCounter} {
-			c.AddObj(&nftables.NamedObj{Table: t, Name: name, Type: nftables.ObjTypeCounter, Obj: &expr.Counter{}})
-		}
-		for _, s := range sets {
-			if err := c.AddSet(s, nil); err != nil {
-				return fmt.Errorf("nftables set %s: %w", s.Name, err)
-			}
-		}
-		ch := c.AddChain(g.chain(t))
-		c.FlushChain(ch)
-		for _, r := range g.rules() {
-			c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: r.exprs, UserData: r.userData()})
-		}
-	}
-	if p.Index == 0 { // Repair: the filter alone
-		return c.Flush()
-	}
-	elems := g.elements(p)
-	for _, s := range sets {
-		if len(elems[s.Name]) == 0 {
-			continue
-		}
-		if err := c.SetAddElements(s, elems[s.Name]); err != nil {
-			return fmt.Errorf("nftables set %s: %w", s.Name, err)
-		}
-	}
-	return c.Flush()
-}
-
 // intact reports whether the chain holds exactly the filter's rules, in
 // order (a missing table or chain is not intact).
 func (g Guard) intact(c *nftables.Conn) (bool, error) {
 	t := g.table()
-	got, err := c.GetRules(t, g.chain(t))
-	if err != nil {
-		if isNFTNotFound(err) {
-			return false, nil
-		}
-		return false, fmt.Errorf("list nftables chain %s %s/%s: %w", familyName(g.family), contract.PodFilterTable, guardChain, err)
-	}
-	want := g.rules()
-	if len(got) != len(want) {
-		return false, nil
-	}
-	for i, r := range want {
-		if !bytes.Equal(got[i].UserData, r.userData()) || !reflect.DeepEqual(got[i].Exprs, r.exprs) {
-			return false, nil
-		}
-	}
-	return true, nil
+	return rulesIntact(c, t, g.chain(t), g.rules())
 }
 
 // remove removes (see drop) every element of the filter's sets whose
@@ -359,6 +442,9 @@ func (g Guard) removeAfterList(selection func() (func(int) bool, error)) (int, e
 			}
 		}
 	}
+	if !g.l2() {
+		g.dropL2(selects)
+	}
 	if n == 0 {
 		return 0, nil
 	}
@@ -368,10 +454,107 @@ func (g Guard) removeAfterList(selection func() (func(int) bool, error)) (int, e
 	return n, nil
 }
 
+// dropL2 takes the selected ports' elements out of the routed mode's L2
+// table, best effort: they key interface indexes the kernel never hands
+// out again, so one left behind matches nothing, and the next Prune
+// tries again.
+func (g Guard) dropL2(selects func(int) bool) {
+	c, err := newNFT()
+	if err != nil {
+		return
+	}
+	defer c.CloseLasting()
+	t := l2Table()
+	queued := false
+	for _, s := range g.setsOf(t) {
+		elems, err := c.GetSetElements(s)
+		if err != nil {
+			continue
+		}
+		var timed []nftables.SetElement
+		for _, e := range elems {
+			if i, ok := keyIndex(e.Key); ok && selects(i) && e.Timeout == 0 {
+				timed = append(timed, nftables.SetElement{Key: e.Key, Timeout: expiry})
+			}
+		}
+		if len(timed) > 0 && c.SetAddElements(s, timed) == nil {
+			queued = true
+		}
+	}
+	if queued {
+		_ = c.Flush()
+	}
+}
+
+// pruneL2Chains deletes the routed mode's L2 chains of ports that are
+// gone (live says which indexes are not).
+func pruneL2Chains(live func(int) bool) error {
+	c, err := newNFT()
+	if err != nil {
+		return err
+	}
+	defer c.CloseLasting()
+	chains, err := c.ListChainsOfTableFamily(nftables.TableFamilyNetdev)
+	if err != nil {
+		return nil
+	}
+	n := 0
+	for _, ch := range chains {
+		if ch.Table.Name != contract.PodFilterTable || !strings.HasPrefix(ch.Name, "port-") {
+			continue
+		}
+		i, err := strconv.Atoi(strings.TrimPrefix(ch.Name, "port-"))
+		if err != nil || live(i) {
+			continue
+		}
+		c.DelChain(&nftables.Chain{Name: ch.Name, Table: l2Table()})
+		n++
+	}
+	if n == 0 {
+		return nil
+	}
+	if err := c.Flush(); err != nil && !isNFTNotFound(err) {
+		return fmt.Errorf("delete %d L2 chains of gone ports from nftables table netdev %s: %w", n, contract.PodFilterTable, err)
+	}
+	return nil
+}
+
+// pruneRecords removes the records of ports whose host veth is gone or
+// no longer the one recorded (detached by DEL, or another link).
+func (g Guard) pruneRecords(links map[int]vnl.Link) {
+	dir := g.recordsDir()
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), ".") {
+			continue
+		}
+		r, err := readRecord(dir + "/" + e.Name())
+		if err != nil {
+			// a record cut short (a crash during ADD's write) goes with
+			// its port; anything else is not ours to remove
+			if i, aerr := strconv.Atoi(e.Name()); aerr == nil && i > 0 && e.Type().IsRegular() {
+				if _, live := links[i]; !live {
+					_ = os.Remove(dir + "/" + e.Name())
+				}
+			}
+			continue
+		}
+		if _, err := portOf(r, e.Name(), links); errors.Is(err, errGone) {
+			_ = os.Remove(dir + "/" + e.Name())
+		}
+	}
+}
+
 // removePort removes the elements of the host veth index.
 func (g Guard) RemovePort(index int) error {
 	_, err := g.remove(func(i int) bool { return i == index })
-	return err
+	if err != nil {
+		return err
+	}
+	return g.RemoveRecord(index)
 }
 
 // removeExact removes p's elements without listing the sets. When they
@@ -382,7 +565,10 @@ func (g Guard) RemoveExact(p Port) error {
 	if errors.Is(err, errNotAllThere) {
 		return g.RemovePort(p.Index)
 	}
-	return err
+	if err != nil {
+		return err
+	}
+	return g.RemoveRecord(p.Index)
 }
 
 // errNotAllThere: an element to delete was not in its set.
@@ -577,7 +763,25 @@ func Prune(g Guard) error {
 		}
 		return func(i int) bool { return !live[i] }, nil
 	})
-	return err
+	if err != nil {
+		return err
+	}
+	// the records and L2 chains of ports that are gone: after the
+	// elements, from a complete list of links taken now (a port added
+	// meanwhile has its veth before its record and chain)
+	links, lerr := vnl.LinkList()
+	if lerr != nil {
+		return nil // the next Prune
+	}
+	byIndex := make(map[int]vnl.Link, len(links))
+	for _, l := range links {
+		byIndex[l.Attrs().Index] = l
+	}
+	g.pruneRecords(byIndex)
+	if !g.l2() {
+		return pruneL2Chains(func(i int) bool { _, ok := byIndex[i]; return ok })
+	}
+	return nil
 }
 
 // Delete deletes the pod filter's tables (both families) from the
@@ -590,10 +794,10 @@ func Delete() error {
 		return err
 	}
 	defer c.CloseLasting()
-	for _, g := range []Guard{Routed, Bridged} {
-		c.DelTable(g.table())
+	for _, t := range append(Routed.tables(), Bridged.table()) {
+		c.DelTable(t)
 		if err := c.Flush(); err != nil && !isNFTNotFound(err) {
-			return fmt.Errorf("delete nftables table %s %s: %w", familyName(g.family), contract.PodFilterTable, err)
+			return fmt.Errorf("delete nftables table %s %s: %w", familyName(t.Family), contract.PodFilterTable, err)
 		}
 	}
 	return nil
@@ -615,6 +819,17 @@ func (g Guard) Verify(p Port) error {
 	}
 	if !intact {
 		return fmt.Errorf("nftables chain %s/%s does not hold the pod filter's rules (deleted, added or changed; podnet-routed's next resync writes them again)", where, guardChain)
+	}
+	if !g.l2() {
+		lt := l2Table()
+		for _, ch := range []struct {
+			c *nftables.Chain
+			r []guardRule
+		}{{g.chainOf(lt), l2Rules()}, {portChain(lt, p), portRules()}} {
+			if ok, err := rulesIntact(c, lt, ch.c, ch.r); err != nil || !ok {
+				return errors.Join(err, fmt.Errorf("nftables chain netdev %s/%s does not hold the pod filter's L2 rules (podnet-routed's next resync writes them again)", contract.PodFilterTable, ch.c.Name))
+			}
+		}
 	}
 	want := g.elements(p)
 	for _, s := range g.sets(t) {
@@ -656,8 +871,11 @@ func isNFTNotFound(err error) bool {
 }
 
 func familyName(f nftables.TableFamily) string {
-	if f == nftables.TableFamilyBridge {
+	switch f {
+	case nftables.TableFamilyBridge:
 		return "bridge"
+	case nftables.TableFamilyNetdev:
+		return "netdev"
 	}
 	return "inet"
 }
@@ -683,8 +901,12 @@ const (
 )
 
 // l3 is a network protocol as the chain tells it apart: meta nfproto in
-// the inet family, meta protocol (the EtherType, VLAN tag removed) in the
-// bridge family.
+// the inet family; in the bridge (and netdev) family the EtherType of the
+// frame as sent, read from the link-layer header: meta protocol would show
+// the EtherType behind the one VLAN tag the kernel strips into the skb
+// (a frame tagged VID 0 would pass as untagged IPv4), the payload
+// expression puts the stripped tag back, so a tagged frame of any depth
+// is never IPv4, IPv6 or ARP here.
 type l3 int
 
 const (
@@ -693,13 +915,27 @@ const (
 	l3ARP
 )
 
+// EtherTypes the filter knows.
+var (
+	etherIPv4 = []byte{0x08, 0x00}
+	etherIPv6 = []byte{0x86, 0xdd}
+	etherARP  = []byte{0x08, 0x06}
+	// VLAN tags: 802.1Q, 802.1ad, and the old QinQ 0x9100
+	etherVLAN = [][]byte{{0x81, 0x00}, {0x88, 0xa8}, {0x91, 0x00}}
+)
+
+const etherTypeOff = 12 // the EtherType, link-layer header
+
+func etherType(et []byte) []expr.Any {
+	return []expr.Any{
+		&expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseLLHeader, Offset: etherTypeOff, Len: 2},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: et},
+	}
+}
+
 func (g Guard) is(p l3) []expr.Any {
 	if g.l2() {
-		et := map[l3][]byte{l3IPv4: {0x08, 0x00}, l3IPv6: {0x86, 0xdd}, l3ARP: {0x08, 0x06}}[p]
-		return []expr.Any{
-			&expr.Meta{Key: expr.MetaKeyPROTOCOL, Register: reg1},
-			&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: et},
-		}
+		return etherType(map[l3][]byte{l3IPv4: etherIPv4, l3IPv6: etherIPv6, l3ARP: etherARP}[p])
 	}
 	nf := map[l3]byte{l3IPv4: unix.NFPROTO_IPV4, l3IPv6: unix.NFPROTO_IPV6}[p]
 	return []expr.Any{
@@ -728,22 +964,65 @@ func inSet(set string, base expr.PayloadBase, offset, length uint32, invert bool
 	}
 }
 
-// isLinkLocal6 matches when the 16 bytes at base+offset are in fe80::/10
-// (or, with invert, are not).
-func isLinkLocal6(base expr.PayloadBase, offset uint32, invert bool) []expr.Any {
+// isLinkLocal6 matches when the 16 bytes at base+offset are in fe80::/10.
+func isLinkLocal6(base expr.PayloadBase, offset uint32) []expr.Any {
 	mask := make([]byte, 16)
 	mask[0], mask[1] = 0xff, 0xc0
 	ll := make([]byte, 16)
 	ll[0], ll[1] = 0xfe, 0x80
-	op := expr.CmpOpEq
-	if invert {
-		op = expr.CmpOpNeq
-	}
 	return []expr.Any{
 		&expr.Payload{DestRegister: reg1, Base: base, Offset: offset, Len: 16},
 		&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 16, Mask: mask, Xor: make([]byte, 16)},
-		&expr.Cmp{Op: op, Register: reg1, Data: ll},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: ll},
 	}
+}
+
+// fromUnspecified matches IPv6 from ::.
+func fromUnspecified() []expr.Any {
+	return []expr.Any{
+		&expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseNetworkHeader, Offset: ipv6Src, Len: 16},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: make([]byte, 16)},
+	}
+}
+
+// dropFor counts a drop under reason (and under the sums the reason
+// belongs to) and drops.
+func dropFor(reason string) []expr.Any {
+	out := count(contract.PodFilterDropCounter(reason))
+	switch reason {
+	case contract.DropRouterAdvertisement:
+		out = append(out, count(contract.PodFilterRAGuardCounter)...)
+	case contract.DropVLAN, contract.DropEtherType, contract.DropOther:
+	default:
+		out = append(out, count(contract.PodFilterSpoofedCounter)...)
+	}
+	return append(out, drop)
+}
+
+// counters are the named counters of a table: the sums and one per
+// reason.
+func counters(reasons []string) []string {
+	out := []string{contract.PodFilterSpoofedCounter, contract.PodFilterRAGuardCounter}
+	for _, r := range reasons {
+		out = append(out, contract.PodFilterDropCounter(r))
+	}
+	return out
+}
+
+// reasons are the drop reasons of g's main table.
+func (g Guard) reasons() []string {
+	if g.l2() {
+		return contract.PodFilterDropReasons
+	}
+	var out []string
+	for _, r := range contract.PodFilterDropReasons {
+		switch r {
+		case contract.DropARP, contract.DropMAC, contract.DropVLAN, contract.DropEtherType:
+			continue // the netdev table's, or no such thing on a routed port
+		}
+		out = append(out, r)
+	}
+	return out
 }
 
 func count(counter string) []expr.Any {
@@ -765,19 +1044,26 @@ func join(parts ...[]expr.Any) []expr.Any {
 
 // Header offsets the rules read.
 const (
-	ipv4Src    = 12 // IPv4 source address, network header
-	ipv6Src    = 8  // IPv6 source address, network header
-	arpSrcIP   = 14 // ARP sender protocol address (Ethernet/IPv4 ARP; the kernel drops any other), network header
-	etherSrc   = 6  // Ethernet source, link-layer header
-	ndTarget   = 8  // Neighbor Advertisement target address, ICMPv6 header
-	icmp6RA    = 134
-	icmp6NA    = 136
-	icmp6Redir = 137
+	ipv4Src     = 12 // IPv4 source address, network header
+	ipv6Src     = 8  // IPv6 source address, network header
+	arpSrcMAC   = 8  // ARP sender hardware address, network header
+	arpSrcIP    = 14 // ARP sender protocol address (Ethernet/IPv4 ARP; the kernel drops any other), network header
+	etherSrc    = 6  // Ethernet source, link-layer header
+	ndTarget    = 8  // Neighbor Solicitation and Advertisement target address, ICMPv6 header
+	icmp6MLDRep = 131
+	icmp6MLDEnd = 132
+	icmp6RA     = 134
+	icmp6NS     = 135
+	icmp6NA     = 136
+	icmp6Redir  = 137
+	icmp6MLD2   = 143
 )
 
-// rules are the chain's rules, in order (see the top of this file).
+// rules are the chain's rules, in order (see the top of this file). It is
+// an allow-list: what a pod may send is accepted by name, and everything
+// else meets a counted drop at the end of the chain (the chain's accept
+// policy is for the ports that are not pods').
 func (g Guard) rules() []guardRule {
-	spoofed, raGuard := contract.PodFilterSpoofedCounter, contract.PodFilterRAGuardCounter
 	nh, th, ll := expr.PayloadBaseNetworkHeader, expr.PayloadBaseTransportHeader, expr.PayloadBaseLLHeader
 	rules := []guardRule{
 		{"not a pod's host veth", join([]expr.Any{
@@ -787,61 +1073,80 @@ func (g Guard) rules() []guardRule {
 	}
 	if g.l2() {
 		rules = append(rules, guardRule{"source MAC is not the pod's",
-			join(inSet(setMACs, ll, etherSrc, 6, true), count(spoofed), []expr.Any{drop})})
+			join(inSet(setMACs, ll, etherSrc, 6, true), dropFor(contract.DropMAC))})
 	}
 	// The fast path: a pod's ordinary traffic (IPv4, and IPv6 other than
-	// ICMPv6, from its own address) is accepted here, after 2 or 3 rules,
-	// not after all the ICMPv6 and ARP rules below. The verdicts are
-	// those of the full chain: the ICMPv6 rules match only ICMPv6 and the
-	// ARP rules only ARP, so none of them could have matched these
-	// packets before the accept further down.
+	// ICMPv6, from its own address) is accepted here, after 2 or 3 rules.
+	// addrs6 holds the pod's own link-local address too.
 	rules = append(rules,
 		guardRule{"IPv4 from the pod's address", join(g.is(l3IPv4), inSet(setAddrs4, nh, ipv4Src, 4, false), []expr.Any{accept})},
 		guardRule{"IPv6 other than ICMPv6 from the pod's address", join(g.is(l3IPv6), []expr.Any{
 			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg1},
 			&expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: []byte{unix.IPPROTO_ICMPV6}},
 		}, inSet(setAddrs6, nh, ipv6Src, 16, false), []expr.Any{accept})},
+		guardRule{"router advertisement from a pod", join(g.is(l3IPv6), icmp6Type(icmp6RA), dropFor(contract.DropRouterAdvertisement))},
+		guardRule{"redirect from a pod", join(g.is(l3IPv6), icmp6Type(icmp6Redir), dropFor(contract.DropRouterAdvertisement))},
+		// a pod's NA for another pod's address (link-local ones included:
+		// on the bridge every pod shares the link) would take it over in
+		// its neighbors' tables
+		guardRule{"neighbor advertisement for an address not the pod's",
+			join(g.is(l3IPv6), icmp6Type(icmp6NA), inSet(setAddrs6, th, ndTarget, 16, true), dropFor(contract.DropNeighborAdvert))},
+		guardRule{"ICMPv6 from the pod's address", join(g.is(l3IPv6), inSet(setAddrs6, nh, ipv6Src, 16, false), []expr.Any{accept})},
+		// from :: only what an address without one sends: DAD for one of
+		// its own addresses, and MLD reports
+		guardRule{"DAD neighbor solicitation for the pod's address", join(g.is(l3IPv6), fromUnspecified(), icmp6Type(icmp6NS),
+			inSet(setAddrs6, th, ndTarget, 16, false), []expr.Any{accept})},
 	)
+	for _, typ := range []byte{icmp6MLD2, icmp6MLDRep, icmp6MLDEnd} {
+		rules = append(rules, guardRule{fmt.Sprintf("MLD (ICMPv6 type %d) from ::", typ), join(g.is(l3IPv6), fromUnspecified(), icmp6Type(typ), []expr.Any{accept})})
+	}
 	rules = append(rules,
-		guardRule{"router advertisement from a pod", join(g.is(l3IPv6), icmp6Type(icmp6RA), count(raGuard), []expr.Any{drop})},
-		guardRule{"redirect from a pod", join(g.is(l3IPv6), icmp6Type(icmp6Redir), count(raGuard), []expr.Any{drop})},
+		guardRule{"IPv6 from :: otherwise", join(g.is(l3IPv6), fromUnspecified(), dropFor(contract.DropUnspecified))},
+		guardRule{"IPv6 from a link-local address not the pod's", join(g.is(l3IPv6), isLinkLocal6(nh, ipv6Src), dropFor(contract.DropLinkLocal))},
+		guardRule{"IPv6 from another address", join(g.is(l3IPv6), dropFor(contract.DropIPv6Source))},
+		guardRule{"IPv4 from another address", join(g.is(l3IPv4), dropFor(contract.DropIPv4Source))},
 	)
 	if g.l2() {
-		// on the bridge every pod shares the link: a pod's NA for another
-		// pod's link-local address would take it over in the node's and the
-		// other pods' neighbor tables, so link-local targets are checked
-		// too (addrs6 holds the pod's own link-local address)
-		rules = append(rules, guardRule{"neighbor advertisement for an address not the pod's",
-			join(g.is(l3IPv6), icmp6Type(icmp6NA), inSet(setAddrs6, th, ndTarget, 16, true), count(spoofed), []expr.Any{drop})})
+		rules = append(rules, arpRules(true)...)
+		rules = append(rules, l2Tail()...)
 	} else {
-		// a routed host veth is the pod's only neighbor, with a neighbor
-		// table of its own: link-local targets cannot reach another pod's
-		rules = append(rules, guardRule{"neighbor advertisement for an address not the pod's",
-			join(g.is(l3IPv6), icmp6Type(icmp6NA), isLinkLocal6(th, ndTarget, true), inSet(setAddrs6, th, ndTarget, 16, true), count(spoofed), []expr.Any{drop})})
+		rules = append(rules, guardRule{"anything else from a pod", dropFor(contract.DropOther)})
 	}
-	if g.l2() {
-		rules = append(rules,
-			guardRule{"ARP probe", join(g.is(l3ARP), []expr.Any{
-				&expr.Payload{DestRegister: reg1, Base: nh, Offset: arpSrcIP, Len: 4},
-				&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{0, 0, 0, 0}},
-				accept,
-			})},
-			guardRule{"ARP from the pod's IPv4 address", join(g.is(l3ARP), inSet(setAddrs4, nh, arpSrcIP, 4, false), []expr.Any{accept})},
-			guardRule{"ARP from another address", join(g.is(l3ARP), count(spoofed), []expr.Any{drop})},
-		)
+	return rules
+}
+
+// arpRules admit ARP from the pod's IPv4 address (and probes from
+// 0.0.0.0); withMAC: its sender hardware address must be the pod's MAC
+// too (the bridge, where the MAC set exists).
+func arpRules(withMAC bool) []guardRule {
+	nh := expr.PayloadBaseNetworkHeader
+	var out []guardRule
+	if withMAC {
+		out = append(out, guardRule{"ARP with a sender MAC not the pod's", join(etherType(etherARP), inSetPadded(setMACs, nh, arpSrcMAC, 6), dropFor(contract.DropARP))})
 	}
-	rules = append(rules,
-		guardRule{"IPv4 from another address", join(g.is(l3IPv4), count(spoofed), []expr.Any{drop})},
-		guardRule{"IPv6 from a link-local address", join(g.is(l3IPv6), isLinkLocal6(nh, ipv6Src, false), []expr.Any{accept})},
-		guardRule{"ICMPv6 from :: (DAD, MLD)", join(g.is(l3IPv6), []expr.Any{
-			&expr.Payload{DestRegister: reg1, Base: nh, Offset: ipv6Src, Len: 16},
-			&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: make([]byte, 16)},
-			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg1},
-			&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{unix.IPPROTO_ICMPV6}},
+	return append(out,
+		guardRule{"ARP probe", join(etherType(etherARP), []expr.Any{
+			&expr.Payload{DestRegister: reg1, Base: nh, Offset: arpSrcIP, Len: 4},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{0, 0, 0, 0}},
 			accept,
 		})},
-		guardRule{"ICMPv6 from the pod's address", join(g.is(l3IPv6), inSet(setAddrs6, nh, ipv6Src, 16, false), []expr.Any{accept})},
-		guardRule{"IPv6 from another address", join(g.is(l3IPv6), count(spoofed), []expr.Any{drop})},
+		guardRule{"ARP from the pod's IPv4 address", join(etherType(etherARP), inSet(setAddrs4, nh, arpSrcIP, 4, false), []expr.Any{accept})},
+		guardRule{"ARP from another address", join(etherType(etherARP), dropFor(contract.DropARP))},
 	)
-	return rules
+}
+
+// inSetPadded is inSet (inverted) for a 6-byte MAC, whose set key is
+// padded to 8 bytes.
+func inSetPadded(set string, base expr.PayloadBase, offset, length uint32) []expr.Any {
+	return inSet(set, base, offset, length, true)
+}
+
+// l2Tail drops, counted by reason, the frames no rule above allowed:
+// tagged ones and other EtherTypes.
+func l2Tail() []guardRule {
+	var out []guardRule
+	for _, vt := range etherVLAN {
+		out = append(out, guardRule{fmt.Sprintf("VLAN tag %x", vt), join(etherType(vt), dropFor(contract.DropVLAN))})
+	}
+	return append(out, guardRule{"any other EtherType", dropFor(contract.DropEtherType)})
 }

@@ -22,6 +22,7 @@ func TestPodFilterDrop(t *testing.T) {
 	for _, g := range []Guard{Routed, Bridged} {
 		for _, updates := range []bool{true, false} {
 			t.Run(fmt.Sprintf("%s/timeout-updates=%v", familyName(g.family), updates), func(t *testing.T) {
+				g := g.At(t.TempDir()) // records off the machine's state dir
 				saved := timeoutUpdates
 				timeoutUpdates = updates
 				t.Cleanup(func() { timeoutUpdates = saved })
@@ -133,7 +134,7 @@ func TestPruneKeepsNewPorts(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = n.Close(); _ = testutils.UnmountNS(n) })
-	g := Routed
+	g := Routed.At(t.TempDir())
 	stop := make(chan struct{})
 	pruned := make(chan error, 1)
 	go func() {

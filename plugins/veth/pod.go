@@ -3,6 +3,7 @@ package veth
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 
 	"github.com/containernetworking/cni/pkg/types"
@@ -45,6 +46,13 @@ func configurePodAddresses(podNS ns.NetNS, side podSide) (*current.Interface, er
 			if err := writeSysctl("net/ipv6/conf/"+side.IfName+"/accept_dad", "0"); err != nil {
 				return err
 			}
+		}
+		// the link-local address the pod filter lets the pod send from is
+		// the EUI-64 one of its MAC (podfilter.EUI64LinkLocal): make the
+		// kernel derive exactly that one, whatever the netns's default
+		// (stable-privacy, random). No such sysctl: IPv6 is off in the pod.
+		if err := writeSysctl("net/ipv6/conf/"+side.IfName+"/addr_gen_mode", "0"); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return err
 		}
 		if err := netlink.LinkSetUp(link); err != nil {
 			return fmt.Errorf("set %s up: %w", side.IfName, err)

@@ -165,7 +165,7 @@ func (p *plugin) add(args *skel.CmdArgs) (err error) {
 	tr.mark("prepare")
 
 	spec := vethSpec{HostName: inv.host, PodName: args.IfName, MTU: mtu, HostMAC: inv.mode.hostMAC(), Owner: inv.owner}
-	g := inv.mode.guard()
+	g := inv.mode.guard().At(inv.conf.StateDir)
 	stale, err := deleteStaleHostVeth(spec.HostName)
 	if err == nil && stale > 0 {
 		err = g.RemovePort(stale)
@@ -181,7 +181,7 @@ func (p *plugin) add(args *skel.CmdArgs) (err error) {
 		}
 		return err
 	}
-	port := podfilter.Port{Index: host.Attrs().Index, IPs: side.ips(), MAC: podMAC}
+	port := podfilter.Port{Index: host.Attrs().Index, Name: spec.HostName, Alias: inv.owner.Alias(), IPs: side.ips(), MAC: podMAC}
 	rollback.push(func() error {
 		_, err := deleteHostVeth(spec.HostName, inv.owner)
 		// after the veth, so that no live port is ever left unguarded
@@ -306,7 +306,7 @@ func (p *plugin) del(args *skel.CmdArgs) (err error) {
 // veth had index hostIndex: exactly those of prevResult when there is one
 // (one transaction), else whatever the sets hold for the index.
 func unguard(inv *invocation, args *skel.CmdArgs, hostIndex int) error {
-	g := inv.mode.guard()
+	g := inv.mode.guard().At(inv.conf.StateDir)
 	if inv.conf.PrevResult == nil {
 		return g.RemovePort(hostIndex)
 	}
@@ -372,7 +372,7 @@ func (p *plugin) check(args *skel.CmdArgs) error {
 	if err := checkHostIface(inv.host); err != nil {
 		return cniErrorf(types.ErrInternal, "CHECK: host veth: %v", err)
 	}
-	if err := inv.mode.guard().Verify(podfilter.Port{Index: host.Attrs().Index, IPs: side.ips(), MAC: podMAC}); err != nil {
+	if err := inv.mode.guard().At(inv.conf.StateDir).Verify(podfilter.Port{Index: host.Attrs().Index, IPs: side.ips(), MAC: podMAC}); err != nil {
 		return cniErrorf(types.ErrInternal, "CHECK: %v", err)
 	}
 	return nil
@@ -391,7 +391,7 @@ func (p *plugin) gc(args *skel.CmdArgs) error {
 	if err := gcHostSide(inv.conf.Name, inv.conf.ValidAttachments); err != nil {
 		return cniErrorf(types.ErrTryAgainLater, "GC: %v", err)
 	}
-	if err := podfilter.Prune(inv.mode.guard()); err != nil {
+	if err := podfilter.Prune(inv.mode.guard().At(inv.conf.StateDir)); err != nil {
 		return cniErrorf(types.ErrTryAgainLater, "GC: %v", err)
 	}
 	if err := ipamVerb("GC", ipam.GC, inv.conf, args); err != nil {

@@ -123,6 +123,14 @@ type Daemon struct {
 	repairs repairState
 	// readyDetails, when set, adds lines to /readyz's answer.
 	readyDetails func() []string
+
+	// the pod filter's repair (repair.go): one at a time (the resync and
+	// the nftables monitor), and the refused records already logged
+	podFilterMu      sync.Mutex
+	podFilterRefused map[string]bool
+	// onNFTChange, when set, hears (debounced) that someone else changed
+	// an nftables table podnet owns (nftmonitor.go)
+	onNFTChange []func()
 }
 
 // New builds a daemon that lists and watches Nodes through nodes (see
@@ -394,6 +402,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	go d.watchLinks(ctx, linksWatched)
 	<-routesWatched
 	<-linksWatched
+	go d.watchNFT(ctx)
 
 	resync := time.NewTicker(d.cfg.ResyncInterval)
 	defer resync.Stop()
@@ -816,11 +825,11 @@ func (d *Daemon) apply(lister listersv1.NodeLister, why string) (own, remote err
 	d.countRouteRepairs()
 	d.countRepair(RepairVXLANNeighbor, vxlanChanges.RepairedNeighbors, "VXLAN neighbor entries")
 	d.countRepair(RepairVXLANFDB, vxlanChanges.RepairedFDBs, "VXLAN FDB entries")
+	if why == "periodic resync" || why == "initial sync" {
+		d.repairPodFilter()
+	}
 	if err := d.writeState(st.Self, st.SelfProblem, underlay); err != nil {
 		errs = append(errs, err)
-	}
-	if why == "periodic resync" {
-		d.repairPodFilter()
 	}
 	if changed > 0 {
 		d.log.Info("routes applied", "trigger", why, "changed", changed, "routes", len(st.Routes), "skipped", len(st.Skipped), "refused", len(st.Refused))

@@ -14,7 +14,7 @@ import (
 // Router Advertisements and redirects they sent. They are read at scrape
 // time; a table that does not exist (no pod on the node yet) counts 0.
 type podFilterCollector struct {
-	spoofed, raGuard *prometheus.Desc
+	spoofed, raGuard, dropped *prometheus.Desc
 }
 
 func newPodFilterCollector() *podFilterCollector {
@@ -23,12 +23,15 @@ func newPodFilterCollector() *podFilterCollector {
 			"Packets from pods with a source address (or ARP sender, neighbor target, MAC) that is not theirs, dropped by the plugins' pod filter, by mode.", []string{"mode"}, nil),
 		raGuard: prometheus.NewDesc("podnet_pod_ra_dropped_total",
 			"Router Advertisements and redirects sent by pods, dropped by the plugins' pod filter, by mode.", []string{"mode"}, nil),
+		dropped: prometheus.NewDesc("podnet_pod_dropped_total",
+			"Packets and frames from pods dropped by the plugins' pod filter (an allow-list), by mode and reason. podnet_pod_spoofed_dropped_total is the sum of the spoofing reasons, podnet_pod_ra_dropped_total the router-advertisement one.", []string{"mode", "reason"}, nil),
 	}
 }
 
 func (c *podFilterCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.spoofed
 	ch <- c.raGuard
+	ch <- c.dropped
 }
 
 func (c *podFilterCollector) Collect(ch chan<- prometheus.Metric) {
@@ -39,24 +42,40 @@ func (c *podFilterCollector) Collect(ch chan<- prometheus.Metric) {
 	defer conn.CloseLasting()
 	for _, m := range []struct {
 		mode string
-		fam  nftables.TableFamily
-	}{{"routed", nftables.TableFamilyINet}, {"bridge", nftables.TableFamilyBridge}} {
-		t := &nftables.Table{Family: m.fam, Name: contract.PodFilterTable}
-		ch <- prometheus.MustNewConstMetric(c.spoofed, prometheus.CounterValue, float64(counter(conn, t, contract.PodFilterSpoofedCounter)), m.mode)
-		ch <- prometheus.MustNewConstMetric(c.raGuard, prometheus.CounterValue, float64(counter(conn, t, contract.PodFilterRAGuardCounter)), m.mode)
+		fam  []nftables.TableFamily // the main table first; the routed mode's L2 table
+	}{{"routed", []nftables.TableFamily{nftables.TableFamilyINet, nftables.TableFamilyNetdev}}, {"bridge", []nftables.TableFamily{nftables.TableFamilyBridge}}} {
+		var spoofed, ra uint64
+		byReason := map[string]uint64{}
+		for _, fam := range m.fam {
+			all := counters(conn, &nftables.Table{Family: fam, Name: contract.PodFilterTable})
+			spoofed += all[contract.PodFilterSpoofedCounter]
+			ra += all[contract.PodFilterRAGuardCounter]
+			for _, r := range contract.PodFilterDropReasons {
+				byReason[r] += all[contract.PodFilterDropCounter(r)]
+			}
+		}
+		ch <- prometheus.MustNewConstMetric(c.spoofed, prometheus.CounterValue, float64(spoofed), m.mode)
+		ch <- prometheus.MustNewConstMetric(c.raGuard, prometheus.CounterValue, float64(ra), m.mode)
+		for _, r := range contract.PodFilterDropReasons {
+			ch <- prometheus.MustNewConstMetric(c.dropped, prometheus.CounterValue, float64(byReason[r]), m.mode, r)
+		}
 	}
 }
 
-// counter reads named counter name of table t; 0 when there is none.
-func counter(conn *nftables.Conn, t *nftables.Table, name string) uint64 {
-	obj, err := conn.GetObject(&nftables.NamedObj{Table: t, Name: name, Type: nftables.ObjTypeCounter})
-	if err != nil || obj == nil {
-		return 0
+// counters reads the packets of table t's named counters; none when
+// there is no table.
+func counters(conn *nftables.Conn, t *nftables.Table) map[string]uint64 {
+	out := map[string]uint64{}
+	objs, err := conn.GetNamedObjects(t)
+	if err != nil {
+		return out
 	}
-	if named, ok := obj.(*nftables.NamedObj); ok {
-		if ctr, ok := named.Obj.(*expr.Counter); ok {
-			return ctr.Packets
+	for _, o := range objs {
+		if named, ok := o.(*nftables.NamedObj); ok {
+			if ctr, ok := named.Obj.(*expr.Counter); ok {
+				out[named.Name] = ctr.Packets
+			}
 		}
 	}
-	return 0
+	return out
 }

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vishvananda/netlink"
@@ -32,8 +33,8 @@ const (
 	RepairSysctl        = dataplane.FixSysctl
 	RepairNFTTable      = "nft-table"
 	RepairNodeState     = "node-state" // node.json deleted or edited
-	// the chain of the plugins' pod filter (internal/podfilter): the
-	// plugins write it, podnet-routed puts it back when someone changes it
+	// the plugins' pod filter (internal/podfilter): the plugins write it,
+	// podnet-routed writes it whole again when someone damages it
 	RepairPodFilter = "pod-filter"
 	// a live pod's host route and host veth sysctls, put back by the
 	// leak reconcile (routed/reconcile)
@@ -104,19 +105,43 @@ func (d *Daemon) countRepair(object string, n int, what string) {
 	d.log.Info("repaired", "object", object, "count", n, "what", what)
 }
 
-// repairPodFilter puts back the chain of the plugins' pod filter, in each
-// mode whose table exists, when someone deleted, inserted or edited one of
-// its rules (the plugins' ADD only adds elements: it does not read the
-// chain). The elements stay the plugins'.
+// repairPodFilter checks the plugins' pod filter of each mode against the
+// records of the ports it guards (internal/podfilter) and, when anything
+// is missing or changed (the table, a chain, a rule, a set, a counter, an
+// element: `nft delete table`, `nft flush ruleset`, a firewall reload),
+// writes it whole again, every live pod's elements with it. A check that
+// finds the filter as it should be counts nothing.
 func (d *Daemon) repairPodFilter() {
+	d.podFilterMu.Lock()
+	defer d.podFilterMu.Unlock()
 	for _, g := range []podfilter.Guard{podfilter.Routed, podfilter.Bridged} {
-		wrote, err := g.Repair()
+		g = g.At(d.cfg.StateDir)
+		why, refused, err := g.Repair()
+		seen := map[string]bool{}
+		for _, r := range refused {
+			key := g.Mode() + " " + r
+			if !d.podFilterRefused[key] {
+				d.log.Warn("pod filter record refused", "mode", g.Mode(), "why", r)
+			}
+			seen[key] = true
+		}
+		for key := range d.podFilterRefused { // logged again if it comes back
+			if strings.HasPrefix(key, g.Mode()+" ") && !seen[key] {
+				delete(d.podFilterRefused, key)
+			}
+		}
+		if d.podFilterRefused == nil {
+			d.podFilterRefused = map[string]bool{}
+		}
+		for key := range seen {
+			d.podFilterRefused[key] = true
+		}
 		if err != nil {
-			d.log.Warn("cannot check the plugins' pod filter", "err", err)
+			d.log.Warn("cannot check the plugins' pod filter", "mode", g.Mode(), "err", err)
 			continue
 		}
-		if wrote {
-			d.countRepair(RepairPodFilter, 1, "the pod filter's chain ("+g.String()+")")
+		if why != "" {
+			d.countRepair(RepairPodFilter, 1, "the pod filter ("+g.String()+"): "+why)
 		}
 	}
 }

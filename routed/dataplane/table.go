@@ -150,6 +150,20 @@ func (t *Table) Apply(spec TableSpec, verify bool) (repaired bool, err error) {
 	return why != "", nil
 }
 
+// Verify checks the kernel's table against the last spec written and
+// writes it again when it differs (Apply with verify, without a new
+// spec): nothing to do before the first write.
+func (t *Table) Verify() (repaired bool, err error) {
+	t.mu.Lock()
+	if t.spec == nil {
+		t.mu.Unlock()
+		return false, nil
+	}
+	spec := *t.spec
+	t.mu.Unlock()
+	return t.Apply(spec, true)
+}
+
 // write replaces the table with want's in one transaction, then reads
 // back its structure for verify.
 func (t *Table) write(want TableSpec) error {

@@ -182,6 +182,9 @@ func TestTunnelFilter(t *testing.T) {
 		return
 	}
 	testTableRepair(t, c, n1, pods)
+	// after every break and repair, the outside host's forged frame is
+	// dropped again
+	dropped(n1, target, p1[0], "outside-after-repairs", func() { sendVXLAN(t, c.Outside, n1, p2.IP, p1[0].IP, "outside-after-repairs") })
 }
 
 func nftRepairs(t *testing.T, n *cluster.Node) float64 {
@@ -197,9 +200,11 @@ func nftRepairs(t *testing.T, n *cluster.Node) float64 {
 	return v
 }
 
-// testTableRepair breaks node1's table in one way after another: each is
-// found by the next periodic resync, which writes the table again, by
-// content (`nft -s list table`, without the counter's values).
+// testTableRepair breaks node1's table in one way after another (`nft
+// flush ruleset` among them): each is found at once by podnet-routed's
+// nftables monitor, or by the next periodic resync, which writes the
+// table again, by content (`nft -s list table`, without the counter's
+// values).
 func testTableRepair(t *testing.T, c *cluster.Cluster, n *cluster.Node, pods []*cluster.Pod) {
 	ctx := context.Background()
 	nft := func(args ...string) (string, error) { return n.NS.Exec(ctx, "nft", args...) }
@@ -232,6 +237,7 @@ func testTableRepair(t *testing.T, c *cluster.Cluster, n *cluster.Node, pods []*
 		args func() []string
 	}{
 		{"table deleted", func() []string { return []string{"delete", "table", "inet", "podnet"} }},
+		{"ruleset flushed", func() []string { return []string{"flush", "ruleset"} }},
 		{"rule deleted", func() []string {
 			return []string{"delete", "rule", "inet", "podnet", "tunnel_outer", "handle", handle("tunnel_outer", "ip saddr @peers4 accept")}
 		}},
