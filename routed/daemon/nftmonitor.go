@@ -6,7 +6,7 @@ package daemon
 // checks that table without waiting for the resync: the tunnel filter and
 // masquerade table (inet podnet), the plugins' pod filter (podnet-pods,
 // every family) and, through OnNFTChange, whatever else hooks in (the
-// NetworkPolicy engine's inet podnet-policy).
+// NetworkPolicy engine's inet and bridge podnet-policy).
 //
 // Which changes: any deletion (table, chain, rule, set, element, object;
 // `nft flush ruleset` deletes tables), and any new table, chain, rule or
@@ -47,8 +47,10 @@ func ownNFTTable(family byte, table string) bool {
 	switch table {
 	case contract.PodFilterTable:
 		return family == unix.NFPROTO_INET || family == unix.NFPROTO_BRIDGE || family == unix.NFPROTO_NETDEV
-	case contract.NFTable, "podnet-policy":
+	case contract.NFTable:
 		return family == unix.NFPROTO_INET
+	case "podnet-policy": // inet, and bridge for podnet-bridge's ports
+		return family == unix.NFPROTO_INET || family == unix.NFPROTO_BRIDGE
 	}
 	return false
 }
@@ -57,7 +59,7 @@ func ownNFTTable(family byte, table string) bool {
 const (
 	nftTunnel    = 1 << iota // inet podnet
 	nftPodFilter             // podnet-pods, every family
-	nftOther                 // inet podnet-policy
+	nftOther                 // inet and bridge podnet-policy
 	nftAll       = nftTunnel | nftPodFilter | nftOther
 )
 

@@ -222,6 +222,7 @@ func run(argv []string) error {
 			IPAMDataDirs: dataDirs, NodeEvent: d.NodeEvent},
 			engine.ListWatches{Pods: pods, Namespaces: nss, Policies: pols}, engine.NFTWriter{W: &nft.Writer{Log: log, LogDrops: *policyLogDrops > 0, LogRate: *policyLogDrops}, Unknown: m.SetUnknownDropped, Bridge: m.SetBridgeDropped}, m, log.With("loop", "policy"))
 		d.OnLocalPodCIDRs(eng.SetLocalPodCIDRs)
+		d.OnNFTChange(eng.CheckNow)
 		go func() {
 			if err := eng.Run(ctx); err != nil {
 				log.Error("NetworkPolicy engine stopped", "err", err)
