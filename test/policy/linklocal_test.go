@@ -6,7 +6,6 @@ import (
 	"io"
 	"net"
 	"net/netip"
-	"os"
 	"strconv"
 	"testing"
 	"time"
@@ -72,12 +71,6 @@ func (e *env) linkLocal(t *testing.T) {
 			})
 			if err != nil {
 				t.Errorf("%s: %s: %v", when, p.what, err)
-				if os.Getenv("PODNET_DEBUG_LL") != "" {
-					out, _ := e.n1.NS.Exec(ctx, "nft", "list", "ruleset")
-					t.Logf("ruleset:\n%s", out)
-					out, _ = p.from.Exec(ctx, "ip", "-6", "neigh")
-					t.Logf("local neigh:\n%s", out)
-				}
 			}
 		}
 	}
