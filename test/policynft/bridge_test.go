@@ -1,10 +1,6 @@
 package policynft
 
-import (
-	"testing"
-
-	"github.com/podnet/podnet/routed/policy"
-)
+import "testing"
 
 // TestBridgeTableQuiet: once written, both tables read back as written: a
 // resync repairs nothing (a resync that found a difference in a table it
@@ -41,5 +37,4 @@ func TestBridgeTableQuiet(t *testing.T) {
 	if resync() {
 		t.Fatalf("the resync after the repair repaired again")
 	}
-	_ = policy.Ingress
 }

@@ -9,11 +9,10 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/podnet/podnet/routed/policy"
-	"github.com/podnet/podnet/routed/policy/nft"
 	"github.com/podnet/podnet/test/nettest"
 )
 
-// linkLocalOf is the pod's host veth's link-local gateway as the pod
+// gatewayLL is the pod's host veth's link-local gateway as the pod
 // reaches it (with its zone).
 func gatewayLL() netip.Addr { return netip.MustParseAddr(gateway6).WithZone("eth0") }
 
@@ -107,4 +106,3 @@ func unknownDropped(t *testing.T, e *env) uint64 {
 	return n
 }
 
-var _ = nft.TableName
