@@ -105,4 +105,3 @@ func unknownDropped(t *testing.T, e *env) uint64 {
 	})
 	return n
 }
-
