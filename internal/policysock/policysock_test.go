@@ -116,6 +116,12 @@ func TestBadRequestsRefused(t *testing.T) {
 		"zero addr":    {Namespace: "ns", Name: "p", IPs: []netip.Addr{{}}},
 		"long name":    {Namespace: "ns", Name: strings.Repeat("a", 254), IPs: pod.IPs},
 		"too many":     {Namespace: "ns", Name: "p", IPs: make([]netip.Addr, 9)},
+		// the host veth names the port the engine judges as the pod's:
+		// only a podnet host veth name
+		"host veth not podnet's": {Namespace: "ns", Name: "p", IPs: pod.IPs, HostVeth: "eth0"},
+		"host veth too long":     {Namespace: "ns", Name: "p", IPs: pod.IPs, HostVeth: "pn0123456789abcdef"},
+		"host veth path":         {Namespace: "ns", Name: "p", IPs: pod.IPs, HostVeth: "pn../../x"},
+		"host veth NUL":          {Namespace: "ns", Name: "p", IPs: pod.IPs, HostVeth: "pn\x00x"},
 	} {
 		if err := Wait(ctx, path, r); err == nil || !strings.Contains(err.Error(), "bad request") {
 			t.Errorf("%s: %v, want a bad request", name, err)

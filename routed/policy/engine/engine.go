@@ -582,13 +582,21 @@ func (e *Engine) handleWait(ctx context.Context, req policysock.Request) error {
 	}
 	e.mu.Lock()
 	e.overrides[key] = override{ips: req.IPs, at: e.now()}
+	// a compile and write only when the wait tells the engine something
+	// new: a holder or a port it did not know (every ADD waits here)
+	changed := false
 	for _, a := range req.IPs {
-		e.waitHolders[a.Unmap()], e.waitAt[a.Unmap()] = key, e.now()
+		a = a.Unmap()
+		changed = changed || e.waitHolders[a] != key
+		e.waitHolders[a], e.waitAt[a] = key, e.now()
 	}
-	if linked {
+	if old, known := e.links[req.HostVeth]; linked && (!known || old != link) {
 		e.links[req.HostVeth] = link
+		changed = true
 	}
-	e.changedLocked()
+	if changed {
+		e.changedLocked()
+	}
 	obj, ok, _ := e.podInf.GetStore().GetByKey(key)
 	if ok {
 		e.setPodLocked(obj.(*corev1.Pod))
