@@ -1,18 +1,15 @@
 package routed
 
 import (
-	"encoding/json"
 	"fmt"
 	"net"
 	"net/netip"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
@@ -154,24 +151,7 @@ func TestPodFilterRepairWhole(t *testing.T) {
 func (n *rcNode) withMode(t *testing.T, mode cniMode, subnet string) *rcNode {
 	t.Helper()
 	m := &rcNode{node: n.node, d: n.d, args: n.args, mode: mode, podCIDR: netip.MustParsePrefix(subnet)}
-	plugin := map[string]any{
-		"type":     mode.plugin,
-		"stateDir": n.m.StateDir,
-		"ipam": map[string]any{"type": "podnet-ipam", "dataDir": n.m.DataDir,
-			"ranges": []any{[]any{map[string]any{"subnet": subnet}}}},
-	}
-	if mode.bridged {
-		plugin["bridge"] = "podnet0"
-		plugin["isGateway"] = true
-	}
-	conf, err := json.Marshal(map[string]any{"cniVersion": "1.1.0", "name": mode.network, "plugins": []any{plugin}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if m.list, err = libcni.ConfListFromBytes(conf); err != nil {
-		t.Fatal(err)
-	}
-	m.cni = libcni.NewCNIConfigWithCacheDir([]string{nettest.BinDir(t, "podnet", "podnet-bridge", "podnet-ipam")}, filepath.Join(n.m.Dir, "cni-cache-"+mode.name), nil)
+	m.useConf(t, subnet)
 	return m
 }
 

@@ -96,17 +96,25 @@ func (c *cluster) rcNode(name, ip, podCIDR string, mode cniMode, args ...string)
 	n := &rcNode{node: c.addNode(name, ip), args: args, mode: mode, podCIDR: netip.MustParsePrefix(podCIDR)}
 	c.createNode(name, ip, podCIDR)
 	n.start()
+	n.useConf(t, "usePodCidr")
+	return n
+}
+
+// useConf gives n the conflist of its mode's plugin with podnet-ipam on
+// subnet (usePodCidr: the node's PodCIDR) and a libcni of its own.
+func (n *rcNode) useConf(t *testing.T, subnet string) {
+	t.Helper()
 	plugin := map[string]any{
-		"type":     mode.plugin,
+		"type":     n.mode.plugin,
 		"stateDir": n.m.StateDir,
 		"ipam": map[string]any{"type": "podnet-ipam", "dataDir": n.m.DataDir,
-			"ranges": []any{[]any{map[string]any{"subnet": "usePodCidr"}}}},
+			"ranges": []any{[]any{map[string]any{"subnet": subnet}}}},
 	}
-	if mode.bridged {
+	if n.mode.bridged {
 		plugin["bridge"] = "podnet0"
 		plugin["isGateway"] = true
 	}
-	conf, err := json.Marshal(map[string]any{"cniVersion": "1.1.0", "name": mode.network, "plugins": []any{plugin}})
+	conf, err := json.Marshal(map[string]any{"cniVersion": "1.1.0", "name": n.mode.network, "plugins": []any{plugin}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,8 +122,7 @@ func (c *cluster) rcNode(name, ip, podCIDR string, mode cniMode, args ...string)
 		t.Fatal(err)
 	}
 	bin := nettest.BinDir(t, "podnet", "podnet-bridge", "podnet-ipam")
-	n.cni = libcni.NewCNIConfigWithCacheDir([]string{bin}, filepath.Join(n.m.Dir, "cni-cache-"+mode.name), nil)
-	return n
+	n.cni = libcni.NewCNIConfigWithCacheDir([]string{bin}, filepath.Join(n.m.Dir, "cni-cache-"+n.mode.name), nil)
 }
 
 // start starts podnet-routed with n.args and waits until it is ready.
