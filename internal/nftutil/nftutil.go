@@ -13,6 +13,7 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/google/nftables"
@@ -361,8 +362,9 @@ type Conn struct {
 	SendBuffer, ReceiveBuffer int
 	Timeout                   time.Duration
 
-	c  *nftables.Conn
-	nl *netlink.Conn
+	c    *nftables.Conn
+	nl   *netlink.Conn
+	port uint32 // the socket's netlink port ID (0: unknown)
 }
 
 // Open returns the socket, dialed when needed, with a deadline of Timeout
@@ -387,6 +389,9 @@ func (x *Conn) Open() (*nftables.Conn, error) {
 			return nil, fmt.Errorf("nftables: %w", err)
 		}
 		x.c, x.nl = c, raw
+		if x.port = portID(raw); x.port != 0 {
+			ownPorts.Store(x.port, struct{}{})
+		}
 	}
 	if x.Timeout > 0 {
 		if err := x.nl.SetDeadline(time.Now().Add(x.Timeout)); err != nil {
@@ -406,7 +411,39 @@ func (x *Conn) Netlink() *netlink.Conn { return x.nl }
 // as the answer to the next request.
 func (x *Conn) Close() {
 	if x.c != nil {
+		ownPorts.Delete(x.port)
 		_ = x.c.CloseLasting()
 	}
-	x.c, x.nl = nil, nil
+	x.c, x.nl, x.port = nil, nil, 0
+}
+
+// ownPorts holds the netlink port IDs of this process's open Conns: each
+// entry lives exactly as long as its socket, so there is nothing for a
+// test to reset.
+var ownPorts sync.Map
+
+// OwnPort tells whether portid is one of this process's open Conns. The
+// kernel sends a transaction's nftables notifications (its NEWGEN among
+// them) with the port ID of the socket that committed it: a listener uses
+// this to tell its own process's writes from everyone else's.
+func OwnPort(portid uint32) bool {
+	_, ok := ownPorts.Load(portid)
+	return ok
+}
+
+// portID reads the port ID the kernel bound c to (0 when it cannot).
+func portID(c *netlink.Conn) uint32 {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return 0
+	}
+	var port uint32
+	_ = rc.Control(func(fd uintptr) {
+		if sa, err := unix.Getsockname(int(fd)); err == nil {
+			if nl, ok := sa.(*unix.SockaddrNetlink); ok {
+				port = nl.Pid
+			}
+		}
+	})
+	return port
 }

@@ -12,9 +12,9 @@ package daemon
 // `nft flush ruleset` deletes tables), and any new table, chain, rule or
 // set (an inserted or edited rule, a chain's policy changed). Not new set
 // elements and not the routed mode's per-port L2 chains: the plugins add
-// those at every ADD. podnet-routed's own writes are heard too; the
-// checks they cause find nothing to repair and count nothing (a repair
-// counts only what it found missing or changed). Bursts are debounced.
+// those at every ADD. Transactions podnet-routed committed on its lasting
+// sockets (internal/nftutil.Conn: the policy tables) are left out: it
+// wrote what it wanted. Bursts are debounced.
 
 import (
 	"context"
@@ -27,6 +27,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/podnet/podnet/internal/contract"
+	"github.com/podnet/podnet/internal/nftutil"
 )
 
 // nftDebounce gathers a burst of notifications (a whole-table write is
@@ -173,6 +174,7 @@ func (d *Daemon) listenNFT(ctx context.Context, signal func(int)) error {
 	_ = conn.SetReadBuffer(4 << 20)
 	stop := context.AfterFunc(ctx, func() { _ = conn.SetReadDeadline(time.Now()) })
 	defer stop()
+	txn := nftTxn{own: nftutil.OwnPort}
 	for {
 		msgs, err := conn.Receive()
 		if err != nil {
@@ -182,14 +184,40 @@ func (d *Daemon) listenNFT(ctx context.Context, signal func(int)) error {
 			}
 			return err
 		}
-		which := 0
 		for _, m := range msgs {
-			which |= nftChangeMatters(m)
-		}
-		if which != 0 {
-			signal(which)
+			if which := txn.feed(m); which != 0 {
+				signal(which)
+			}
 		}
 	}
+}
+
+// nftTxn gathers the notifications of one nftables transaction: the
+// kernel sends those of each object it changed, then one NFT_MSG_NEWGEN,
+// each with the port ID of the socket that committed it (the NEWGEN's
+// NFTA_GEN_PROC_PID names a thread, in the init pid namespace: useless in
+// a container). A transaction of podnet-routed's
+// own (its own tables' writes and repairs) wakes nothing: it wrote what
+// it wanted, and a read-back of a large policy table costs a CPU for up
+// to a quarter second, which every new pod's write would otherwise cause.
+type nftTxn struct {
+	own     func(portid uint32) bool // one of this process's sockets
+	pending int
+}
+
+// feed reads one notification; at the end of a transaction not this
+// process's own it returns the tables that transaction touched.
+func (t *nftTxn) feed(m netlink.Message) int {
+	if int(m.Header.Type)>>8 == unix.NFNL_SUBSYS_NFTABLES && int(m.Header.Type)&0xff == unix.NFT_MSG_NEWGEN {
+		which := t.pending
+		t.pending = 0
+		if which != 0 && t.own(m.Header.PID) {
+			return 0
+		}
+		return which
+	}
+	t.pending |= nftChangeMatters(m)
+	return 0
 }
 
 // nftChanged checks (and repairs) the tables which names.

@@ -46,3 +46,49 @@ func TestNFTChangeMatters(t *testing.T) {
 		}
 	}
 }
+
+// TestNFTTxnOwnWritesIgnored: a transaction's changes count at its
+// NFT_MSG_NEWGEN, and not at all when one of podnet-routed's own sockets
+// committed it (the header's port ID says which socket).
+func TestNFTTxnOwnWritesIgnored(t *testing.T) {
+	msg := func(typ int, port uint32, attrs ...netlink.Attribute) netlink.Message {
+		b, err := netlink.MarshalAttributes(attrs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return netlink.Message{Header: netlink.Header{Type: netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | typ), PID: port},
+			Data: append([]byte{unix.NFPROTO_INET, 0, 0, 0}, b...)}
+	}
+	const own, nft = 4242, 99
+	delPolicy := func(port uint32) netlink.Message {
+		return msg(unix.NFT_MSG_DELTABLE, port, netlink.Attribute{Type: 1, Data: []byte("podnet-policy\x00")})
+	}
+	delTunnel := func(port uint32) netlink.Message {
+		return msg(unix.NFT_MSG_DELRULE, port, netlink.Attribute{Type: 1, Data: []byte("podnet\x00")})
+	}
+	gen := func(port uint32) netlink.Message {
+		return msg(unix.NFT_MSG_NEWGEN, port, netlink.Attribute{Type: unix.NFTA_GEN_ID, Data: []byte{0, 0, 0, 7}})
+	}
+	txn := nftTxn{own: func(p uint32) bool { return p == own }}
+	feed := func(ms ...netlink.Message) int {
+		got := 0
+		for i, m := range ms {
+			w := txn.feed(m)
+			if w != 0 && i != len(ms)-1 {
+				t.Fatalf("signalled before the transaction's end (message %d)", i)
+			}
+			got |= w
+		}
+		return got
+	}
+	if got := feed(delPolicy(own), delTunnel(own), gen(own)); got != 0 {
+		t.Errorf("own transaction: %d, want 0", got)
+	}
+	if got := feed(delPolicy(nft), delTunnel(nft), gen(nft)); got != nftOther|nftTunnel {
+		t.Errorf("nft's transaction: %d, want %d", got, nftOther|nftTunnel)
+	}
+	// an own transaction's changes do not leak into the next one's
+	if got := feed(delPolicy(own), gen(own), gen(nft)); got != 0 {
+		t.Errorf("an empty transaction after an own one: %d, want 0", got)
+	}
+}

@@ -45,8 +45,17 @@ func (s *State) SetHolders(h map[netip.Addr]string) bool {
 	if maps.Equal(s.holders, h) {
 		return false
 	}
+	// the index reads holders only to decide a contested address: it
+	// stays good unless the holder of one of those changed
+	if s.ix != nil {
+		for _, c := range s.ix.clashes {
+			if s.holders[c.Addr] != h[c.Addr] {
+				s.ix = nil
+				break
+			}
+		}
+	}
 	s.holders = maps.Clone(h)
-	s.ix = nil
 	return true
 }
 
@@ -60,8 +69,7 @@ func (s *State) SetLocalPorts(p map[string][]LocalPort) bool {
 	for k, v := range p {
 		s.ports[k] = slices.Clone(v)
 	}
-	s.ix = nil
-	return true
+	return true // Compile reads them; the index does not
 }
 
 // Clashes are the addresses more than one Pod object claims, and who got
@@ -70,15 +78,10 @@ func (s *State) Clashes() []Clash {
 	return slices.Clone(s.index().clashes)
 }
 
-// resolveClaims returns the pod each address goes to, given every pod
-// claiming it (keys in namespace/name order), and records the clashes.
-func (ix *index) resolveClaims(claims map[netip.Addr][]*Pod) map[netip.Addr]*Pod {
-	out := make(map[netip.Addr]*Pod, len(claims))
-	for a, pods := range claims {
-		if len(pods) == 1 {
-			out[a] = pods[0]
-			continue
-		}
+// resolveClaims decides each address more than one pod claims (pods in
+// namespace/name order) into winner, and records the clashes.
+func (ix *index) resolveClaims(contested map[netip.Addr][]*Pod, winner map[netip.Addr]*Pod) {
+	for a, pods := range contested {
 		c := Clash{Addr: a}
 		for _, p := range pods {
 			c.Pods = append(c.Pods, p.Key())
@@ -96,11 +99,10 @@ func (ix *index) resolveClaims(claims map[netip.Addr][]*Pod) map[netip.Addr]*Pod
 			win = slices.MinFunc(pods, claimOrder)
 		}
 		c.Winner = win.Key()
-		out[a] = win
+		winner[a] = win
 		ix.clashes = append(ix.clashes, c)
 	}
 	slices.SortFunc(ix.clashes, func(x, y Clash) int { return x.Addr.Compare(y.Addr) })
-	return out
 }
 
 // claimOrder puts the pod that should get a contested address first: not

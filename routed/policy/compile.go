@@ -74,13 +74,29 @@ func (s *State) buildIndex() *index {
 		}
 	}
 	slices.Sort(keys)
-	claims := map[netip.Addr][]*Pod{}
+	// who claims each address: the first pod, and every pod of the rare
+	// address more than one claims
+	winner := make(map[netip.Addr]*Pod, len(keys)*2)
+	var contested map[netip.Addr][]*Pod
 	for _, k := range keys {
-		for _, a := range s.pods[k].IPs {
-			claims[a] = append(claims[a], s.pods[k])
+		p := s.pods[k]
+		for _, a := range p.IPs {
+			first, taken := winner[a]
+			switch {
+			case !taken:
+				winner[a] = p
+			case first == p: // an address listed twice
+			case contested == nil || contested[a] == nil:
+				if contested == nil {
+					contested = map[netip.Addr][]*Pod{}
+				}
+				contested[a] = []*Pod{first, p}
+			case !slices.Contains(contested[a], p):
+				contested[a] = append(contested[a], p)
+			}
 		}
 	}
-	winner := ix.resolveClaims(claims)
+	ix.resolveClaims(contested, winner)
 	for _, k := range keys {
 		p := s.pods[k]
 		e := &entry{pod: p}
