@@ -47,6 +47,7 @@ lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	  if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
+	$(GO) run ./test/treecheck -built-only .
 
 # ---- tests: one target per suite (test/README.md lists them: what each
 # proves, what it needs, how long it takes). Every Go package belongs to
@@ -62,7 +63,7 @@ GOTEST    = $(GO) test -count=1 -p $(GOTEST_P)
 # Packages of each suite (patterns; unit: every package outside test/ but
 # plugins/veth, whose rollback tests need root and netns).
 SUITE_unit        = $$($(GO) list ./... | grep -v -e '/test/' -e '/plugins/veth$$' -e '/internal/podfilter$$')
-SUITE_integration = ./plugins/veth/ ./internal/podfilter/ ./test/integration/... ./test/policynft/... ./test/bench/... ./test/nettest/... ./test/fakeipam/...
+SUITE_integration = ./plugins/veth/ ./internal/podfilter/ ./test/integration/... ./test/policynft/... ./test/bench/... ./test/nettest/... ./test/fakeipam/... ./test/treecheck/
 SUITE_routed      = ./test/routed/...
 SUITE_e2e         = ./test/e2e/...
 SUITE_policy      = ./test/policy/...
