@@ -72,6 +72,7 @@ var subtests = []struct {
 	{"NewPodIsolatedFromFirstPacket", (*env).newPod, false},
 	{"EgressDenyAllowDNS", (*env).egress, false},
 	{"LinkLocalJudgedByPort", (*env).linkLocal, false},
+	{"AddressClaimedTwice", (*env).claimedTwice, false},
 	{"TableRepaired", (*env).repair, true},
 	{"TableRepairedWhole", (*env).repairWhole, false},
 	{"Revocation", (*env).revocation, false},
