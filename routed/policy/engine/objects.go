@@ -98,47 +98,35 @@ func (e *Engine) onPodDelete(obj any) {
 }
 
 func (e *Engine) onNamespace(obj any) {
-	ns, ok := obj.(*corev1.Namespace)
-	if !ok {
-		return
+	if ns, ok := obj.(*corev1.Namespace); ok {
+		e.change(func() { e.state.SetNamespace(policy.FromNamespace(ns)) })
 	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	e.state.SetNamespace(policy.FromNamespace(ns))
-	e.changedLocked()
 }
 
 func (e *Engine) onNamespaceDelete(obj any) {
-	_, name, ok := metaOf(obj)
-	if !ok {
-		return
+	if _, name, ok := metaOf(obj); ok {
+		e.change(func() { e.state.DeleteNamespace(name) })
 	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	e.state.DeleteNamespace(name)
-	e.changedLocked()
 }
 
 func (e *Engine) onPolicy(obj any) {
-	np, ok := obj.(*networkingv1.NetworkPolicy)
-	if !ok {
-		return
+	if np, ok := obj.(*networkingv1.NetworkPolicy); ok {
+		// a refused policy is kept (it fails closed); report() logs why
+		e.change(func() { _ = e.state.SetPolicy(np) })
 	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	// a refused policy is kept (it fails closed); report() logs why
-	_ = e.state.SetPolicy(np)
-	e.changedLocked()
 }
 
 func (e *Engine) onPolicyDelete(obj any) {
-	ns, name, ok := metaOf(obj)
-	if !ok {
-		return
+	if ns, name, ok := metaOf(obj); ok {
+		e.change(func() { e.state.DeletePolicy(ns, name) })
 	}
+}
+
+// change applies f to the state under the lock and asks for a compile.
+func (e *Engine) change(f func()) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	e.state.DeletePolicy(ns, name)
+	f()
 	e.changedLocked()
 }
 
