@@ -12,6 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/containernetworking/cni/pkg/utils"
 	"github.com/podnet/podnet/ipam/allocator"
 )
 
@@ -353,4 +354,40 @@ func entryErrorPath(path string, err error) error {
 		return fmt.Errorf("%w: %s is not a directory podnet-ipam made (a symbolic link or another kind of file)", ErrUnsafeEntry, path)
 	}
 	return fmt.Errorf("open %s: %w", path, err)
+}
+
+// ValidateOwner rejects container IDs and interface names that could
+// escape the store's directories or make ambiguous file names.
+func ValidateOwner(o allocator.Owner) error {
+	if err := utils.ValidateContainerID(o.ContainerID); err != nil {
+		return fmt.Errorf("container ID %q: %s", o.ContainerID, err.Msg)
+	}
+	if err := utils.ValidateInterfaceName(o.IfName); err != nil {
+		return fmt.Errorf("interface name %q: %s", o.IfName, err.Msg)
+	}
+	return nil
+}
+
+// FormatOwner is the content of a reservation file.
+func FormatOwner(o allocator.Owner) []byte {
+	return []byte(o.ContainerID + "\n" + o.IfName + "\n")
+}
+
+// ParseOwner reads a reservation file.
+func ParseOwner(data []byte) (allocator.Owner, error) {
+	lines := strings.Split(string(data), "\n")
+	if len(lines) != 3 || lines[2] != "" {
+		return allocator.Owner{}, fmt.Errorf("reservation file: want 2 lines, got %q", data)
+	}
+	o := allocator.Owner{ContainerID: lines[0], IfName: lines[1]}
+	if err := ValidateOwner(o); err != nil {
+		return allocator.Owner{}, fmt.Errorf("reservation file: %w", err)
+	}
+	return o, nil
+}
+
+// ParseIPList reads the addresses of an owner index entry (ParseRecord).
+func ParseIPList(data []byte) ([]netip.Addr, error) {
+	r, err := ParseRecord(data)
+	return r.IPs, err
 }

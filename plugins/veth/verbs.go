@@ -19,6 +19,7 @@ import (
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 
 	"github.com/podnet/podnet/internal/attachment"
@@ -139,47 +140,87 @@ func (p *plugin) add(args *skel.CmdArgs) (err error) {
 		}
 	}()
 
+	alloc, side, err := p.allocate(inv, args, mtu, rollback, tr)
+	if err != nil {
+		return err
+	}
+	spec := vethSpec{HostName: inv.host, PodName: args.IfName, MTU: mtu, HostMAC: inv.mode.hostMAC(), Owner: inv.owner}
+	host, err := p.plumbVeth(inv, spec, side, podNS, rollback, tr)
+	if err != nil {
+		return err
+	}
+	podIface, err := p.configure(inv, host, side, podNS, tr)
+	if err != nil {
+		return err
+	}
+	waitPolicy(inv, args.ContainerID, side.ips(), log)
+	tr.mark("policy")
+
+	result, err := addResult(inv, alloc, spec.HostName, podIface, side)
+	if err != nil {
+		return err
+	}
+	log.Info("pod attached", "container", args.ContainerID, "ifname", args.IfName, "hostVeth", spec.HostName, "addrs", side.Addrs, "mtu", mtu)
+	err = types.PrintResult(result, inv.conf.CNIVersion)
+	tr.mark("result")
+	return err
+}
+
+// passed marks the step name of ADD done in the trace and fails it when a
+// test says so (failAfter).
+func (p *plugin) passed(tr *trace, name string) error {
+	tr.mark(name)
+	return p.step(name)
+}
+
+// allocate asks the IPAM plugin for the pod's addresses (undone by an IPAM
+// DEL), says how the pod end is addressed and prepares the node for it.
+func (p *plugin) allocate(inv *invocation, args *skel.CmdArgs, mtu int, rollback *undoStack, tr *trace) (*current.Result, podSide, error) {
 	ipamResult, err := ipamAdd(inv.conf, args)
 	if err != nil {
-		return ipamError("ADD", inv.conf.IPAM.Type, err, types.ErrTryAgainLater)
+		return nil, podSide{}, ipamError("ADD", inv.conf.IPAM.Type, err, types.ErrTryAgainLater)
 	}
 	rollback.push(func() error { return ipamVerb("DEL", ipam.Del, inv.conf, args) })
-	tr.mark("ipam")
-	if err = p.step("ipam"); err != nil {
-		return err
+	if err = p.passed(tr, "ipam"); err != nil {
+		return nil, podSide{}, err
 	}
 	alloc, err := current.NewResultFromResult(ipamResult)
 	if err != nil {
-		return cniErrorf(types.ErrDecodingFailure, "cannot read the result of IPAM plugin %q: %v", inv.conf.IPAM.Type, err)
+		return nil, podSide{}, cniErrorf(types.ErrDecodingFailure, "cannot read the result of IPAM plugin %q: %v", inv.conf.IPAM.Type, err)
 	}
 	if len(alloc.IPs) == 0 {
-		return cniErrorf(types.ErrTryAgainLater, "IPAM plugin %q returned no IP address", inv.conf.IPAM.Type)
+		return nil, podSide{}, cniErrorf(types.ErrTryAgainLater, "IPAM plugin %q returned no IP address", inv.conf.IPAM.Type)
 	}
 	side, err := inv.mode.describePod(args.IfName, alloc)
 	if err != nil {
-		return err
+		return nil, podSide{}, err
 	}
 	if err = inv.mode.prepareNode(side, mtu); err != nil {
-		return err
+		return nil, podSide{}, err
 	}
 	tr.mark("prepare")
+	return alloc, side, nil
+}
 
-	spec := vethSpec{HostName: inv.host, PodName: args.IfName, MTU: mtu, HostMAC: inv.mode.hostMAC(), Owner: inv.owner}
+// plumbVeth replaces a stale host veth of the same name, creates the veth
+// pair and guards its host end in the pod filter before it comes up (both
+// undone on a later failure). It returns the host end.
+func (p *plugin) plumbVeth(inv *invocation, spec vethSpec, side podSide, podNS ns.NetNS, rollback *undoStack, tr *trace) (netlink.Link, error) {
 	g := inv.mode.guard().At(inv.conf.StateDir)
 	stale, err := deleteStaleHostVeth(spec.HostName)
 	if err == nil && stale > 0 {
 		err = g.RemovePort(stale)
 	}
 	if err != nil {
-		return cniErrorf(types.ErrTryAgainLater, "%v", err)
+		return nil, cniErrorf(types.ErrTryAgainLater, "%v", err)
 	}
 	tr.mark("stale-veth")
 	host, podMAC, err := createVeth(spec, podNS)
 	if err != nil {
 		if errors.Is(err, errIfNameTaken) {
-			return cniErrorf(types.ErrInvalidEnvironmentVariables, "%v", err)
+			return nil, cniErrorf(types.ErrInvalidEnvironmentVariables, "%v", err)
 		}
-		return err
+		return nil, err
 	}
 	port := podfilter.Port{Index: host.Attrs().Index, Name: spec.HostName, Alias: inv.owner.Alias(), IPs: side.ips(), MAC: podMAC}
 	rollback.push(func() error {
@@ -187,68 +228,69 @@ func (p *plugin) add(args *skel.CmdArgs) (err error) {
 		// after the veth, so that no live port is ever left unguarded
 		return errors.Join(err, g.RemoveExact(port))
 	})
-	tr.mark("veth")
-	if err = p.step("veth"); err != nil {
-		return err
+	if err = p.passed(tr, "veth"); err != nil {
+		return nil, err
 	}
 	// before the host veth comes up: from its first packet on, the pod
 	// sends only as itself
 	if err = g.Install(port); err != nil {
-		return cniErrorf(types.ErrTryAgainLater, "%v", err)
+		return nil, cniErrorf(types.ErrTryAgainLater, "%v", err)
 	}
-	tr.mark("guard")
-	if err = p.step("guard"); err != nil {
-		return err
+	if err = p.passed(tr, "guard"); err != nil {
+		return nil, err
 	}
-	if err = inv.mode.setupHost(host, side); err != nil {
-		return err
+	return host, nil
+}
+
+// configure sets up the host end, the pod's addresses and routes, then the
+// node's route to the pod. It returns the pod's interface for the result.
+func (p *plugin) configure(inv *invocation, host netlink.Link, side podSide, podNS ns.NetNS, tr *trace) (*current.Interface, error) {
+	if err := inv.mode.setupHost(host, side); err != nil {
+		return nil, err
 	}
-	tr.mark("host")
-	if err = p.step("host"); err != nil {
-		return err
+	if err := p.passed(tr, "host"); err != nil {
+		return nil, err
 	}
 	podIface, err := configurePodAddresses(podNS, side)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	tr.mark("address")
-	if err = p.step("address"); err != nil {
-		return err
+	if err = p.passed(tr, "address"); err != nil {
+		return nil, err
 	}
 	if err = configurePodRoutes(podNS, side); err != nil {
-		return err
+		return nil, err
 	}
-	tr.mark("route")
-	if err = p.step("route"); err != nil {
-		return err
+	if err = p.passed(tr, "route"); err != nil {
+		return nil, err
 	}
 	if err = inv.mode.finishHost(host, side); err != nil {
-		return cniErrorf(types.ErrTryAgainLater, "%v", err)
+		return nil, cniErrorf(types.ErrTryAgainLater, "%v", err)
 	}
-	tr.mark("host-route")
-	if err = p.step("host-route"); err != nil {
-		return err
+	if err = p.passed(tr, "host-route"); err != nil {
+		return nil, err
 	}
-	waitPolicy(inv, args.ContainerID, side.ips(), log)
-	tr.mark("policy")
+	return podIface, nil
+}
 
+// addResult is the result ADD prints: the mode's, on top of prevResult,
+// with the network config's DNS, else the IPAM plugin's.
+func addResult(inv *invocation, alloc *current.Result, hostName string, podIface *current.Interface, side podSide) (*current.Result, error) {
 	var prev *current.Result
 	if inv.conf.PrevResult != nil {
+		var err error
 		if prev, err = current.NewResultFromResult(inv.conf.PrevResult); err != nil {
-			return cniErrorf(types.ErrDecodingFailure, "prevResult: %v", err)
+			return nil, cniErrorf(types.ErrDecodingFailure, "prevResult: %v", err)
 		}
 	}
-	result := inv.mode.result(prev, spec.HostName, podIface, side)
+	result := inv.mode.result(prev, hostName, podIface, side)
 	switch {
 	case len(inv.conf.DNS.Nameservers) > 0:
 		result.DNS = inv.conf.DNS
 	case len(alloc.DNS.Nameservers) > 0:
 		result.DNS = alloc.DNS
 	}
-	log.Info("pod attached", "container", args.ContainerID, "ifname", args.IfName, "hostVeth", spec.HostName, "addrs", side.Addrs, "mtu", mtu)
-	err = types.PrintResult(result, inv.conf.CNIVersion)
-	tr.mark("result")
-	return err
+	return result, nil
 }
 
 // del takes the veth pair out of service, removes its elements from the

@@ -27,9 +27,6 @@ type Plan struct {
 	routes     int // remote routes
 	blackholes int
 	skipped    int
-	// claims are the PodCIDRs and address each Node holds in v.taken and
-	// v.ips (it passed the cluster-wide checks and won every conflict)
-	claims map[string]Node
 	// refusalChanges are the Nodes whose refusal began, changed or ended
 	// since the last TakeRefusalChanges
 	refusalChanges map[string]bool
@@ -87,13 +84,9 @@ func NewPlan(cfg Config, local Local, nodes []Node, onLink OnLink) (*Plan, State
 		routeClaims:    make(map[netip.Prefix]int, len(nodes)),
 		fdbClaims:      map[FDB]int{},
 		peerClaims:     map[netip.Addr]int{},
-		claims:         map[string]Node{},
 		refusalChanges: map[string]bool{},
 	}
 	p.v = Validate(cfg, local, nodes)
-	for _, n := range p.v.winners {
-		p.claims[n.Name] = *n
-	}
 	st := compute(cfg, routable(cfg, p.v, nodes), onLink, p.put)
 	for _, r := range st.Routes {
 		if r.Kind == Blackhole {
@@ -210,9 +203,13 @@ func (p *Plan) Update(name string, n *Node) (d Delta, ok bool) {
 		// change the verdict on the other side
 		return Delta{}, false
 	}
-	refusal, claim, altProblem, ok := p.judge(name, n)
-	if !ok {
-		return Delta{}, false
+	var refusal *Refusal
+	var claim bool
+	var altProblem string
+	if n != nil {
+		if refusal, claim, altProblem, ok = p.v.claims.judge(name, *n); !ok {
+			return Delta{}, false
+		}
 	}
 	old := p.byNode[name]
 	var next Contribution
@@ -221,41 +218,10 @@ func (p *Plan) Update(name string, n *Node) (d Delta, ok bool) {
 		routed.AltProblem = altProblem
 		next = ForNode(p.cfg, routed, p.onLink)
 	}
-	// every destination and FDB entry this Node had or wants must be
-	// this Node's alone
-	for _, c := range [2]Contribution{old, next} {
-		for _, r := range c.Routes {
-			mine := 0
-			if slices.ContainsFunc(old.Routes, func(o Route) bool { return o.Dst == r.Dst }) {
-				mine = 1
-			}
-			if p.routeClaims[r.Dst] > mine {
-				return Delta{}, false
-			}
-		}
-		for _, f := range c.FDBs {
-			mine := 0
-			if slices.Contains(old.FDBs, f) {
-				mine = 1
-			}
-			if p.fdbClaims[f] > mine {
-				return Delta{}, false
-			}
-		}
+	if !p.alone(old, next) {
+		return Delta{}, false
 	}
-
-	d.Upsert, d.Remove = changes(old.Routes, next.Routes, func(r Route) netip.Prefix { return r.Dst })
-	d.SetNeighbors, d.DelNeighbors = changes(old.Neighbors, next.Neighbors, func(n Neighbor) netip.Addr { return n.IP })
-	d.AddFDBs, d.DelFDBs = changes(old.FDBs, next.FDBs, func(f FDB) FDB { return f })
-	for _, r := range d.Upsert {
-		if !slices.ContainsFunc(old.Routes, func(o Route) bool { return o.Dst == r.Dst }) {
-			d.AddRemote = append(d.AddRemote, r.Dst)
-		}
-	}
-	for _, r := range d.Remove {
-		d.DelRemote = append(d.DelRemote, r.Dst)
-	}
-
+	d = contributionDelta(old, next)
 	p.drop(name)
 	if n != nil {
 		p.put(name, next)
@@ -269,13 +235,9 @@ func (p *Plan) Update(name string, n *Node) (d Delta, ok bool) {
 			d.AddPeers = append(d.AddPeers, is)
 		}
 	}
-	if old, had := p.claims[name]; had {
-		p.unclaim(old)
-		delete(p.claims, name)
-	}
+	p.v.claims.unclaim(name)
 	if claim {
-		p.claim(*n)
-		p.claims[name] = *n
+		p.v.claims.claim(*n)
 	}
 	if altProblem != "" {
 		p.v.AltProblems[name] = altProblem
@@ -284,6 +246,50 @@ func (p *Plan) Update(name string, n *Node) (d Delta, ok bool) {
 	}
 	p.setRefusal(name, refusal)
 	return d, true
+}
+
+// alone tells whether every destination and FDB entry of a Node's old and
+// next contribution is this Node's alone.
+func (p *Plan) alone(old, next Contribution) bool {
+	for _, c := range [2]Contribution{old, next} {
+		for _, r := range c.Routes {
+			mine := 0
+			if slices.ContainsFunc(old.Routes, func(o Route) bool { return o.Dst == r.Dst }) {
+				mine = 1
+			}
+			if p.routeClaims[r.Dst] > mine {
+				return false
+			}
+		}
+		for _, f := range c.FDBs {
+			mine := 0
+			if slices.Contains(old.FDBs, f) {
+				mine = 1
+			}
+			if p.fdbClaims[f] > mine {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// contributionDelta is what turns a Node's old contribution into next:
+// routes, neighbors, FDB entries, and the tunnel filter's PodCIDRs (its
+// peers are the plan's: Update).
+func contributionDelta(old, next Contribution) (d Delta) {
+	d.Upsert, d.Remove = changes(old.Routes, next.Routes, func(r Route) netip.Prefix { return r.Dst })
+	d.SetNeighbors, d.DelNeighbors = changes(old.Neighbors, next.Neighbors, func(n Neighbor) netip.Addr { return n.IP })
+	d.AddFDBs, d.DelFDBs = changes(old.FDBs, next.FDBs, func(f FDB) FDB { return f })
+	for _, r := range d.Upsert {
+		if !slices.ContainsFunc(old.Routes, func(o Route) bool { return o.Dst == r.Dst }) {
+			d.AddRemote = append(d.AddRemote, r.Dst)
+		}
+	}
+	for _, r := range d.Remove {
+		d.DelRemote = append(d.DelRemote, r.Dst)
+	}
+	return d
 }
 
 func (p *Plan) setRefusal(name string, r *Refusal) {
@@ -299,91 +305,6 @@ func (p *Plan) setRefusal(name string, r *Refusal) {
 		p.v.Refused[name] = *r
 	}
 	p.refusalChanges[name] = true
-}
-
-// judge validates the new content of remote Node name (nil: deleted)
-// alone: the cluster-wide checks, conflicts with the Nodes holding
-// PodCIDRs and addresses, then this node's own checks. It returns the
-// refusal (nil: valid) and whether the Node holds its PodCIDRs and
-// address now, and why its other-family address may not be used ("":
-// it may). ok is false when n conflicts with another Node (an address
-// of either family among them): who wins is decided with every Node
-// (NewPlan).
-func (p *Plan) judge(name string, n *Node) (refusal *Refusal, claim bool, altProblem string, ok bool) {
-	if n == nil || (!ready(*n) && n.Invalid == "") {
-		return nil, false, "", true
-	}
-	if r, bad := globalChecks(p.cfg, p.v.family, *n); bad {
-		return &r, false, "", true
-	}
-	old, had := p.claims[name]
-	if had {
-		p.unclaim(old)
-	}
-	_, lost := conflicts(*n, p.v.taken, p.v.ips, p.v.macs, nil)
-	altTaken := p.altTaken(*n)
-	if had {
-		p.claim(old)
-	}
-	_, touchesLoser := conflicts(*n, p.v.lost, p.v.lostIPs, p.v.lostMACs, nil)
-	if lost || touchesLoser || altTaken {
-		return nil, false, "", false
-	}
-	if n.AltIP.IsValid() {
-		if altProblem = altGlobalProblem(p.cfg, *n); altProblem == "" {
-			altProblem = p.v.local.altProblem(*n)
-		}
-	}
-	if r, bad := p.v.local.check(*n, p.v.own); bad {
-		return &r, true, altProblem, true
-	}
-	return nil, true, altProblem, true
-}
-
-// altTaken tells whether an address of n is another Node's in the other
-// role (n's other-family address their primary or other-family one, n's
-// primary their other-family one), with n's own claims removed.
-func (p *Plan) altTaken(n Node) bool {
-	if owner, hit := p.v.altIPs[n.IP]; hit && owner != n.Name {
-		return true
-	}
-	if !n.AltIP.IsValid() {
-		return false
-	}
-	if owner, hit := p.v.altIPs[n.AltIP]; hit && owner != n.Name {
-		return true
-	}
-	_, hit := p.v.ips[n.AltIP]
-	_, lostHit := p.v.lostIPs[n.AltIP]
-	return hit || lostHit
-}
-
-func (p *Plan) claim(n Node) {
-	for _, c := range n.PodCIDRs {
-		p.v.taken.insert(c, n.Name)
-	}
-	p.v.ips[n.IP] = n.Name
-	if p.v.macs != nil {
-		p.v.macs[VTEPMAC(n.IP)] = n.Name
-	}
-	if n.AltIP.IsValid() && altGlobalProblem(p.cfg, n) == "" {
-		p.v.altIPs[n.AltIP] = n.Name
-	}
-}
-
-func (p *Plan) unclaim(n Node) {
-	for _, c := range n.PodCIDRs {
-		p.v.taken.remove(c)
-	}
-	if p.v.ips[n.IP] == n.Name {
-		delete(p.v.ips, n.IP)
-	}
-	if mac := VTEPMAC(n.IP); p.v.macs != nil && p.v.macs[mac] == n.Name {
-		delete(p.v.macs, mac)
-	}
-	if n.AltIP.IsValid() && p.v.altIPs[n.AltIP] == n.Name {
-		delete(p.v.altIPs, n.AltIP)
-	}
 }
 
 // changes compares two lists of entries keyed by key: set holds the

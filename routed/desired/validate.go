@@ -86,75 +86,6 @@ var reserved = func() *prefixTrie {
 	return t
 }()
 
-// ParseNode reads a Node's routing fields as the API returns them:
-// spec.podCIDRs (or the legacy spec.podCIDR), the addresses of
-// status.addresses (InternalIP is the next hop) and the node-IP
-// annotation, which counts only when it is one of those addresses (a
-// node's kubelet can write its own annotations; it must not point other
-// nodes' traffic at an address the Node does not have).
-func ParseNode(name, uid string, created time.Time, podCIDR string, podCIDRs []string, addrs []Address, annotation *string) Node {
-	n := Node{Name: name, UID: uid, Created: created}
-	if len(podCIDRs) == 0 && podCIDR != "" {
-		podCIDRs = []string{podCIDR}
-	}
-	var bad []string
-	for i, c := range podCIDRs {
-		p, err := netip.ParsePrefix(c)
-		switch {
-		case err != nil:
-			bad = append(bad, fmt.Sprintf("spec.podCIDRs[%d] %q does not parse", i, c))
-		case p.Addr().Is4In6() || p.Addr().Zone() != "":
-			bad = append(bad, fmt.Sprintf("spec.podCIDRs[%d] %q is not a plain IPv4 or IPv6 prefix", i, c))
-		case p != p.Masked():
-			bad = append(bad, fmt.Sprintf("spec.podCIDRs[%d] %q has host bits set (the network is %s)", i, c, p.Masked()))
-			n.PodCIDRs = append(n.PodCIDRs, p.Masked())
-		default:
-			n.PodCIDRs = append(n.PodCIDRs, p)
-		}
-	}
-	n.Invalid = strings.Join(bad, "; ")
-	var own, internal []netip.Addr
-	for _, a := range addrs {
-		ip, err := netip.ParseAddr(a.Address)
-		if err != nil {
-			continue
-		}
-		ip = ip.Unmap() // ::ffff:a.b.c.d is an IPv4 node
-		own = append(own, ip)
-		if a.Internal {
-			internal = append(internal, ip)
-			if !n.IP.IsValid() {
-				n.IP = ip
-			}
-		}
-	}
-	if annotation != nil {
-		ip, err := netip.ParseAddr(*annotation)
-		switch {
-		case err != nil:
-			n.Note = fmt.Sprintf("annotation %q does not parse: ignored", *annotation)
-		case !slices.Contains(own, ip.Unmap()):
-			n.Note = fmt.Sprintf("annotation %s is not one of the Node's status.addresses: ignored", ip)
-		default:
-			n.IP = ip.Unmap()
-		}
-	}
-	// a dual-stack Node: its first InternalIP of the other family
-	for _, ip := range internal {
-		if n.IP.IsValid() && ip.Is4() != n.IP.Is4() {
-			n.AltIP = ip
-			break
-		}
-	}
-	return n
-}
-
-// Address is one of a Node's status.addresses.
-type Address struct {
-	Internal bool // type InternalIP
-	Address  string
-}
-
 // Validation is the verdict on every Node, as Validate gives it.
 type Validation struct {
 	// Valid are the Nodes that may be routed (this node among them when
@@ -175,22 +106,8 @@ type Validation struct {
 	// refused for it).
 	AltProblems map[string]string
 
-	// what Plan.Update judges one Node against: the PodCIDRs and
-	// addresses of the Nodes that passed the cluster-wide checks and won
-	// every conflict, and this node's own view
-	taken   *prefixTrie
-	ips     map[netip.Addr]string
-	macs    map[string]string // VTEP MACs (vxlan only; nil otherwise)
-	altIPs  map[netip.Addr]string
-	winners []*Node
-	// what the losers of conflicts claim: a Node that comes to overlap
-	// one changes the reason it is refused for
-	lost     *prefixTrie
-	lostIPs  map[netip.Addr]string
-	lostMACs map[string]string
-	family   int
-	local    localChecks
-	own      *prefixTrie
+	// claims is what Plan.Update judges one Node against
+	claims *claimIndex
 }
 
 // Validate decides which Nodes may become routes, seen from cfg.Self:
@@ -215,108 +132,21 @@ type Validation struct {
 // PodCIDR or an address yet are neither valid nor refused (ForNode skips
 // them). The cost is O(N log N) for N Nodes: a sort and trie lookups.
 func Validate(cfg Config, local Local, nodes []Node) Validation {
-	v := Validation{Refused: map[string]Refusal{}, Conflicted: map[string]bool{}, AltProblems: map[string]string{},
-		lost: &prefixTrie{}, lostIPs: map[netip.Addr]string{}}
-	var macs map[string]string
-	if cfg.Encap == VXLAN {
-		// only VXLAN uses the MACs: another mode has nothing to refuse
-		macs, v.lostMACs = map[string]string{}, map[string]string{}
-	}
+	v := Validation{Refused: map[string]Refusal{}, Conflicted: map[string]bool{}, AltProblems: map[string]string{}}
 	var selfNode *Node
 	for i := range nodes {
 		if nodes[i].Name == cfg.Self {
 			selfNode = &nodes[i]
 		}
 	}
-	family := underlayFamily(selfNode)
-
+	ix := newClaimIndex(cfg, underlayFamily(selfNode))
+	v.claims = ix
 	// 1. checks of each Node alone that every node decides alike
-	var candidates []*Node
-	for i := range nodes {
-		n := &nodes[i]
-		isSelf := n.Name == cfg.Self
-		if !ready(*n) && n.Invalid == "" && (!isSelf || len(n.PodCIDRs) == 0) {
-			// this node without an address yet still has its PodCIDR
-			// (blackhole, node.json); others need both for a route
-			if isSelf {
-				v.SelfProblem = notReady(*n)
-			}
-			continue
-		}
-		if r, bad := globalChecks(cfg, family, *n); bad {
-			v.refuse(cfg, r)
-			continue
-		}
-		candidates = append(candidates, n)
-	}
+	candidates := v.candidates(cfg, nodes)
 	// 2. conflicts between them: this node's own Node keeps what it
 	// claims, then the older Node keeps what both claim (precedes)
-	slices.SortStableFunc(candidates, func(a, b *Node) int { return precedes(cfg.Self, *a, *b) })
-	byName := make(map[string]*Node, len(candidates))
-	for _, n := range candidates {
-		byName[n.Name] = n
-	}
-	keeps := func(loser Node, owner string) string { return whyKept(cfg.Self, *byName[owner], loser) }
-	taken := &prefixTrie{}
-	ips := map[netip.Addr]string{}
-	var winners []*Node
-	conflict := map[string]conflictRefusal{}
-	for _, n := range candidates {
-		if r, lost := conflicts(*n, taken, ips, macs, keeps); lost {
-			conflict[n.Name] = r
-			for _, p := range n.PodCIDRs {
-				v.lost.insert(p, n.Name)
-			}
-			if n.IP.IsValid() {
-				v.lostIPs[n.IP] = n.Name
-				if v.lostMACs != nil {
-					v.lostMACs[VTEPMAC(n.IP)] = n.Name
-				}
-			}
-			v.Conflicted[n.Name] = true
-			v.Conflicted[r.owner] = true
-			continue
-		}
-		for _, p := range n.PodCIDRs {
-			taken.insert(p, n.Name)
-		}
-		if n.IP.IsValid() {
-			ips[n.IP] = n.Name
-			if macs != nil {
-				macs[VTEPMAC(n.IP)] = n.Name
-			}
-		}
-		winners = append(winners, n)
-	}
-	// the winners' other-family addresses: one that is another Node's
-	// address (primary, or an older Node's other-family one) is nobody's
-	// to route to; the Nodes keep their primary family
-	primaries := map[netip.Addr]string{}
-	for _, n := range candidates {
-		if n.IP.IsValid() {
-			primaries[n.IP] = n.Name
-		}
-	}
-	altIPs := map[netip.Addr]string{}
-	for _, n := range winners {
-		if !n.AltIP.IsValid() {
-			continue
-		}
-		if why := altGlobalProblem(cfg, *n); why != "" {
-			v.AltProblems[n.Name] = why
-			continue
-		}
-		owner, hit := primaries[n.AltIP]
-		if !hit {
-			owner, hit = altIPs[n.AltIP]
-		}
-		if hit {
-			v.AltProblems[n.Name] = fmt.Sprintf("its other-family address %s is also Node %s's", n.AltIP, owner)
-			v.Conflicted[n.Name], v.Conflicted[owner] = true, true
-			continue
-		}
-		altIPs[n.AltIP] = n.Name
-	}
+	winners, conflict := v.resolveConflicts(cfg, candidates)
+	v.altClaims(cfg, candidates, winners)
 	if selfNode != nil && len(selfNode.PodCIDRs) > 0 {
 		if r, lost := conflict[cfg.Self]; lost {
 			v.SelfProblem = r.Detail
@@ -329,14 +159,108 @@ func Validate(cfg Config, local Local, nodes []Node) Validation {
 	}
 	// 3. what only this node can judge, and the reason each loser is
 	// given (the first in checking order)
-	var own *prefixTrie
 	if v.Self != nil {
-		own = &prefixTrie{}
+		ix.own = &prefixTrie{}
 		for _, p := range v.Self.PodCIDRs {
-			own.insert(p, cfg.Self)
+			ix.own.insert(p, cfg.Self)
 		}
 	}
-	lc := newLocalChecks(cfg, local, v.Self)
+	ix.local = newLocalChecks(cfg, local, v.Self)
+	valid := v.localVerdicts(cfg, candidates, winners, conflict)
+	for _, n := range nodes {
+		if valid[n.Name] {
+			v.Valid = append(v.Valid, n)
+		}
+	}
+	return v
+}
+
+// candidates are the Nodes that are ready (this node: with a PodCIDR) and
+// pass the checks every node decides alike; the others are refused.
+func (v *Validation) candidates(cfg Config, nodes []Node) []*Node {
+	var candidates []*Node
+	for i := range nodes {
+		n := &nodes[i]
+		isSelf := n.Name == cfg.Self
+		if !ready(*n) && n.Invalid == "" && (!isSelf || len(n.PodCIDRs) == 0) {
+			// this node without an address yet still has its PodCIDR
+			// (blackhole, node.json); others need both for a route
+			if isSelf {
+				v.SelfProblem = notReady(*n)
+			}
+			continue
+		}
+		if r, bad := globalChecks(cfg, v.claims.family, *n); bad {
+			v.refuse(cfg, r)
+			continue
+		}
+		candidates = append(candidates, n)
+	}
+	return candidates
+}
+
+// resolveConflicts sorts the candidates (precedes) and gives each what it
+// claims unless a Node before it holds it already. It returns the Nodes
+// that hold their claims, and the lost conflicts by loser.
+func (v *Validation) resolveConflicts(cfg Config, candidates []*Node) ([]*Node, map[string]conflictRefusal) {
+	slices.SortStableFunc(candidates, func(a, b *Node) int { return precedes(cfg.Self, *a, *b) })
+	byName := make(map[string]*Node, len(candidates))
+	for _, n := range candidates {
+		byName[n.Name] = n
+	}
+	keeps := func(loser Node, owner string) string { return whyKept(cfg.Self, *byName[owner], loser) }
+	var winners []*Node
+	conflict := map[string]conflictRefusal{}
+	for _, n := range candidates {
+		if r, lost := v.claims.conflict(*n, keeps); lost {
+			conflict[n.Name] = r
+			v.claims.lose(*n)
+			v.Conflicted[n.Name] = true
+			v.Conflicted[r.owner] = true
+			continue
+		}
+		v.claims.hold(*n)
+		winners = append(winners, n)
+	}
+	return winners, conflict
+}
+
+// altClaims gives the winners their other-family addresses: one that is
+// another Node's address (primary, or an older Node's other-family one)
+// is nobody's to route to; the Nodes keep their primary family.
+func (v *Validation) altClaims(cfg Config, candidates, winners []*Node) {
+	primaries := map[netip.Addr]string{}
+	for _, n := range candidates {
+		if n.IP.IsValid() {
+			primaries[n.IP] = n.Name
+		}
+	}
+	for _, n := range winners {
+		if !n.AltIP.IsValid() {
+			continue
+		}
+		if why := altGlobalProblem(cfg, *n); why != "" {
+			v.AltProblems[n.Name] = why
+			continue
+		}
+		owner, hit := primaries[n.AltIP]
+		if !hit {
+			owner, hit = v.claims.altIPs[n.AltIP]
+		}
+		if hit {
+			v.AltProblems[n.Name] = fmt.Sprintf("its other-family address %s is also Node %s's", n.AltIP, owner)
+			v.Conflicted[n.Name], v.Conflicted[owner] = true, true
+			continue
+		}
+		v.claims.holdAlt(*n)
+	}
+}
+
+// localVerdicts makes the checks only this node can make: it refuses the
+// winners that fail them, gives each loser of a conflict the first reason
+// in checking order, and returns the valid Nodes by name.
+func (v *Validation) localVerdicts(cfg Config, candidates, winners []*Node, conflict map[string]conflictRefusal) map[string]bool {
+	lc, own := v.claims.local, v.claims.own
 	for _, n := range winners {
 		if why := lc.altProblem(*n); why != "" && v.AltProblems[n.Name] == "" {
 			v.AltProblems[n.Name] = why
@@ -365,13 +289,7 @@ func Validate(cfg Config, local Local, nodes []Node) Validation {
 		}
 		v.refuse(cfg, rr)
 	}
-	for _, n := range nodes {
-		if valid[n.Name] {
-			v.Valid = append(v.Valid, n)
-		}
-	}
-	v.taken, v.ips, v.macs, v.altIPs, v.winners, v.family, v.local, v.own = taken, ips, macs, altIPs, winners, family, lc, own
-	return v
+	return valid
 }
 
 // altGlobalProblem is why n's other-family address may not be a next
@@ -565,106 +483,6 @@ func conflicts(n Node, taken *prefixTrie, ips map[netip.Addr]string, macs map[st
 		}
 	}
 	return conflictRefusal{}, false
-}
-
-// localChecks are the checks only this node can make: against its own
-// addresses, routes, PodCIDRs and the API server it talks to. A PodCIDR
-// route must not take traffic the node sends elsewhere today:
-//   - it may not hold one of the node's addresses;
-//   - it may not equal a route of another protocol (the exclusive create
-//     would fail anyway);
-//   - it may not overlap a connected subnet either way (inside one, it
-//     would cut off part of the node's own L2 neighbours; around one, it
-//     takes the underlay's space).
-//
-// A more specific route of another protocol inside it (an operator's
-// blackhole for one pod address: every PodCIDR lies inside the cluster
-// CIDRs, so such a route is the pod network's) and one around it through
-// a gateway (10.0.0.0/8 via a VPN, the default route) are left alone.
-type localChecks struct {
-	cfg       Config
-	addrs     map[netip.Addr]bool
-	nodeAddrs *prefixTrie // this node's addresses
-	exact     map[netip.Prefix]bool
-	connected *prefixTrie
-}
-
-func newLocalChecks(cfg Config, local Local, self *Node) localChecks {
-	lc := localChecks{cfg: cfg, addrs: map[netip.Addr]bool{}, nodeAddrs: &prefixTrie{}, exact: map[netip.Prefix]bool{},
-		connected: &prefixTrie{}}
-	var own []netip.Prefix
-	if self != nil {
-		own = self.PodCIDRs
-	}
-	// the pod network's own addresses and routes (a bridge's gateway and
-	// connected route, the VTEP) are not the node's network
-	ours := func(p netip.Prefix) bool { return insideAny(p, own) }
-	usable := func(p netip.Prefix) bool {
-		return p.Bits() > 0 && !p.Addr().IsLinkLocalUnicast() && !p.Addr().IsMulticast() && !ours(p)
-	}
-	for _, a := range local.Addrs {
-		a = a.Unmap()
-		lc.addrs[a] = true
-		if p := netip.PrefixFrom(a, a.BitLen()); !a.IsLinkLocalUnicast() && !ours(p) {
-			lc.nodeAddrs.insert(p, "address "+a.String())
-		}
-	}
-	for _, r := range local.Routes {
-		if r = r.Masked(); usable(r) {
-			lc.exact[r] = true
-		}
-	}
-	for _, r := range local.Connected {
-		if r = r.Masked(); usable(r) {
-			lc.connected.insert(r, "connected subnet "+r.String())
-		}
-	}
-	return lc
-}
-
-// network says which part of this node's network p would take.
-func (lc localChecks) network(p netip.Prefix) (string, bool) {
-	if _, what, hit := lc.nodeAddrs.within(p); hit {
-		return what, true
-	}
-	if lc.exact[p] {
-		return "route " + p.String() + " (not podnet's)", true
-	}
-	if _, what, hit := lc.connected.overlap(p); hit {
-		return what, true
-	}
-	return "", false
-}
-
-func (lc localChecks) check(n Node, own *prefixTrie) (Refusal, bool) {
-	for _, p := range n.PodCIDRs {
-		for _, a := range lc.cfg.APIServers {
-			if p.Contains(a) {
-				return refusal(n, OverlapsAPIServer, "PodCIDR %s holds the API server's address %s", p, a)
-			}
-		}
-		if what, hit := lc.network(p); hit {
-			return refusal(n, OverlapsNodeNetwork, "PodCIDR %s overlaps this node's %s", p, what)
-		}
-		if own != nil {
-			if q, _, hit := own.overlap(p); hit {
-				return refusal(n, OverlapsOwnPodCIDR, "PodCIDR %s overlaps PodCIDR %s of this node's own Node %s, which never yields its own PodCIDRs to another Node", p, q, lc.cfg.Self)
-			}
-		}
-	}
-	if lc.addrs[n.IP] {
-		return refusal(n, OwnNodeIP, "node address %s is this node's own address (Node %s keeps it)", n.IP, lc.cfg.Self)
-	}
-	return Refusal{}, false
-}
-
-// altProblem is why n's other-family address may not be a next hop from
-// this node: it is one of this node's own addresses.
-func (lc localChecks) altProblem(n Node) string {
-	if n.AltIP.IsValid() && lc.addrs[n.AltIP] && n.Name != lc.cfg.Self {
-		return fmt.Sprintf("its other-family address %s is this node's own address", n.AltIP)
-	}
-	return ""
 }
 
 // CheckClusterCIDR refuses a cluster CIDR that would let a PodCIDR take

@@ -171,3 +171,12 @@ func (l *Loop) repairSysctls(network string, lr *liveRepair) int {
 	}
 	return n
 }
+
+// repairLive puts back the host routes of live attachments under the
+// store's lock, in holds of about LockBudget, as release.
+func (l *Loop) repairLive(dir, network string, repairs []*liveRepair, res *Result) error {
+	return l.inHolds(dir, network, len(repairs), res, func(d *store.Disk, i int) error {
+		res.Repaired += l.repairRoutes(d, network, repairs[i])
+		return nil
+	})
+}

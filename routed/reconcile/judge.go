@@ -86,7 +86,7 @@ type Facts struct {
 	// Netns says what is at a recorded netns path now.
 	Netns func(path string, ino uint64) NetnsState
 	// HostVethInService reports whether the attachment's host veth is in
-	// service (HostVethInService in reconcile.go: the attachment's alias,
+	// service (HostVethInService in facts.go: the attachment's alias,
 	// up, with a carrier, its peer in another live netns): its pod end
 	// then lives in the pod's netns, which therefore exists.
 	HostVethInService bool

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
-	"net"
 	"net/netip"
 	"slices"
 	"sort"
@@ -15,7 +14,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vishvananda/netlink"
-	"golang.org/x/sys/unix"
 
 	"github.com/podnet/podnet/internal/attachment"
 	"github.com/podnet/podnet/internal/podfilter"
@@ -183,16 +181,6 @@ type Result struct {
 	Repaired  int
 	// MaxLockHold is the longest single hold of a store's lock.
 	MaxLockHold time.Duration
-}
-
-// candidate is an attachment (or an orphan reservation) judged dead.
-type candidate struct {
-	owner   allocator.Owner
-	record  store.Record // the snapshot's (orphan: zero)
-	orphan  netip.Addr   // valid for an orphan reservation
-	changed time.Time    // orphan: the reservation's ctime
-	verdict Verdict
-	links   []netlink.Link
 }
 
 // storeSnap is one network store's snapshot.
@@ -412,7 +400,29 @@ func (l *Loop) sandboxes(ctx context.Context) map[string]SandboxState {
 // Attachments kept only because their host veth is in service are added
 // to overruled.
 func (l *Loop) network(s storeSnap, facts Facts, links map[attachment.Owner][]netlink.Link, overruled map[attachment.Owner]Kind, res *Result) error {
-	dir, network, snap := s.dir, s.network, s.snap
+	dead, repairs := l.judgeStore(s, facts, links, overruled, res)
+	// Entries that could not be read are left alone and reported (each
+	// pass, until someone removes them); the rest of the store goes on.
+	errs := slices.Clone(s.snap.Skipped)
+	if err := l.repairLive(s.dir, s.network, repairs, res); err != nil {
+		errs = append(errs, err)
+	}
+	if len(dead) == 0 {
+		return errors.Join(errs...)
+	}
+	free, ferrs := freeHostSides(s.network, dead)
+	errs = append(errs, ferrs...)
+	if err := l.release(s.dir, s.network, free, res); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// judgeStore judges every attachment and orphan reservation of the
+// snapshot: it returns the dead, and the live ones whose host routes need
+// a repair under the lock (their sysctls it repairs right away).
+func (l *Loop) judgeStore(s storeSnap, facts Facts, links map[attachment.Owner][]netlink.Link, overruled map[attachment.Owner]Kind, res *Result) ([]candidate, []*liveRepair) {
+	network, snap := s.network, s.snap
 	var dead []candidate
 	var repairs []*liveRepair
 	indexed := map[netip.Addr]bool{}
@@ -444,6 +454,14 @@ func (l *Loop) network(s storeSnap, facts Facts, links map[attachment.Owner][]ne
 	for _, o := range snap.Corrupt {
 		l.log.Warn("leak reconcile: owner index entry does not parse; CNI GC rewrites it from the reservations", "network", network, "container", o.ContainerID, "ifname", o.IfName)
 	}
+	return append(dead, deadOrphans(snap, indexed, facts)...), repairs
+}
+
+// deadOrphans judges the reservations no owner index entry lists
+// (indexed), but for those of an entry that does not parse or cannot be
+// read.
+func deadOrphans(snap *store.Snapshot, indexed map[netip.Addr]bool, facts Facts) []candidate {
+	var dead []candidate
 	for ip, rv := range snap.Reservations {
 		if indexed[ip] || (rv.Owner != allocator.Owner{} && (slices.Contains(snap.Corrupt, rv.Owner) || slices.Contains(snap.Unreadable, rv.Owner))) {
 			continue
@@ -452,215 +470,5 @@ func (l *Loop) network(s storeSnap, facts Facts, links map[attachment.Owner][]ne
 			dead = append(dead, candidate{owner: rv.Owner, orphan: ip, changed: rv.Changed, verdict: v})
 		}
 	}
-	// Entries that could not be read are left alone and reported (each
-	// pass, until someone removes them); the rest of the store goes on.
-	errs := slices.Clone(snap.Skipped)
-	for len(repairs) > 0 { // in holds of about LockBudget, as release
-		n := 0
-		err := l.withLock(dir, network, func(d *store.Disk) error {
-			start := time.Now()
-			for n < len(repairs) && (n == 0 || time.Since(start) < l.cfg.LockBudget) {
-				res.Repaired += l.repairRoutes(d, network, repairs[n])
-				n++
-			}
-			return nil
-		}, res)
-		if err != nil {
-			errs = append(errs, err)
-			break
-		}
-		repairs = repairs[n:]
-	}
-	if len(dead) == 0 {
-		return errors.Join(errs...)
-	}
-	// Oldest first: a pass cut short frees the longest-leaked.
-	sort.Slice(dead, func(i, j int) bool { return dead[i].record.Created.Before(dead[j].record.Created) })
-	free := dead[:0]
-	for _, c := range dead {
-		if c.orphan.IsValid() || len(c.links) == 0 {
-			free = append(free, c)
-			continue
-		}
-		// The host side first, outside the lock (deleting a veth takes
-		// ~20 ms): no route of the node may send the address to the old
-		// pod once it is free.
-		vo := attachment.Owner{Network: network, ContainerID: c.owner.ContainerID, IfName: c.owner.IfName}
-		if _, err := attachment.FreeHost(vo, c.links); err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		free = append(free, c)
-	}
-	if err := l.release(dir, network, free, res); err != nil {
-		errs = append(errs, err)
-	}
-	return errors.Join(errs...)
-}
-
-// release frees the candidates' addresses, holding the store's lock for at
-// most about LockBudget at a time. Under the lock each candidate is
-// re-read: one that changed since the snapshot (an ADD of the same
-// attachment again) is left for the next pass.
-func (l *Loop) release(dir, network string, cands []candidate, res *Result) error {
-	for len(cands) > 0 {
-		n := 0
-		err := l.withLock(dir, network, func(d *store.Disk) error {
-			start := time.Now()
-			alloc := &allocator.Allocator{Store: d}
-			var errs []error
-			for n < len(cands) && (n == 0 || time.Since(start) < l.cfg.LockBudget) {
-				c := cands[n]
-				n++
-				freed, err := l.releaseOne(d, alloc, c)
-				if err != nil {
-					errs = append(errs, err)
-					continue
-				}
-				if freed {
-					res.Reclaimed[c.verdict.Kind]++
-					l.m.Reclaimed.WithLabelValues(string(c.verdict.Kind)).Inc()
-					l.logReclaim(network, c)
-				}
-			}
-			return errors.Join(errs...)
-		}, res)
-		if err != nil {
-			return err
-		}
-		cands = cands[n:]
-	}
-	return nil
-}
-
-// releaseOne frees one candidate in the locked store d if it is still what
-// the snapshot saw.
-func (l *Loop) releaseOne(d *store.Disk, alloc *allocator.Allocator, c candidate) (bool, error) {
-	if c.orphan.IsValid() {
-		rv, ok, err := d.Reservation(c.orphan)
-		if err != nil || !ok || rv.Owner != c.owner || !rv.Changed.Equal(c.changed) {
-			return false, err
-		}
-		if c.owner != (allocator.Owner{}) {
-			if r, ok, err := d.Record(c.owner); err != nil || (ok && slices.Contains(r.IPs, c.orphan)) {
-				return false, err // committed meanwhile
-			}
-		}
-		return true, d.Release(c.orphan)
-	}
-	r, ok, err := d.Record(c.owner)
-	if err != nil || !ok || !sameRecord(r, c.record) {
-		return false, err
-	}
-	return true, alloc.Release(c.owner)
-}
-
-func sameRecord(a, b store.Record) bool {
-	return a.Meta == b.Meta && slices.Equal(a.IPs, b.IPs)
-}
-
-func (l *Loop) logReclaim(network string, c candidate) {
-	if c.orphan.IsValid() {
-		l.log.Info("leak reclaimed", "network", network, "kind", c.verdict.Kind, "addrs", []netip.Addr{c.orphan}, "container", c.owner.ContainerID, "why", c.verdict.Reason)
-		return
-	}
-	pod := ""
-	if c.record.HasPod() {
-		pod = c.record.PodNamespace + "/" + c.record.PodName
-	}
-	l.log.Info("leak reclaimed", "network", network, "kind", c.verdict.Kind, "addrs", c.record.IPs,
-		"container", c.owner.ContainerID, "ifname", c.owner.IfName, "pod", pod, "podUID", c.record.PodUID,
-		"netns", c.record.Netns, "hostLinks", len(c.links), "why", c.verdict.Reason)
-}
-
-// withLock runs f in the locked store of network, and records how long
-// the lock was held.
-func (l *Loop) withLock(dir, network string, f func(*store.Disk) error, res *Result) error {
-	d, err := store.OpenDisk(dir, network)
-	if err != nil {
-		return err
-	}
-	start := time.Now()
-	err = f(d)
-	hold := time.Since(start)
-	err = errors.Join(err, d.Close())
-	l.m.LockHold.Observe(hold.Seconds())
-	res.MaxLockHold = max(res.MaxLockHold, hold)
-	return err
-}
-
-// createdAt is when the entry was made: r.Created, or for an entry of an
-// older podnet (no time recorded) reservedAt.
-func createdAt(snap *store.Snapshot, o allocator.Owner, r store.Record) time.Time {
-	if !r.Created.IsZero() {
-		return r.Created
-	}
-	return reservedAt(snap, o, r)
-}
-
-// reservedAt is when an entry without a recorded time (older podnet) was
-// made: its earliest reservation's ctime (now when it has none).
-func reservedAt(snap *store.Snapshot, o allocator.Owner, r store.Record) time.Time {
-	var t time.Time
-	for _, ip := range r.IPs {
-		if rv, ok := snap.Reservations[ip]; ok && rv.Owner == o && (t.IsZero() || rv.Changed.Before(t)) {
-			t = rv.Changed
-		}
-	}
-	if t.IsZero() {
-		return time.Now()
-	}
-	return t
-}
-
-// netnsState looks at a recorded netns path. Only a path that is gone, or
-// holds another network namespace than the one recorded, counts against
-// the pod: a plain file there may be a netns mount this process cannot
-// see (a container without mount propagation from the host's
-// /run/netns), and a path that cannot be looked at tells nothing.
-func netnsState(path string, ino uint64) NetnsState {
-	var st unix.Stat_t
-	if err := unix.Stat(path, &st); err != nil {
-		if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR) {
-			return NetnsGone
-		}
-		return NetnsSame
-	}
-	var fs unix.Statfs_t
-	if err := unix.Statfs(path, &fs); err != nil || fs.Type != unix.NSFS_MAGIC {
-		return NetnsSame
-	}
-	if ino != 0 && st.Ino != ino {
-		return NetnsOther
-	}
-	return NetnsSame
-}
-
-// inService reports whether one of links is a host veth in service
-// (HostVethInService).
-func inService(links []netlink.Link) bool {
-	return slices.ContainsFunc(links, HostVethInService)
-}
-
-// HostVethInService reports whether l, a link of the node's netns, is an
-// attachment's host veth in service: a veth with the attachment's alias
-// (not the one DEL gives the host end it detaches), up, with a carrier
-// (a veth has one only while its peer is up too: DEL's detach sets both
-// ends down, a half-done one at least the pod end), and its peer in
-// another network namespace that is alive. The kernel reports the peer's
-// netns as an id of this netns (IFLA_LINK_NETNSID); it reports none when
-// the peer is in this netns (not a pod's veth) and NETNSA_NSID_NOT_ASSIGNED
-// for a namespace being destroyed, whose veths are about to go. Such a
-// veth carries the pod's traffic now: its pod is alive whatever a runtime
-// or a boot ID say.
-func HostVethInService(l netlink.Link) bool {
-	if _, ok := l.(*netlink.Veth); !ok {
-		return false
-	}
-	a := l.Attrs()
-	if _, ok := attachmentInService(l); !ok {
-		return false
-	}
-	up := a.Flags&net.FlagUp != 0 && (a.OperState == netlink.OperUp || a.RawFlags&unix.IFF_LOWER_UP != 0)
-	return up && a.NetNsID >= 0
+	return dead
 }

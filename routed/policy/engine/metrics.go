@@ -146,3 +146,40 @@ func (d *dropCounter) observe(podID string, dir policy.Direction, namespace, nam
 		d.vec.WithLabelValues(namespace, name).Add(float64(delta))
 	}
 }
+
+// readCounters turns the pod chains' drop counters into
+// podnet_policy_drops_total{namespace,policy}: a pod's drops count for
+// each policy that isolates it in that direction.
+func (e *Engine) readCounters() {
+	counts, err := e.w.DropCounters()
+	if err != nil {
+		e.log.Debug("cannot read the NetworkPolicy drop counters", "err", err)
+		return
+	}
+	e.mu.Lock()
+	last := e.last
+	e.mu.Unlock()
+	if last == nil {
+		return
+	}
+	pols := map[string]policy.PolicyChain{}
+	for _, p := range last.Policies {
+		pols[p.ID] = p
+	}
+	seen := map[dropSeen]bool{}
+	for _, pod := range last.Pods {
+		for _, d := range []struct {
+			dir policy.Direction
+			ids []string
+		}{{policy.Ingress, pod.Ingress}, {policy.Egress, pod.Egress}} {
+			n := counts[DropKey{PodID: pod.ID, Direction: d.dir}]
+			for _, id := range d.ids {
+				if p, ok := pols[id]; ok {
+					e.m.drops.observe(pod.ID, d.dir, p.Namespace, p.Name, n)
+					seen[dropSeen{pod: pod.ID, namespace: p.Namespace, name: p.Name, dir: d.dir}] = true
+				}
+			}
+		}
+	}
+	e.m.drops.forgetAllBut(seen)
+}

@@ -1,0 +1,85 @@
+// The plugins' ADD-time wait on the policy socket: the addresses a pod got,
+// recorded before its Pod object shows them, and the answer once a write
+// that includes them is in the kernel.
+
+package engine
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/podnet/podnet/internal/policysock"
+)
+
+// handleWait answers a plugin's ADD-time wait: it records the addresses
+// the pod got (the Pod object shows them only later) and returns once a
+// write that includes them is in the kernel.
+func (e *Engine) handleWait(ctx context.Context, req policysock.Request) error {
+	key := req.Namespace + "/" + req.Name
+	for {
+		obj, ok, err := e.podInf.GetStore().GetByKey(key)
+		if err != nil {
+			return fmt.Errorf("pod %s: %w", key, err)
+		}
+		if ok {
+			pod := obj.(*corev1.Pod)
+			if pod.Spec.NodeName != e.cfg.NodeName {
+				return fmt.Errorf("pod %s is on node %q, not on %s", key, pod.Spec.NodeName, e.cfg.NodeName)
+			}
+			break
+		}
+		// the informer has not seen the pod yet: it is on its way (the
+		// kubelet got it from the same API server)
+		select {
+		case <-ctx.Done():
+			e.mu.Lock()
+			e.overrides[key] = override{ips: req.IPs, at: e.now()}
+			e.mu.Unlock()
+			return fmt.Errorf("pod %s is not known to the API server's watch yet; it stays isolated until it is", key)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	link, linked := portLink{}, false
+	if req.HostVeth != "" {
+		link, linked = lookupLink(req.HostVeth)
+	}
+	e.mu.Lock()
+	e.overrides[key] = override{ips: req.IPs, at: e.now()}
+	// a compile and write only when the wait tells the engine something
+	// new: a holder or a port it did not know (every ADD waits here)
+	changed := false
+	for _, a := range req.IPs {
+		a = a.Unmap()
+		changed = changed || e.waitHolders[a] != key
+		e.waitHolders[a], e.waitAt[a] = key, e.now()
+	}
+	if old, known := e.links[req.HostVeth]; linked && (!known || old != link) {
+		e.links[req.HostVeth] = link
+		changed = true
+	}
+	if changed {
+		e.changedLocked()
+	}
+	obj, ok, _ := e.podInf.GetStore().GetByKey(key)
+	if ok {
+		e.setPodLocked(obj.(*corev1.Pod))
+	}
+	want := e.gen
+	e.mu.Unlock()
+	for {
+		e.mu.Lock()
+		done, applied := e.doneGen >= want, e.applied
+		e.mu.Unlock()
+		if done {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("pod %s: policy not written in time: %w", key, ctx.Err())
+		case <-applied:
+		}
+	}
+}
