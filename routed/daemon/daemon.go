@@ -39,9 +39,6 @@ import (
 	"github.com/podnet/podnet/routed/desired"
 )
 
-// NodeIPAnnotation overrides a node's InternalIP.
-const NodeIPAnnotation = "podnet.io/node-ip"
-
 // Config is the daemon's configuration (from flags).
 type Config struct {
 	NodeName     string
@@ -370,7 +367,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	// images, conditions, labels)
 	if err := informer.SetTransform(func(obj any) (any, error) {
 		d.watchEvent()
-		return SlimNode(obj)
+		return desired.SlimNode(obj)
 	}); err != nil {
 		return fmt.Errorf("node informer transform: %w", err)
 	}
@@ -379,7 +376,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 		UpdateFunc: func(old, cur any) {
 			o, ok1 := old.(*corev1.Node)
 			c, ok2 := cur.(*corev1.Node)
-			if ok1 && ok2 && FromNode(o).Equal(FromNode(c)) {
+			if ok1 && ok2 && desired.FromNode(o).Equal(desired.FromNode(c)) {
 				return // nothing routing reads changed (a status heartbeat)
 			}
 			d.nodeChanged(cur)
@@ -648,7 +645,7 @@ func (d *Daemon) applyNodes(lister listersv1.NodeLister) (own, remote error) {
 		noted = append(noted, name)
 		switch {
 		case err == nil:
-			dn := FromNode(obj)
+			dn := desired.FromNode(obj)
 			n = &dn
 			if why := desired.MissingFamily(d.cfg.ClusterCIDRs, dn); why != "" {
 				notes[name] = why
@@ -720,7 +717,7 @@ func (d *Daemon) apply(lister listersv1.NodeLister, why string) (own, remote err
 	nodes := make([]desired.Node, 0, len(objs))
 	notes := map[string]string{}
 	for _, o := range objs {
-		n := FromNode(o)
+		n := desired.FromNode(o)
 		nodes = append(nodes, n)
 		if why := desired.MissingFamily(d.cfg.ClusterCIDRs, n); why != "" {
 			notes[n.Name] = why
@@ -893,41 +890,6 @@ func (d *Daemon) writeState(self *desired.Node, problem string, underlay netlink
 	d.lastState = st
 	d.log.Info("node state written", "path", nodestate.Path(d.cfg.StateDir), "podCIDRs", st.PodCIDRs, "mtu", st.MTU, "error", st.Error)
 	return nil
-}
-
-// FromNode extracts what routing needs from a Node (desired.ParseNode
-// judges the fields).
-func FromNode(n *corev1.Node) desired.Node {
-	addrs := make([]desired.Address, 0, len(n.Status.Addresses))
-	for _, a := range n.Status.Addresses {
-		addrs = append(addrs, desired.Address{Internal: a.Type == corev1.NodeInternalIP, Address: a.Address})
-	}
-	var annotation *string
-	if a, ok := n.Annotations[NodeIPAnnotation]; ok {
-		annotation = &a
-	}
-	return desired.ParseNode(n.Name, string(n.UID), n.CreationTimestamp.Time, n.Spec.PodCIDR, n.Spec.PodCIDRs, addrs, annotation)
-}
-
-// SlimNode is the node informer's transform: a Node reduced to what
-// FromNode reads (name, age, PodCIDRs, addresses, the node-ip
-// annotation) plus the identity the informer keeps. Anything else (a
-// tombstone) passes.
-func SlimNode(obj any) (any, error) {
-	n, ok := obj.(*corev1.Node)
-	if !ok {
-		return obj, nil
-	}
-	slim := &corev1.Node{
-		TypeMeta:   n.TypeMeta,
-		ObjectMeta: metav1.ObjectMeta{Name: n.Name, UID: n.UID, ResourceVersion: n.ResourceVersion, CreationTimestamp: n.CreationTimestamp},
-		Spec:       corev1.NodeSpec{PodCIDR: n.Spec.PodCIDR, PodCIDRs: n.Spec.PodCIDRs},
-		Status:     corev1.NodeStatus{Addresses: n.Status.Addresses},
-	}
-	if a, ok := n.Annotations[NodeIPAnnotation]; ok {
-		slim.Annotations = map[string]string{NodeIPAnnotation: a}
-	}
-	return slim, nil
 }
 
 // nodeExists tells whether the informer holds Node name.
