@@ -23,12 +23,7 @@ import (
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apimachinery/pkg/runtime/serializer"
 	listersv1 "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
@@ -37,6 +32,7 @@ import (
 	"github.com/podnet/podnet/internal/nodestate"
 	"github.com/podnet/podnet/routed/dataplane"
 	"github.com/podnet/podnet/routed/desired"
+	"github.com/podnet/podnet/routed/kube"
 )
 
 // Config is the daemon's configuration (from flags).
@@ -72,7 +68,7 @@ type Daemon struct {
 	// serviceCIDRsLW lists and watches ServiceCIDR objects (nil: the flag
 	// alone); events posts Events about refused Nodes (nil: none)
 	serviceCIDRsLW cache.ListerWatcher
-	events         *eventSink
+	events         *kube.EventSink
 	log            *slog.Logger
 	dp             *dataplane.Netlink
 	table          dataplane.Table
@@ -131,7 +127,7 @@ type Daemon struct {
 }
 
 // New builds a daemon that lists and watches Nodes through nodes (see
-// NodesListWatch).
+// kube.NodesListWatch).
 func New(cfg Config, nodes cache.ListerWatcher, log *slog.Logger) *Daemon {
 	d := &Daemon{
 		cfg:     cfg,
@@ -168,55 +164,17 @@ func (d *Daemon) OnLocalPodCIDRs(f func([]netip.Prefix)) *Daemon {
 
 // WithAPI makes the daemon probe the API server through core when its
 // watch is quiet, post Events about the Nodes it refuses through events
-// (CoreClient, each with a rate limiter of its own, so that a burst of
+// (kube.CoreClient, each with a rate limiter of its own, so that a burst of
 // Events never delays a Node list or watch) and read the cluster's
 // service ranges from ServiceCIDR objects through serviceCIDRs
-// (ServiceCIDRsListWatch; nil: the flag alone).
+// (kube.ServiceCIDRsListWatch; nil: the flag alone).
 func (d *Daemon) WithAPI(core, events rest.Interface, serviceCIDRs cache.ListerWatcher) *Daemon {
 	d.core = core
 	if events != nil {
-		d.events = newEventSink(events, d.cfg.NodeName, d.log)
+		d.events = kube.NewEventSink(events, d.cfg.NodeName, d.log)
 	}
 	d.serviceCIDRsLW = serviceCIDRs
 	return d
-}
-
-// CoreClient is a REST client of core/v1 and nothing else, in protobuf:
-// the typed clientset and informer factory would link every API group
-// into the binary (its pages are most of the daemon's resident memory),
-// and JSON costs several times the CPU and garbage to decode a large
-// Node list.
-func CoreClient(cfg *rest.Config) (rest.Interface, error) {
-	return restClient(cfg, "/api", corev1.SchemeGroupVersion, corev1.AddToScheme, true)
-}
-
-// restClient is a REST client of one API group version, its scheme alone.
-func restClient(cfg *rest.Config, apiPath string, gv schema.GroupVersion, addToScheme func(*runtime.Scheme) error, protobuf bool) (rest.Interface, error) {
-	scheme := runtime.NewScheme()
-	if err := addToScheme(scheme); err != nil {
-		return nil, fmt.Errorf("%s scheme: %w", gv, err)
-	}
-	c := rest.CopyConfig(cfg)
-	c.APIPath = apiPath
-	c.GroupVersion = &gv
-	if protobuf {
-		c.ContentType = runtime.ContentTypeProtobuf
-		c.AcceptContentTypes = runtime.ContentTypeProtobuf + "," + runtime.ContentTypeJSON
-	}
-	c.NegotiatedSerializer = serializer.NewCodecFactory(scheme).WithoutConversion()
-	if c.UserAgent == "" {
-		c.UserAgent = "podnet-routed"
-	}
-	rc, err := rest.RESTClientFor(c)
-	if err != nil {
-		return nil, fmt.Errorf("kubernetes client: %w", err)
-	}
-	return rc, nil
-}
-
-// NodesListWatch lists and watches the cluster's Nodes through core.
-func NodesListWatch(core rest.Interface) cache.ListerWatcher {
-	return cache.NewListWatchFromClient(core, "nodes", metav1.NamespaceAll, fields.Everything())
 }
 
 // Metrics are the daemon's Prometheus metrics, in their own registry.
@@ -345,7 +303,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	})
 	d.familyNotes = newFamilyNotes(d.refusals, func(n int) { d.metrics.FamilyMissing.Set(float64(n)) })
 	if d.events != nil {
-		go d.events.run(ctx)
+		go d.events.Run(ctx)
 	}
 	if d.core != nil && d.cfg.APIServerTimeout > 0 {
 		go d.probeAPI(ctx, d.core)

@@ -28,6 +28,7 @@ import (
 	"github.com/podnet/podnet/routed/daemon"
 	"github.com/podnet/podnet/routed/dataplane"
 	"github.com/podnet/podnet/routed/desired"
+	"github.com/podnet/podnet/routed/kube"
 	"github.com/podnet/podnet/routed/policy"
 	"github.com/podnet/podnet/routed/policy/engine"
 	"github.com/podnet/podnet/routed/policy/nft"
@@ -87,11 +88,11 @@ func run(argv []string) error {
 		if err != nil {
 			return err
 		}
-		core, err := daemon.CoreClient(restCfg)
+		core, err := kube.CoreClient(restCfg)
 		if err != nil {
 			return err
 		}
-		pods, nss, pols, err := daemon.PolicyListWatches(restCfg, core)
+		pods, nss, pols, err := kube.PolicyListWatches(restCfg, core)
 		if err != nil {
 			return err
 		}
@@ -190,15 +191,15 @@ func run(argv []string) error {
 	if err != nil {
 		return err
 	}
-	core, err := daemon.CoreClient(restCfg)
+	core, err := kube.CoreClient(restCfg)
 	if err != nil {
 		return err
 	}
-	events, err := daemon.CoreClient(restCfg) // a rate limiter of its own
+	events, err := kube.CoreClient(restCfg) // a rate limiter of its own
 	if err != nil {
 		return err
 	}
-	svcLW, err := daemon.ServiceCIDRsListWatch(restCfg)
+	svcLW, err := kube.ServiceCIDRsListWatch(restCfg)
 	if err != nil {
 		return err
 	}
@@ -206,17 +207,17 @@ func run(argv []string) error {
 	defer stop()
 	d := daemon.New(daemon.Config{
 		NodeName: *nodeName, Encap: e, CrossSubnet: *crossSubnet, ClusterCIDRs: cidrs, ServiceCIDRs: svc,
-		APIServers: daemon.APIServerAddrs(ctx, restCfg), Masquerade: *masquerade, MasqueradeIPv6: masq6, MTU: *mtu, StateDir: *stateDir,
+		APIServers: kube.APIServerAddrs(ctx, restCfg), Masquerade: *masquerade, MasqueradeIPv6: masq6, MTU: *mtu, StateDir: *stateDir,
 		ResyncInterval: *resync, APIServerTimeout: *apiTimeout, VXLANVNI: *vni, VXLANPort: *port,
-	}, daemon.NodesListWatch(core), log).WithAPI(core, events, svcLW)
+	}, kube.NodesListWatch(core), log).WithAPI(core, events, svcLW)
 	if *netpol {
-		pods, nss, pols, err := daemon.PolicyListWatches(restCfg, core)
+		pods, nss, pols, err := kube.PolicyListWatches(restCfg, core)
 		if err != nil {
 			return err
 		}
 		reg, repairs := d.Registry()
 		m := engine.NewMetrics(reg, repairs)
-		pev := daemon.NewPolicyEvents(events, *nodeName, log)
+		pev := kube.NewPolicyEvents(events, *nodeName, log)
 		go pev.Run(ctx)
 		eng := engine.New(engine.Config{NodeName: *nodeName, Resync: *resync, SocketPath: policysock.Path(*stateDir), ProcSys: *procSys, Events: pev,
 			IPAMDataDirs: dataDirs, NodeEvent: d.NodeEvent},
