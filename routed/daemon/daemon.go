@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/http"
 	"net/netip"
 	"runtime/debug"
 	"slices"
@@ -18,9 +17,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/vishvananda/netlink"
-	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/labels"
@@ -148,13 +145,6 @@ func New(cfg Config, nodes cache.ListerWatcher, log *slog.Logger) *Daemon {
 	return d
 }
 
-// Registry is the registry /metrics serves, and ObjectRepairs its
-// podnet_repairs_total{object}: other loops of podnet-routed (the leak
-// reconcile) publish there.
-func (d *Daemon) Registry() (prometheus.Registerer, *prometheus.CounterVec) {
-	return d.metrics.Registry, d.metrics.ObjectRepairs
-}
-
 // OnLocalPodCIDRs calls f with this node's PodCIDRs after each valid view
 // of its own Node. Set it before Run.
 func (d *Daemon) OnLocalPodCIDRs(f func([]netip.Prefix)) *Daemon {
@@ -174,119 +164,6 @@ func (d *Daemon) WithAPI(core, events rest.Interface, serviceCIDRs cache.ListerW
 		d.events = kube.NewEventSink(events, d.cfg.NodeName, d.log)
 	}
 	d.serviceCIDRsLW = serviceCIDRs
-	return d
-}
-
-// Metrics are the daemon's Prometheus metrics, in their own registry.
-type Metrics struct {
-	Registry        *prometheus.Registry
-	RoutesDesired   prometheus.Gauge
-	RoutesProgramed prometheus.Gauge
-	ApplySeconds    prometheus.Histogram
-	Repairs         prometheus.Counter
-	Errors          prometheus.Counter
-	NodesSkipped    prometheus.Gauge
-	NodesRefused    *prometheus.GaugeVec
-	FamilyMissing   prometheus.Gauge
-	ObjectRepairs   *prometheus.CounterVec // podnet_repairs_total{object} (repair.go)
-	SysctlErrors    *prometheus.CounterVec // podnet_sysctl_errors_total{name}
-	TunnelDropped   prometheus.CounterFunc // registered by New (it reads the daemon's table)
-
-	contactAge, unreachableFor func() float64
-}
-
-// NewMetrics registers the metrics in a fresh registry.
-func NewMetrics() *Metrics {
-	m := &Metrics{
-		Registry:        prometheus.NewRegistry(),
-		RoutesDesired:   prometheus.NewGauge(prometheus.GaugeOpts{Name: "podnet_routes_desired", Help: "Routes podnet-routed wants in the kernel."}),
-		RoutesProgramed: prometheus.NewGauge(prometheus.GaugeOpts{Name: "podnet_routes_programmed", Help: "Routes with podnet's protocol in the kernel after the last apply."}),
-		ApplySeconds:    prometheus.NewHistogram(prometheus.HistogramOpts{Name: "podnet_apply_duration_seconds", Help: "Time to apply the desired state.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}),
-		Repairs:         prometheus.NewCounter(prometheus.CounterOpts{Name: "podnet_route_repairs_total", Help: "Applies that put back a podnet route someone else deleted or edited."}),
-		Errors:          prometheus.NewCounter(prometheus.CounterOpts{Name: "podnet_apply_errors_total", Help: "Applies that failed."}),
-		NodesSkipped:    prometheus.NewGauge(prometheus.GaugeOpts{Name: "podnet_nodes_skipped", Help: "Nodes without PodCIDR or address, not routed yet."}),
-		FamilyMissing: prometheus.NewGauge(prometheus.GaugeOpts{Name: "podnet_nodes_podcidr_family_missing",
-			Help: "Nodes with PodCIDRs of one family only while the cluster CIDRs hold both (their pods get no address of the other)."}),
-		ObjectRepairs: newRepairsTotal(),
-		SysctlErrors:  newSysctlErrorsTotal(),
-	}
-	m.NodesRefused = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "podnet_nodes_refused", Help: "Nodes refused by validation (no route to them), by reason."}, []string{"reason"})
-	age := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "podnet_last_watch_event_age_seconds", Help: "Seconds since the last Node watch event or list from the API server."},
-		func() float64 { return call(m.contactAge) })
-	unreachable := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "podnet_apiserver_unreachable_seconds", Help: "Seconds the API server has been out of reach (0: reachable)."},
-		func() float64 { return call(m.unreachableFor) })
-	m.Registry.MustRegister(newPodFilterCollector())
-	m.Registry.MustRegister(m.RoutesDesired, m.RoutesProgramed, m.ApplySeconds, m.Repairs, m.Errors, m.NodesSkipped, m.NodesRefused, m.FamilyMissing, age, unreachable, m.ObjectRepairs, m.SysctlErrors)
-	return m
-}
-
-func call(f func() float64) float64 {
-	if f == nil {
-		return 0
-	}
-	return f()
-}
-
-// tunnelDropped reads the tunnel filter's drop counter for a scrape; a
-// failed read answers the last value read.
-func tunnelDropped(t *dataplane.Table) func() float64 {
-	var last atomic.Uint64
-	return func() float64 {
-		if v, err := t.TunnelDropped(); err == nil {
-			last.Store(v)
-		}
-		return float64(last.Load())
-	}
-}
-
-// Handler serves /healthz, /readyz and /metrics.
-func (d *Daemon) Handler() http.Handler {
-	mux := http.NewServeMux()
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
-	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
-		code, body := http.StatusOK, "ok"
-		if p := d.notReady(); p != "" {
-			code, body = http.StatusServiceUnavailable, p
-		}
-		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		w.Header().Set("X-Content-Type-Options", "nosniff")
-		w.WriteHeader(code)
-		fmt.Fprintln(w, body)
-		// What the other loops want an operator to see: never a reason
-		// to take the node out (its pods' network works), so shown
-		// whatever the answer is.
-		if d.readyDetails != nil {
-			for _, line := range d.readyDetails() {
-				fmt.Fprintln(w, "warning: "+line)
-			}
-		}
-	})
-	mux.Handle("/metrics", promhttp.HandlerFor(d.metrics.Registry, promhttp.HandlerOpts{}))
-	return mux
-}
-
-// notReady says why /readyz fails ("": it does not).
-func (d *Daemon) notReady() string {
-	if !d.synced.Load() {
-		return "node informer not synced"
-	}
-	if p := d.selfProblem.Load().(string); p != "" {
-		return p
-	}
-	if t := d.cfg.APIServerTimeout; t > 0 && d.unreachableFor() > t.Seconds() {
-		return fmt.Sprintf("API server unreachable for %.0fs (more than --apiserver-timeout %s)", d.unreachableFor(), t)
-	}
-	if !d.lastApplyOK.Load() {
-		return "the last apply of this node's own devices, blackhole or node.json failed, or none was done yet (see the log)"
-	}
-	return ""
-}
-
-// ReadyDetails makes /readyz add f's lines (prefixed "warning: ") to its
-// answer, 200 or 503, without changing it: the leak reconcile's Status.
-// Set it before Handler serves.
-func (d *Daemon) ReadyDetails(f func() []string) *Daemon {
-	d.readyDetails = f
 	return d
 }
 
@@ -374,178 +251,6 @@ func (d *Daemon) Run(ctx context.Context) error {
 		case <-resync.C:
 			d.reconcile(lister, "periodic resync")
 		}
-	}
-}
-
-// nodeChanged records that a Node was added, changed or deleted, and kicks
-// a reconcile.
-func (d *Daemon) nodeChanged(obj any) {
-	name := ""
-	switch o := obj.(type) {
-	case *corev1.Node:
-		name = o.Name
-	case cache.DeletedFinalStateUnknown:
-		name = o.Key // Nodes are cluster-scoped: the key is the name
-	}
-	d.dirtyMu.Lock()
-	if d.dirty == nil {
-		d.dirty = map[string]struct{}{}
-	}
-	d.dirty[name] = struct{}{}
-	d.dirtyMu.Unlock()
-	d.trigger("node")
-}
-
-func (d *Daemon) takeDirty() map[string]struct{} {
-	d.dirtyMu.Lock()
-	defer d.dirtyMu.Unlock()
-	names := d.dirty
-	d.dirty = nil
-	return names
-}
-
-// trigger records a reason to apply and wakes the loop.
-func (d *Daemon) trigger(why string) {
-	d.dirtyMu.Lock()
-	if d.pending == nil {
-		d.pending = map[string]bool{}
-	}
-	d.pending[why] = true
-	d.dirtyMu.Unlock()
-	select {
-	case d.kick <- struct{}{}:
-	default: // the loop is woken already; it will take this reason too
-	}
-}
-
-// takePending returns the strongest reason recorded since the last call:
-// a link change (dump the table and apply everything), a repair (apply
-// everything from the cache), Node changes (apply those Nodes), or ""
-// when a full apply since has covered them all.
-func (d *Daemon) takePending() string {
-	d.dirtyMu.Lock()
-	defer d.dirtyMu.Unlock()
-	p := d.pending
-	d.pending = nil
-	for _, why := range []string{"link change", "repair", "service cidrs", "node"} {
-		if p[why] {
-			return why
-		}
-	}
-	return ""
-}
-
-// watchRoutes keeps the routes cache current with the kernel's route
-// notifications and kicks a reconcile whenever a route podnet-routed wants
-// disappears (someone deleted it, or its device went away). A lost
-// notification (a new subscription, an overflow) drops the cache: the
-// next apply reads the table.
-func (d *Daemon) watchRoutes(ctx context.Context, first chan struct{}) {
-	watch(ctx, d.log, "route", first, d.routes.Invalidate, func(ch chan netlink.RouteUpdate, done chan struct{}, onErr func(error)) error {
-		// a full apply writes thousands of routes in a burst: room for
-		// their notifications (kernel memory, not the daemon's)
-		return netlink.RouteSubscribeWithOptions(ch, done, netlink.RouteSubscribeOptions{
-			ErrorCallback: onErr, ReceiveBufferSize: 16 << 20, ReceiveBufferForceSize: true})
-	}, func(u netlink.RouteUpdate) {
-		if d.routes.Observe(u) {
-			d.trigger("repair")
-		}
-	})
-}
-
-// watchLinks kicks a reconcile when a link change may have taken routes
-// with it (linkMatters).
-func (d *Daemon) watchLinks(ctx context.Context, first chan struct{}) {
-	watch(ctx, d.log, "link", first, func() {}, func(ch chan netlink.LinkUpdate, done chan struct{}, onErr func(error)) error {
-		return netlink.LinkSubscribeWithOptions(ch, done, netlink.LinkSubscribeOptions{ErrorCallback: onErr})
-	}, func(u netlink.LinkUpdate) {
-		if linkMatters(u) {
-			if u.Header.Type == unix.RTM_DELLINK || u.IfInfomsg.Flags&unix.IFF_UP == 0 {
-				// the kernel drops the link's routes with it: putting
-				// them back is no route repair
-				d.routes.ForgetDevice(u.Link.Attrs().Name)
-				if u.Link.Attrs().Name == desired.VXLANDevice {
-					d.vxlanRec.Forget()
-				}
-			}
-			d.trigger("link change")
-		}
-	})
-}
-
-// linkMatters tells whether a link notification calls for a full apply:
-// a link deleted (the tunnel device), or one that went down or up (the
-// kernel flushes the routes of a link that goes down, without a route
-// notification; when the underlay comes back its routes must be put
-// back). Pods' host veths are the plugin's; a link being created, or
-// changing something else (MTU, address, statistics), has no routes to
-// lose; podnet's own tunnel device coming up is the daemon's own doing
-// (the apply that follows its going down brings it up).
-func linkMatters(u netlink.LinkUpdate) bool {
-	if u.Link == nil || contract.IsHostVeth(u.Link.Attrs().Name) {
-		return false
-	}
-	if u.Header.Type == unix.RTM_DELLINK {
-		return true
-	}
-	const created = ^uint32(0)
-	change := u.IfInfomsg.Change
-	if change == created || change&(unix.IFF_UP|unix.IFF_LOWER_UP|unix.IFF_RUNNING) == 0 {
-		return false
-	}
-	name := u.Link.Attrs().Name
-	own := name == desired.VXLANDevice || name == desired.TunnelDevice
-	return !own || u.IfInfomsg.Flags&unix.IFF_UP == 0
-}
-
-// watch keeps a netlink subscription open until ctx ends, resubscribing
-// after errors, and hands every update to handle. lost is called whenever
-// updates may have been missed: on every (re)subscription and error.
-// first is closed after the first attempt to subscribe.
-func watch[U any](ctx context.Context, log *slog.Logger, what string, first chan struct{}, lost func(),
-	subscribe func(chan U, chan struct{}, func(error)) error, handle func(U)) {
-	defer func() {
-		select {
-		case <-first:
-		default:
-			close(first)
-		}
-	}()
-	for ctx.Err() == nil {
-		updates := make(chan U, 256)
-		done := make(chan struct{})
-		lost()
-		err := subscribe(updates, done, func(err error) {
-			lost()
-			log.Warn(what+" subscription error", "err", err)
-		})
-		select {
-		case <-first:
-		default:
-			close(first)
-		}
-		if err != nil {
-			log.Error("cannot subscribe to "+what+" changes; relying on periodic resync", "err", err)
-			select {
-			case <-ctx.Done():
-			case <-time.After(5 * time.Second):
-			}
-			continue
-		}
-	loop:
-		for {
-			select {
-			case <-ctx.Done():
-				close(done)
-				return
-			case u, ok := <-updates:
-				if !ok {
-					break loop
-				}
-				handle(u)
-			}
-		}
-		close(done)
 	}
 }
 
@@ -793,61 +498,6 @@ func (d *Daemon) apply(lister listersv1.NodeLister, why string) (own, remote err
 		d.plan = nil // the next Node event applies everything again
 	}
 	return errors.Join(errs...), errors.Join(remoteErrs...)
-}
-
-func (d *Daemon) setSelfProblem(p string) {
-	if old := d.selfProblem.Swap(p); old != p {
-		if p != "" {
-			d.log.Error("this node's own Node cannot be used: no blackhole, node.json says why; routes to the other Nodes keep converging", "problem", p)
-		} else if old != nil && old != "" {
-			d.log.Info("this node's own Node is usable again")
-		}
-	}
-}
-
-// writeState publishes this node's PodCIDRs and MTU in node.json for the
-// plugins, or, while this node's own Node cannot be used, why not (the
-// plugins then refuse ADD with that text). It compares with the file on
-// disk, so a node.json someone deleted or edited is written again.
-func (d *Daemon) writeState(self *desired.Node, problem string, underlay netlink.Link) error {
-	st := nodestate.State{NodeName: d.cfg.NodeName, Encap: string(d.cfg.Encap)}
-	cur, err := nodestate.ReadFile(d.cfg.StateDir)
-	switch {
-	case self != nil:
-		for _, p := range self.PodCIDRs {
-			st.PodCIDRs = append(st.PodCIDRs, p.String())
-		}
-	case d.lastSelf != nil:
-		// the PodCIDRs the pods here have their addresses from stay
-		// beside the error: ADD is refused, DEL still releases
-		st.Error = problem
-		for _, p := range d.lastSelf.PodCIDRs {
-			st.PodCIDRs = append(st.PodCIDRs, p.String())
-		}
-	default:
-		st.Error = problem
-		if err == nil { // restarted meanwhile: the file knows them
-			st.PodCIDRs = cur.PodCIDRs
-		}
-	}
-	if underlay != nil {
-		st.MTU = d.dp.OverlayMTU(underlay)
-	} else {
-		st.MTU = d.lastState.MTU
-	}
-	if err == nil && cur.Equal(&st) {
-		d.lastState = st
-		return nil
-	}
-	if err := nodestate.Write(d.cfg.StateDir, &st); err != nil {
-		return err
-	}
-	if d.lastState.Equal(&st) { // what it wrote before, deleted or edited since
-		d.countStateRepair(err)
-	}
-	d.lastState = st
-	d.log.Info("node state written", "path", nodestate.Path(d.cfg.StateDir), "podCIDRs", st.PodCIDRs, "mtu", st.MTU, "error", st.Error)
-	return nil
 }
 
 // nodeExists tells whether the informer holds Node name.
