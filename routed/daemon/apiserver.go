@@ -120,7 +120,7 @@ func (d *Daemon) watchServiceCIDRs(ctx context.Context) error {
 		d.svcMu.Unlock()
 		if changed {
 			d.log.Info("service CIDRs", "fromAPI", out, "fromFlag", d.cfg.ServiceCIDRs)
-			d.trigger("service cidrs")
+			d.trigger(reasonServiceCIDRs)
 		}
 	}
 	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: update, UpdateFunc: func(_, o any) { update(o) }, DeleteFunc: update}); err != nil {

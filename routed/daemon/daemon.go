@@ -82,11 +82,11 @@ type Daemon struct {
 	// failed).
 	plan *desired.Plan
 	// dirty holds the names of the Nodes changed since the last apply,
-	// pending the other reasons to apply ("repair", "link change")
-	// since then: one kick may stand for several.
+	// pending the strongest other reason to apply (a repair, a link
+	// change) since then: one kick may stand for several.
 	dirtyMu sync.Mutex
 	dirty   map[string]struct{}
-	pending map[string]bool
+	pending reason
 
 	// service ranges read from ServiceCIDR objects
 	svcMu      sync.Mutex
@@ -238,18 +238,18 @@ func (d *Daemon) Run(ctx context.Context) error {
 
 	resync := time.NewTicker(d.cfg.ResyncInterval)
 	defer resync.Stop()
-	d.reconcile(lister, "initial sync")
+	d.reconcile(lister, reasonInitialSync)
 	for {
 		select {
 		case <-ctx.Done():
 			d.log.Info("stopping; routes stay in place")
 			return nil
 		case <-d.kick:
-			if why := d.takePending(); why != "" {
+			if why := d.takePending(); why != reasonNone {
 				d.reconcile(lister, why)
 			}
 		case <-resync.C:
-			d.reconcile(lister, "periodic resync")
+			d.reconcile(lister, reasonResync)
 		}
 	}
 }
@@ -259,10 +259,10 @@ func (d *Daemon) Run(ctx context.Context) error {
 // is logged and counted, and retried by the next full apply, but leaves
 // the node ready: only this node's own part (its devices, blackhole and
 // node.json) decides readiness.
-func (d *Daemon) reconcile(lister listersv1.NodeLister, why string) {
+func (d *Daemon) reconcile(lister listersv1.NodeLister, why reason) {
 	start := time.Now()
 	var own, remote error
-	if why == "node" {
+	if why == reasonNode {
 		own, remote = d.applyNodes(lister)
 	} else {
 		own, remote = d.apply(lister, why)
@@ -280,7 +280,7 @@ func (d *Daemon) reconcile(lister listersv1.NodeLister, why string) {
 		return
 	}
 	d.lastApplyOK.Store(true)
-	if why != "node" {
+	if why != reasonNode {
 		// A full apply (the initial sync above all: the whole Node list
 		// decoded) leaves garbage of the cluster's size behind, and the
 		// next one is minutes away: Node events allocate next to
@@ -298,7 +298,7 @@ func (d *Daemon) reconcile(lister listersv1.NodeLister, why string) {
 func (d *Daemon) applyNodes(lister listersv1.NodeLister) (own, remote error) {
 	names := d.takeDirty()
 	if d.plan == nil {
-		return d.apply(lister, "node")
+		return d.apply(lister, reasonNode)
 	}
 	var delta desired.Delta
 	notes, noted := map[string]string{}, make([]string, 0, len(names))
@@ -319,7 +319,7 @@ func (d *Daemon) applyNodes(lister listersv1.NodeLister) (own, remote error) {
 		}
 		dd, ok := d.plan.Update(name, n)
 		if !ok {
-			return d.apply(lister, "node")
+			return d.apply(lister, reasonNode)
 		}
 		delta.Merge(dd)
 	}
@@ -367,7 +367,7 @@ func (d *Daemon) applyNodes(lister listersv1.NodeLister) (own, remote error) {
 // VXLAN entries, the nft table and node.json. Its own part fails (own)
 // only for what this node itself needs; a route that cannot be written
 // is reported in remote.
-func (d *Daemon) apply(lister listersv1.NodeLister, why string) (own, remote error) {
+func (d *Daemon) apply(lister listersv1.NodeLister, why reason) (own, remote error) {
 	// (what this apply writes back is a repair or not by what was last
 	// written, whatever the trigger: countRouteRepairs, VXLANRecord)
 	d.plan = nil
@@ -390,7 +390,7 @@ func (d *Daemon) apply(lister listersv1.NodeLister, why string) (own, remote err
 	// A Node event and a repair trust the routes cache (no dump: their
 	// cost must not grow with the cluster); the initial sync, the
 	// periodic resync and link changes read the table again.
-	dump := why != "node" && why != "repair"
+	dump := why != reasonNode && why != reasonRepair
 	local, err := dataplane.LocalNetwork(&d.routes, dump)
 	if err != nil {
 		return err, nil
@@ -458,7 +458,7 @@ func (d *Daemon) apply(lister listersv1.NodeLister, why string) (own, remote err
 		spec.LocalPodCIDRs = d.lastSelf.PodCIDRs
 	}
 	spec.Peers, spec.RemotePodCIDRs = plan.Peers()
-	if repaired, err := d.table.Apply(spec, why == "periodic resync"); err != nil {
+	if repaired, err := d.table.Apply(spec, why == reasonResync); err != nil {
 		errs = append(errs, err)
 	} else if repaired {
 		d.countRepair(RepairNFTTable, 1, "nft table inet "+contract.NFTable)
@@ -485,7 +485,7 @@ func (d *Daemon) apply(lister listersv1.NodeLister, why string) (own, remote err
 	d.countRouteRepairs()
 	d.countRepair(RepairVXLANNeighbor, vxlanChanges.RepairedNeighbors, "VXLAN neighbor entries")
 	d.countRepair(RepairVXLANFDB, vxlanChanges.RepairedFDBs, "VXLAN FDB entries")
-	if why == "periodic resync" || why == "initial sync" {
+	if why == reasonResync || why == reasonInitialSync {
 		d.repairPodFilter()
 	}
 	if err := d.writeState(st.Self, st.SelfProblem, underlay); err != nil {

@@ -28,7 +28,7 @@ func (d *Daemon) watchRoutes(ctx context.Context, first chan struct{}) {
 			ErrorCallback: onErr, ReceiveBufferSize: 16 << 20, ReceiveBufferForceSize: true})
 	}, func(u netlink.RouteUpdate) {
 		if d.routes.Observe(u) {
-			d.trigger("repair")
+			d.trigger(reasonRepair)
 		}
 	})
 }
@@ -48,7 +48,7 @@ func (d *Daemon) watchLinks(ctx context.Context, first chan struct{}) {
 					d.vxlanRec.Forget()
 				}
 			}
-			d.trigger("link change")
+			d.trigger(reasonLinkChange)
 		}
 	})
 }

@@ -4,9 +4,48 @@
 package daemon
 
 import (
+	"log/slog"
+
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/tools/cache"
 )
+
+// reason is why the loop applies. The reasons trigger records are ordered
+// by strength: a stronger one covers what a weaker one would apply, so
+// that several pending at once come down to the strongest (takePending).
+type reason uint8
+
+const (
+	reasonNone         reason = iota // nothing pending
+	reasonNode                       // Nodes changed: apply those Nodes
+	reasonServiceCIDRs               // the ServiceCIDR objects changed: apply everything
+	reasonRepair                     // a podnet route was deleted or edited: apply everything from the cache
+	reasonLinkChange                 // a link went down, up or away: dump the table, apply everything
+	reasonResync                     // the periodic resync
+	reasonInitialSync                // the first apply, once the informer has synced
+)
+
+// reasonNames are the reasons as logs say them.
+var reasonNames = [...]string{
+	reasonNone:         "",
+	reasonNode:         "node",
+	reasonServiceCIDRs: "service cidrs",
+	reasonRepair:       "repair",
+	reasonLinkChange:   "link change",
+	reasonResync:       "periodic resync",
+	reasonInitialSync:  "initial sync",
+}
+
+// String is the reason as logs say it ("trigger").
+func (r reason) String() string {
+	if int(r) < len(reasonNames) {
+		return reasonNames[r]
+	}
+	return "unknown"
+}
+
+// LogValue logs the reason by its name.
+func (r reason) LogValue() slog.Value { return slog.StringValue(r.String()) }
 
 // nodeChanged records that a Node was added, changed or deleted, and kicks
 // a reconcile.
@@ -24,7 +63,7 @@ func (d *Daemon) nodeChanged(obj any) {
 	}
 	d.dirty[name] = struct{}{}
 	d.dirtyMu.Unlock()
-	d.trigger("node")
+	d.trigger(reasonNode)
 }
 
 func (d *Daemon) takeDirty() map[string]struct{} {
@@ -36,12 +75,9 @@ func (d *Daemon) takeDirty() map[string]struct{} {
 }
 
 // trigger records a reason to apply and wakes the loop.
-func (d *Daemon) trigger(why string) {
+func (d *Daemon) trigger(why reason) {
 	d.dirtyMu.Lock()
-	if d.pending == nil {
-		d.pending = map[string]bool{}
-	}
-	d.pending[why] = true
+	d.pending = max(d.pending, why)
 	d.dirtyMu.Unlock()
 	select {
 	case d.kick <- struct{}{}:
@@ -51,17 +87,13 @@ func (d *Daemon) trigger(why string) {
 
 // takePending returns the strongest reason recorded since the last call:
 // a link change (dump the table and apply everything), a repair (apply
-// everything from the cache), Node changes (apply those Nodes), or ""
-// when a full apply since has covered them all.
-func (d *Daemon) takePending() string {
+// everything from the cache), service ranges (apply everything), Node
+// changes (apply those Nodes), or reasonNone when a full apply since has
+// covered them all.
+func (d *Daemon) takePending() reason {
 	d.dirtyMu.Lock()
 	defer d.dirtyMu.Unlock()
-	p := d.pending
-	d.pending = nil
-	for _, why := range []string{"link change", "repair", "service cidrs", "node"} {
-		if p[why] {
-			return why
-		}
-	}
-	return ""
+	why := d.pending
+	d.pending = reasonNone
+	return why
 }
