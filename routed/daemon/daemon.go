@@ -18,7 +18,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vishvananda/netlink"
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/labels"
 	listersv1 "k8s.io/client-go/listers/core/v1"
@@ -188,45 +187,10 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if err := d.watchServiceCIDRs(ctx); err != nil {
 		return err
 	}
-	informer := cache.NewSharedIndexInformer(d.nodesLW, &corev1.Node{}, 0, cache.Indexers{})
-	lister := listersv1.NewNodeLister(informer.GetIndexer())
-	// the API server's reachability: every list and watch event is
-	// contact, every failed list or watch starts (or continues) an outage
-	if err := informer.SetWatchErrorHandler(func(_ *cache.Reflector, err error) {
-		d.unreachable(err)
-	}); err != nil {
-		return fmt.Errorf("node watch error handler: %w", err)
+	lister, err := d.syncNodes(ctx)
+	if err != nil {
+		return err
 	}
-	// keep only what FromNode reads: the informer's store then holds a few
-	// hundred bytes per Node instead of the whole object (managedFields,
-	// images, conditions, labels)
-	if err := informer.SetTransform(func(obj any) (any, error) {
-		d.watchEvent()
-		return desired.SlimNode(obj)
-	}); err != nil {
-		return fmt.Errorf("node informer transform: %w", err)
-	}
-	if _, err := informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: d.nodeChanged,
-		UpdateFunc: func(old, cur any) {
-			o, ok1 := old.(*corev1.Node)
-			c, ok2 := cur.(*corev1.Node)
-			if ok1 && ok2 && desired.FromNode(o).Equal(desired.FromNode(c)) {
-				return // nothing routing reads changed (a status heartbeat)
-			}
-			d.nodeChanged(cur)
-		},
-		DeleteFunc: d.nodeChanged,
-	}); err != nil {
-		return fmt.Errorf("node event handler: %w", err)
-	}
-	go informer.Run(ctx.Done())
-	d.log.Info("waiting for the node informer to sync")
-	if !cache.WaitForCacheSync(ctx.Done(), informer.HasSynced) {
-		return ctx.Err()
-	}
-	d.synced.Store(true)
-	d.log.Info("node informer synced")
 	// subscribed before the first apply: its own notifications must find
 	// the subscription there, or the cache would be dropped right after
 	routesWatched, linksWatched := make(chan struct{}), make(chan struct{})
