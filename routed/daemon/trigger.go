@@ -66,11 +66,12 @@ func (d *Daemon) nodeChanged(obj any) {
 	d.trigger(reasonNode)
 }
 
-func (d *Daemon) takeDirty() map[string]struct{} {
+// takeDirty returns the Nodes changed since the last call, and forgets
+// them.
+func (d *Daemon) takeDirty() (names map[string]struct{}) {
 	d.dirtyMu.Lock()
-	defer d.dirtyMu.Unlock()
-	names := d.dirty
-	d.dirty = nil
+	names, d.dirty = d.dirty, nil
+	d.dirtyMu.Unlock()
 	return names
 }
 
@@ -90,10 +91,9 @@ func (d *Daemon) trigger(why reason) {
 // everything from the cache), service ranges (apply everything), Node
 // changes (apply those Nodes), or reasonNone when a full apply since has
 // covered them all.
-func (d *Daemon) takePending() reason {
+func (d *Daemon) takePending() (why reason) {
 	d.dirtyMu.Lock()
-	defer d.dirtyMu.Unlock()
-	why := d.pending
-	d.pending = reasonNone
+	why, d.pending = d.pending, reasonNone
+	d.dirtyMu.Unlock()
 	return why
 }
