@@ -2,6 +2,13 @@
 // Nodes feeds the desired state, which is applied to the kernel on every
 // change, on every deletion of a podnet route (repair), and periodically
 // (resync and prune).
+//
+// daemon.go is the loop and its apply; informer.go the Node informer,
+// trigger.go the reasons to apply, netwatch.go and nftmonitor.go the
+// kernel's notifications, apiserver.go the API server's reachability and
+// ServiceCIDRs, refusals.go what is said of refused Nodes, repair.go the
+// repairs counted, nodestate.go node.json, metrics.go and http.go what is
+// served. The Kubernetes client side is package routed/kube.
 package daemon
 
 import (
