@@ -4,16 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/netip"
-	"net/url"
 	"slices"
 	"time"
 
 	networkingv1 "k8s.io/api/networking/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 )
@@ -90,40 +87,6 @@ func (d *Daemon) unreachableFor() float64 {
 	return time.Since(time.Unix(0, since)).Seconds()
 }
 
-// APIServerAddrs are the addresses of the API server as cfg names it: its
-// host when an address, or what the name resolves to (best effort: a
-// name that does not resolve yields none).
-func APIServerAddrs(ctx context.Context, cfg *rest.Config) []netip.Addr {
-	u, err := url.Parse(cfg.Host)
-	if err != nil || u.Host == "" {
-		u = &url.URL{Host: cfg.Host}
-	}
-	host := u.Hostname()
-	if a, err := netip.ParseAddr(host); err == nil {
-		return []netip.Addr{a.Unmap()}
-	}
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	addrs, err := net.DefaultResolver.LookupNetIP(ctx, "ip", host)
-	if err != nil {
-		return nil
-	}
-	for i := range addrs {
-		addrs[i] = addrs[i].Unmap()
-	}
-	return addrs
-}
-
-// ServiceCIDRsListWatch lists and watches ServiceCIDR objects
-// (networking.k8s.io/v1), the cluster's service ranges.
-func ServiceCIDRsListWatch(cfg *rest.Config) (cache.ListerWatcher, error) {
-	rc, err := restClient(cfg, "/apis", networkingv1.SchemeGroupVersion, networkingv1.AddToScheme, false)
-	if err != nil {
-		return nil, err
-	}
-	return cache.NewListWatchFromClient(rc, "servicecidrs", metav1.NamespaceAll, fields.Everything()), nil
-}
-
 // watchServiceCIDRs keeps the service ranges of the ServiceCIDR objects
 // (added to --service-cidr) current. Where they cannot be read (an API
 // server older than v1.33, or no RBAC for them) the flag alone counts;
@@ -157,7 +120,7 @@ func (d *Daemon) watchServiceCIDRs(ctx context.Context) error {
 		d.svcMu.Unlock()
 		if changed {
 			d.log.Info("service CIDRs", "fromAPI", out, "fromFlag", d.cfg.ServiceCIDRs)
-			d.trigger("service cidrs")
+			d.trigger(reasonServiceCIDRs)
 		}
 	}
 	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: update, UpdateFunc: func(_, o any) { update(o) }, DeleteFunc: update}); err != nil {
@@ -192,17 +155,4 @@ func (d *Daemon) serviceCIDRs() []netip.Prefix {
 	d.svcMu.Lock()
 	defer d.svcMu.Unlock()
 	return append(slices.Clone(d.cfg.ServiceCIDRs), d.svcFromAPI...)
-}
-
-// PolicyListWatches are the sources of the NetworkPolicy engine's
-// informers: every Pod and Namespace (core, protobuf) and every
-// NetworkPolicy (networking.k8s.io/v1), one watch each.
-func PolicyListWatches(cfg *rest.Config, core rest.Interface) (pods, namespaces, policies cache.ListerWatcher, err error) {
-	rc, err := restClient(cfg, "/apis", networkingv1.SchemeGroupVersion, networkingv1.AddToScheme, true)
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	return cache.NewListWatchFromClient(core, "pods", metav1.NamespaceAll, fields.Everything()),
-		cache.NewListWatchFromClient(core, "namespaces", metav1.NamespaceAll, fields.Everything()),
-		cache.NewListWatchFromClient(rc, "networkpolicies", metav1.NamespaceAll, fields.Everything()), nil
 }

@@ -2,6 +2,13 @@
 // Nodes feeds the desired state, which is applied to the kernel on every
 // change, on every deletion of a podnet route (repair), and periodically
 // (resync and prune).
+//
+// daemon.go is the loop and its apply; informer.go the Node informer,
+// trigger.go the reasons to apply, netwatch.go and nftmonitor.go the
+// kernel's notifications, apiserver.go the API server's reachability and
+// ServiceCIDRs, refusals.go what is said of refused Nodes, repair.go the
+// repairs counted, nodestate.go node.json, metrics.go and http.go what is
+// served. The Kubernetes client side is package routed/kube.
 package daemon
 
 import (
@@ -9,7 +16,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/http"
 	"net/netip"
 	"runtime/debug"
 	"slices"
@@ -18,17 +24,9 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/vishvananda/netlink"
-	"golang.org/x/sys/unix"
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apimachinery/pkg/runtime/serializer"
 	listersv1 "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
@@ -37,10 +35,8 @@ import (
 	"github.com/podnet/podnet/internal/nodestate"
 	"github.com/podnet/podnet/routed/dataplane"
 	"github.com/podnet/podnet/routed/desired"
+	"github.com/podnet/podnet/routed/kube"
 )
-
-// NodeIPAnnotation overrides a node's InternalIP.
-const NodeIPAnnotation = "podnet.io/node-ip"
 
 // Config is the daemon's configuration (from flags).
 type Config struct {
@@ -75,7 +71,7 @@ type Daemon struct {
 	// serviceCIDRsLW lists and watches ServiceCIDR objects (nil: the flag
 	// alone); events posts Events about refused Nodes (nil: none)
 	serviceCIDRsLW cache.ListerWatcher
-	events         *eventSink
+	events         *kube.EventSink
 	log            *slog.Logger
 	dp             *dataplane.Netlink
 	table          dataplane.Table
@@ -92,11 +88,11 @@ type Daemon struct {
 	// failed).
 	plan *desired.Plan
 	// dirty holds the names of the Nodes changed since the last apply,
-	// pending the other reasons to apply ("repair", "link change")
-	// since then: one kick may stand for several.
+	// pending the strongest other reason to apply (a repair, a link
+	// change) since then: one kick may stand for several.
 	dirtyMu sync.Mutex
 	dirty   map[string]struct{}
-	pending map[string]bool
+	pending reason
 
 	// service ranges read from ServiceCIDR objects
 	svcMu      sync.Mutex
@@ -134,7 +130,7 @@ type Daemon struct {
 }
 
 // New builds a daemon that lists and watches Nodes through nodes (see
-// NodesListWatch).
+// kube.NodesListWatch).
 func New(cfg Config, nodes cache.ListerWatcher, log *slog.Logger) *Daemon {
 	d := &Daemon{
 		cfg:     cfg,
@@ -155,13 +151,6 @@ func New(cfg Config, nodes cache.ListerWatcher, log *slog.Logger) *Daemon {
 	return d
 }
 
-// Registry is the registry /metrics serves, and ObjectRepairs its
-// podnet_repairs_total{object}: other loops of podnet-routed (the leak
-// reconcile) publish there.
-func (d *Daemon) Registry() (prometheus.Registerer, *prometheus.CounterVec) {
-	return d.metrics.Registry, d.metrics.ObjectRepairs
-}
-
 // OnLocalPodCIDRs calls f with this node's PodCIDRs after each valid view
 // of its own Node. Set it before Run.
 func (d *Daemon) OnLocalPodCIDRs(f func([]netip.Prefix)) *Daemon {
@@ -171,167 +160,16 @@ func (d *Daemon) OnLocalPodCIDRs(f func([]netip.Prefix)) *Daemon {
 
 // WithAPI makes the daemon probe the API server through core when its
 // watch is quiet, post Events about the Nodes it refuses through events
-// (CoreClient, each with a rate limiter of its own, so that a burst of
+// (kube.CoreClient, each with a rate limiter of its own, so that a burst of
 // Events never delays a Node list or watch) and read the cluster's
 // service ranges from ServiceCIDR objects through serviceCIDRs
-// (ServiceCIDRsListWatch; nil: the flag alone).
+// (kube.ServiceCIDRsListWatch; nil: the flag alone).
 func (d *Daemon) WithAPI(core, events rest.Interface, serviceCIDRs cache.ListerWatcher) *Daemon {
 	d.core = core
 	if events != nil {
-		d.events = newEventSink(events, d.cfg.NodeName, d.log)
+		d.events = kube.NewEventSink(events, d.cfg.NodeName, d.log)
 	}
 	d.serviceCIDRsLW = serviceCIDRs
-	return d
-}
-
-// CoreClient is a REST client of core/v1 and nothing else, in protobuf:
-// the typed clientset and informer factory would link every API group
-// into the binary (its pages are most of the daemon's resident memory),
-// and JSON costs several times the CPU and garbage to decode a large
-// Node list.
-func CoreClient(cfg *rest.Config) (rest.Interface, error) {
-	return restClient(cfg, "/api", corev1.SchemeGroupVersion, corev1.AddToScheme, true)
-}
-
-// restClient is a REST client of one API group version, its scheme alone.
-func restClient(cfg *rest.Config, apiPath string, gv schema.GroupVersion, addToScheme func(*runtime.Scheme) error, protobuf bool) (rest.Interface, error) {
-	scheme := runtime.NewScheme()
-	if err := addToScheme(scheme); err != nil {
-		return nil, fmt.Errorf("%s scheme: %w", gv, err)
-	}
-	c := rest.CopyConfig(cfg)
-	c.APIPath = apiPath
-	c.GroupVersion = &gv
-	if protobuf {
-		c.ContentType = runtime.ContentTypeProtobuf
-		c.AcceptContentTypes = runtime.ContentTypeProtobuf + "," + runtime.ContentTypeJSON
-	}
-	c.NegotiatedSerializer = serializer.NewCodecFactory(scheme).WithoutConversion()
-	if c.UserAgent == "" {
-		c.UserAgent = "podnet-routed"
-	}
-	rc, err := rest.RESTClientFor(c)
-	if err != nil {
-		return nil, fmt.Errorf("kubernetes client: %w", err)
-	}
-	return rc, nil
-}
-
-// NodesListWatch lists and watches the cluster's Nodes through core.
-func NodesListWatch(core rest.Interface) cache.ListerWatcher {
-	return cache.NewListWatchFromClient(core, "nodes", metav1.NamespaceAll, fields.Everything())
-}
-
-// Metrics are the daemon's Prometheus metrics, in their own registry.
-type Metrics struct {
-	Registry        *prometheus.Registry
-	RoutesDesired   prometheus.Gauge
-	RoutesProgramed prometheus.Gauge
-	ApplySeconds    prometheus.Histogram
-	Repairs         prometheus.Counter
-	Errors          prometheus.Counter
-	NodesSkipped    prometheus.Gauge
-	NodesRefused    *prometheus.GaugeVec
-	FamilyMissing   prometheus.Gauge
-	ObjectRepairs   *prometheus.CounterVec // podnet_repairs_total{object} (repair.go)
-	SysctlErrors    *prometheus.CounterVec // podnet_sysctl_errors_total{name}
-	TunnelDropped   prometheus.CounterFunc // registered by New (it reads the daemon's table)
-
-	contactAge, unreachableFor func() float64
-}
-
-// NewMetrics registers the metrics in a fresh registry.
-func NewMetrics() *Metrics {
-	m := &Metrics{
-		Registry:        prometheus.NewRegistry(),
-		RoutesDesired:   prometheus.NewGauge(prometheus.GaugeOpts{Name: "podnet_routes_desired", Help: "Routes podnet-routed wants in the kernel."}),
-		RoutesProgramed: prometheus.NewGauge(prometheus.GaugeOpts{Name: "podnet_routes_programmed", Help: "Routes with podnet's protocol in the kernel after the last apply."}),
-		ApplySeconds:    prometheus.NewHistogram(prometheus.HistogramOpts{Name: "podnet_apply_duration_seconds", Help: "Time to apply the desired state.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}),
-		Repairs:         prometheus.NewCounter(prometheus.CounterOpts{Name: "podnet_route_repairs_total", Help: "Applies that put back a podnet route someone else deleted or edited."}),
-		Errors:          prometheus.NewCounter(prometheus.CounterOpts{Name: "podnet_apply_errors_total", Help: "Applies that failed."}),
-		NodesSkipped:    prometheus.NewGauge(prometheus.GaugeOpts{Name: "podnet_nodes_skipped", Help: "Nodes without PodCIDR or address, not routed yet."}),
-		FamilyMissing: prometheus.NewGauge(prometheus.GaugeOpts{Name: "podnet_nodes_podcidr_family_missing",
-			Help: "Nodes with PodCIDRs of one family only while the cluster CIDRs hold both (their pods get no address of the other)."}),
-		ObjectRepairs: newRepairsTotal(),
-		SysctlErrors:  newSysctlErrorsTotal(),
-	}
-	m.NodesRefused = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "podnet_nodes_refused", Help: "Nodes refused by validation (no route to them), by reason."}, []string{"reason"})
-	age := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "podnet_last_watch_event_age_seconds", Help: "Seconds since the last Node watch event or list from the API server."},
-		func() float64 { return call(m.contactAge) })
-	unreachable := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "podnet_apiserver_unreachable_seconds", Help: "Seconds the API server has been out of reach (0: reachable)."},
-		func() float64 { return call(m.unreachableFor) })
-	m.Registry.MustRegister(newPodFilterCollector())
-	m.Registry.MustRegister(m.RoutesDesired, m.RoutesProgramed, m.ApplySeconds, m.Repairs, m.Errors, m.NodesSkipped, m.NodesRefused, m.FamilyMissing, age, unreachable, m.ObjectRepairs, m.SysctlErrors)
-	return m
-}
-
-func call(f func() float64) float64 {
-	if f == nil {
-		return 0
-	}
-	return f()
-}
-
-// tunnelDropped reads the tunnel filter's drop counter for a scrape; a
-// failed read answers the last value read.
-func tunnelDropped(t *dataplane.Table) func() float64 {
-	var last atomic.Uint64
-	return func() float64 {
-		if v, err := t.TunnelDropped(); err == nil {
-			last.Store(v)
-		}
-		return float64(last.Load())
-	}
-}
-
-// Handler serves /healthz, /readyz and /metrics.
-func (d *Daemon) Handler() http.Handler {
-	mux := http.NewServeMux()
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
-	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
-		code, body := http.StatusOK, "ok"
-		if p := d.notReady(); p != "" {
-			code, body = http.StatusServiceUnavailable, p
-		}
-		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		w.Header().Set("X-Content-Type-Options", "nosniff")
-		w.WriteHeader(code)
-		fmt.Fprintln(w, body)
-		// What the other loops want an operator to see: never a reason
-		// to take the node out (its pods' network works), so shown
-		// whatever the answer is.
-		if d.readyDetails != nil {
-			for _, line := range d.readyDetails() {
-				fmt.Fprintln(w, "warning: "+line)
-			}
-		}
-	})
-	mux.Handle("/metrics", promhttp.HandlerFor(d.metrics.Registry, promhttp.HandlerOpts{}))
-	return mux
-}
-
-// notReady says why /readyz fails ("": it does not).
-func (d *Daemon) notReady() string {
-	if !d.synced.Load() {
-		return "node informer not synced"
-	}
-	if p := d.selfProblem.Load().(string); p != "" {
-		return p
-	}
-	if t := d.cfg.APIServerTimeout; t > 0 && d.unreachableFor() > t.Seconds() {
-		return fmt.Sprintf("API server unreachable for %.0fs (more than --apiserver-timeout %s)", d.unreachableFor(), t)
-	}
-	if !d.lastApplyOK.Load() {
-		return "the last apply of this node's own devices, blackhole or node.json failed, or none was done yet (see the log)"
-	}
-	return ""
-}
-
-// ReadyDetails makes /readyz add f's lines (prefixed "warning: ") to its
-// answer, 200 or 503, without changing it: the leak reconcile's Status.
-// Set it before Handler serves.
-func (d *Daemon) ReadyDetails(f func() []string) *Daemon {
-	d.readyDetails = f
 	return d
 }
 
@@ -348,7 +186,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	})
 	d.familyNotes = newFamilyNotes(d.refusals, func(n int) { d.metrics.FamilyMissing.Set(float64(n)) })
 	if d.events != nil {
-		go d.events.run(ctx)
+		go d.events.Run(ctx)
 	}
 	if d.core != nil && d.cfg.APIServerTimeout > 0 {
 		go d.probeAPI(ctx, d.core)
@@ -356,45 +194,10 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if err := d.watchServiceCIDRs(ctx); err != nil {
 		return err
 	}
-	informer := cache.NewSharedIndexInformer(d.nodesLW, &corev1.Node{}, 0, cache.Indexers{})
-	lister := listersv1.NewNodeLister(informer.GetIndexer())
-	// the API server's reachability: every list and watch event is
-	// contact, every failed list or watch starts (or continues) an outage
-	if err := informer.SetWatchErrorHandler(func(_ *cache.Reflector, err error) {
-		d.unreachable(err)
-	}); err != nil {
-		return fmt.Errorf("node watch error handler: %w", err)
+	lister, err := d.syncNodes(ctx)
+	if err != nil {
+		return err
 	}
-	// keep only what FromNode reads: the informer's store then holds a few
-	// hundred bytes per Node instead of the whole object (managedFields,
-	// images, conditions, labels)
-	if err := informer.SetTransform(func(obj any) (any, error) {
-		d.watchEvent()
-		return SlimNode(obj)
-	}); err != nil {
-		return fmt.Errorf("node informer transform: %w", err)
-	}
-	if _, err := informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: d.nodeChanged,
-		UpdateFunc: func(old, cur any) {
-			o, ok1 := old.(*corev1.Node)
-			c, ok2 := cur.(*corev1.Node)
-			if ok1 && ok2 && FromNode(o).Equal(FromNode(c)) {
-				return // nothing routing reads changed (a status heartbeat)
-			}
-			d.nodeChanged(cur)
-		},
-		DeleteFunc: d.nodeChanged,
-	}); err != nil {
-		return fmt.Errorf("node event handler: %w", err)
-	}
-	go informer.Run(ctx.Done())
-	d.log.Info("waiting for the node informer to sync")
-	if !cache.WaitForCacheSync(ctx.Done(), informer.HasSynced) {
-		return ctx.Err()
-	}
-	d.synced.Store(true)
-	d.log.Info("node informer synced")
 	// subscribed before the first apply: its own notifications must find
 	// the subscription there, or the cache would be dropped right after
 	routesWatched, linksWatched := make(chan struct{}), make(chan struct{})
@@ -406,191 +209,19 @@ func (d *Daemon) Run(ctx context.Context) error {
 
 	resync := time.NewTicker(d.cfg.ResyncInterval)
 	defer resync.Stop()
-	d.reconcile(lister, "initial sync")
+	d.reconcile(lister, reasonInitialSync)
 	for {
 		select {
 		case <-ctx.Done():
 			d.log.Info("stopping; routes stay in place")
 			return nil
 		case <-d.kick:
-			if why := d.takePending(); why != "" {
+			if why := d.takePending(); why != reasonNone {
 				d.reconcile(lister, why)
 			}
 		case <-resync.C:
-			d.reconcile(lister, "periodic resync")
+			d.reconcile(lister, reasonResync)
 		}
-	}
-}
-
-// nodeChanged records that a Node was added, changed or deleted, and kicks
-// a reconcile.
-func (d *Daemon) nodeChanged(obj any) {
-	name := ""
-	switch o := obj.(type) {
-	case *corev1.Node:
-		name = o.Name
-	case cache.DeletedFinalStateUnknown:
-		name = o.Key // Nodes are cluster-scoped: the key is the name
-	}
-	d.dirtyMu.Lock()
-	if d.dirty == nil {
-		d.dirty = map[string]struct{}{}
-	}
-	d.dirty[name] = struct{}{}
-	d.dirtyMu.Unlock()
-	d.trigger("node")
-}
-
-func (d *Daemon) takeDirty() map[string]struct{} {
-	d.dirtyMu.Lock()
-	defer d.dirtyMu.Unlock()
-	names := d.dirty
-	d.dirty = nil
-	return names
-}
-
-// trigger records a reason to apply and wakes the loop.
-func (d *Daemon) trigger(why string) {
-	d.dirtyMu.Lock()
-	if d.pending == nil {
-		d.pending = map[string]bool{}
-	}
-	d.pending[why] = true
-	d.dirtyMu.Unlock()
-	select {
-	case d.kick <- struct{}{}:
-	default: // the loop is woken already; it will take this reason too
-	}
-}
-
-// takePending returns the strongest reason recorded since the last call:
-// a link change (dump the table and apply everything), a repair (apply
-// everything from the cache), Node changes (apply those Nodes), or ""
-// when a full apply since has covered them all.
-func (d *Daemon) takePending() string {
-	d.dirtyMu.Lock()
-	defer d.dirtyMu.Unlock()
-	p := d.pending
-	d.pending = nil
-	for _, why := range []string{"link change", "repair", "service cidrs", "node"} {
-		if p[why] {
-			return why
-		}
-	}
-	return ""
-}
-
-// watchRoutes keeps the routes cache current with the kernel's route
-// notifications and kicks a reconcile whenever a route podnet-routed wants
-// disappears (someone deleted it, or its device went away). A lost
-// notification (a new subscription, an overflow) drops the cache: the
-// next apply reads the table.
-func (d *Daemon) watchRoutes(ctx context.Context, first chan struct{}) {
-	watch(ctx, d.log, "route", first, d.routes.Invalidate, func(ch chan netlink.RouteUpdate, done chan struct{}, onErr func(error)) error {
-		// a full apply writes thousands of routes in a burst: room for
-		// their notifications (kernel memory, not the daemon's)
-		return netlink.RouteSubscribeWithOptions(ch, done, netlink.RouteSubscribeOptions{
-			ErrorCallback: onErr, ReceiveBufferSize: 16 << 20, ReceiveBufferForceSize: true})
-	}, func(u netlink.RouteUpdate) {
-		if d.routes.Observe(u) {
-			d.trigger("repair")
-		}
-	})
-}
-
-// watchLinks kicks a reconcile when a link change may have taken routes
-// with it (linkMatters).
-func (d *Daemon) watchLinks(ctx context.Context, first chan struct{}) {
-	watch(ctx, d.log, "link", first, func() {}, func(ch chan netlink.LinkUpdate, done chan struct{}, onErr func(error)) error {
-		return netlink.LinkSubscribeWithOptions(ch, done, netlink.LinkSubscribeOptions{ErrorCallback: onErr})
-	}, func(u netlink.LinkUpdate) {
-		if linkMatters(u) {
-			if u.Header.Type == unix.RTM_DELLINK || u.IfInfomsg.Flags&unix.IFF_UP == 0 {
-				// the kernel drops the link's routes with it: putting
-				// them back is no route repair
-				d.routes.ForgetDevice(u.Link.Attrs().Name)
-				if u.Link.Attrs().Name == desired.VXLANDevice {
-					d.vxlanRec.Forget()
-				}
-			}
-			d.trigger("link change")
-		}
-	})
-}
-
-// linkMatters tells whether a link notification calls for a full apply:
-// a link deleted (the tunnel device), or one that went down or up (the
-// kernel flushes the routes of a link that goes down, without a route
-// notification; when the underlay comes back its routes must be put
-// back). Pods' host veths are the plugin's; a link being created, or
-// changing something else (MTU, address, statistics), has no routes to
-// lose; podnet's own tunnel device coming up is the daemon's own doing
-// (the apply that follows its going down brings it up).
-func linkMatters(u netlink.LinkUpdate) bool {
-	if u.Link == nil || contract.IsHostVeth(u.Link.Attrs().Name) {
-		return false
-	}
-	if u.Header.Type == unix.RTM_DELLINK {
-		return true
-	}
-	const created = ^uint32(0)
-	change := u.IfInfomsg.Change
-	if change == created || change&(unix.IFF_UP|unix.IFF_LOWER_UP|unix.IFF_RUNNING) == 0 {
-		return false
-	}
-	name := u.Link.Attrs().Name
-	own := name == desired.VXLANDevice || name == desired.TunnelDevice
-	return !own || u.IfInfomsg.Flags&unix.IFF_UP == 0
-}
-
-// watch keeps a netlink subscription open until ctx ends, resubscribing
-// after errors, and hands every update to handle. lost is called whenever
-// updates may have been missed: on every (re)subscription and error.
-// first is closed after the first attempt to subscribe.
-func watch[U any](ctx context.Context, log *slog.Logger, what string, first chan struct{}, lost func(),
-	subscribe func(chan U, chan struct{}, func(error)) error, handle func(U)) {
-	defer func() {
-		select {
-		case <-first:
-		default:
-			close(first)
-		}
-	}()
-	for ctx.Err() == nil {
-		updates := make(chan U, 256)
-		done := make(chan struct{})
-		lost()
-		err := subscribe(updates, done, func(err error) {
-			lost()
-			log.Warn(what+" subscription error", "err", err)
-		})
-		select {
-		case <-first:
-		default:
-			close(first)
-		}
-		if err != nil {
-			log.Error("cannot subscribe to "+what+" changes; relying on periodic resync", "err", err)
-			select {
-			case <-ctx.Done():
-			case <-time.After(5 * time.Second):
-			}
-			continue
-		}
-	loop:
-		for {
-			select {
-			case <-ctx.Done():
-				close(done)
-				return
-			case u, ok := <-updates:
-				if !ok {
-					break loop
-				}
-				handle(u)
-			}
-		}
-		close(done)
 	}
 }
 
@@ -599,10 +230,10 @@ func watch[U any](ctx context.Context, log *slog.Logger, what string, first chan
 // is logged and counted, and retried by the next full apply, but leaves
 // the node ready: only this node's own part (its devices, blackhole and
 // node.json) decides readiness.
-func (d *Daemon) reconcile(lister listersv1.NodeLister, why string) {
+func (d *Daemon) reconcile(lister listersv1.NodeLister, why reason) {
 	start := time.Now()
 	var own, remote error
-	if why == "node" {
+	if why == reasonNode {
 		own, remote = d.applyNodes(lister)
 	} else {
 		own, remote = d.apply(lister, why)
@@ -620,7 +251,7 @@ func (d *Daemon) reconcile(lister listersv1.NodeLister, why string) {
 		return
 	}
 	d.lastApplyOK.Store(true)
-	if why != "node" {
+	if why != reasonNode {
 		// A full apply (the initial sync above all: the whole Node list
 		// decoded) leaves garbage of the cluster's size behind, and the
 		// next one is minutes away: Node events allocate next to
@@ -638,7 +269,7 @@ func (d *Daemon) reconcile(lister listersv1.NodeLister, why string) {
 func (d *Daemon) applyNodes(lister listersv1.NodeLister) (own, remote error) {
 	names := d.takeDirty()
 	if d.plan == nil {
-		return d.apply(lister, "node")
+		return d.apply(lister, reasonNode)
 	}
 	var delta desired.Delta
 	notes, noted := map[string]string{}, make([]string, 0, len(names))
@@ -648,7 +279,7 @@ func (d *Daemon) applyNodes(lister listersv1.NodeLister) (own, remote error) {
 		noted = append(noted, name)
 		switch {
 		case err == nil:
-			dn := FromNode(obj)
+			dn := desired.FromNode(obj)
 			n = &dn
 			if why := desired.MissingFamily(d.cfg.ClusterCIDRs, dn); why != "" {
 				notes[name] = why
@@ -659,7 +290,7 @@ func (d *Daemon) applyNodes(lister listersv1.NodeLister) (own, remote error) {
 		}
 		dd, ok := d.plan.Update(name, n)
 		if !ok {
-			return d.apply(lister, "node")
+			return d.apply(lister, reasonNode)
 		}
 		delta.Merge(dd)
 	}
@@ -707,7 +338,7 @@ func (d *Daemon) applyNodes(lister listersv1.NodeLister) (own, remote error) {
 // VXLAN entries, the nft table and node.json. Its own part fails (own)
 // only for what this node itself needs; a route that cannot be written
 // is reported in remote.
-func (d *Daemon) apply(lister listersv1.NodeLister, why string) (own, remote error) {
+func (d *Daemon) apply(lister listersv1.NodeLister, why reason) (own, remote error) {
 	// (what this apply writes back is a repair or not by what was last
 	// written, whatever the trigger: countRouteRepairs, VXLANRecord)
 	d.plan = nil
@@ -720,7 +351,7 @@ func (d *Daemon) apply(lister listersv1.NodeLister, why string) (own, remote err
 	nodes := make([]desired.Node, 0, len(objs))
 	notes := map[string]string{}
 	for _, o := range objs {
-		n := FromNode(o)
+		n := desired.FromNode(o)
 		nodes = append(nodes, n)
 		if why := desired.MissingFamily(d.cfg.ClusterCIDRs, n); why != "" {
 			notes[n.Name] = why
@@ -730,7 +361,7 @@ func (d *Daemon) apply(lister listersv1.NodeLister, why string) (own, remote err
 	// A Node event and a repair trust the routes cache (no dump: their
 	// cost must not grow with the cluster); the initial sync, the
 	// periodic resync and link changes read the table again.
-	dump := why != "node" && why != "repair"
+	dump := why != reasonNode && why != reasonRepair
 	local, err := dataplane.LocalNetwork(&d.routes, dump)
 	if err != nil {
 		return err, nil
@@ -798,7 +429,7 @@ func (d *Daemon) apply(lister listersv1.NodeLister, why string) (own, remote err
 		spec.LocalPodCIDRs = d.lastSelf.PodCIDRs
 	}
 	spec.Peers, spec.RemotePodCIDRs = plan.Peers()
-	if repaired, err := d.table.Apply(spec, why == "periodic resync"); err != nil {
+	if repaired, err := d.table.Apply(spec, why == reasonResync); err != nil {
 		errs = append(errs, err)
 	} else if repaired {
 		d.countRepair(RepairNFTTable, 1, "nft table inet "+contract.NFTable)
@@ -825,7 +456,7 @@ func (d *Daemon) apply(lister listersv1.NodeLister, why string) (own, remote err
 	d.countRouteRepairs()
 	d.countRepair(RepairVXLANNeighbor, vxlanChanges.RepairedNeighbors, "VXLAN neighbor entries")
 	d.countRepair(RepairVXLANFDB, vxlanChanges.RepairedFDBs, "VXLAN FDB entries")
-	if why == "periodic resync" || why == "initial sync" {
+	if why == reasonResync || why == reasonInitialSync {
 		d.repairPodFilter()
 	}
 	if err := d.writeState(st.Self, st.SelfProblem, underlay); err != nil {
@@ -838,96 +469,6 @@ func (d *Daemon) apply(lister listersv1.NodeLister, why string) (own, remote err
 		d.plan = nil // the next Node event applies everything again
 	}
 	return errors.Join(errs...), errors.Join(remoteErrs...)
-}
-
-func (d *Daemon) setSelfProblem(p string) {
-	if old := d.selfProblem.Swap(p); old != p {
-		if p != "" {
-			d.log.Error("this node's own Node cannot be used: no blackhole, node.json says why; routes to the other Nodes keep converging", "problem", p)
-		} else if old != nil && old != "" {
-			d.log.Info("this node's own Node is usable again")
-		}
-	}
-}
-
-// writeState publishes this node's PodCIDRs and MTU in node.json for the
-// plugins, or, while this node's own Node cannot be used, why not (the
-// plugins then refuse ADD with that text). It compares with the file on
-// disk, so a node.json someone deleted or edited is written again.
-func (d *Daemon) writeState(self *desired.Node, problem string, underlay netlink.Link) error {
-	st := nodestate.State{NodeName: d.cfg.NodeName, Encap: string(d.cfg.Encap)}
-	cur, err := nodestate.ReadFile(d.cfg.StateDir)
-	switch {
-	case self != nil:
-		for _, p := range self.PodCIDRs {
-			st.PodCIDRs = append(st.PodCIDRs, p.String())
-		}
-	case d.lastSelf != nil:
-		// the PodCIDRs the pods here have their addresses from stay
-		// beside the error: ADD is refused, DEL still releases
-		st.Error = problem
-		for _, p := range d.lastSelf.PodCIDRs {
-			st.PodCIDRs = append(st.PodCIDRs, p.String())
-		}
-	default:
-		st.Error = problem
-		if err == nil { // restarted meanwhile: the file knows them
-			st.PodCIDRs = cur.PodCIDRs
-		}
-	}
-	if underlay != nil {
-		st.MTU = d.dp.OverlayMTU(underlay)
-	} else {
-		st.MTU = d.lastState.MTU
-	}
-	if err == nil && cur.Equal(&st) {
-		d.lastState = st
-		return nil
-	}
-	if err := nodestate.Write(d.cfg.StateDir, &st); err != nil {
-		return err
-	}
-	if d.lastState.Equal(&st) { // what it wrote before, deleted or edited since
-		d.countStateRepair(err)
-	}
-	d.lastState = st
-	d.log.Info("node state written", "path", nodestate.Path(d.cfg.StateDir), "podCIDRs", st.PodCIDRs, "mtu", st.MTU, "error", st.Error)
-	return nil
-}
-
-// FromNode extracts what routing needs from a Node (desired.ParseNode
-// judges the fields).
-func FromNode(n *corev1.Node) desired.Node {
-	addrs := make([]desired.Address, 0, len(n.Status.Addresses))
-	for _, a := range n.Status.Addresses {
-		addrs = append(addrs, desired.Address{Internal: a.Type == corev1.NodeInternalIP, Address: a.Address})
-	}
-	var annotation *string
-	if a, ok := n.Annotations[NodeIPAnnotation]; ok {
-		annotation = &a
-	}
-	return desired.ParseNode(n.Name, string(n.UID), n.CreationTimestamp.Time, n.Spec.PodCIDR, n.Spec.PodCIDRs, addrs, annotation)
-}
-
-// SlimNode is the node informer's transform: a Node reduced to what
-// FromNode reads (name, age, PodCIDRs, addresses, the node-ip
-// annotation) plus the identity the informer keeps. Anything else (a
-// tombstone) passes.
-func SlimNode(obj any) (any, error) {
-	n, ok := obj.(*corev1.Node)
-	if !ok {
-		return obj, nil
-	}
-	slim := &corev1.Node{
-		TypeMeta:   n.TypeMeta,
-		ObjectMeta: metav1.ObjectMeta{Name: n.Name, UID: n.UID, ResourceVersion: n.ResourceVersion, CreationTimestamp: n.CreationTimestamp},
-		Spec:       corev1.NodeSpec{PodCIDR: n.Spec.PodCIDR, PodCIDRs: n.Spec.PodCIDRs},
-		Status:     corev1.NodeStatus{Addresses: n.Status.Addresses},
-	}
-	if a, ok := n.Annotations[NodeIPAnnotation]; ok {
-		slim.Annotations = map[string]string{NodeIPAnnotation: a}
-	}
-	return slim, nil
 }
 
 // nodeExists tells whether the informer holds Node name.

@@ -1,17 +1,13 @@
 package daemon
 
 import (
-	"context"
 	"fmt"
 	"log/slog"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/rest"
 
 	"github.com/podnet/podnet/routed/desired"
+	"github.com/podnet/podnet/routed/kube"
 )
 
 // Event reasons podnet-routed gives the Nodes it refuses and accepts again.
@@ -29,13 +25,13 @@ const (
 type refusals struct {
 	self     string
 	log      *slog.Logger
-	events   *eventSink // nil: no Events (tests of the loop alone)
+	events   *kube.EventSink // nil: no Events (tests of the loop alone)
 	gauge    func(reason desired.Reason, n int)
 	reported map[string]desired.Refusal
 	count    map[desired.Reason]int
 }
 
-func newRefusals(self string, log *slog.Logger, events *eventSink, gauge func(desired.Reason, int)) *refusals {
+func newRefusals(self string, log *slog.Logger, events *kube.EventSink, gauge func(desired.Reason, int)) *refusals {
 	r := &refusals{self: self, log: log, events: events, gauge: gauge, reported: map[string]desired.Refusal{}, count: map[desired.Reason]int{}}
 	for _, reason := range desired.Reasons {
 		gauge(reason, 0)
@@ -89,69 +85,7 @@ func (r *refusals) add(reason desired.Reason, d int) {
 
 func (r *refusals) event(node, typ, reason, msg string) {
 	if r.events != nil {
-		r.events.post(node, typ, reason, fmt.Sprintf("podnet-routed on %s: %s", r.self, msg))
-	}
-}
-
-// eventSink posts core/v1 Events about Nodes from a goroutine of its own,
-// so that an apply never waits for the API server; when the queue is
-// full, an Event is dropped (and logged), never the apply.
-type eventSink struct {
-	client rest.Interface
-	host   string
-	log    *slog.Logger
-	queue  chan *corev1.Event
-}
-
-func newEventSink(client rest.Interface, host string, log *slog.Logger) *eventSink {
-	return &eventSink{client: client, host: host, log: log, queue: make(chan *corev1.Event, 256)}
-}
-
-func (s *eventSink) post(node, typ, reason, msg string) {
-	now := metav1.NewTime(time.Now())
-	ev := &corev1.Event{
-		ObjectMeta: metav1.ObjectMeta{GenerateName: node + ".podnet-", Namespace: metav1.NamespaceDefault},
-		// Nodes are cluster-scoped; kubectl describe node finds Events by
-		// kind, name and UID-less reference in namespace default
-		InvolvedObject: corev1.ObjectReference{Kind: "Node", Name: node, APIVersion: "v1"},
-		Reason:         reason,
-		Message:        msg,
-		Type:           typ,
-		Source:         corev1.EventSource{Component: "podnet-routed", Host: s.host},
-		FirstTimestamp: now,
-		LastTimestamp:  now,
-		Count:          1,
-	}
-	s.send(ev)
-}
-
-// send queues ev; a full queue drops it (logged).
-func (s *eventSink) send(ev *corev1.Event) {
-	select {
-	case s.queue <- ev:
-	default:
-		s.log.Warn("event queue full: event dropped", "kind", ev.InvolvedObject.Kind, "name", ev.InvolvedObject.Name, "reason", ev.Reason)
-	}
-}
-
-func (s *eventSink) run(ctx context.Context) {
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case ev := <-s.queue:
-			cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			err := s.client.Post().Namespace(ev.Namespace).Resource("events").Body(ev).Do(cctx).Error()
-			cancel()
-			switch {
-			case err == nil:
-			case ev.Name != "" && apierrors.IsAlreadyExists(err):
-				// another node posted this very Event first
-				s.log.Debug("event already posted", "name", ev.Name)
-			default:
-				s.log.Warn("cannot post event", "kind", ev.InvolvedObject.Kind, "name", ev.InvolvedObject.Name, "reason", ev.Reason, "err", err)
-			}
-		}
+		r.events.Node(node, typ, reason, fmt.Sprintf("podnet-routed on %s: %s", r.self, msg))
 	}
 }
 
@@ -204,6 +138,6 @@ func (f *familyNotes) sync(now map[string]string, names []string) {
 // engine) has to tell the operator about the node.
 func (d *Daemon) NodeEvent(typ, reason, msg string) {
 	if d.events != nil {
-		d.events.post(d.cfg.NodeName, typ, reason, fmt.Sprintf("podnet-routed on %s: %s", d.cfg.NodeName, msg))
+		d.events.Node(d.cfg.NodeName, typ, reason, fmt.Sprintf("podnet-routed on %s: %s", d.cfg.NodeName, msg))
 	}
 }

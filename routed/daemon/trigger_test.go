@@ -1,6 +1,9 @@
 package daemon
 
 import (
+	"bytes"
+	"log/slog"
+	"strings"
 	"testing"
 
 	"github.com/vishvananda/netlink"
@@ -10,6 +13,19 @@ import (
 	"k8s.io/client-go/tools/cache"
 )
 
+// The reasons log as they always have: a "trigger" string.
+func TestReasonLogs(t *testing.T) {
+	want := map[reason]string{reasonNode: "node", reasonServiceCIDRs: "service cidrs", reasonRepair: "repair",
+		reasonLinkChange: "link change", reasonResync: "periodic resync", reasonInitialSync: "initial sync"}
+	for r, name := range want {
+		var b bytes.Buffer
+		slog.New(slog.NewJSONHandler(&b, nil)).Info("x", "trigger", r)
+		if !strings.Contains(b.String(), `"trigger":"`+name+`"`) || r.String() != name {
+			t.Errorf("reason %d logs %s, String %q; want %q", uint8(r), b.String(), r.String(), name)
+		}
+	}
+}
+
 // One wake-up can stand for several reasons; the strongest wins, so that a
 // repair or a link change is never swallowed by a pending Node event (a
 // Node event alone applies only the changed Nodes, which would not put a
@@ -17,16 +33,16 @@ import (
 func TestTriggersCoalesce(t *testing.T) {
 	d := &Daemon{kick: make(chan struct{}, 1)}
 	d.nodeChanged(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "b"}})
-	d.trigger("repair")
+	d.trigger(reasonRepair)
 	d.nodeChanged(cache.DeletedFinalStateUnknown{Key: "c"})
 	if len(d.kick) != 1 {
 		t.Fatalf("%d wake-ups pending, want 1", len(d.kick))
 	}
-	if why := d.takePending(); why != "repair" {
-		t.Fatalf("node + repair: took %q, want repair", why)
+	if why := d.takePending(); why != reasonRepair {
+		t.Fatalf("node + repair: took %v, want repair", why)
 	}
-	if why := d.takePending(); why != "" {
-		t.Fatalf("nothing left: took %q", why)
+	if why := d.takePending(); why != reasonNone {
+		t.Fatalf("nothing left: took %v", why)
 	}
 	names := d.takeDirty()
 	if _, ok := names["b"]; !ok || len(names) != 2 {
@@ -36,15 +52,15 @@ func TestTriggersCoalesce(t *testing.T) {
 		t.Fatalf("dirty Nodes %v: the deleted Node's tombstone is missing", names)
 	}
 
-	d.trigger("node")
-	d.trigger("link change")
-	d.trigger("repair")
-	if why := d.takePending(); why != "link change" {
-		t.Fatalf("took %q, want link change (it dumps the table)", why)
+	d.trigger(reasonNode)
+	d.trigger(reasonLinkChange)
+	d.trigger(reasonRepair)
+	if why := d.takePending(); why != reasonLinkChange {
+		t.Fatalf("took %v, want link change (it dumps the table)", why)
 	}
-	d.trigger("node")
-	if why := d.takePending(); why != "node" {
-		t.Fatalf("took %q, want node", why)
+	d.trigger(reasonNode)
+	if why := d.takePending(); why != reasonNode {
+		t.Fatalf("took %v, want node", why)
 	}
 }
 

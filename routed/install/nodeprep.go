@@ -9,7 +9,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/podnet/podnet/routed/daemon"
 	"github.com/podnet/podnet/routed/dataplane"
 	"github.com/podnet/podnet/routed/desired"
 )
@@ -50,9 +49,9 @@ func (p Prep) Run(ctx context.Context, client kubernetes.Interface) error {
 	if err != nil {
 		return fmt.Errorf("get node %s: %w", p.NodeName, err)
 	}
-	self := daemon.FromNode(obj)
+	self := desired.FromNode(obj)
 	if !self.IP.IsValid() {
-		return fmt.Errorf("node %s has no InternalIP (or %s annotation) yet", p.NodeName, daemon.NodeIPAnnotation)
+		return fmt.Errorf("node %s has no InternalIP (or %s annotation) yet", p.NodeName, desired.NodeIPAnnotation)
 	}
 	if p.Encap == desired.IPIP {
 		if err := dataplane.CheckIPIP(); err != nil {

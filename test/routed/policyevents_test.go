@@ -14,7 +14,7 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	routedd "github.com/podnet/podnet/routed/daemon"
+	"github.com/podnet/podnet/routed/kube"
 	"github.com/podnet/podnet/test/nettest"
 )
 
@@ -55,7 +55,7 @@ func TestPolicyEventOnePerCluster(t *testing.T) {
 	var logs lockedBuffer
 	log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	for _, node := range []string{"node-a", "node-b", "node-c"} {
-		p := routedd.NewPolicyEvents(c.client.CoreV1().RESTClient(), node, log)
+		p := kube.NewPolicyEvents(c.client.CoreV1().RESTClient(), node, log)
 		go p.Run(ctx)
 		p.Policy(np.Namespace, np.Name, np.UID, corev1.EventTypeWarning, "PolicyRefused", "podnet refuses this NetworkPolicy: spec.x: bad")
 		if node == "node-c" {
@@ -83,7 +83,7 @@ func TestPolicyEventOnePerCluster(t *testing.T) {
 	if strings.Contains(logs.String(), "cannot post event") {
 		t.Errorf("a poster logged a failure:\n%s", logs.String())
 	}
-	if got := routedd.PolicyEventName(strings.Repeat("a", 253), np.UID, "PolicyRefused", "m"); len(got) > 253 {
+	if got := kube.PolicyEventName(strings.Repeat("a", 253), np.UID, "PolicyRefused", "m"); len(got) > 253 {
 		t.Errorf("event name of a 253-character policy name is %d characters", len(got))
 	}
 }

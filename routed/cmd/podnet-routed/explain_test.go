@@ -16,7 +16,7 @@ import (
 	"k8s.io/client-go/rest"
 	fcache "k8s.io/client-go/tools/cache/testing"
 
-	"github.com/podnet/podnet/routed/daemon"
+	"github.com/podnet/podnet/routed/kube"
 	"github.com/podnet/podnet/routed/policy"
 )
 
@@ -133,7 +133,7 @@ func TestNodePodCIDRs(t *testing.T) {
 			w.Header().Set("Content-Type", "application/json")
 			fmt.Fprint(w, tc.node)
 		}))
-		core, err := daemon.CoreClient(&rest.Config{Host: srv.URL})
+		core, err := kube.CoreClient(&rest.Config{Host: srv.URL})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -153,7 +153,7 @@ func TestNodePodCIDRs(t *testing.T) {
 }
 
 func mustCore(t *testing.T, host string) rest.Interface {
-	core, err := daemon.CoreClient(&rest.Config{Host: host})
+	core, err := kube.CoreClient(&rest.Config{Host: host})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package daemon
+package desired
 
 import (
 	"net/netip"
@@ -8,8 +8,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/cache"
-
-	"github.com/podnet/podnet/routed/desired"
 )
 
 func TestFromNode(t *testing.T) {
@@ -32,36 +30,36 @@ func TestFromNode(t *testing.T) {
 		annotations map[string]string
 		spec        corev1.NodeSpec
 		addrs       []corev1.NodeAddress
-		want        desired.Node
+		want        Node
 	}{
 		{
 			name:  "PodCIDRs and InternalIP",
 			spec:  corev1.NodeSpec{PodCIDR: "10.244.1.0/24", PodCIDRs: []string{"10.244.1.0/24", "fd00:10:244:1::/64"}},
 			addrs: []corev1.NodeAddress{hostname, internal("192.168.1.2")},
-			want:  desired.Node{Name: "n1", PodCIDRs: pfx("10.244.1.0/24", "fd00:10:244:1::/64"), IP: netip.MustParseAddr("192.168.1.2")},
+			want:  Node{Name: "n1", PodCIDRs: pfx("10.244.1.0/24", "fd00:10:244:1::/64"), IP: netip.MustParseAddr("192.168.1.2")},
 		},
 		{
 			name:  "PodCIDRs preferred over legacy PodCIDR",
 			spec:  corev1.NodeSpec{PodCIDR: "10.99.0.0/24", PodCIDRs: []string{"10.244.1.0/24"}},
 			addrs: []corev1.NodeAddress{internal("192.168.1.2")},
-			want:  desired.Node{Name: "n1", PodCIDRs: pfx("10.244.1.0/24"), IP: netip.MustParseAddr("192.168.1.2")},
+			want:  Node{Name: "n1", PodCIDRs: pfx("10.244.1.0/24"), IP: netip.MustParseAddr("192.168.1.2")},
 		},
 		{
 			name:  "legacy PodCIDR fallback",
 			spec:  corev1.NodeSpec{PodCIDR: "10.244.1.0/24"},
 			addrs: []corev1.NodeAddress{internal("192.168.1.2")},
-			want:  desired.Node{Name: "n1", PodCIDRs: pfx("10.244.1.0/24"), IP: netip.MustParseAddr("192.168.1.2")},
+			want:  Node{Name: "n1", PodCIDRs: pfx("10.244.1.0/24"), IP: netip.MustParseAddr("192.168.1.2")},
 		},
 		{
 			name:  "no PodCIDR",
 			addrs: []corev1.NodeAddress{internal("192.168.1.2")},
-			want:  desired.Node{Name: "n1", IP: netip.MustParseAddr("192.168.1.2")},
+			want:  Node{Name: "n1", IP: netip.MustParseAddr("192.168.1.2")},
 		},
 		{
 			name:  "PodCIDRs with host bits or garbage make the Node invalid",
 			spec:  corev1.NodeSpec{PodCIDRs: []string{"10.244.1.7/24", "bogus", "fd00:10:244:1::/64"}},
 			addrs: []corev1.NodeAddress{internal("192.168.1.2")},
-			want: desired.Node{Name: "n1", PodCIDRs: pfx("10.244.1.0/24", "fd00:10:244:1::/64"), IP: netip.MustParseAddr("192.168.1.2"),
+			want: Node{Name: "n1", PodCIDRs: pfx("10.244.1.0/24", "fd00:10:244:1::/64"), IP: netip.MustParseAddr("192.168.1.2"),
 				Invalid: `spec.podCIDRs[0] "10.244.1.7/24" has host bits set (the network is 10.244.1.0/24); spec.podCIDRs[1] "bogus" does not parse`},
 		},
 		{
@@ -69,21 +67,21 @@ func TestFromNode(t *testing.T) {
 			annotations: map[string]string{NodeIPAnnotation: "10.0.0.2"},
 			spec:        corev1.NodeSpec{PodCIDRs: []string{"10.244.1.0/24"}},
 			addrs:       []corev1.NodeAddress{internal("192.168.1.2"), external("10.0.0.2")},
-			want:        desired.Node{Name: "n1", PodCIDRs: pfx("10.244.1.0/24"), IP: netip.MustParseAddr("10.0.0.2")},
+			want:        Node{Name: "n1", PodCIDRs: pfx("10.244.1.0/24"), IP: netip.MustParseAddr("10.0.0.2")},
 		},
 		{
 			name:        "annotation that is not one of the Node's addresses is ignored",
 			annotations: map[string]string{NodeIPAnnotation: "10.0.0.2"},
 			spec:        corev1.NodeSpec{PodCIDRs: []string{"10.244.1.0/24"}},
 			addrs:       []corev1.NodeAddress{internal("192.168.1.2")},
-			want: desired.Node{Name: "n1", PodCIDRs: pfx("10.244.1.0/24"), IP: netip.MustParseAddr("192.168.1.2"),
+			want: Node{Name: "n1", PodCIDRs: pfx("10.244.1.0/24"), IP: netip.MustParseAddr("192.168.1.2"),
 				Note: "annotation 10.0.0.2 is not one of the Node's status.addresses: ignored"},
 		},
 		{
 			name:        "annotation without any address is ignored",
 			annotations: map[string]string{NodeIPAnnotation: "fd00:1::2"},
 			spec:        corev1.NodeSpec{PodCIDRs: []string{"fd00:10:244:1::/64"}},
-			want: desired.Node{Name: "n1", PodCIDRs: pfx("fd00:10:244:1::/64"),
+			want: Node{Name: "n1", PodCIDRs: pfx("fd00:10:244:1::/64"),
 				Note: "annotation fd00:1::2 is not one of the Node's status.addresses: ignored"},
 		},
 		{
@@ -91,64 +89,64 @@ func TestFromNode(t *testing.T) {
 			annotations: map[string]string{NodeIPAnnotation: "::ffff:10.0.0.2"},
 			spec:        corev1.NodeSpec{PodCIDRs: []string{"10.244.1.0/24"}},
 			addrs:       []corev1.NodeAddress{internal("192.168.1.2"), external("10.0.0.2")},
-			want:        desired.Node{Name: "n1", PodCIDRs: pfx("10.244.1.0/24"), IP: netip.MustParseAddr("10.0.0.2")},
+			want:        Node{Name: "n1", PodCIDRs: pfx("10.244.1.0/24"), IP: netip.MustParseAddr("10.0.0.2")},
 		},
 		{
 			name:  "IPv4-mapped InternalIP is unmapped",
 			addrs: []corev1.NodeAddress{internal("::ffff:192.168.1.2")},
-			want:  desired.Node{Name: "n1", IP: netip.MustParseAddr("192.168.1.2")},
+			want:  Node{Name: "n1", IP: netip.MustParseAddr("192.168.1.2")},
 		},
 		{
 			name:        "invalid annotation falls back to InternalIP",
 			annotations: map[string]string{NodeIPAnnotation: "not-an-ip"},
 			spec:        corev1.NodeSpec{PodCIDRs: []string{"10.244.1.0/24"}},
 			addrs:       []corev1.NodeAddress{internal("192.168.1.2")},
-			want:        desired.Node{Name: "n1", PodCIDRs: pfx("10.244.1.0/24"), IP: netip.MustParseAddr("192.168.1.2")},
+			want:        Node{Name: "n1", PodCIDRs: pfx("10.244.1.0/24"), IP: netip.MustParseAddr("192.168.1.2")},
 		},
 		{
 			name:        "empty annotation falls back to InternalIP",
 			annotations: map[string]string{NodeIPAnnotation: ""},
 			addrs:       []corev1.NodeAddress{internal("192.168.1.2")},
-			want:        desired.Node{Name: "n1", IP: netip.MustParseAddr("192.168.1.2")},
+			want:        Node{Name: "n1", IP: netip.MustParseAddr("192.168.1.2")},
 		},
 		{
 			name:        "CIDR in annotation is invalid",
 			annotations: map[string]string{NodeIPAnnotation: "10.0.0.2/24"},
 			addrs:       []corev1.NodeAddress{internal("192.168.1.2")},
-			want:        desired.Node{Name: "n1", IP: netip.MustParseAddr("192.168.1.2")},
+			want:        Node{Name: "n1", IP: netip.MustParseAddr("192.168.1.2")},
 		},
 		{
 			name:        "other annotations ignored",
 			annotations: map[string]string{"example.com/node-ip": "10.0.0.2"},
 			addrs:       []corev1.NodeAddress{internal("192.168.1.2")},
-			want:        desired.Node{Name: "n1", IP: netip.MustParseAddr("192.168.1.2")},
+			want:        Node{Name: "n1", IP: netip.MustParseAddr("192.168.1.2")},
 		},
 		{
 			name:  "ExternalIP ignored",
 			spec:  corev1.NodeSpec{PodCIDRs: []string{"10.244.1.0/24"}},
 			addrs: []corev1.NodeAddress{external("203.0.113.5"), hostname, internal("192.168.1.2")},
-			want:  desired.Node{Name: "n1", PodCIDRs: pfx("10.244.1.0/24"), IP: netip.MustParseAddr("192.168.1.2")},
+			want:  Node{Name: "n1", PodCIDRs: pfx("10.244.1.0/24"), IP: netip.MustParseAddr("192.168.1.2")},
 		},
 		{
 			name:  "only ExternalIP: no address",
 			spec:  corev1.NodeSpec{PodCIDRs: []string{"10.244.1.0/24"}},
 			addrs: []corev1.NodeAddress{external("203.0.113.5"), hostname},
-			want:  desired.Node{Name: "n1", PodCIDRs: pfx("10.244.1.0/24")},
+			want:  Node{Name: "n1", PodCIDRs: pfx("10.244.1.0/24")},
 		},
 		{
 			name:  "first valid InternalIP wins",
 			addrs: []corev1.NodeAddress{internal("garbage"), internal("192.168.1.2"), internal("fd00:1::2")},
-			want:  desired.Node{Name: "n1", IP: netip.MustParseAddr("192.168.1.2"), AltIP: netip.MustParseAddr("fd00:1::2")},
+			want:  Node{Name: "n1", IP: netip.MustParseAddr("192.168.1.2"), AltIP: netip.MustParseAddr("fd00:1::2")},
 		},
 		{
 			name:        "invalid annotation and no address",
 			annotations: map[string]string{NodeIPAnnotation: "nope"},
 			spec:        corev1.NodeSpec{PodCIDRs: []string{"10.244.1.0/24"}},
-			want:        desired.Node{Name: "n1", PodCIDRs: pfx("10.244.1.0/24")},
+			want:        Node{Name: "n1", PodCIDRs: pfx("10.244.1.0/24")},
 		},
 		{
 			name: "nothing at all",
-			want: desired.Node{Name: "n1"},
+			want: Node{Name: "n1"},
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -160,7 +158,7 @@ func TestFromNode(t *testing.T) {
 			before := n.DeepCopy()
 			got := FromNode(n)
 			if tc.want.Note == "" {
-				got.Note = "" // what an ignored annotation says: desired.TestParseNode
+				got.Note = "" // what an ignored annotation says: TestParseNode
 			}
 			if !reflect.DeepEqual(got, tc.want) {
 				t.Errorf("FromNode:\n got  %+v\n want %+v", got, tc.want)
