@@ -116,24 +116,120 @@ func ApplyVXLANPeers(neighs []desired.Neighbor, fdbs []desired.FDB, rec *VXLANRe
 	return applyVXLANPeers(h, idx, neighs, fdbs, rec)
 }
 
-func applyVXLANPeers(k neighKernel, idx int, neighs []desired.Neighbor, fdbs []desired.FDB, rec *VXLANRecord) (VXLANChanges, error) {
+// ApplyVXLANDelta writes the neighbor and FDB entries of one Node's
+// change to podnet.vxlan and deletes the ones it no longer has, without
+// listing the others.
+//
+// rec (nil: none) records what was written and deleted.
+func ApplyVXLANDelta(setNeigh, delNeigh []desired.Neighbor, addFDB, delFDB []desired.FDB, rec *VXLANRecord) error {
+	h, idx, err := vxlanHandle()
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	return applyVXLANDelta(h, idx, setNeigh, delNeigh, addFDB, delFDB, rec)
+}
+
+// peerWrite is one apply's writes to podnet.vxlan: the device, what was
+// written there before (its lock held), and what the apply changed
+// (counted by a full apply) and could not do.
+type peerWrite struct {
+	k    neighKernel
+	idx  int
+	rec  *VXLANRecord
+	ch   VXLANChanges
+	errs []error
+}
+
+// lockPeers starts a peerWrite on the device idx, holding rec's lock (a
+// nil rec records into a throwaway one); the caller calls done.
+func lockPeers(k neighKernel, idx int, rec *VXLANRecord) *peerWrite {
 	if rec == nil {
 		rec = &VXLANRecord{}
 	}
 	rec.mu.Lock()
-	defer rec.mu.Unlock()
-	var ch VXLANChanges
-	var errs []error
-	gone := func(err error) bool { return err == nil || errors.Is(err, unix.ENOENT) }
+	return &peerWrite{k: k, idx: idx, rec: rec}
+}
 
-	// Neighbors: the kernel keys them by IP. A peer whose MAC changed is
-	// replaced in place; the stale ones deleted (by IP) are only those of
-	// an IP no Node asks for, so a delete never takes a new entry along.
+func (w *peerWrite) done() { w.rec.mu.Unlock() }
+
+// gone: a delete that succeeded, or found nothing to delete.
+func gone(err error) bool { return err == nil || errors.Is(err, unix.ENOENT) }
+
+// setNeigh writes the neighbor ip -> mac (created or replaced).
+func (w *peerWrite) setNeigh(ip netip.Addr, mac net.HardwareAddr) bool {
+	e := &netlink.Neigh{LinkIndex: w.idx, Family: familyOf(ip.AsSlice()), State: netlink.NUD_PERMANENT, IP: ip.AsSlice(), HardwareAddr: mac}
+	if err := w.k.NeighSet(e); err != nil {
+		w.errs = append(w.errs, fmt.Errorf("neighbor %s: %w", ip, err))
+		return false
+	}
+	w.ch.Neighbors++
+	w.rec.setNeigh(ip, mac.String())
+	return true
+}
+
+// delNeigh deletes the neighbor of ip, whatever its MAC: family and raw
+// are its key as the kernel has it.
+func (w *peerWrite) delNeigh(ip netip.Addr, family int, raw net.IP) {
+	e := &netlink.Neigh{LinkIndex: w.idx, Family: family, IP: raw}
+	if err := w.k.NeighDel(e); !gone(err) {
+		w.errs = append(w.errs, fmt.Errorf("delete neighbor %s: %w", ip, err))
+		return
+	}
+	w.ch.Neighbors++
+	w.rec.setNeigh(ip, "")
+}
+
+func (w *peerWrite) fdbEntry(mac net.HardwareAddr, dst net.IP) *netlink.Neigh {
+	return &netlink.Neigh{LinkIndex: w.idx, Family: unix.AF_BRIDGE, Flags: netlink.NTF_SELF, IP: dst, HardwareAddr: mac}
+}
+
+// setFDB writes the FDB entry mac -> dst, permanent: it replaces the
+// entry's first destination unless dst is one of them already.
+func (w *peerWrite) setFDB(mac net.HardwareAddr, dst netip.Addr) bool {
+	e := w.fdbEntry(mac, dst.AsSlice())
+	e.State = netlink.NUD_PERMANENT
+	if err := w.k.NeighSet(e); err != nil {
+		w.errs = append(w.errs, fmt.Errorf("fdb %s -> %s: %w", mac, dst, err))
+		return false
+	}
+	w.ch.FDBs++
+	return true
+}
+
+// delFDB deletes the destination dst of the FDB entry mac (the entry
+// with its last destination); the caller records it.
+func (w *peerWrite) delFDB(mac net.HardwareAddr, dst net.IP) bool {
+	if err := w.k.NeighDel(w.fdbEntry(mac, dst)); !gone(err) {
+		w.errs = append(w.errs, fmt.Errorf("delete fdb %s -> %s: %w", mac, dst, err))
+		return false
+	}
+	w.ch.FDBs++
+	return true
+}
+
+func applyVXLANPeers(k neighKernel, idx int, neighs []desired.Neighbor, fdbs []desired.FDB, rec *VXLANRecord) (VXLANChanges, error) {
+	w := lockPeers(k, idx, rec)
+	defer w.done()
+	if err := w.neighbors(neighs); err != nil {
+		return w.ch, err
+	}
+	if err := w.fdbs(fdbs); err != nil {
+		return w.ch, errors.Join(append(w.errs, err)...)
+	}
+	return w.ch, errors.Join(w.errs...)
+}
+
+// neighbors makes the device's neighbors those of neighs. The kernel keys
+// them by IP. A peer whose MAC changed is replaced in place; the stale
+// ones deleted (by IP) are only those of an IP no Node asks for, so a
+// delete never takes a new entry along. The error is the listing's.
+func (w *peerWrite) neighbors(neighs []desired.Neighbor) error {
 	have := map[netip.Addr]netlink.Neigh{}
 	for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
-		cur, err := k.NeighList(idx, fam)
+		cur, err := w.k.NeighList(w.idx, fam)
 		if err != nil {
-			return ch, fmt.Errorf("list neighbors of %s: %w", desired.VXLANDevice, err)
+			return fmt.Errorf("list neighbors of %s: %w", desired.VXLANDevice, err)
 		}
 		for _, c := range cur {
 			if ip, ok := netip.AddrFromSlice(c.IP); ok && c.State == netlink.NUD_PERMANENT {
@@ -146,151 +242,100 @@ func applyVXLANPeers(k neighKernel, idx int, neighs []desired.Neighbor, fdbs []d
 		cur, ok := have[n.IP]
 		delete(have, n.IP)
 		if ok && cur.HardwareAddr.String() == mac.String() {
-			rec.setNeigh(n.IP, mac.String()) // in place: ours now
+			w.rec.setNeigh(n.IP, mac.String()) // in place: ours now
 			continue
 		}
-		e := &netlink.Neigh{LinkIndex: idx, Family: familyOf(n.IP.AsSlice()), State: netlink.NUD_PERMANENT, IP: n.IP.AsSlice(), HardwareAddr: mac}
-		if err := k.NeighSet(e); err != nil {
-			errs = append(errs, fmt.Errorf("neighbor %s: %w", n.IP, err))
-			continue
+		last, wrote := w.rec.neigh[n.IP]
+		if w.setNeigh(n.IP, mac) && wrote && (!ok || cur.HardwareAddr.String() != last) {
+			w.ch.RepairedNeighbors++
 		}
-		ch.Neighbors++
-		if last, wrote := rec.neigh[n.IP]; wrote && (!ok || cur.HardwareAddr.String() != last) {
-			ch.RepairedNeighbors++
-		}
-		rec.setNeigh(n.IP, mac.String())
 	}
 	for ip, c := range have { // permanent entries no Node asks for
-		e := &netlink.Neigh{LinkIndex: idx, Family: c.Family, IP: c.IP}
-		if err := k.NeighDel(e); !gone(err) {
-			errs = append(errs, fmt.Errorf("delete neighbor %s: %w", ip, err))
-			continue
-		}
-		ch.Neighbors++
-		rec.setNeigh(ip, "")
+		w.delNeigh(ip, c.Family, c.IP)
 	}
+	return nil
+}
 
-	// FDB: the kernel keys an entry by MAC, with a list of remote
-	// destinations. The desired one is set first (replacing a wrong
-	// destination in place), then the other destinations of that MAC go,
-	// each deleted by MAC and destination: never the desired one.
-	curFDB, err := k.NeighList(idx, unix.AF_BRIDGE)
+// fdbs makes the device's FDB entries those of fdbs. The kernel keys an
+// entry by MAC, with a list of remote destinations. The desired one is
+// set first (replacing a wrong destination in place), then the other
+// destinations of that MAC go, each deleted by MAC and destination: never
+// the desired one. The error is the listing's.
+func (w *peerWrite) fdbs(fdbs []desired.FDB) error {
+	list, err := w.k.NeighList(w.idx, unix.AF_BRIDGE)
 	if err != nil {
-		return ch, errors.Join(append(errs, fmt.Errorf("list FDB of %s: %w", desired.VXLANDevice, err))...)
+		return fmt.Errorf("list FDB of %s: %w", desired.VXLANDevice, err)
 	}
-	haveFDB := map[string][]netlink.Neigh{}
-	for _, c := range curFDB {
+	have := map[string][]netlink.Neigh{}
+	for _, c := range list {
 		if c.IP == nil || c.HardwareAddr == nil {
 			continue
 		}
-		haveFDB[c.HardwareAddr.String()] = append(haveFDB[c.HardwareAddr.String()], c)
-	}
-	fdbEntry := func(mac net.HardwareAddr, dst net.IP) *netlink.Neigh {
-		return &netlink.Neigh{LinkIndex: idx, Family: unix.AF_BRIDGE, Flags: netlink.NTF_SELF, IP: dst, HardwareAddr: mac}
-	}
-	delFDB := func(c netlink.Neigh) {
-		if err := k.NeighDel(fdbEntry(c.HardwareAddr, c.IP)); !gone(err) {
-			errs = append(errs, fmt.Errorf("delete fdb %s -> %s: %w", c.HardwareAddr, c.IP, err))
-			return
-		}
-		ch.FDBs++
+		have[c.HardwareAddr.String()] = append(have[c.HardwareAddr.String()], c)
 	}
 	for _, f := range fdbs {
 		mac, _ := net.ParseMAC(f.MAC)
-		cur := haveFDB[mac.String()]
-		delete(haveFDB, mac.String())
-		right := func(c netlink.Neigh) bool {
-			ip, _ := netip.AddrFromSlice(c.IP)
-			return ip.Unmap() == f.Dst
-		}
-		if !(len(cur) == 1 && right(cur[0]) && cur[0].State == netlink.NUD_PERMANENT) {
-			e := fdbEntry(mac, f.Dst.AsSlice())
-			e.State = netlink.NUD_PERMANENT
-			if err := k.NeighSet(e); err != nil {
-				errs = append(errs, fmt.Errorf("fdb %s -> %s: %w", f.MAC, f.Dst, err))
-				continue
-			}
-			ch.FDBs++
-			// a repair when the entry last written is not there as it
-			// was (the plan unchanged: any difference; moved: the old
-			// destination gone or not permanent)
-			if last, wrote := rec.fdb[mac.String()]; wrote && (last == f.Dst || !slices.ContainsFunc(cur, func(c netlink.Neigh) bool {
-				ip, _ := netip.AddrFromSlice(c.IP)
-				return ip.Unmap() == last && c.State == netlink.NUD_PERMANENT
-			})) {
-				ch.RepairedFDBs++
-			}
-		}
-		rec.setFDB(mac.String(), f.Dst)
-		for _, c := range cur {
-			if !right(c) {
-				delFDB(c)
-			}
-		}
+		cur := have[mac.String()]
+		delete(have, mac.String())
+		w.fdb(f.Dst, mac, cur)
 	}
-	for mac, cur := range haveFDB { // entries no Node asks for
+	for mac, cur := range have { // entries no Node asks for
 		for _, c := range cur {
-			delFDB(c)
+			w.delFDB(c.HardwareAddr, c.IP)
 		}
-		rec.setFDB(mac, netip.Addr{})
+		w.rec.setFDB(mac, netip.Addr{})
 	}
-	return ch, errors.Join(errs...)
+	return nil
 }
 
-// ApplyVXLANDelta writes the neighbor and FDB entries of one Node's
-// change to podnet.vxlan and deletes the ones it no longer has, without
-// listing the others.
-//
-// rec (nil: none) records what was written and deleted.
-func ApplyVXLANDelta(setNeigh, delNeigh []desired.Neighbor, addFDB, delFDB []desired.FDB, rec *VXLANRecord) error {
-	h, idx, err := vxlanHandle()
-	if err != nil {
-		return err
+// fdb makes the entry mac, which holds cur, lead to dst alone.
+func (w *peerWrite) fdb(dst netip.Addr, mac net.HardwareAddr, cur []netlink.Neigh) {
+	at := func(c netlink.Neigh, dst netip.Addr) bool {
+		ip, _ := netip.AddrFromSlice(c.IP)
+		return ip.Unmap() == dst
 	}
-	defer h.Close()
-	if rec == nil {
-		rec = &VXLANRecord{}
-	}
-	rec.mu.Lock()
-	defer rec.mu.Unlock()
-	var errs []error
-	gone := func(err error) bool { return err == nil || errors.Is(err, unix.ENOENT) }
-	for _, n := range delNeigh {
-		e := &netlink.Neigh{LinkIndex: idx, Family: familyOf(n.IP.AsSlice()), IP: n.IP.AsSlice()}
-		if err := h.NeighDel(e); !gone(err) {
-			errs = append(errs, fmt.Errorf("delete neighbor %s: %w", n.IP, err))
-			continue
+	if !(len(cur) == 1 && at(cur[0], dst) && cur[0].State == netlink.NUD_PERMANENT) {
+		if !w.setFDB(mac, dst) {
+			return
 		}
-		rec.setNeigh(n.IP, "")
+		// a repair when the entry last written is not there as it was
+		// (the plan unchanged: any difference; moved: the old
+		// destination gone or not permanent)
+		if last, wrote := w.rec.fdb[mac.String()]; wrote && (last == dst || !slices.ContainsFunc(cur, func(c netlink.Neigh) bool {
+			return at(c, last) && c.State == netlink.NUD_PERMANENT
+		})) {
+			w.ch.RepairedFDBs++
+		}
+	}
+	w.rec.setFDB(mac.String(), dst)
+	for _, c := range cur {
+		if !at(c, dst) {
+			w.delFDB(c.HardwareAddr, c.IP)
+		}
+	}
+}
+
+func applyVXLANDelta(k neighKernel, idx int, setNeigh, delNeigh []desired.Neighbor, addFDB, delFDB []desired.FDB, rec *VXLANRecord) error {
+	w := lockPeers(k, idx, rec)
+	defer w.done()
+	for _, n := range delNeigh {
+		w.delNeigh(n.IP, familyOf(n.IP.AsSlice()), n.IP.AsSlice())
 	}
 	for _, f := range delFDB {
 		mac, _ := net.ParseMAC(f.MAC)
-		e := &netlink.Neigh{LinkIndex: idx, Family: unix.AF_BRIDGE, Flags: netlink.NTF_SELF, IP: f.Dst.AsSlice(), HardwareAddr: mac}
-		if err := h.NeighDel(e); !gone(err) {
-			errs = append(errs, fmt.Errorf("delete fdb %s -> %s: %w", f.MAC, f.Dst, err))
-			continue
-		}
-		if rec.fdb[mac.String()] == f.Dst {
-			rec.setFDB(mac.String(), netip.Addr{})
+		if w.delFDB(mac, f.Dst.AsSlice()) && w.rec.fdb[mac.String()] == f.Dst {
+			w.rec.setFDB(mac.String(), netip.Addr{})
 		}
 	}
 	for _, n := range setNeigh {
 		mac, _ := net.ParseMAC(n.MAC)
-		e := &netlink.Neigh{LinkIndex: idx, Family: familyOf(n.IP.AsSlice()), State: netlink.NUD_PERMANENT, IP: n.IP.AsSlice(), HardwareAddr: mac}
-		if err := h.NeighSet(e); err != nil {
-			errs = append(errs, fmt.Errorf("neighbor %s: %w", n.IP, err))
-			continue
-		}
-		rec.setNeigh(n.IP, mac.String())
+		w.setNeigh(n.IP, mac)
 	}
 	for _, f := range addFDB {
 		mac, _ := net.ParseMAC(f.MAC)
-		e := &netlink.Neigh{LinkIndex: idx, Family: unix.AF_BRIDGE, Flags: netlink.NTF_SELF, State: netlink.NUD_PERMANENT, IP: f.Dst.AsSlice(), HardwareAddr: mac}
-		if err := h.NeighSet(e); err != nil {
-			errs = append(errs, fmt.Errorf("fdb %s -> %s: %w", f.MAC, f.Dst, err))
-			continue
+		if w.setFDB(mac, f.Dst) {
+			w.rec.setFDB(mac.String(), f.Dst)
 		}
-		rec.setFDB(mac.String(), f.Dst)
 	}
-	return errors.Join(errs...)
+	return errors.Join(w.errs...)
 }

@@ -37,9 +37,9 @@ type RouteCache struct {
 // written there (deleted or edited by someone else), and forgets them.
 func (c *RouteCache) TakeRepairs() []netip.Prefix {
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	r := c.repaired
 	c.repaired = nil
+	c.mu.Unlock()
 	return r
 }
 
