@@ -85,3 +85,51 @@ func OnLink(ip netip.Addr) bool {
 	}
 	return routes[0].Gw == nil
 }
+
+// NodeUnderlay finds the underlay of this node (cfg.Self) among nodes,
+// names it in cfg.Underlay, and returns it (nil: none found). It is the
+// link of the node's address, or of last's (the node as last known: its
+// pods are still there while its Node is bad or gone), and d.UnderlayIP
+// is set to that address (VXLAN over IPv6 costs 20 bytes more). Nothing
+// being known of the node's address (its Node gone, and a restart
+// meanwhile), it is the link toward the other nodes (UnderlayToward).
+func (d *Netlink) NodeUnderlay(cfg *desired.Config, nodes []desired.Node, last *desired.Node) (netlink.Link, error) {
+	selfIP := netip.Addr{}
+	if n := findNode(nodes, cfg.Self); n != nil && n.IP.IsValid() {
+		selfIP = n.IP
+	} else if last != nil {
+		selfIP = last.IP
+	}
+	var link netlink.Link
+	var err error
+	if selfIP.IsValid() {
+		d.UnderlayIP = selfIP
+		link, err = Underlay(selfIP)
+	} else {
+		link, err = UnderlayToward(nodeAddrs(nodes, cfg.Self))
+	}
+	if link != nil {
+		cfg.Underlay = link.Attrs().Name
+	}
+	return link, err
+}
+
+// nodeAddrs are the addresses of the nodes other than self.
+func nodeAddrs(nodes []desired.Node, self string) []netip.Addr {
+	var out []netip.Addr
+	for _, n := range nodes {
+		if n.Name != self && n.IP.IsValid() {
+			out = append(out, n.IP)
+		}
+	}
+	return out
+}
+
+func findNode(nodes []desired.Node, name string) *desired.Node {
+	for i := range nodes {
+		if nodes[i].Name == name {
+			return &nodes[i]
+		}
+	}
+	return nil
+}
