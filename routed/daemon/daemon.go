@@ -872,7 +872,6 @@ func nodeExists(lister listersv1.NodeLister) func(string) bool {
 	}
 }
 
-// nodeAddrs are the addresses of the Nodes but self.
 // Cleanup removes everything podnet-routed created: podnet routes, the
 // VXLAN device, the nft table and the node state file.
 func Cleanup(stateDir string) error {

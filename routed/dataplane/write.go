@@ -96,8 +96,9 @@ type Full struct {
 	SkipVXLAN bool
 }
 
-func (f Full) admit(w Writer, res *Written) (err error) {
-	res.TableRepaired, err = w.Table.Apply(f.Spec, f.Verify)
+func (f Full) admit(w Writer, res *Written) error {
+	repaired, err := w.Table.Apply(f.Spec, f.Verify)
+	res.TableRepaired = repaired && err == nil
 	return err
 }
 
