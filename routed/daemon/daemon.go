@@ -24,7 +24,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/vishvananda/netlink"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/labels"
 	listersv1 "k8s.io/client-go/listers/core/v1"
@@ -301,46 +300,30 @@ func (d *Daemon) applyNodes(lister listersv1.NodeLister) (own, remote error) {
 	if delta.Empty() {
 		return nil, nil
 	}
-	var errs []error
-	// the tunnel filter takes a new Node's packets before its route exists
-	if err := d.table.AddPeers(delta.AddPeers, delta.AddRemote); err != nil {
-		errs = append(errs, err)
-	}
-	changed := 0
-	if len(delta.Upsert)+len(delta.Remove) > 0 { // a VXLAN Node's move changes its FDB entry only
-		var programmed int
-		var err error
-		changed, programmed, err = dataplane.ApplyRouteDelta(delta.Upsert, delta.Remove, &d.routes)
-		if err != nil {
-			errs = append(errs, err)
-		}
-		d.metrics.RoutesProgramed.Set(float64(programmed))
+	w := dataplane.Writer{Table: &d.table, Routes: &d.routes, VXLAN: &d.vxlanRec, Encap: d.cfg.Encap}
+	res := w.Write(dataplane.Delta(delta))
+	if res.RoutesWritten {
+		d.metrics.RoutesProgramed.Set(float64(res.Programmed))
 		d.countRouteRepairs()
 	}
-	if d.cfg.Encap == desired.VXLAN {
-		if err := dataplane.ApplyVXLANDelta(delta.SetNeighbors, delta.DelNeighbors, delta.AddFDBs, delta.DelFDBs, &d.vxlanRec); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	// and drops a gone Node's only once its route is gone
-	if err := d.table.RemovePeers(delta.DelPeers, delta.DelRemote); err != nil {
-		errs = append(errs, err)
-	}
-	d.log.Debug("routes applied", "trigger", "node", "nodes", len(names), "changed", changed, "routes", d.plan.Routes())
-	if len(errs) > 0 {
+	d.log.Debug("routes applied", "trigger", "node", "nodes", len(names), "changed", res.Changed, "routes", d.plan.Routes())
+	err := res.Err()
+	if err != nil {
 		d.plan = nil // the next event applies everything again
 	}
-	return nil, errors.Join(errs...)
+	return nil, err
 }
 
 // apply judges every Node again and makes the whole dataplane match:
 // routes (pruning the ones no valid Node wants), the tunnel device,
 // VXLAN entries, the nft table and node.json. Its own part fails (own)
 // only for what this node itself needs; a route that cannot be written
-// is reported in remote.
+// is reported in remote. (What it writes back is a repair or not by what
+// was last written, whatever the trigger: countRouteRepairs,
+// VXLANRecord.) While this node's own Node cannot be used, the nft table
+// keeps its last PodCIDRs (its pods are still there) and the peers keep
+// following the other Nodes.
 func (d *Daemon) apply(lister listersv1.NodeLister, why reason) (own, remote error) {
-	// (what this apply writes back is a repair or not by what was last
-	// written, whatever the trigger: countRouteRepairs, VXLANRecord)
 	d.plan = nil
 	// every Node is read below: what changed until now is covered
 	d.takeDirty()
@@ -348,8 +331,7 @@ func (d *Daemon) apply(lister listersv1.NodeLister, why reason) (own, remote err
 	if err != nil {
 		return fmt.Errorf("list nodes: %w", err), nil
 	}
-	nodes := make([]desired.Node, 0, len(objs))
-	notes := map[string]string{}
+	nodes, notes := make([]desired.Node, 0, len(objs)), map[string]string{}
 	for _, o := range objs {
 		n := desired.FromNode(o)
 		nodes = append(nodes, n)
@@ -361,8 +343,7 @@ func (d *Daemon) apply(lister listersv1.NodeLister, why reason) (own, remote err
 	// A Node event and a repair trust the routes cache (no dump: their
 	// cost must not grow with the cluster); the initial sync, the
 	// periodic resync and link changes read the table again.
-	dump := why != reasonNode && why != reasonRepair
-	local, err := dataplane.LocalNetwork(&d.routes, dump)
+	local, err := dataplane.LocalNetwork(&d.routes, why != reasonNode && why != reasonRepair)
 	if err != nil {
 		return err, nil
 	}
@@ -370,27 +351,8 @@ func (d *Daemon) apply(lister listersv1.NodeLister, why reason) (own, remote err
 		ClusterCIDRs: d.cfg.ClusterCIDRs, ServiceCIDRs: d.serviceCIDRs(), APIServers: d.cfg.APIServers}
 	// the underlay: this node's address's link, or the last one known
 	// while this node's Node is bad or gone
-	selfIP := netip.Addr{}
-	if self := findNode(nodes, d.cfg.NodeName); self != nil && self.IP.IsValid() {
-		selfIP = self.IP
-	} else if d.lastSelf != nil {
-		selfIP = d.lastSelf.IP
-	}
-	var underlay netlink.Link
-	var errs []error
-	if selfIP.IsValid() {
-		d.dp.UnderlayIP = selfIP // VXLAN over IPv6 costs 20 bytes more
-		underlay, err = dataplane.Underlay(selfIP)
-	} else {
-		// this node's Node is gone and nothing is known of it (a
-		// restart meanwhile): the link toward the other nodes
-		underlay, err = dataplane.UnderlayToward(nodeAddrs(nodes, d.cfg.NodeName))
-	}
-	if err != nil {
-		errs = append(errs, err)
-	} else if underlay != nil {
-		cfg.Underlay = underlay.Attrs().Name
-	}
+	underlay, err := d.dp.NodeUnderlay(&cfg, nodes, d.lastSelf)
+	errs := []error{err}
 	plan, st := desired.NewPlan(cfg, local, nodes, dataplane.OnLink)
 	d.plan = plan
 	d.plan.TakeRefusalChanges()
@@ -408,67 +370,38 @@ func (d *Daemon) apply(lister listersv1.NodeLister, why reason) (own, remote err
 			d.onSelf(slices.Clone(self.PodCIDRs))
 		}
 		if underlay != nil {
-			if deviceReset, err = d.setup(self, st.VTEPs, underlay); err != nil {
-				errs = append(errs, err)
-			}
+			deviceReset, err = d.setup(self, st.VTEPs, underlay)
+			errs = append(errs, err)
 		}
 	}
 	d.metrics.RoutesDesired.Set(float64(len(st.Routes)))
-	// One route that cannot be installed (a foreign route holding a remote
-	// PodCIDR, a gateway not reachable yet) must not keep the rest of the
-	// node from working: the other steps still run and the errors are
-	// reported together.
-	var remoteErrs []error
-	// The nft table (masquerade, tunnel filter) before the routes: a new
-	// Node's packets are let in before its route exists. While this
-	// node's own Node cannot be used, its last PodCIDRs (its pods are
-	// still there) and the peers keep following the other Nodes.
 	spec := dataplane.TableSpec{Masquerade: d.cfg.Masquerade, MasqueradeIPv6: d.cfg.MasqueradeIPv6, ClusterCIDRs: d.cfg.ClusterCIDRs,
 		Encap: d.cfg.Encap, VXLANPort: d.cfg.VXLANPort}
 	if d.lastSelf != nil {
 		spec.LocalPodCIDRs = d.lastSelf.PodCIDRs
 	}
 	spec.Peers, spec.RemotePodCIDRs = plan.Peers()
-	if repaired, err := d.table.Apply(spec, why == reasonResync); err != nil {
-		errs = append(errs, err)
-	} else if repaired {
+	w := dataplane.Writer{Table: &d.table, Routes: &d.routes, VXLAN: &d.vxlanRec, Encap: d.cfg.Encap}
+	res := w.Write(dataplane.Full{Spec: spec, Verify: why == reasonResync, Routes: st.Routes, DeviceReset: deviceReset,
+		Neighbors: st.Neighbors, FDBs: st.FDBs, SkipVXLAN: underlay == nil})
+	if res.TableRepaired {
 		d.countRepair(RepairNFTTable, 1, "nft table inet "+contract.NFTable)
 	}
-	// (LocalNetwork read the table just now when dump; a tunnel device
-	// re-created or brought up has lost its routes silently since: they
-	// went with the device, a repair counted as such, not as routes')
-	if deviceReset {
-		d.routes.ForgetDevice(desired.TunnelDevice)
-		d.routes.ForgetDevice(desired.VXLANDevice)
-		d.vxlanRec.Forget()
-	}
-	changed, programmed, err := dataplane.ApplyRoutes(st.Routes, &d.routes, deviceReset)
-	if err != nil {
-		remoteErrs = append(remoteErrs, err)
-	}
-	d.metrics.RoutesProgramed.Set(float64(programmed))
-	var vxlanChanges dataplane.VXLANChanges
-	if d.cfg.Encap == desired.VXLAN && underlay != nil {
-		if vxlanChanges, err = dataplane.ApplyVXLANPeers(st.Neighbors, st.FDBs, &d.vxlanRec); err != nil {
-			remoteErrs = append(remoteErrs, err)
-		}
-	}
+	d.metrics.RoutesProgramed.Set(float64(res.Programmed))
 	d.countRouteRepairs()
-	d.countRepair(RepairVXLANNeighbor, vxlanChanges.RepairedNeighbors, "VXLAN neighbor entries")
-	d.countRepair(RepairVXLANFDB, vxlanChanges.RepairedFDBs, "VXLAN FDB entries")
+	d.countRepair(RepairVXLANNeighbor, res.VXLAN.RepairedNeighbors, "VXLAN neighbor entries")
+	d.countRepair(RepairVXLANFDB, res.VXLAN.RepairedFDBs, "VXLAN FDB entries")
 	if why == reasonResync || why == reasonInitialSync {
 		d.repairPodFilter()
 	}
-	if err := d.writeState(st.Self, st.SelfProblem, underlay); err != nil {
-		errs = append(errs, err)
+	errs = append(errs, res.Filter(), d.writeState(st.Self, st.SelfProblem, underlay))
+	if res.Changed > 0 {
+		d.log.Info("routes applied", "trigger", why, "changed", res.Changed, "routes", len(st.Routes), "skipped", len(st.Skipped), "refused", len(st.Refused))
 	}
-	if changed > 0 {
-		d.log.Info("routes applied", "trigger", why, "changed", changed, "routes", len(st.Routes), "skipped", len(st.Skipped), "refused", len(st.Refused))
-	}
-	if len(remoteErrs) > 0 {
+	if res.Remote() != nil {
 		d.plan = nil // the next Node event applies everything again
 	}
-	return errors.Join(errs...), errors.Join(remoteErrs...)
+	return errors.Join(errs...), res.Remote()
 }
 
 // nodeExists tells whether the informer holds Node name.
@@ -477,26 +410,6 @@ func nodeExists(lister listersv1.NodeLister) func(string) bool {
 		_, err := lister.Get(name)
 		return err == nil
 	}
-}
-
-// nodeAddrs are the addresses of the Nodes but self.
-func nodeAddrs(nodes []desired.Node, self string) []netip.Addr {
-	var out []netip.Addr
-	for _, n := range nodes {
-		if n.Name != self && n.IP.IsValid() {
-			out = append(out, n.IP)
-		}
-	}
-	return out
-}
-
-func findNode(nodes []desired.Node, name string) *desired.Node {
-	for i := range nodes {
-		if nodes[i].Name == name {
-			return &nodes[i]
-		}
-	}
-	return nil
 }
 
 // Cleanup removes everything podnet-routed created: podnet routes, the

@@ -76,7 +76,7 @@ type repairState struct {
 func (d *Daemon) setup(self desired.Node, vteps []netip.Prefix, underlay netlink.Link) (reset bool, err error) {
 	res, err := d.dp.Setup(self, vteps)
 	for _, e := range res.SysctlErrors {
-		d.metrics.SysctlErrors.WithLabelValues(e.Sysctl.DisplayName()).Inc()
+		d.metrics.SysctlErrors.WithLabelValues(e.Setting.DisplayName()).Inc()
 	}
 	if slices.ContainsFunc(res.Fixes, func(f dataplane.Fix) bool { return f.Object == RepairTunnelDevice }) {
 		// a device changed (its MAC, say) has the kernel flush its

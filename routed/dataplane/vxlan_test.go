@@ -265,3 +265,36 @@ func TestVXLANRepairsOnlyTampering(t *testing.T) {
 	}
 	check("entries lost with the device", ch, err, 0, 0)
 }
+
+// TestApplyVXLANDelta: one Node's change writes its entries and deletes
+// the gone Node's, leaving the others alone; the record follows, so a
+// full apply afterwards counts no repair and writes nothing.
+func TestApplyVXLANDelta(t *testing.T) {
+	k := newFakeNeighs()
+	rec := &VXLANRecord{}
+	ns, fs := peers("172.30.0.2", "172.30.0.3")
+	if _, err := applyVXLANPeers(k, 5, ns, fs, rec); err != nil {
+		t.Fatal(err)
+	}
+	// node-b (172.30.0.3) goes, node-c comes with node-b's VTEP address
+	ns2, fs2 := peers("172.30.0.2", "172.30.0.4")
+	if err := applyVXLANDelta(k, 5, ns2[1:], ns[1:], fs2[1:], fs[1:], rec); err != nil {
+		t.Fatal(err)
+	}
+	wantNeigh := []string{"10.244.2.0 lladdr 0e:70:ac:1e:00:02 state 0x80", "10.244.3.0 lladdr 0e:70:ac:1e:00:04 state 0x80"}
+	if got := k.neighs(); !slices.Equal(got, wantNeigh) {
+		t.Errorf("neighbors %q, want %q", got, wantNeigh)
+	}
+	wantFDB := []string{"0e:70:ac:1e:00:02 dst 172.30.0.2 state 0x80", "0e:70:ac:1e:00:04 dst 172.30.0.4 state 0x80"}
+	if got := k.fdbs(); !slices.Equal(got, wantFDB) {
+		t.Errorf("FDB %q, want %q", got, wantFDB)
+	}
+	k.writes = 0
+	if ch, err := applyVXLANPeers(k, 5, ns2, fs2, rec); err != nil || ch != (VXLANChanges{}) || k.writes != 0 {
+		t.Errorf("full apply after the delta: %+v %v, %d writes; want none", ch, err, k.writes)
+	}
+	// deleting an FDB destination that is gone already is no error
+	if err := applyVXLANDelta(k, 5, nil, nil, nil, fs[1:], rec); err != nil {
+		t.Errorf("deleting gone entries: %v", err)
+	}
+}

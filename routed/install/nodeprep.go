@@ -9,6 +9,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/podnet/podnet/internal/sysctl"
 	"github.com/podnet/podnet/routed/dataplane"
 	"github.com/podnet/podnet/routed/desired"
 )
@@ -34,7 +35,7 @@ type Prep struct {
 	VXLANPort    int
 	// ProcSys is where the host's /proc/sys is visible read-write (the
 	// net/ subtree is enough), e.g. /host/proc/sys; "" is
-	// dataplane.DefaultProcSys.
+	// sysctl.DefaultRoot.
 	ProcSys string
 	Log     *slog.Logger
 }
@@ -72,7 +73,7 @@ func (p Prep) Run(ctx context.Context, client kubernetes.Interface) error {
 	for _, c := range append(append([]netip.Prefix(nil), self.PodCIDRs...), p.ClusterCIDRs...) {
 		v6 = v6 || c.Addr().Is6()
 	}
-	host := dataplane.SysctlWriter{Root: p.ProcSys, Log: p.Log}
+	host := sysctl.Writer{Root: p.ProcSys, Log: p.Log}
 	if err := host.Write(dataplane.Sysctls(p.Encap, v6)); err != nil {
 		return err
 	}

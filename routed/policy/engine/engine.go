@@ -23,7 +23,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/podnet/podnet/internal/policysock"
-	"github.com/podnet/podnet/routed/dataplane"
+	"github.com/podnet/podnet/internal/sysctl"
 	"github.com/podnet/podnet/routed/policy"
 )
 
@@ -321,8 +321,8 @@ func (e *Engine) CheckNow() {
 // 1, and the node gets a Warning Event. Traffic through the node (to other
 // nodes, to the node itself) is routed and still judged.
 func (e *Engine) bridgeNetfilter() {
-	w := dataplane.SysctlWriter{Root: e.cfg.ProcSys, Log: e.log}
-	changed, failed := w.Set([]dataplane.Sysctl{
+	w := sysctl.Writer{Root: e.cfg.ProcSys, Log: e.log}
+	changed, failed := w.Set([]sysctl.Setting{
 		{Name: "net/bridge/bridge-nf-call-iptables", Value: "1"},
 		{Name: "net/bridge/bridge-nf-call-ip6tables", Value: "1"},
 	})
