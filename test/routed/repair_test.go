@@ -10,6 +10,7 @@ package routed
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -60,10 +61,14 @@ func (n *node) owned() (map[string]string, error) {
 		var sys []string
 		for _, s := range vxlanSysctls {
 			b, err := os.ReadFile("/proc/sys/" + s)
-			if err != nil {
+			switch {
+			case errors.Is(err, os.ErrNotExist): // the device is gone: not repaired yet
+				sys = append(sys, s+" missing")
+			case err != nil:
 				return err
+			default:
+				sys = append(sys, s+"="+strings.TrimSpace(string(b)))
 			}
-			sys = append(sys, s+"="+strings.TrimSpace(string(b)))
 		}
 		out["sysctls"] = strings.Join(sys, " ")
 		l, err := netlink.LinkByName(vxlanDev)
