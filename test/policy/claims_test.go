@@ -32,16 +32,7 @@ func (e *env) claimedTwice(t *testing.T) {
 		t.Fatal(err)
 	}
 	add := func(n *cluster.Node, name string, labels map[string]string) *cluster.Pod {
-		t.Helper()
-		p, err := n.AddPodSpec(ctx, cluster.PodSpec{Namespace: ns, Name: name, Labels: labels})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = n.DelPod(ctx, p) })
-		if err := p.ServeEcho(portMain); err != nil {
-			t.Fatal(err)
-		}
-		return p
+		return addServing(t, n, cluster.PodSpec{Namespace: ns, Name: name, Labels: labels})
 	}
 	open := add(e.n1, "open", map[string]string{"app": "open"})
 	newPod := add(e.n1, "zzz-new", map[string]string{"app": "locked"})

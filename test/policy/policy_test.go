@@ -495,15 +495,7 @@ const firstAnswer = 3 * time.Second
 func (e *env) newPod(t *testing.T) {
 	ctx := context.Background()
 	add := func(n *cluster.Node, ns, name string, labels map[string]string) *cluster.Pod {
-		p, err := n.AddPodSpec(ctx, cluster.PodSpec{Namespace: ns, Name: name, Labels: labels, LateStatus: true})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = n.DelPod(ctx, p) })
-		if err := p.ServeEcho(portMain); err != nil {
-			t.Fatal(err)
-		}
-		return p
+		return addServing(t, n, cluster.PodSpec{Namespace: ns, Name: name, Labels: labels, LateStatus: true})
 	}
 	// a new web pod on node 1: allow-client lets role=client in on port
 	// 80 (a client on its node and on the other), nothing else
@@ -544,6 +536,22 @@ func (e *env) newPod(t *testing.T) {
 	e.expect(t, "after the kubelet's status report", converge, both(allow(e.client, web2, "tcp", portMain), deny(e.other, web2, "tcp", portMain))...)
 	e.delete(t, "dev", "egress")
 	e.expect(t, "dev egress policy deleted", converge, both(allow(e.devclient, e.dns, "tcp", portDNS))...)
+}
+
+// addServing adds a pod for the test (deleted after it) that echoes on
+// portMain.
+func addServing(t *testing.T, n *cluster.Node, spec cluster.PodSpec) *cluster.Pod {
+	t.Helper()
+	ctx := context.Background()
+	p, err := n.AddPodSpec(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = n.DelPod(ctx, p) })
+	if err := p.ServeEcho(portMain); err != nil {
+		t.Fatal(err)
+	}
+	return p
 }
 
 // egressDenyAllowDNS isolates every dev pod for egress and allows UDP 53
