@@ -1,8 +1,23 @@
-// Package nftutil holds what podnet-routed's nftables writers share:
-// routed/dataplane's table inet podnet and routed/policy/nft's table inet
-// podnet-policy. Both repair their table by content: after a full write
-// they read its structure back (Structure) and keep it; at resync they
-// read it again and compare (StructureDiff), set elements aside.
+// Package nftutil is podnet's one nftables layer, which every table
+// writer builds on: routed/dataplane's table inet podnet (tunnel filter
+// and masquerade), routed/policy/nft's tables inet and bridge
+// podnet-policy, and internal/podfilter's podnet-pods (inet, bridge,
+// netdev). A table is described as data (Table: counters, sets and maps
+// with their elements, chains with their rules); it is written whole in
+// one transaction (Table.QueueWhole) on one lasting socket with a
+// deadline (Conn), element lists are compared by canonical key
+// (ElementKey, ElementChanges) so that a change writes only the elements
+// that change, and the table is read back by content (Structure,
+// StructurePatch) after a write. Repair is one rule for all (Differs):
+// whatever differs from the desired table, a missing table included, is
+// rewritten, and the writer counts it. Each writer keeps what is its
+// own: which rules, which elements.
+//
+// Why not sigs.k8s.io/knftables: it drives the nft binary (text in, JSON
+// out), one process per transaction; podnet speaks netlink to the kernel
+// directly (github.com/google/nftables), in the CNI plugin's ADD too,
+// with no nft binary on the node and no fork on the hot path. So it is
+// not taken.
 package nftutil
 
 import (
