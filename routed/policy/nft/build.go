@@ -213,6 +213,19 @@ type tableDef struct {
 	pods map[string]CounterKey
 }
 
+// spec is the table as data, for a whole write and the repair rule.
+func (d *tableDef) spec() *nftutil.Table {
+	t := &nftutil.Table{Family: nftables.TableFamilyINet, Name: TableName, Counters: d.counters,
+		Sets: make([]nftutil.Set, len(d.sets)), Chains: make([]nftutil.Chain, len(d.chains))}
+	for i, s := range d.sets {
+		t.Sets[i] = nftutil.Set{Def: *s.set(nil), Elems: s.elems}
+	}
+	for i, c := range d.chains {
+		t.Chains[i] = nftutil.Chain{Def: c.chain, Rules: c.rules}
+	}
+	return t
+}
+
 // CounterKey names a pod chain's drop counter.
 type CounterKey struct {
 	PodID     string
@@ -291,7 +304,7 @@ func build(rs policy.Ruleset, opt buildOptions, cache *buildCache) (*tableDef, e
 			// a pod cannot block itself (a Service hairpin): its own
 			// address as the peer is accepted before any policy
 			for _, a := range addrs {
-				c.rules = append(c.rules, join(nfproto(a.Is6()), []expr.Any{
+				c.rules = append(c.rules, nftutil.Join(nfproto(a.Is6()), []expr.Any{
 					loadAddr(a.Is6(), d == policy.Ingress, unix.NFT_REG_1),
 					&expr.Cmp{Op: expr.CmpOpEq, Register: unix.NFT_REG_1, Data: a.AsSlice()},
 					&expr.Verdict{Kind: expr.VerdictAccept},
@@ -525,7 +538,7 @@ func baseRules(d policy.Direction) [][]expr.Any {
 		for _, v6 := range []bool{false, true} {
 			for _, src := range []bool{true, false} {
 				for _, dir := range []policy.Direction{policy.Ingress, policy.Egress} {
-					rules = append(rules, join(nfproto(v6), []expr.Any{
+					rules = append(rules, nftutil.Join(nfproto(v6), []expr.Any{
 						&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: unix.NFT_REG_1},
 						&expr.Cmp{Op: expr.CmpOpEq, Register: unix.NFT_REG_1, Data: []byte{unix.IPPROTO_TCP}},
 						&expr.Ct{Register: unix.NFT_REG_1, Key: expr.CtKeySTATE},
@@ -558,7 +571,7 @@ func baseRules(d policy.Direction) [][]expr.Any {
 	// no longer has when it reaches the forward hook. So between a pod and
 	// its gateway or bridge neighbours; anything else with these ICMPv6
 	// types is judged like any packet.
-	rules = append(rules, join(nfproto(true), []expr.Any{
+	rules = append(rules, nftutil.Join(nfproto(true), []expr.Any{
 		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: unix.NFT_REG_1},
 		&expr.Cmp{Op: expr.CmpOpEq, Register: unix.NFT_REG_1, Data: []byte{unix.IPPROTO_ICMPV6}},
 		&expr.Payload{DestRegister: unix.NFT_REG_1, Base: expr.PayloadBaseNetworkHeader, Offset: 7, Len: 1},
@@ -591,7 +604,7 @@ func baseRules(d policy.Direction) [][]expr.Any {
 		},
 	)
 	for _, v6 := range []bool{false, true} {
-		rules = append(rules, join(nfproto(v6), []expr.Any{
+		rules = append(rules, nftutil.Join(nfproto(v6), []expr.Any{
 			loadAddr(v6, source, unix.NFT_REG_1),
 			&expr.Lookup{SourceRegister: unix.NFT_REG_1, SetName: famName(setLocal, v6)},
 			&expr.Lookup{SourceRegister: unix.NFT_REG_1, SetName: famName(setKnown, v6), Invert: true},
@@ -600,7 +613,7 @@ func baseRules(d policy.Direction) [][]expr.Any {
 		}))
 	}
 	for _, v6 := range []bool{false, true} {
-		rules = append(rules, join(nfproto(v6), []expr.Any{
+		rules = append(rules, nftutil.Join(nfproto(v6), []expr.Any{
 			loadAddr(v6, source, unix.NFT_REG_1),
 			&expr.Lookup{SourceRegister: unix.NFT_REG_1, SetName: mapName(d, v6), DestRegister: unix.NFT_REG_VERDICT, IsDestRegSet: true},
 		}))
@@ -661,14 +674,6 @@ func loadPortKey(v6 bool) []expr.Any {
 		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: unix.NFT_REG32_00 + words},
 		&expr.Payload{DestRegister: unix.NFT_REG32_00 + words + 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
 	}
-}
-
-func join(parts ...[]expr.Any) []expr.Any {
-	var out []expr.Any
-	for _, p := range parts {
-		out = append(out, p...)
-	}
-	return out
 }
 
 func ptr[T any](v T) *T { return &v }
