@@ -367,3 +367,55 @@ func mergeSpans(s []portSpan) []portSpan {
 	}
 	return out
 }
+
+// Ranges are canonical once, here: Compile hands routed/policy/nft its
+// rules' Peers merged and sorted and its Ports disjoint (the contract of
+// Rule), and LocalPodCIDRs as prefixes that PrefixRanges makes canonical;
+// the writer takes them as they are. Canonical is for rules made by hand.
+
+// PrefixRanges are prefixes as ranges, merged and sorted (IPv4 before
+// IPv6): an IPv4-mapped prefix counts as IPv4, an invalid one is left out.
+func PrefixRanges(prefixes []netip.Prefix) []Range {
+	var rs []Range
+	for _, p := range prefixes {
+		if !p.IsValid() {
+			continue
+		}
+		if p.Addr().Is4In6() {
+			p = netip.PrefixFrom(p.Addr().Unmap(), max(p.Bits()-96, 0))
+		}
+		rs = append(rs, prefixRange(p))
+	}
+	return mergeRanges(rs)
+}
+
+// Canonical is r with its ranges as Compile makes them: Peers merged and
+// sorted, Ports disjoint covering the same (address, protocol, port)
+// points; a range that is no range (invalid, mixed or reversed) is left
+// out, IPv4-mapped addresses count as IPv4. It is for rules made by hand
+// (tests, benchmarks): Compile's are canonical already.
+func (r Rule) Canonical() Rule {
+	var peers []Range
+	for _, p := range r.Peers {
+		if c, ok := p.canonical(); ok {
+			peers = append(peers, c)
+		}
+	}
+	var boxes []portBox
+	for _, p := range r.Ports {
+		if c, ok := p.Addrs.canonical(); ok && p.PortFrom <= p.PortTo {
+			boxes = append(boxes, portBox{addrs: c, proto: p.Proto, from: p.PortFrom, to: p.PortTo})
+		}
+	}
+	r.Peers, r.Ports = mergeRanges(peers), disjointPorts(boxes)
+	return r
+}
+
+// canonical is r unmapped and without zones; false: r is no range.
+func (r Range) canonical() (Range, bool) {
+	f, t := r.From.Unmap().WithZone(""), r.To.Unmap().WithZone("")
+	if !f.IsValid() || !t.IsValid() || f.Is4() != t.Is4() || t.Less(f) {
+		return Range{}, false
+	}
+	return Range{From: f, To: t}, true
+}

@@ -358,7 +358,7 @@ func build(rs policy.Ruleset, opt buildOptions, cache *buildCache) (*tableDef, e
 	def.counters = append(def.counters, CounterUnknown)
 	slices.Sort(def.counters)
 
-	local := mergeRanges(prefixRanges(rs.LocalPodCIDRs))
+	local := policy.PrefixRanges(rs.LocalPodCIDRs)
 	for _, v6 := range []bool{false, true} {
 		def.sets = append(def.sets,
 			setDef{name: famName(setLocal, v6), kind: kindInterval, v6: v6, elems: rangeElements(local, v6)},
@@ -406,8 +406,9 @@ func build(rs policy.Ruleset, opt buildOptions, cache *buildCache) (*tableDef, e
 				fmt.Fprintf(&sig, " r%d:any", i)
 				continue
 			}
-			peers := mergeRanges(r.Peers)
-			ports := normalizePorts(r.Ports)
+			// canonical by contract (policy.Rule): merged peers,
+			// disjoint ports, taken as they are
+			peers, ports := r.Peers, r.Ports
 			for _, v6 := range []bool{false, true} {
 				// A family whose peers or ports set would be empty can
 				// match nothing: no rule and no sets for it (an IPv4-only
@@ -689,69 +690,11 @@ func sortedAddrs(in []netip.Addr) []netip.Addr {
 	return slices.Compact(out)
 }
 
-// prefixRanges are prefixes as ranges.
-func prefixRanges(prefixes []netip.Prefix) []policy.Range {
-	var out []policy.Range
-	for _, p := range prefixes {
-		if !p.IsValid() {
-			continue
-		}
-		if p.Addr().Is4In6() {
-			p = netip.PrefixFrom(p.Addr().Unmap(), max(p.Bits()-96, 0))
-		}
-		p = p.Masked()
-		out = append(out, policy.Range{From: p.Addr(), To: lastAddr(p)})
-	}
-	return out
-}
-
-func lastAddr(p netip.Prefix) netip.Addr {
-	b := p.Masked().Addr().AsSlice()
-	for i := p.Bits(); i < len(b)*8; i++ {
-		b[i/8] |= 0x80 >> (i % 8)
-	}
-	a, _ := netip.AddrFromSlice(b)
-	return a
-}
-
-// mergeRanges sorts ranges and merges those that overlap or touch (an
-// interval set refuses overlaps), per family; invalid ones are dropped.
-func mergeRanges(in []policy.Range) []policy.Range {
-	var rs []policy.Range
-	for _, r := range in {
-		f, t := r.From.Unmap(), r.To.Unmap()
-		if !f.IsValid() || !t.IsValid() || f.Is4() != t.Is4() || t.Less(f) {
-			continue
-		}
-		rs = append(rs, policy.Range{From: f.WithZone(""), To: t.WithZone("")})
-	}
-	slices.SortFunc(rs, func(a, b policy.Range) int {
-		if c := a.From.Compare(b.From); c != 0 {
-			return c
-		}
-		return a.To.Compare(b.To)
-	})
-	var out []policy.Range
-	for _, r := range rs {
-		if n := len(out); n > 0 && out[n-1].To.Is4() == r.From.Is4() {
-			last := &out[n-1]
-			next := last.To.Next()
-			if !next.IsValid() || !next.Less(r.From) { // overlaps or touches
-				if last.To.Less(r.To) {
-					last.To = r.To
-				}
-				continue
-			}
-		}
-		out = append(out, r)
-	}
-	return out
-}
-
-// rangeElements are an interval set's elements for ranges (merged) of
-// the family v6 says: each range's first address, and the address after
-// its last flagged as the interval's end (none at the top of the address
-// space: the interval is then open).
+// rangeElements are an interval set's elements for ranges (merged and
+// sorted, as the policy model hands them) of the family v6 says: each
+// range's first address, and the address after its last flagged as the
+// interval's end (none at the top of the address space: the interval is
+// then open).
 func rangeElements(ranges []policy.Range, v6 bool) []nftables.SetElement {
 	var out []nftables.SetElement
 	for _, r := range ranges {
@@ -766,7 +709,8 @@ func rangeElements(ranges []policy.Range, v6 bool) []nftables.SetElement {
 	return out
 }
 
-// portElements are a ports set's elements (normalized: disjoint) of the
+// portElements are a ports set's elements (disjoint, as the policy model
+// hands them) of the
 // family v6 says: the key is the box's first corner, KeyEnd its last.
 func portElements(ports []policy.PortRange, v6 bool) []nftables.SetElement {
 	var out []nftables.SetElement
@@ -787,118 +731,4 @@ func portKey(a netip.Addr, proto uint8, port uint16) []byte {
 	b := a.AsSlice()
 	b = append(b, proto, 0, 0, 0)
 	return append(b, byte(port>>8), byte(port), 0, 0)
-}
-
-// normalizePorts makes a rule's port ranges disjoint (a concatenated
-// interval set refuses overlapping elements), keeping what they cover:
-// per family and protocol, the address axis is cut at every range's
-// bounds, each piece gets the union of the port ranges covering it, and
-// neighbouring pieces with the same ports are joined again. Its cost
-// grows with the ranges and how many overlap, not their product.
-func normalizePorts(in []policy.PortRange) []policy.PortRange {
-	type group struct {
-		v6    bool
-		proto uint8
-	}
-	groups := map[group][]policy.PortRange{}
-	var order []group
-	for _, p := range in {
-		f, t := p.Addrs.From.Unmap(), p.Addrs.To.Unmap()
-		if !f.IsValid() || !t.IsValid() || f.Is4() != t.Is4() || t.Less(f) || p.PortTo < p.PortFrom {
-			continue
-		}
-		p.Addrs = policy.Range{From: f.WithZone(""), To: t.WithZone("")}
-		g := group{f.Is6(), p.Proto}
-		if _, ok := groups[g]; !ok {
-			order = append(order, g)
-		}
-		groups[g] = append(groups[g], p)
-	}
-	slices.SortFunc(order, func(a, b group) int {
-		if a.v6 != b.v6 {
-			if a.v6 {
-				return 1
-			}
-			return -1
-		}
-		return int(a.proto) - int(b.proto)
-	})
-	var out []policy.PortRange
-	for _, g := range order {
-		ps := groups[g]
-		// a sweep along the address axis: a range's ports start at its
-		// From and stop at its To's successor
-		type event struct {
-			at   netip.Addr
-			span [2]uint16
-			add  bool
-		}
-		var events []event
-		for _, p := range ps {
-			span := [2]uint16{p.PortFrom, p.PortTo}
-			events = append(events, event{p.Addrs.From, span, true})
-			if n := p.Addrs.To.Next(); n.IsValid() {
-				events = append(events, event{n, span, false})
-			}
-		}
-		slices.SortFunc(events, func(a, b event) int { return a.at.Compare(b.at) })
-		type piece struct {
-			from, to netip.Addr
-			ports    [][2]uint16
-		}
-		var pieces []piece
-		active := map[[2]uint16]int{}
-		for i := 0; i < len(events); {
-			c := events[i].at
-			for ; i < len(events) && events[i].at == c; i++ {
-				if events[i].add {
-					active[events[i].span]++
-				} else if active[events[i].span]--; active[events[i].span] == 0 {
-					delete(active, events[i].span)
-				}
-			}
-			to := lastAddr(netip.PrefixFrom(c, 0))
-			if i < len(events) {
-				to = events[i].at.Prev()
-			}
-			spans := make([][2]uint16, 0, len(active))
-			for s := range active {
-				spans = append(spans, s)
-			}
-			spans = mergeSpans(spans)
-			if len(spans) == 0 {
-				continue
-			}
-			if n := len(pieces); n > 0 && pieces[n-1].to.Next() == c && slices.Equal(pieces[n-1].ports, spans) {
-				pieces[n-1].to = to
-				continue
-			}
-			pieces = append(pieces, piece{from: c, to: to, ports: spans})
-		}
-		for _, pc := range pieces {
-			for _, s := range pc.ports {
-				out = append(out, policy.PortRange{Addrs: policy.Range{From: pc.from, To: pc.to}, Proto: g.proto, PortFrom: s[0], PortTo: s[1]})
-			}
-		}
-	}
-	return out
-}
-
-// mergeSpans sorts port spans and merges those that overlap or touch.
-func mergeSpans(in [][2]uint16) [][2]uint16 {
-	slices.SortFunc(in, func(a, b [2]uint16) int {
-		if a[0] != b[0] {
-			return int(a[0]) - int(b[0])
-		}
-		return int(a[1]) - int(b[1])
-	})
-	var out [][2]uint16
-	for _, s := range in {
-		if n := len(out); n > 0 && uint32(s[0]) <= uint32(out[n-1][1])+1 {
-			out[n-1][1] = max(out[n-1][1], s[1])
-			continue
-		}
-		out = append(out, s)
-	}
-	return out
 }
