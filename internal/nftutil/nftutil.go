@@ -387,21 +387,9 @@ type Conn struct {
 // the request rather than hanging it.
 func (x *Conn) Open() (*nftables.Conn, error) {
 	if x.c == nil {
-		var raw *netlink.Conn
-		c, err := nftables.New(nftables.AsLasting(), nftables.WithSockOptions(func(c *netlink.Conn) error {
-			raw = c
-			if x.ReceiveBuffer > 0 {
-				if err := SetReceiveBuffer(c, x.ReceiveBuffer); err != nil {
-					return err
-				}
-			}
-			if x.SendBuffer > 0 {
-				return SetSendBuffer(c, x.SendBuffer)
-			}
-			return nil
-		}))
+		c, raw, err := Dial(0, x.SendBuffer, x.ReceiveBuffer)
 		if err != nil {
-			return nil, fmt.Errorf("nftables: %w", err)
+			return nil, err
 		}
 		x.c, x.nl = c, raw
 		if x.port = portID(raw); x.port != 0 {
@@ -415,6 +403,36 @@ func (x *Conn) Open() (*nftables.Conn, error) {
 		}
 	}
 	return x.c, nil
+}
+
+// Dial opens a lasting nftables socket (one netlink socket for every
+// request; close it with CloseLasting) whose requests give up timeout
+// from now (0: no deadline), with send and receive buffers of the sizes
+// given (0: the kernel's default). It is for one verb's requests (the
+// CNI plugin's); a Conn is the socket a daemon keeps.
+func Dial(timeout time.Duration, sendBuffer, receiveBuffer int) (*nftables.Conn, *netlink.Conn, error) {
+	var raw *netlink.Conn
+	c, err := nftables.New(nftables.AsLasting(), nftables.WithSockOptions(func(c *netlink.Conn) error {
+		raw = c
+		if timeout > 0 {
+			if err := c.SetDeadline(time.Now().Add(timeout)); err != nil {
+				return err
+			}
+		}
+		if receiveBuffer > 0 {
+			if err := SetReceiveBuffer(c, receiveBuffer); err != nil {
+				return err
+			}
+		}
+		if sendBuffer > 0 {
+			return SetSendBuffer(c, sendBuffer)
+		}
+		return nil
+	}))
+	if err != nil {
+		return nil, nil, fmt.Errorf("nftables: %w", err)
+	}
+	return c, raw, nil
 }
 
 // Netlink is the open socket's netlink side, for the raw requests of
