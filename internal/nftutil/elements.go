@@ -4,7 +4,6 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"fmt"
-	"net/netip"
 	"slices"
 	"strings"
 
@@ -13,18 +12,6 @@ import (
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 )
-
-// AddrElements are the elements of a set of addresses: those of addrs in
-// the family v6 says, in their order.
-func AddrElements(addrs []netip.Addr, v6 bool) []nftables.SetElement {
-	var out []nftables.SetElement
-	for _, a := range addrs {
-		if a.Is6() == v6 {
-			out = append(out, nftables.SetElement{Key: a.AsSlice()})
-		}
-	}
-	return out
-}
 
 // ElementChanges compares two lists of a set's elements, each element
 // named by key (its canonical text): del holds those of before that after

@@ -26,6 +26,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -479,4 +480,10 @@ func portID(c *netlink.Conn) uint32 {
 		}
 	})
 	return port
+}
+
+// IsNotFound tells whether err is the kernel's "no such table, chain,
+// set or object" (ENOENT, as the library hands it back).
+func IsNotFound(err error) bool {
+	return err != nil && (errors.Is(err, unix.ENOENT) || errors.Is(err, os.ErrNotExist) || strings.Contains(err.Error(), unix.ENOENT.Error()))
 }

@@ -5,16 +5,13 @@ package nftutil
 // there, delete it, and compare the kernel's with it (the repair rule).
 
 import (
-	"errors"
 	"fmt"
-	"os"
+	"net/netip"
 	"slices"
-	"strings"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"github.com/mdlayher/netlink"
-	"golang.org/x/sys/unix"
 )
 
 // Table is a whole nftables table as data: its named counters, its sets
@@ -200,12 +197,6 @@ func Differs(c *nftables.Conn, nl *netlink.Conn, t *Table, written []string) (st
 	return "", nil
 }
 
-// IsNotFound tells whether err is the kernel's "no such table, chain,
-// set or object" (ENOENT, as the library hands it back).
-func IsNotFound(err error) bool {
-	return err != nil && (errors.Is(err, unix.ENOENT) || errors.Is(err, os.ErrNotExist) || strings.Contains(err.Error(), unix.ENOENT.Error()))
-}
-
 // Join is the expressions of parts, in order: one rule made of pieces.
 func Join(parts ...[]expr.Any) []expr.Any {
 	n := 0
@@ -215,6 +206,18 @@ func Join(parts ...[]expr.Any) []expr.Any {
 	out := make([]expr.Any, 0, n)
 	for _, p := range parts {
 		out = append(out, p...)
+	}
+	return out
+}
+
+// AddrElements are the elements of a set of addresses: those of addrs in
+// the family v6 says, in their order.
+func AddrElements(addrs []netip.Addr, v6 bool) []nftables.SetElement {
+	var out []nftables.SetElement
+	for _, a := range addrs {
+		if a.Is6() == v6 {
+			out = append(out, nftables.SetElement{Key: a.AsSlice()})
+		}
 	}
 	return out
 }

@@ -1,13 +1,13 @@
 package nft
 
 // The three hooked chains of table inet podnet-policy and the rules they
-// share (build.go has the layout).
+// share (names.go has the layout).
 
 import (
+	"encoding/binary"
 	"fmt"
 
 	"github.com/google/nftables"
-	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
 
@@ -45,9 +45,9 @@ func baseRules(d policy.Direction) [][]expr.Any {
 	rules := [][]expr.Any{{
 		&expr.Ct{Register: unix.NFT_REG_1, Key: expr.CtKeySTATE},
 		&expr.Bitwise{SourceRegister: unix.NFT_REG_1, DestRegister: unix.NFT_REG_1, Len: 4,
-			Mask: binaryutil.NativeEndian.PutUint32(expr.CtStateBitESTABLISHED | expr.CtStateBitRELATED),
-			Xor:  binaryutil.NativeEndian.PutUint32(0)},
-		&expr.Cmp{Op: expr.CmpOpNeq, Register: unix.NFT_REG_1, Data: binaryutil.NativeEndian.PutUint32(0)},
+			Mask: binary.NativeEndian.AppendUint32(nil, expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED),
+			Xor:  binary.NativeEndian.AppendUint32(nil, 0)},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: unix.NFT_REG_1, Data: binary.NativeEndian.AppendUint32(nil, 0)},
 		&expr.Verdict{Kind: expr.VerdictAccept},
 	}}
 	source := d == policy.Egress
@@ -70,9 +70,9 @@ func baseRules(d policy.Direction) [][]expr.Any {
 						&expr.Cmp{Op: expr.CmpOpEq, Register: unix.NFT_REG_1, Data: []byte{unix.IPPROTO_TCP}},
 						&expr.Ct{Register: unix.NFT_REG_1, Key: expr.CtKeySTATE},
 						&expr.Bitwise{SourceRegister: unix.NFT_REG_1, DestRegister: unix.NFT_REG_1, Len: 4,
-							Mask: binaryutil.NativeEndian.PutUint32(expr.CtStateBitNEW),
-							Xor:  binaryutil.NativeEndian.PutUint32(0)},
-						&expr.Cmp{Op: expr.CmpOpNeq, Register: unix.NFT_REG_1, Data: binaryutil.NativeEndian.PutUint32(0)},
+							Mask: binary.NativeEndian.AppendUint32(nil, expr.CtStateBitNEW),
+							Xor:  binary.NativeEndian.AppendUint32(nil, 0)},
+						&expr.Cmp{Op: expr.CmpOpNeq, Register: unix.NFT_REG_1, Data: binary.NativeEndian.AppendUint32(nil, 0)},
 						&expr.Payload{DestRegister: unix.NFT_REG_1, Base: expr.PayloadBaseTransportHeader, Offset: 13, Len: 1},
 						&expr.Bitwise{SourceRegister: unix.NFT_REG_1, DestRegister: unix.NFT_REG_1, Len: 1,
 							Mask: []byte{0x17}, Xor: []byte{0}}, // FIN|SYN|RST|ACK

@@ -1,13 +1,17 @@
 // Package nft puts a policy.Ruleset into the kernel: table inet
-// podnet-policy in the calling thread's network namespace (build.go has
-// its layout). Every change is one nftables transaction: the first write
-// (and a repair) deletes and creates the whole table, later ones write
-// the difference from the last Ruleset written (set and map elements
-// added and deleted, chains created, flushed and rewritten, or deleted
-// only when their rules change). Verify reads the table back by content
-// (structure and elements) so that a resync repairs a table someone
-// deleted or edited. Revoke (conntrack.go) deletes the connections a
-// change no longer allows.
+// podnet-policy in the calling thread's network namespace (names.go has
+// its layout), and table bridge podnet-policy (bridge.go). It builds on
+// internal/nftutil's nftables layer: what is its own is which rules and
+// which elements (build.go). Every change is one nftables transaction:
+// the first write (and a repair) deletes and creates the whole table,
+// later ones write the difference from the last Ruleset written (diff.go:
+// set and map elements added and deleted, chains created, flushed and
+// rewritten, or deleted only when their rules change). The Ruleset's
+// ranges are canonical by contract (policy.Rule) and written as they
+// are. Resync reads the table back by content (structure and elements,
+// nftutil.Differs) so that it repairs a table someone deleted or edited.
+// Revoke (conntrack.go) deletes the connections a change no longer
+// allows.
 package nft
 
 import (
