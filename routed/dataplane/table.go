@@ -11,7 +11,6 @@ import (
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
-	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/podnet/podnet/internal/contract"
@@ -37,21 +36,6 @@ const nftSendBuffer = 16 << 20
 // one netlink attribute, whose length is 16 bits (an IPv6 interval
 // element takes about 40 bytes).
 const setElementsPerMessage = 1000
-
-// newNFT opens an nftables connection whose reads and writes give up
-// after nftTimeout, with room for a large transaction. Each of its
-// operations opens and closes a socket of its own.
-func newNFT() (*nftables.Conn, error) {
-	return nftables.New(nftables.WithSockOptions(func(c *netlink.Conn) error {
-		if err := c.SetDeadline(time.Now().Add(nftTimeout)); err != nil {
-			return err
-		}
-		return setSendBuffer(c)
-	}))
-}
-
-// setSendBuffer gives c room for a whole transaction.
-func setSendBuffer(c *netlink.Conn) error { return nftutil.SetSendBuffer(c, nftSendBuffer) }
 
 func podnetTable() *nftables.Table {
 	return &nftables.Table{Family: nftables.TableFamilyINet, Name: contract.NFTable}
@@ -392,10 +376,11 @@ func readCounter(c *nftables.Conn) (expr.Counter, bool, error) {
 
 // DeleteTable removes podnet's table; a missing table is fine.
 func DeleteTable() error {
-	c, err := newNFT()
+	c, _, err := nftutil.Dial(nftTimeout, 0, 0)
 	if err != nil {
-		return fmt.Errorf("nftables: %w", err)
+		return err
 	}
+	defer c.CloseLasting()
 	return deleteTable(c)
 }
 
