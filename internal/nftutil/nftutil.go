@@ -42,19 +42,7 @@ import (
 // CAP_NET_ADMIN (which writing nftables needs anyway), else as much as
 // allowed.
 func SetSendBuffer(c *netlink.Conn, size int) error {
-	rc, err := c.SyscallConn()
-	if err != nil {
-		return err
-	}
-	var serr error
-	if err := rc.Control(func(fd uintptr) {
-		if serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, size); serr != nil {
-			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUF, size)
-		}
-	}); err != nil {
-		return err
-	}
-	return serr
+	return setBuffer(c, size, unix.SO_SNDBUFFORCE, unix.SO_SNDBUF)
 }
 
 // SetReceiveBuffer gives an nftables socket room for the kernel's
@@ -62,14 +50,20 @@ func SetSendBuffer(c *netlink.Conn, size int) error {
 // 1 KiB each as the kernel counts them, so a transaction of thousands of
 // chains and rules overflows the default buffer (ENOBUFS) without it.
 func SetReceiveBuffer(c *netlink.Conn, size int) error {
+	return setBuffer(c, size, unix.SO_RCVBUFFORCE, unix.SO_RCVBUF)
+}
+
+// setBuffer sets a socket buffer of c to size with the option force, or
+// where that is refused (no CAP_NET_ADMIN) with plain.
+func setBuffer(c *netlink.Conn, size, force, plain int) error {
 	rc, err := c.SyscallConn()
 	if err != nil {
 		return err
 	}
 	var serr error
 	if err := rc.Control(func(fd uintptr) {
-		if serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, size); serr != nil {
-			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF, size)
+		if serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, force, size); serr != nil {
+			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, plain, size)
 		}
 	}); err != nil {
 		return err

@@ -61,17 +61,25 @@ func mergeRanges(rs []Range) []Range {
 	})
 	out := rs[:1]
 	for _, r := range rs[1:] {
-		last := &out[len(out)-1]
+		out = appendMerged(out, r)
+	}
+	return slices.Clip(out)
+}
+
+// appendMerged appends r to out (merged, sorted, r not before its last),
+// merged into the last range when it overlaps or touches it.
+func appendMerged(out []Range, r Range) []Range {
+	if n := len(out); n > 0 {
+		last := &out[n-1]
 		if r.From.Is4() == last.From.Is4() &&
 			(r.From.Compare(last.To) <= 0 || (!lastOfFamily(last.To) && r.From == last.To.Next())) {
 			if r.To.Compare(last.To) > 0 {
 				last.To = r.To
 			}
-			continue
+			return out
 		}
-		out = append(out, r)
 	}
-	return slices.Clip(out)
+	return append(out, r)
 }
 
 // unionRanges merges two merged lists into a new merged list (nil when
@@ -81,19 +89,7 @@ func unionRanges(x, y []Range) []Range {
 		return nil
 	}
 	out := make([]Range, 0, len(x)+len(y))
-	add := func(r Range) {
-		if n := len(out); n > 0 {
-			last := &out[n-1]
-			if r.From.Is4() == last.From.Is4() &&
-				(r.From.Compare(last.To) <= 0 || (!lastOfFamily(last.To) && r.From == last.To.Next())) {
-				if r.To.Compare(last.To) > 0 {
-					last.To = r.To
-				}
-				return
-			}
-		}
-		out = append(out, r)
-	}
+	add := func(r Range) { out = appendMerged(out, r) }
 	i, j := 0, 0
 	for i < len(x) || j < len(y) {
 		if j == len(y) || (i < len(x) && x[i].From.Compare(y[j].From) <= 0) {
