@@ -166,6 +166,27 @@ func DeleteTable(c *nftables.Conn, tbl *nftables.Table) error {
 	return nil
 }
 
+// ReadBack reads table name of family back right after a write, for
+// Differs later: its whole structure (p nil), or (StructurePatch) only
+// what the write changed (p) on top of old, the structure read before.
+// A table gone meanwhile is an error.
+func ReadBack(nl *netlink.Conn, family nftables.TableFamily, name string, old []string, p *Patch) ([]string, error) {
+	var lines []string
+	var err error
+	if p != nil {
+		lines, err = StructurePatch(nl, byte(family), name, old, *p)
+	} else {
+		lines, err = Structure(nl, byte(family), name)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read back nftables table %s: %w", name, err)
+	}
+	if lines == nil {
+		return nil, fmt.Errorf("nftables table %s gone right after it was written", name)
+	}
+	return lines, nil
+}
+
 // Differs is the repair rule every writer applies: it compares the
 // kernel's table (read on c and its netlink side nl) with t, whose
 // structure was read back as written right after t was written, and says

@@ -170,12 +170,9 @@ func (t *Table) write(want TableSpec) error {
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("write nftables table %s: %w", contract.NFTable, err)
 	}
-	written, err := nftutil.Structure(t.conn.Netlink(), unix.NFPROTO_INET, contract.NFTable)
+	written, err := nftutil.ReadBack(t.conn.Netlink(), nftables.TableFamilyINet, contract.NFTable, nil, nil)
 	if err != nil {
-		return fmt.Errorf("read back nftables table %s: %w", contract.NFTable, err)
-	}
-	if written == nil {
-		return fmt.Errorf("nftables table %s gone right after it was written", contract.NFTable)
+		return err
 	}
 	t.spec, t.written, t.nested = &want, written, nested(want.RemotePodCIDRs)
 	return nil

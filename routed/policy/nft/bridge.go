@@ -159,9 +159,9 @@ func (w *Writer) applyBridge(b *bridgeDef) error {
 		whole = true
 	}
 	if whole {
-		written, err := nftutil.Structure(w.conn.Netlink(), unix.NFPROTO_BRIDGE, TableName)
+		written, err := nftutil.ReadBack(w.conn.Netlink(), nftables.TableFamilyBridge, TableName, nil, nil)
 		if err != nil {
-			return fmt.Errorf("read back nftables table bridge %s: %w", TableName, err)
+			return fmt.Errorf("bridge: %w", err)
 		}
 		w.bridgeWritten = written
 	}

@@ -25,7 +25,6 @@ import (
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"github.com/mdlayher/netlink"
-	"golang.org/x/sys/unix"
 
 	"github.com/podnet/podnet/internal/nftutil"
 	"github.com/podnet/podnet/routed/policy"
@@ -394,18 +393,12 @@ func (w *Writer) readBack(def *tableDef, g0 uint32, p *nftutil.Patch) error {
 	// alone: the write was the only transaction; known: before it, the
 	// kernel's table was known to be w.written, at g0
 	alone, known := g1 == g0+1, w.gen != 0 && w.gen == g0 && w.written != nil
-	var written []string
-	if p != nil && w.written != nil {
-		written, err = nftutil.StructurePatch(w.conn.Netlink(), unix.NFPROTO_INET, TableName, w.written, *p)
-	} else {
+	if p == nil || w.written == nil {
 		p, known = nil, true
-		written, err = nftutil.Structure(w.conn.Netlink(), unix.NFPROTO_INET, TableName)
 	}
+	written, err := nftutil.ReadBack(w.conn.Netlink(), nftables.TableFamilyINet, TableName, w.written, p)
 	if err != nil {
-		return fmt.Errorf("read back nftables table %s: %w", TableName, err)
-	}
-	if written == nil {
-		return fmt.Errorf("nftables table %s gone right after it was written", TableName)
+		return err
 	}
 	w.last, w.written, w.gen = def, written, 0
 	// the kernel's table is known to be what was written and read when
