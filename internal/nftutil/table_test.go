@@ -44,12 +44,7 @@ func testTable() *Table {
 // second whole write keeps the counter's value; DeleteTable takes a
 // missing table as done.
 func TestTableWholeReadBackRepair(t *testing.T) {
-	n, err := testutils.NewNS()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = n.Close(); _ = testutils.UnmountNS(n) })
-	err = n.Do(func(ns.NetNS) error {
+	inScratchNetns(t, func() error {
 		var conn Conn
 		defer conn.Close()
 		c, err := conn.Open()
@@ -122,9 +117,6 @@ func TestTableWholeReadBackRepair(t *testing.T) {
 		}
 		return DeleteTable(c, tt.Ref()) // missing: fine
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
 }
 
 func TestElementKeysAndDiff(t *testing.T) {
@@ -140,5 +132,18 @@ func TestElementKeysAndDiff(t *testing.T) {
 	v := nftables.SetElement{Key: []byte{1}, VerdictData: &expr.Verdict{Kind: expr.VerdictJump, Chain: "c"}}
 	if k := ElementKey(v); k != "01:-3/c" {
 		t.Errorf("ElementKey of a verdict: %q", k)
+	}
+}
+
+// inScratchNetns runs f in a throwaway network namespace.
+func inScratchNetns(t *testing.T, f func() error) {
+	t.Helper()
+	n, err := testutils.NewNS()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = n.Close(); _ = testutils.UnmountNS(n) })
+	if err := n.Do(func(ns.NetNS) error { return f() }); err != nil {
+		t.Fatal(err)
 	}
 }
