@@ -1,3 +1,11 @@
+// Package podfilter is the pod filter: the nftables tables podnet-pods
+// (inet or bridge, and netdev) that let each pod send only as itself. The
+// CNI plugins write a pod's elements at ADD and take them out at DEL;
+// podnet-routed repairs the tables (Repair) and prunes what is left of
+// gone pods (Prune). It builds on internal/nftutil's nftables layer (the
+// tables described as data and written whole in one transaction); what is
+// its own is which rules (rules.go) and which elements (a record per
+// guarded port, whole.go).
 package podfilter
 
 import (
@@ -105,6 +113,7 @@ type Guard struct {
 	dir string
 }
 
+// The pod filters of the two modes: podnet's (routed) and podnet-bridge's.
 var (
 	Routed  = Guard{family: nftables.TableFamilyINet}
 	Bridged = Guard{family: nftables.TableFamilyBridge}
@@ -386,7 +395,7 @@ func (g Guard) intact(c *nftables.Conn) (bool, error) {
 	return rulesIntact(c, t, g.chain(t), g.rules())
 }
 
-// verify says what of p's filter is missing: the chain's rules (as many as
+// Verify says what of p's filter is missing: the chain's rules (as many as
 // install writes) and p's elements.
 func (g Guard) Verify(p Port) error {
 	c, err := newNFT()

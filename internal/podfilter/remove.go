@@ -172,7 +172,7 @@ func (g Guard) pruneRecords(links map[int]vnl.Link) {
 	}
 }
 
-// removePort removes the elements of the host veth index.
+// RemovePort removes the elements of the host veth index, and its record.
 func (g Guard) RemovePort(index int) error {
 	_, err := g.remove(func(i int) bool { return i == index })
 	if err != nil {
@@ -181,9 +181,9 @@ func (g Guard) RemovePort(index int) error {
 	return g.RemoveRecord(index)
 }
 
-// removeExact removes p's elements without listing the sets. When they
-// are not all there (a pod of an older podnet, a prevResult that is not
-// what ADD wrote) removePort finds what there is.
+// RemoveExact removes p's elements without listing the sets, and its
+// record. When they are not all there (a pod of an older podnet, a
+// prevResult that is not what ADD wrote) RemovePort finds what there is.
 func (g Guard) RemoveExact(p Port) error {
 	err := g.drop(g.elements(p))
 	if errors.Is(err, errNotAllThere) {
