@@ -246,10 +246,7 @@ func (g Guard) counterNames(t *nftables.Table) []string {
 
 func (g Guard) setsOf(t *nftables.Table) []*nftables.Set {
 	if isL2Table(t) {
-		return []*nftables.Set{
-			{Table: t, Name: setPorts, KeyType: nftables.TypeIFIndex, KeyByteOrder: binaryutil.NativeEndian, HasTimeout: true},
-			{Table: t, Name: setAddrs4, KeyType: nftables.MustConcatSetType(nftables.TypeIFIndex, nftables.TypeIPAddr), Concatenation: true, HasTimeout: true},
-		}
+		return g.sets(t)[:2] // ports and addrs4
 	}
 	return g.sets(t)
 }
