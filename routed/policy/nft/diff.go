@@ -56,11 +56,10 @@ type tableDiff struct {
 }
 
 func newTableDiff(old, def *tableDef) *tableDiff {
-	d := &tableDiff{old: old, def: def,
+	return &tableDiff{old: old, def: def,
 		oldSets: setIndex(old.sets), newSets: setIndex(def.sets),
 		oldChains: chainIndex(old.chains), newChains: chainIndex(def.chains),
 		oldCounters: nameSet(old.counters), newCounters: nameSet(def.counters)}
-	return d
 }
 
 func nameSet(names []string) map[string]bool {
