@@ -1,8 +1,23 @@
-// Package nftutil holds what podnet-routed's nftables writers share:
-// routed/dataplane's table inet podnet and routed/policy/nft's table inet
-// podnet-policy. Both repair their table by content: after a full write
-// they read its structure back (Structure) and keep it; at resync they
-// read it again and compare (StructureDiff), set elements aside.
+// Package nftutil is podnet's one nftables layer, which every table
+// writer builds on: routed/dataplane's table inet podnet (tunnel filter
+// and masquerade), routed/policy/nft's tables inet and bridge
+// podnet-policy, and internal/podfilter's podnet-pods (inet, bridge,
+// netdev). A table is described as data (Table: counters, sets and maps
+// with their elements, chains with their rules); it is written whole in
+// one transaction (Table.QueueWhole) on one lasting socket with a
+// deadline (Conn), element lists are compared by canonical key
+// (ElementKey, ElementChanges) so that a change writes only the elements
+// that change, and the table is read back by content (Structure,
+// StructurePatch) after a write. Repair is one rule for all (Differs):
+// whatever differs from the desired table, a missing table included, is
+// rewritten, and the writer counts it. Each writer keeps what is its
+// own: which rules, which elements.
+//
+// Why not sigs.k8s.io/knftables: it drives the nft binary (text in, JSON
+// out), one process per transaction; podnet speaks netlink to the kernel
+// directly (github.com/google/nftables), in the CNI plugin's ADD too,
+// with no nft binary on the node and no fork on the hot path. So it is
+// not taken.
 package nftutil
 
 import (
@@ -11,6 +26,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -26,19 +42,7 @@ import (
 // CAP_NET_ADMIN (which writing nftables needs anyway), else as much as
 // allowed.
 func SetSendBuffer(c *netlink.Conn, size int) error {
-	rc, err := c.SyscallConn()
-	if err != nil {
-		return err
-	}
-	var serr error
-	if err := rc.Control(func(fd uintptr) {
-		if serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, size); serr != nil {
-			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUF, size)
-		}
-	}); err != nil {
-		return err
-	}
-	return serr
+	return setBuffer(c, size, unix.SO_SNDBUFFORCE, unix.SO_SNDBUF)
 }
 
 // SetReceiveBuffer gives an nftables socket room for the kernel's
@@ -46,14 +50,20 @@ func SetSendBuffer(c *netlink.Conn, size int) error {
 // 1 KiB each as the kernel counts them, so a transaction of thousands of
 // chains and rules overflows the default buffer (ENOBUFS) without it.
 func SetReceiveBuffer(c *netlink.Conn, size int) error {
+	return setBuffer(c, size, unix.SO_RCVBUFFORCE, unix.SO_RCVBUF)
+}
+
+// setBuffer sets a socket buffer of c to size with the option force, or
+// where that is refused (no CAP_NET_ADMIN) with plain.
+func setBuffer(c *netlink.Conn, size, force, plain int) error {
 	rc, err := c.SyscallConn()
 	if err != nil {
 		return err
 	}
 	var serr error
 	if err := rc.Control(func(fd uintptr) {
-		if serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, size); serr != nil {
-			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF, size)
+		if serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, force, size); serr != nil {
+			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, plain, size)
 		}
 	}); err != nil {
 		return err
@@ -372,21 +382,9 @@ type Conn struct {
 // the request rather than hanging it.
 func (x *Conn) Open() (*nftables.Conn, error) {
 	if x.c == nil {
-		var raw *netlink.Conn
-		c, err := nftables.New(nftables.AsLasting(), nftables.WithSockOptions(func(c *netlink.Conn) error {
-			raw = c
-			if x.ReceiveBuffer > 0 {
-				if err := SetReceiveBuffer(c, x.ReceiveBuffer); err != nil {
-					return err
-				}
-			}
-			if x.SendBuffer > 0 {
-				return SetSendBuffer(c, x.SendBuffer)
-			}
-			return nil
-		}))
+		c, raw, err := Dial(0, x.SendBuffer, x.ReceiveBuffer)
 		if err != nil {
-			return nil, fmt.Errorf("nftables: %w", err)
+			return nil, err
 		}
 		x.c, x.nl = c, raw
 		if x.port = portID(raw); x.port != 0 {
@@ -400,6 +398,36 @@ func (x *Conn) Open() (*nftables.Conn, error) {
 		}
 	}
 	return x.c, nil
+}
+
+// Dial opens a lasting nftables socket (one netlink socket for every
+// request; close it with CloseLasting) whose requests give up timeout
+// from now (0: no deadline), with send and receive buffers of the sizes
+// given (0: the kernel's default). It is for one verb's requests (the
+// CNI plugin's); a Conn is the socket a daemon keeps.
+func Dial(timeout time.Duration, sendBuffer, receiveBuffer int) (*nftables.Conn, *netlink.Conn, error) {
+	var raw *netlink.Conn
+	c, err := nftables.New(nftables.AsLasting(), nftables.WithSockOptions(func(c *netlink.Conn) error {
+		raw = c
+		if timeout > 0 {
+			if err := c.SetDeadline(time.Now().Add(timeout)); err != nil {
+				return err
+			}
+		}
+		if receiveBuffer > 0 {
+			if err := SetReceiveBuffer(c, receiveBuffer); err != nil {
+				return err
+			}
+		}
+		if sendBuffer > 0 {
+			return SetSendBuffer(c, sendBuffer)
+		}
+		return nil
+	}))
+	if err != nil {
+		return nil, nil, fmt.Errorf("nftables: %w", err)
+	}
+	return c, raw, nil
 }
 
 // Netlink is the open socket's netlink side, for the raw requests of
@@ -446,4 +474,10 @@ func portID(c *netlink.Conn) uint32 {
 		}
 	})
 	return port
+}
+
+// IsNotFound tells whether err is the kernel's "no such table, chain,
+// set or object" (ENOENT, as the library hands it back).
+func IsNotFound(err error) bool {
+	return err != nil && (errors.Is(err, unix.ENOENT) || errors.Is(err, os.ErrNotExist) || strings.Contains(err.Error(), unix.ENOENT.Error()))
 }

@@ -4,8 +4,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/containernetworking/plugins/pkg/ns"
-	"github.com/containernetworking/plugins/pkg/testutils"
 	"github.com/google/nftables"
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
@@ -16,12 +14,7 @@ import (
 // port ID (OwnPort true while it is open, false after Close), and those
 // of a transaction committed on another socket do not.
 func TestOwnPortNamesTheCommittingSocket(t *testing.T) {
-	n, err := testutils.NewNS()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = n.Close(); _ = testutils.UnmountNS(n) })
-	err = n.Do(func(ns.NetNS) error {
+	inScratchNetns(t, func() error {
 		mon, err := netlink.Dial(unix.NETLINK_NETFILTER, nil)
 		if err != nil {
 			return err
@@ -76,7 +69,4 @@ func TestOwnPortNamesTheCommittingSocket(t *testing.T) {
 		}
 		return nil
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
 }

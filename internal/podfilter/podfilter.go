@@ -1,3 +1,11 @@
+// Package podfilter is the pod filter: the nftables tables podnet-pods
+// (inet or bridge, and netdev) that let each pod send only as itself. The
+// CNI plugins write a pod's elements at ADD and take them out at DEL;
+// podnet-routed repairs the tables (Repair) and prunes what is left of
+// gone pods (Prune). It builds on internal/nftutil's nftables layer (the
+// tables described as data and written whole in one transaction); what is
+// its own is which rules (rules.go) and which elements (a record per
+// guarded port, whole.go).
 package podfilter
 
 import (
@@ -5,20 +13,15 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
-	"github.com/google/nftables/userdata"
-	"github.com/mdlayher/netlink"
-	vnl "github.com/vishvananda/netlink"
-	"golang.org/x/sys/unix"
 
 	"github.com/podnet/podnet/internal/contract"
+	"github.com/podnet/podnet/internal/nftutil"
 )
 
 // Pods send only as themselves, and only what a pod needs: the filter is
@@ -110,6 +113,7 @@ type Guard struct {
 	dir string
 }
 
+// The pod filters of the two modes: podnet's (routed) and podnet-bridge's.
 var (
 	Routed  = Guard{family: nftables.TableFamilyINet}
 	Bridged = Guard{family: nftables.TableFamilyBridge}
@@ -211,12 +215,12 @@ func portRules() []guardRule {
 // l2Rules are the rules of the routed mode's chain l2.
 func l2Rules() []guardRule {
 	rules := []guardRule{
-		{"not a pod's host veth", join([]expr.Any{
+		{"not a pod's host veth", nftutil.Join([]expr.Any{
 			&expr.Meta{Key: expr.MetaKeyIIF, Register: reg1},
 			&expr.Lookup{SourceRegister: reg1, SetName: setPorts, Invert: true},
 		}, []expr.Any{accept})},
-		{"IPv4: judged by the inet table", join(etherType(etherIPv4), []expr.Any{accept})},
-		{"IPv6: judged by the inet table", join(etherType(etherIPv6), []expr.Any{accept})},
+		{"IPv4: judged by the inet table", nftutil.Join(etherType(etherIPv4), []expr.Any{accept})},
+		{"IPv6: judged by the inet table", nftutil.Join(etherType(etherIPv6), []expr.Any{accept})},
 	}
 	rules = append(rules, arpRules(false)...)
 	return append(rules, l2Tail()...)
@@ -242,10 +246,7 @@ func (g Guard) counterNames(t *nftables.Table) []string {
 
 func (g Guard) setsOf(t *nftables.Table) []*nftables.Set {
 	if isL2Table(t) {
-		return []*nftables.Set{
-			{Table: t, Name: setPorts, KeyType: nftables.TypeIFIndex, KeyByteOrder: binaryutil.NativeEndian, HasTimeout: true},
-			{Table: t, Name: setAddrs4, KeyType: nftables.MustConcatSetType(nftables.TypeIFIndex, nftables.TypeIPAddr), Concatenation: true, HasTimeout: true},
-		}
+		return g.sets(t)[:2] // ports and addrs4
 	}
 	return g.sets(t)
 }
@@ -331,13 +332,8 @@ func keyIndex(key []byte) (int, bool) {
 // newNFT opens one netlink socket for the dumps and the batch of a verb
 // (close it with CloseLasting).
 func newNFT() (*nftables.Conn, error) {
-	c, err := nftables.New(nftables.AsLasting(), nftables.WithSockOptions(func(c *netlink.Conn) error {
-		return c.SetDeadline(time.Now().Add(nftTimeout))
-	}))
-	if err != nil {
-		return nil, fmt.Errorf("nftables: %w", err)
-	}
-	return c, nil
+	c, _, err := nftutil.Dial(nftTimeout, 0, 0)
+	return c, err
 }
 
 // Install records p (see whole.go) and adds its elements to the filter
@@ -378,7 +374,7 @@ func (g Guard) Install(p Port) error {
 	}
 	if err != nil {
 		hint := ""
-		if isNFTNotFound(err) {
+		if nftutil.IsNotFound(err) {
 			hint = " (the kernel lacks a part of nf_tables the filter needs: the " + familyName(g.family) + " or netdev family, or the modules nft_objref, nft_counter)"
 		}
 		return fmt.Errorf("write nftables table %s for host veth index %d%s: %w", g, p.Index, hint, err)
@@ -396,414 +392,7 @@ func (g Guard) intact(c *nftables.Conn) (bool, error) {
 	return rulesIntact(c, t, g.chain(t), g.rules())
 }
 
-// remove removes (see drop) every element of the filter's sets whose
-// interface index selects, and returns how many. A missing table or set
-// holds nothing to remove. It lists every set: its cost grows with the
-// pods of the node.
-func (g Guard) remove(selects func(index int) bool) (int, error) {
-	return g.removeAfterList(func() (func(int) bool, error) { return selects, nil })
-}
-
-// removeAfterList is remove with the selection made only once every set
-// has been read: Prune lists the node's links then, so that an element
-// an ADD adds meanwhile (always after its veth exists) is never taken
-// for a leftover.
-func (g Guard) removeAfterList(selection func() (func(int) bool, error)) (int, error) {
-	c, err := newNFT()
-	if err != nil {
-		return 0, err
-	}
-	defer c.CloseLasting()
-	listed := map[string][]nftables.SetElement{}
-	for _, s := range g.sets(g.table()) {
-		elems, err := c.GetSetElements(s)
-		if err != nil {
-			if isNFTNotFound(err) {
-				continue
-			}
-			return 0, fmt.Errorf("list nftables set %s %s/%s: %w", familyName(g.family), contract.PodFilterTable, s.Name, err)
-		}
-		listed[s.Name] = elems
-	}
-	if len(listed) == 0 {
-		return 0, nil
-	}
-	selects, err := selection()
-	if err != nil {
-		return 0, err
-	}
-	gone := map[string][]nftables.SetElement{}
-	n := 0
-	for set, elems := range listed {
-		for _, e := range elems {
-			if i, ok := keyIndex(e.Key); ok && selects(i) {
-				gone[set] = append(gone[set], nftables.SetElement{Key: e.Key})
-				n++
-			}
-		}
-	}
-	if !g.l2() {
-		g.dropL2(selects)
-	}
-	if n == 0 {
-		return 0, nil
-	}
-	if err := g.drop(gone); err != nil && !errors.Is(err, errNotAllThere) {
-		return 0, err // errNotAllThere: someone else removed some meanwhile
-	}
-	return n, nil
-}
-
-// dropL2 takes the selected ports' elements out of the routed mode's L2
-// table, best effort: they key interface indexes the kernel never hands
-// out again, so one left behind matches nothing, and the next Prune
-// tries again.
-func (g Guard) dropL2(selects func(int) bool) {
-	c, err := newNFT()
-	if err != nil {
-		return
-	}
-	defer c.CloseLasting()
-	t := l2Table()
-	queued := false
-	for _, s := range g.setsOf(t) {
-		elems, err := c.GetSetElements(s)
-		if err != nil {
-			continue
-		}
-		var timed []nftables.SetElement
-		for _, e := range elems {
-			if i, ok := keyIndex(e.Key); ok && selects(i) && e.Timeout == 0 {
-				timed = append(timed, nftables.SetElement{Key: e.Key, Timeout: expiry})
-			}
-		}
-		if len(timed) > 0 && c.SetAddElements(s, timed) == nil {
-			queued = true
-		}
-	}
-	if queued {
-		_ = c.Flush()
-	}
-}
-
-// pruneL2Chains deletes the routed mode's L2 chains of ports that are
-// gone (live says which indexes are not).
-func pruneL2Chains(live func(int) bool) error {
-	c, err := newNFT()
-	if err != nil {
-		return err
-	}
-	defer c.CloseLasting()
-	chains, err := c.ListChainsOfTableFamily(nftables.TableFamilyNetdev)
-	if err != nil {
-		return nil
-	}
-	n := 0
-	for _, ch := range chains {
-		if ch.Table.Name != contract.PodFilterTable || !strings.HasPrefix(ch.Name, "port-") {
-			continue
-		}
-		i, err := strconv.Atoi(strings.TrimPrefix(ch.Name, "port-"))
-		if err != nil || live(i) {
-			continue
-		}
-		c.DelChain(&nftables.Chain{Name: ch.Name, Table: l2Table()})
-		n++
-	}
-	if n == 0 {
-		return nil
-	}
-	if err := c.Flush(); err != nil && !isNFTNotFound(err) {
-		return fmt.Errorf("delete %d L2 chains of gone ports from nftables table netdev %s: %w", n, contract.PodFilterTable, err)
-	}
-	return nil
-}
-
-// pruneRecords removes the records of ports whose host veth is gone or
-// no longer the one recorded (detached by DEL, or another link).
-func (g Guard) pruneRecords(links map[int]vnl.Link) {
-	dir := g.recordsDir()
-	ents, err := os.ReadDir(dir)
-	if err != nil {
-		return
-	}
-	for _, e := range ents {
-		if strings.HasPrefix(e.Name(), ".") {
-			continue
-		}
-		r, err := readRecord(dir + "/" + e.Name())
-		if err != nil {
-			// a record cut short (a crash during ADD's write) goes with
-			// its port; anything else is not ours to remove
-			if i, aerr := strconv.Atoi(e.Name()); aerr == nil && i > 0 && e.Type().IsRegular() {
-				if _, live := links[i]; !live {
-					_ = os.Remove(dir + "/" + e.Name())
-				}
-			}
-			continue
-		}
-		if _, err := portOf(r, e.Name(), links); errors.Is(err, errGone) {
-			_ = os.Remove(dir + "/" + e.Name())
-		}
-	}
-}
-
-// removePort removes the elements of the host veth index.
-func (g Guard) RemovePort(index int) error {
-	_, err := g.remove(func(i int) bool { return i == index })
-	if err != nil {
-		return err
-	}
-	return g.RemoveRecord(index)
-}
-
-// removeExact removes p's elements without listing the sets. When they
-// are not all there (a pod of an older podnet, a prevResult that is not
-// what ADD wrote) removePort finds what there is.
-func (g Guard) RemoveExact(p Port) error {
-	err := g.drop(g.elements(p))
-	if errors.Is(err, errNotAllThere) {
-		return g.RemovePort(p.Index)
-	}
-	if err != nil {
-		return err
-	}
-	return g.RemoveRecord(p.Index)
-}
-
-// errNotAllThere: an element to delete was not in its set.
-var errNotAllThere = errors.New("not every element is in its set")
-
-// expiry is the timeout drop gives the elements it removes.
-const expiry = time.Millisecond
-
-// timeoutUpdates says whether drop tries timeouts first; tests turn it off
-// to take the path of kernels without element timeout updates.
-var timeoutUpdates = true
-
-// drop takes elements (by set name; each set's elements of one interface
-// index or more, ports included) out of the filter. Deleting elements
-// would make the plugin's exit wait: after a transaction that deletes
-// elements, the kernel holds the next close of an nftables socket in the
-// netns until an RCU grace period has passed (10-15 ms, and with
-// concurrent DELs several of them, up to 70 ms measured). So drop first
-// gives them a timeout of 1 ms (the sets have the timeout flag; ADD's
-// elements have none): they stop matching at once and the kernel's set
-// garbage collection frees them, with no wait. Older kernels (element
-// timeout updates came in Linux 6.1x) silently keep an existing element's
-// missing timeout; drop sees it (the ports element still there, without a
-// timeout) and deletes them, waiting as above.
-func (g Guard) drop(elems map[string][]nftables.SetElement) error {
-	c, err := newNFT()
-	if err != nil {
-		return err
-	}
-	defer c.CloseLasting()
-	sets := g.sets(g.table())
-	for _, s := range sets {
-		if !timeoutUpdates {
-			break
-		}
-		var timed []nftables.SetElement
-		for _, e := range elems[s.Name] {
-			timed = append(timed, nftables.SetElement{Key: e.Key, Timeout: expiry})
-		}
-		if len(timed) == 0 {
-			continue
-		}
-		if err := c.SetAddElements(s, timed); err != nil {
-			return fmt.Errorf("nftables set %s: %w", s.Name, err)
-		}
-	}
-	where := familyName(g.family) + " " + contract.PodFilterTable
-	switch err := c.Flush(); {
-	case err != nil && isNFTNotFound(err):
-		return nil // no table or set: nothing to remove
-	case err == nil && len(elems[setPorts]) > 0:
-		found, timed, err := getElement(g.family, setPorts, elems[setPorts][0].Key)
-		if err != nil {
-			return fmt.Errorf("nftables table %s: %w", where, err)
-		}
-		if !found || timed {
-			return nil // expired already, or will in 1 ms
-		}
-	}
-	// the timeouts did not take (or failed): delete
-	for _, s := range sets {
-		if len(elems[s.Name]) > 0 {
-			if err := c.SetDeleteElements(s, elems[s.Name]); err != nil {
-				return fmt.Errorf("nftables set %s: %w", s.Name, err)
-			}
-		}
-	}
-	if err := c.Flush(); err != nil {
-		if isNFTNotFound(err) {
-			return errNotAllThere
-		}
-		return fmt.Errorf("delete elements from nftables table %s: %w", where, err)
-	}
-	return nil
-}
-
-// getElement looks key up in set of the filter (one request, no dump):
-// found is false when it is not there (or has expired), timed when it has
-// a timeout.
-func getElement(fam nftables.TableFamily, set string, key []byte) (found, timed bool, err error) {
-	conn, err := netlink.Dial(unix.NETLINK_NETFILTER, nil)
-	if err != nil {
-		return false, false, fmt.Errorf("netlink: %w", err)
-	}
-	defer conn.Close()
-	if err := conn.SetDeadline(time.Now().Add(nftTimeout)); err != nil {
-		return false, false, err
-	}
-	keyAttr, err := netlink.MarshalAttributes([]netlink.Attribute{{Type: unix.NFTA_DATA_VALUE, Data: key}})
-	if err != nil {
-		return false, false, err
-	}
-	elem, err := netlink.MarshalAttributes([]netlink.Attribute{{Type: unix.NLA_F_NESTED | unix.NFTA_SET_ELEM_KEY, Data: keyAttr}})
-	if err != nil {
-		return false, false, err
-	}
-	list, err := netlink.MarshalAttributes([]netlink.Attribute{{Type: unix.NLA_F_NESTED | unix.NFTA_LIST_ELEM, Data: elem}})
-	if err != nil {
-		return false, false, err
-	}
-	data, err := netlink.MarshalAttributes([]netlink.Attribute{
-		{Type: unix.NFTA_SET_ELEM_LIST_TABLE, Data: []byte(contract.PodFilterTable + "\x00")},
-		{Type: unix.NFTA_SET_ELEM_LIST_SET, Data: []byte(set + "\x00")},
-		{Type: unix.NLA_F_NESTED | unix.NFTA_SET_ELEM_LIST_ELEMENTS, Data: list},
-	})
-	if err != nil {
-		return false, false, err
-	}
-	msgs, err := conn.Execute(netlink.Message{
-		Header: netlink.Header{Type: netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_GETSETELEM), Flags: netlink.Request},
-		Data:   append([]byte{byte(fam), unix.NFNETLINK_V0, 0, 0}, data...),
-	})
-	if err != nil {
-		if isNFTNotFound(err) {
-			return false, false, nil
-		}
-		return false, false, fmt.Errorf("get element of set %s: %w", set, err)
-	}
-	for _, m := range msgs {
-		if len(m.Data) < 4 {
-			continue
-		}
-		found = true
-		timed = timed || hasTimeout(m.Data[4:])
-	}
-	return found, timed, nil
-}
-
-// hasTimeout reports whether a NEWSETELEM message's attributes carry an
-// element with a timeout or an expiration.
-func hasTimeout(b []byte) bool {
-	ad, err := netlink.NewAttributeDecoder(b)
-	if err != nil {
-		return false
-	}
-	timed := false
-	for ad.Next() {
-		if ad.Type() != unix.NFTA_SET_ELEM_LIST_ELEMENTS {
-			continue
-		}
-		ad.Nested(func(list *netlink.AttributeDecoder) error {
-			for list.Next() {
-				list.Nested(func(e *netlink.AttributeDecoder) error {
-					for e.Next() {
-						if t := e.Type(); t == unix.NFTA_SET_ELEM_TIMEOUT || t == unix.NFTA_SET_ELEM_EXPIRATION {
-							timed = true
-						}
-					}
-					return nil
-				})
-			}
-			return nil
-		})
-	}
-	return timed
-}
-
-// Prune removes g's elements of every interface the node no longer
-// has (a pod whose DEL never came, a crash between a veth's deletion and
-// its elements'). The links are listed after the elements: an ADD adds
-// its elements only once its veth exists, so one that runs meanwhile
-// keeps them. A listing the kernel marks interrupted (links came or went
-// while it was dumped, as during a burst of ADDs: it may lack some) is
-// retried, and when it stays so each element's link is looked up on its
-// own: netlinksafe.LinkList would hand back the incomplete list, and the
-// elements of every live pod missing from it would go.
-func Prune(g Guard) error {
-	_, err := g.removeAfterList(func() (func(int) bool, error) {
-		links, err := vnl.LinkList()
-		for try := 0; errors.Is(err, vnl.ErrDumpInterrupted) && try < 4; try++ {
-			links, err = vnl.LinkList()
-		}
-		if errors.Is(err, vnl.ErrDumpInterrupted) {
-			gone := map[int]bool{}
-			return func(i int) bool {
-				isGone, ok := gone[i]
-				if !ok {
-					_, err := vnl.LinkByIndex(i)
-					var nf vnl.LinkNotFoundError
-					isGone = errors.As(err, &nf)
-					gone[i] = isGone
-				}
-				return isGone
-			}, nil
-		}
-		if err != nil {
-			return nil, fmt.Errorf("list links: %w", err)
-		}
-		live := make(map[int]bool, len(links))
-		for _, l := range links {
-			live[l.Attrs().Index] = true
-		}
-		return func(i int) bool { return !live[i] }, nil
-	})
-	if err != nil {
-		return err
-	}
-	// the records and L2 chains of ports that are gone: after the
-	// elements, from a complete list of links taken now (a port added
-	// meanwhile has its veth before its record and chain)
-	links, lerr := vnl.LinkList()
-	if lerr != nil {
-		return nil // the next Prune
-	}
-	byIndex := make(map[int]vnl.Link, len(links))
-	for _, l := range links {
-		byIndex[l.Attrs().Index] = l
-	}
-	g.pruneRecords(byIndex)
-	if !g.l2() {
-		return pruneL2Chains(func(i int) bool { _, ok := byIndex[i]; return ok })
-	}
-	return nil
-}
-
-// Delete deletes the pod filter's tables (both families) from the
-// calling thread's netns, elements and counters with them; a missing table
-// is fine. It is for uninstalling podnet from a node: every pod left there
-// is then unfiltered.
-func Delete() error {
-	c, err := newNFT()
-	if err != nil {
-		return err
-	}
-	defer c.CloseLasting()
-	for _, t := range append(Routed.tables(), Bridged.table()) {
-		c.DelTable(t)
-		if err := c.Flush(); err != nil && !isNFTNotFound(err) {
-			return fmt.Errorf("delete nftables table %s %s: %w", familyName(t.Family), contract.PodFilterTable, err)
-		}
-	}
-	return nil
-}
-
-// verify says what of p's filter is missing: the chain's rules (as many as
+// Verify says what of p's filter is missing: the chain's rules (as many as
 // install writes) and p's elements.
 func (g Guard) Verify(p Port) error {
 	c, err := newNFT()
@@ -865,11 +454,6 @@ func describeKey(set string, key []byte) string {
 	return fmt.Sprint(i)
 }
 
-func isNFTNotFound(err error) bool {
-	// the nftables library flattens some errors into text (%v)
-	return errors.Is(err, unix.ENOENT) || errors.Is(err, os.ErrNotExist) || strings.Contains(err.Error(), unix.ENOENT.Error())
-}
-
 func familyName(f nftables.TableFamily) string {
 	switch f {
 	case nftables.TableFamilyBridge:
@@ -881,272 +465,3 @@ func familyName(f nftables.TableFamily) string {
 }
 
 func ptr[T any](v T) *T { return &v }
-
-// guardRule is one rule of the chain and its comment (shown by nft list).
-type guardRule struct {
-	comment string
-	exprs   []expr.Any
-}
-
-func (r guardRule) userData() []byte {
-	return userdata.AppendString(nil, userdata.TypeComment, r.comment)
-}
-
-// Registers: reg 1 holds a single value or the first field of a
-// concatenation (the interface index, 4 bytes); the second field starts at
-// the next 32-bit register, NFT_REG32_01.
-const (
-	reg1   = unix.NFT_REG_1
-	reg2nd = unix.NFT_REG32_01
-)
-
-// l3 is a network protocol as the chain tells it apart: meta nfproto in
-// the inet family; in the bridge (and netdev) family the EtherType of the
-// frame as sent, read from the link-layer header: meta protocol would show
-// the EtherType behind the one VLAN tag the kernel strips into the skb
-// (a frame tagged VID 0 would pass as untagged IPv4), the payload
-// expression puts the stripped tag back, so a tagged frame of any depth
-// is never IPv4, IPv6 or ARP here.
-type l3 int
-
-const (
-	l3IPv4 l3 = iota
-	l3IPv6
-	l3ARP
-)
-
-// EtherTypes the filter knows.
-var (
-	etherIPv4 = []byte{0x08, 0x00}
-	etherIPv6 = []byte{0x86, 0xdd}
-	etherARP  = []byte{0x08, 0x06}
-	// VLAN tags: 802.1Q, 802.1ad, and the old QinQ 0x9100
-	etherVLAN = [][]byte{{0x81, 0x00}, {0x88, 0xa8}, {0x91, 0x00}}
-)
-
-const etherTypeOff = 12 // the EtherType, link-layer header
-
-func etherType(et []byte) []expr.Any {
-	return []expr.Any{
-		&expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseLLHeader, Offset: etherTypeOff, Len: 2},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: et},
-	}
-}
-
-func (g Guard) is(p l3) []expr.Any {
-	if g.l2() {
-		return etherType(map[l3][]byte{l3IPv4: etherIPv4, l3IPv6: etherIPv6, l3ARP: etherARP}[p])
-	}
-	nf := map[l3]byte{l3IPv4: unix.NFPROTO_IPV4, l3IPv6: unix.NFPROTO_IPV6}[p]
-	return []expr.Any{
-		&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: reg1},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{nf}},
-	}
-}
-
-// icmp6Type matches ICMPv6 messages of type typ.
-func icmp6Type(typ byte) []expr.Any {
-	return []expr.Any{
-		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg1},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{unix.IPPROTO_ICMPV6}},
-		&expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseTransportHeader, Offset: 0, Len: 1},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{typ}},
-	}
-}
-
-// inSet looks up (iif . the len bytes at base+offset) in set; invert
-// matches when it is absent.
-func inSet(set string, base expr.PayloadBase, offset, length uint32, invert bool) []expr.Any {
-	return []expr.Any{
-		&expr.Meta{Key: expr.MetaKeyIIF, Register: reg1},
-		&expr.Payload{DestRegister: reg2nd, Base: base, Offset: offset, Len: length},
-		&expr.Lookup{SourceRegister: reg1, SetName: set, Invert: invert},
-	}
-}
-
-// isLinkLocal6 matches when the 16 bytes at base+offset are in fe80::/10.
-func isLinkLocal6(base expr.PayloadBase, offset uint32) []expr.Any {
-	mask := make([]byte, 16)
-	mask[0], mask[1] = 0xff, 0xc0
-	ll := make([]byte, 16)
-	ll[0], ll[1] = 0xfe, 0x80
-	return []expr.Any{
-		&expr.Payload{DestRegister: reg1, Base: base, Offset: offset, Len: 16},
-		&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 16, Mask: mask, Xor: make([]byte, 16)},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: ll},
-	}
-}
-
-// fromUnspecified matches IPv6 from ::.
-func fromUnspecified() []expr.Any {
-	return []expr.Any{
-		&expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseNetworkHeader, Offset: ipv6Src, Len: 16},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: make([]byte, 16)},
-	}
-}
-
-// dropFor counts a drop under reason (and under the sums the reason
-// belongs to) and drops.
-func dropFor(reason string) []expr.Any {
-	out := count(contract.PodFilterDropCounter(reason))
-	switch reason {
-	case contract.DropRouterAdvertisement:
-		out = append(out, count(contract.PodFilterRAGuardCounter)...)
-	case contract.DropVLAN, contract.DropEtherType, contract.DropOther:
-	default:
-		out = append(out, count(contract.PodFilterSpoofedCounter)...)
-	}
-	return append(out, drop)
-}
-
-// counters are the named counters of a table: the sums and one per
-// reason.
-func counters(reasons []string) []string {
-	out := []string{contract.PodFilterSpoofedCounter, contract.PodFilterRAGuardCounter}
-	for _, r := range reasons {
-		out = append(out, contract.PodFilterDropCounter(r))
-	}
-	return out
-}
-
-// reasons are the drop reasons of g's main table.
-func (g Guard) reasons() []string {
-	if g.l2() {
-		return contract.PodFilterDropReasons
-	}
-	var out []string
-	for _, r := range contract.PodFilterDropReasons {
-		switch r {
-		case contract.DropARP, contract.DropMAC, contract.DropVLAN, contract.DropEtherType:
-			continue // the netdev table's, or no such thing on a routed port
-		}
-		out = append(out, r)
-	}
-	return out
-}
-
-func count(counter string) []expr.Any {
-	return []expr.Any{&expr.Objref{Type: int(nftables.ObjTypeCounter), Name: counter}}
-}
-
-var (
-	accept = &expr.Verdict{Kind: expr.VerdictAccept}
-	drop   = &expr.Verdict{Kind: expr.VerdictDrop}
-)
-
-func join(parts ...[]expr.Any) []expr.Any {
-	var out []expr.Any
-	for _, p := range parts {
-		out = append(out, p...)
-	}
-	return out
-}
-
-// Header offsets the rules read.
-const (
-	ipv4Src     = 12 // IPv4 source address, network header
-	ipv6Src     = 8  // IPv6 source address, network header
-	arpSrcMAC   = 8  // ARP sender hardware address, network header
-	arpSrcIP    = 14 // ARP sender protocol address (Ethernet/IPv4 ARP; the kernel drops any other), network header
-	etherSrc    = 6  // Ethernet source, link-layer header
-	ndTarget    = 8  // Neighbor Solicitation and Advertisement target address, ICMPv6 header
-	icmp6MLDRep = 131
-	icmp6MLDEnd = 132
-	icmp6RA     = 134
-	icmp6NS     = 135
-	icmp6NA     = 136
-	icmp6Redir  = 137
-	icmp6MLD2   = 143
-)
-
-// rules are the chain's rules, in order (see the top of this file). It is
-// an allow-list: what a pod may send is accepted by name, and everything
-// else meets a counted drop at the end of the chain (the chain's accept
-// policy is for the ports that are not pods').
-func (g Guard) rules() []guardRule {
-	nh, th, ll := expr.PayloadBaseNetworkHeader, expr.PayloadBaseTransportHeader, expr.PayloadBaseLLHeader
-	rules := []guardRule{
-		{"not a pod's host veth", join([]expr.Any{
-			&expr.Meta{Key: expr.MetaKeyIIF, Register: reg1},
-			&expr.Lookup{SourceRegister: reg1, SetName: setPorts, Invert: true},
-		}, []expr.Any{accept})},
-	}
-	if g.l2() {
-		rules = append(rules, guardRule{"source MAC is not the pod's",
-			join(inSet(setMACs, ll, etherSrc, 6, true), dropFor(contract.DropMAC))})
-	}
-	// The fast path: a pod's ordinary traffic (IPv4, and IPv6 other than
-	// ICMPv6, from its own address) is accepted here, after 2 or 3 rules.
-	// addrs6 holds the pod's own link-local address too.
-	rules = append(rules,
-		guardRule{"IPv4 from the pod's address", join(g.is(l3IPv4), inSet(setAddrs4, nh, ipv4Src, 4, false), []expr.Any{accept})},
-		guardRule{"IPv6 other than ICMPv6 from the pod's address", join(g.is(l3IPv6), []expr.Any{
-			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg1},
-			&expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: []byte{unix.IPPROTO_ICMPV6}},
-		}, inSet(setAddrs6, nh, ipv6Src, 16, false), []expr.Any{accept})},
-		guardRule{"router advertisement from a pod", join(g.is(l3IPv6), icmp6Type(icmp6RA), dropFor(contract.DropRouterAdvertisement))},
-		guardRule{"redirect from a pod", join(g.is(l3IPv6), icmp6Type(icmp6Redir), dropFor(contract.DropRouterAdvertisement))},
-		// a pod's NA for another pod's address (link-local ones included:
-		// on the bridge every pod shares the link) would take it over in
-		// its neighbors' tables
-		guardRule{"neighbor advertisement for an address not the pod's",
-			join(g.is(l3IPv6), icmp6Type(icmp6NA), inSet(setAddrs6, th, ndTarget, 16, true), dropFor(contract.DropNeighborAdvert))},
-		guardRule{"ICMPv6 from the pod's address", join(g.is(l3IPv6), inSet(setAddrs6, nh, ipv6Src, 16, false), []expr.Any{accept})},
-		// from :: only what an address without one sends: DAD for one of
-		// its own addresses, and MLD reports
-		guardRule{"DAD neighbor solicitation for the pod's address", join(g.is(l3IPv6), fromUnspecified(), icmp6Type(icmp6NS),
-			inSet(setAddrs6, th, ndTarget, 16, false), []expr.Any{accept})},
-	)
-	for _, typ := range []byte{icmp6MLD2, icmp6MLDRep, icmp6MLDEnd} {
-		rules = append(rules, guardRule{fmt.Sprintf("MLD (ICMPv6 type %d) from ::", typ), join(g.is(l3IPv6), fromUnspecified(), icmp6Type(typ), []expr.Any{accept})})
-	}
-	rules = append(rules,
-		guardRule{"IPv6 from :: otherwise", join(g.is(l3IPv6), fromUnspecified(), dropFor(contract.DropUnspecified))},
-		guardRule{"IPv6 from a link-local address not the pod's", join(g.is(l3IPv6), isLinkLocal6(nh, ipv6Src), dropFor(contract.DropLinkLocal))},
-		guardRule{"IPv6 from another address", join(g.is(l3IPv6), dropFor(contract.DropIPv6Source))},
-		guardRule{"IPv4 from another address", join(g.is(l3IPv4), dropFor(contract.DropIPv4Source))},
-	)
-	if g.l2() {
-		rules = append(rules, arpRules(true)...)
-		rules = append(rules, l2Tail()...)
-	} else {
-		rules = append(rules, guardRule{"anything else from a pod", dropFor(contract.DropOther)})
-	}
-	return rules
-}
-
-// arpRules admit ARP from the pod's IPv4 address (and probes from
-// 0.0.0.0); withMAC: its sender hardware address must be the pod's MAC
-// too (the bridge, where the MAC set exists).
-func arpRules(withMAC bool) []guardRule {
-	nh := expr.PayloadBaseNetworkHeader
-	var out []guardRule
-	if withMAC {
-		out = append(out, guardRule{"ARP with a sender MAC not the pod's", join(etherType(etherARP), inSetPadded(setMACs, nh, arpSrcMAC, 6), dropFor(contract.DropARP))})
-	}
-	return append(out,
-		guardRule{"ARP probe", join(etherType(etherARP), []expr.Any{
-			&expr.Payload{DestRegister: reg1, Base: nh, Offset: arpSrcIP, Len: 4},
-			&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{0, 0, 0, 0}},
-			accept,
-		})},
-		guardRule{"ARP from the pod's IPv4 address", join(etherType(etherARP), inSet(setAddrs4, nh, arpSrcIP, 4, false), []expr.Any{accept})},
-		guardRule{"ARP from another address", join(etherType(etherARP), dropFor(contract.DropARP))},
-	)
-}
-
-// inSetPadded is inSet (inverted) for a 6-byte MAC, whose set key is
-// padded to 8 bytes.
-func inSetPadded(set string, base expr.PayloadBase, offset, length uint32) []expr.Any {
-	return inSet(set, base, offset, length, true)
-}
-
-// l2Tail drops, counted by reason, the frames no rule above allowed:
-// tagged ones and other EtherTypes.
-func l2Tail() []guardRule {
-	var out []guardRule
-	for _, vt := range etherVLAN {
-		out = append(out, guardRule{fmt.Sprintf("VLAN tag %x", vt), join(etherType(vt), dropFor(contract.DropVLAN))})
-	}
-	return append(out, guardRule{"any other EtherType", dropFor(contract.DropEtherType)})
-}

@@ -45,11 +45,11 @@ import (
 	"strings"
 
 	"github.com/google/nftables"
-	"github.com/google/nftables/expr"
 	vnl "github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/podnet/podnet/internal/contract"
+	"github.com/podnet/podnet/internal/nftutil"
 	"github.com/podnet/podnet/internal/nodestate"
 )
 
@@ -323,25 +323,12 @@ func (g Guard) installWhole(c *nftables.Conn, p Port) error {
 }
 
 // writeWhole replaces the table(s) with the filter and ports' elements in
-// one transaction.
+// one transaction. Counters keep their values.
 func (g Guard) writeWhole(c *nftables.Conn, ports []Port) error {
 	for _, t := range g.tables() {
-		kept := readCounters(c, t)
-		c.AddTable(t)
-		c.DelTable(t)
-		c.AddTable(t)
-		for _, name := range g.counterNames(t) {
-			ctr := kept[name]
-			c.AddObj(&nftables.NamedObj{Table: t, Name: name, Type: nftables.ObjTypeCounter, Obj: &ctr})
-		}
-		for _, s := range g.setsOf(t) {
-			if err := c.AddSet(s, nil); err != nil {
-				return fmt.Errorf("nftables set %s: %w", s.Name, err)
-			}
-		}
-		ch := c.AddChain(g.chainOf(t))
-		for _, r := range g.rulesOf(t) {
-			c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: r.exprs, UserData: r.userData()})
+		kept, _ := nftutil.ReadCounters(c, t)
+		if err := g.spec(t).QueueWhole(c, kept, setElementsPerMessage); err != nil {
+			return err
 		}
 	}
 	for _, p := range ports {
@@ -355,22 +342,24 @@ func (g Guard) writeWhole(c *nftables.Conn, ports []Port) error {
 	return nil
 }
 
-// readCounters reads t's named counters (none when there is no table).
-func readCounters(c *nftables.Conn, t *nftables.Table) map[string]expr.Counter {
-	out := map[string]expr.Counter{}
-	objs, err := c.GetNamedObjects(t)
-	if err != nil {
-		return out
+// spec is table t of the filter as data, without elements.
+func (g Guard) spec(t *nftables.Table) *nftutil.Table {
+	spec := &nftutil.Table{Family: t.Family, Name: t.Name, Counters: g.counterNames(t)}
+	for _, s := range g.setsOf(t) {
+		spec.Sets = append(spec.Sets, nftutil.Set{Def: *s})
 	}
-	for _, o := range objs {
-		if n, ok := o.(*nftables.NamedObj); ok {
-			if ctr, ok := n.Obj.(*expr.Counter); ok {
-				out[n.Name] = *ctr
-			}
-		}
+	ch := nftutil.Chain{Def: *g.chainOf(t)}
+	for _, r := range g.rulesOf(t) {
+		ch.Rules = append(ch.Rules, r.exprs)
+		ch.UserData = append(ch.UserData, r.userData())
 	}
-	return out
+	spec.Chains = []nftutil.Chain{ch}
+	return spec
 }
+
+// setElementsPerMessage bounds the elements of one message of a whole
+// write (their list is one netlink attribute, whose length is 16 bits).
+const setElementsPerMessage = 1000
 
 // Repair checks the filter against the records and, when anything is
 // missing or changed (a table, chain, rule, set, counter or element
@@ -408,7 +397,7 @@ func (g Guard) repair(exclusive bool) (why string, refused []string, err error) 
 		return "", refused, err
 	}
 	defer c.CloseLasting()
-	exists, err := g.tableExists(c, g.table())
+	exists, err := nftutil.TableExists(c, g.table())
 	if err != nil {
 		return "", refused, err
 	}
@@ -424,14 +413,6 @@ func (g Guard) repair(exclusive bool) (why string, refused []string, err error) 
 		return "", refused, fmt.Errorf("repair nftables table %s (%s): %w", g, why, err)
 	}
 	return why, refused, nil
-}
-
-func (g Guard) tableExists(c *nftables.Conn, t *nftables.Table) (bool, error) {
-	tables, err := c.ListTablesOfFamily(t.Family)
-	if err != nil {
-		return false, fmt.Errorf("list nftables tables: %w", err)
-	}
-	return slices.ContainsFunc(tables, func(x *nftables.Table) bool { return x.Name == t.Name }), nil
 }
 
 // differs says what of the filter and of ports' elements the kernel lacks
@@ -450,7 +431,7 @@ func (g Guard) differs(c *nftables.Conn, ports []Port) (string, error) {
 	}
 	for _, t := range g.tables() {
 		where := familyName(t.Family) + " " + t.Name
-		ok, err := g.tableExists(c, t)
+		ok, err := nftutil.TableExists(c, t)
 		if err != nil {
 			return "", err
 		}
@@ -483,7 +464,7 @@ func (g Guard) differs(c *nftables.Conn, ports []Port) (string, error) {
 				}
 			}
 		}
-		have := readCounters(c, t)
+		have, _ := nftutil.ReadCounters(c, t) // unreadable: counted missing
 		for _, name := range g.counterNames(t) {
 			if _, ok := have[name]; !ok {
 				return "counter " + where + "/" + name + " missing", nil
@@ -492,7 +473,7 @@ func (g Guard) differs(c *nftables.Conn, ports []Port) (string, error) {
 		for _, s := range g.setsOf(t) {
 			elems, err := c.GetSetElements(s)
 			if err != nil {
-				if isNFTNotFound(err) {
+				if nftutil.IsNotFound(err) {
 					return "set " + where + "/" + s.Name + " missing", nil
 				}
 				return "", fmt.Errorf("list nftables set %s/%s: %w", where, s.Name, err)
@@ -523,7 +504,7 @@ func sameHook(a, b *nftables.Chain) bool {
 func rulesIntact(c *nftables.Conn, t *nftables.Table, ch *nftables.Chain, want []guardRule) (bool, error) {
 	got, err := c.GetRules(t, ch)
 	if err != nil {
-		if isNFTNotFound(err) {
+		if nftutil.IsNotFound(err) {
 			return false, nil
 		}
 		return false, fmt.Errorf("list nftables chain %s %s/%s: %w", familyName(t.Family), t.Name, ch.Name, err)

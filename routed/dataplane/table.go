@@ -1,19 +1,16 @@
 package dataplane
 
 import (
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/netip"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
-	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/podnet/podnet/internal/contract"
@@ -40,21 +37,6 @@ const nftSendBuffer = 16 << 20
 // element takes about 40 bytes).
 const setElementsPerMessage = 1000
 
-// newNFT opens an nftables connection whose reads and writes give up
-// after nftTimeout, with room for a large transaction. Each of its
-// operations opens and closes a socket of its own.
-func newNFT() (*nftables.Conn, error) {
-	return nftables.New(nftables.WithSockOptions(func(c *netlink.Conn) error {
-		if err := c.SetDeadline(time.Now().Add(nftTimeout)); err != nil {
-			return err
-		}
-		return setSendBuffer(c)
-	}))
-}
-
-// setSendBuffer gives c room for a whole transaction.
-func setSendBuffer(c *netlink.Conn) error { return nftutil.SetSendBuffer(c, nftSendBuffer) }
-
 func podnetTable() *nftables.Table {
 	return &nftables.Table{Family: nftables.TableFamilyINet, Name: contract.NFTable}
 }
@@ -78,7 +60,7 @@ type Table struct {
 	// the deltas since. nil: not known (nothing written yet, or a write
 	// failed), so the next Apply writes everything.
 	spec *TableSpec
-	// written is the table's structure (tableStructure) read back after
+	// written is the table's structure (nftutil.Structure) read back after
 	// the last full write: what verify compares the kernel's with.
 	written []string
 	// nested: spec's RemotePodCIDRs overlap (see change)
@@ -179,55 +161,18 @@ func (t *Table) write(want TableSpec) error {
 		return nil
 	}
 	def := buildTable(want)
-	table := podnetTable()
-	var kept expr.Counter
-	if def.counter {
-		// the counter outlives the rewrite: podnet_tunnel_dropped_total
-		// must not go back to 0 because a Node came or went
-		kept, _, _ = readCounter(c)
-	}
-	c.AddTable(table)
-	c.DelTable(table)
-	c.AddTable(table)
-	if def.counter {
-		c.AddObj(&nftables.NamedObj{Table: table, Name: CounterTunnelDropped, Type: nftables.ObjTypeCounter, Obj: &kept})
-	}
-	ids := map[string]uint32{}
-	for _, d := range def.sets {
-		s := d.set(table)
-		if err := c.AddSet(s, nil); err != nil {
-			return fmt.Errorf("nftables set %s: %w", d.name, err)
-		}
-		if err := nftutil.QueueElements(c, s, d.elems, false, setElementsPerMessage); err != nil {
-			return err
-		}
-		ids[s.Name] = s.ID
-	}
-	chains := map[string]*nftables.Chain{}
-	for _, d := range def.chains {
-		ch := d.chain
-		ch.Table = table
-		chains[ch.Name] = c.AddChain(&ch)
-	}
-	for _, d := range def.chains {
-		for _, r := range d.rules {
-			for _, e := range r {
-				if l, ok := e.(*expr.Lookup); ok {
-					l.SetID = ids[l.SetName]
-				}
-			}
-			c.AddRule(&nftables.Rule{Table: table, Chain: chains[d.chain.Name], Exprs: r})
-		}
+	// the counter outlives the rewrite: podnet_tunnel_dropped_total must
+	// not go back to 0 because a Node came or went
+	kept, _ := nftutil.ReadCounters(c, podnetTable())
+	if err := def.QueueWhole(c, kept, setElementsPerMessage); err != nil {
+		return err
 	}
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("write nftables table %s: %w", contract.NFTable, err)
 	}
-	written, err := tableStructure(t.conn.Netlink())
+	written, err := nftutil.ReadBack(t.conn.Netlink(), nftables.TableFamilyINet, contract.NFTable, nil, nil)
 	if err != nil {
-		return fmt.Errorf("read back nftables table %s: %w", contract.NFTable, err)
-	}
-	if written == nil {
-		return fmt.Errorf("nftables table %s gone right after it was written", contract.NFTable)
+		return err
 	}
 	t.spec, t.written, t.nested = &want, written, nested(want.RemotePodCIDRs)
 	return nil
@@ -240,33 +185,14 @@ func (t *Table) differs(want TableSpec) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	have, err := tableStructure(t.conn.Netlink())
-	if err != nil {
+	if !want.empty() {
+		return nftutil.Differs(c, t.conn.Netlink(), buildTable(want), t.written)
+	}
+	have, err := nftutil.Structure(t.conn.Netlink(), unix.NFPROTO_INET, contract.NFTable)
+	if err != nil || have == nil {
 		return "", err
 	}
-	if want.empty() {
-		if have != nil {
-			return "table present, none wanted", nil
-		}
-		return "", nil
-	}
-	if have == nil {
-		return "table missing", nil
-	}
-	if d := structureDiff(t.written, have); d != "" {
-		return d, nil
-	}
-	table := podnetTable()
-	for _, d := range buildTable(want).sets {
-		got, err := c.GetSetElements(d.set(table))
-		if err != nil {
-			return fmt.Sprintf("set %s: %v", d.name, err), nil
-		}
-		if diff := elementsDiff(d.elems, got); diff != "" {
-			return fmt.Sprintf("set %s: %s", d.name, diff), nil
-		}
-	}
-	return "", nil
+	return "table present, none wanted", nil
 }
 
 // AddPeers adds remote Nodes (their addresses and PodCIDRs) to the tunnel
@@ -301,70 +227,7 @@ func (t *Table) change(addPeers []netip.Addr, addCIDRs []netip.Prefix, delPeers 
 	if err != nil {
 		return err
 	}
-	table := podnetTable()
-	sets := map[string]*nftables.Set{}
-	set := func(base string, v6 bool) *nftables.Set {
-		name := setName(base, v6)
-		if sets[name] == nil {
-			sets[name] = setDef{name: name, v6: v6, interval: base != setPeers}.set(table)
-		}
-		return sets[name]
-	}
-	type op struct {
-		s    *nftables.Set
-		e    []nftables.SetElement
-		del  bool
-		prio int // deletions first: a freed interval may be taken again
-	}
-	var ops []op
-	next, ok := *t.spec, true
-	next.Peers, next.RemotePodCIDRs = slices.Clone(next.Peers), slices.Clone(next.RemotePodCIDRs)
-	for _, a := range delPeers {
-		if i, found := slices.BinarySearchFunc(next.Peers, a, netip.Addr.Compare); found {
-			next.Peers = slices.Delete(next.Peers, i, i+1)
-			ops = append(ops, op{set(setPeers, a.Is6()), nftutil.AddrElements([]netip.Addr{a}, a.Is6()), true, 0})
-		}
-	}
-	for _, p := range delCIDRs {
-		i, found := slices.BinarySearchFunc(next.RemotePodCIDRs, p, comparePrefixes)
-		if !found {
-			continue
-		}
-		if (i > 0 && next.RemotePodCIDRs[i-1].Overlaps(p)) || (i+1 < len(next.RemotePodCIDRs) && next.RemotePodCIDRs[i+1].Overlaps(p)) {
-			ok = false
-		}
-		next.RemotePodCIDRs = slices.Delete(next.RemotePodCIDRs, i, i+1)
-		ops = append(ops, op{set(setRemote, p.Addr().Is6()), intervalElements([]netip.Prefix{p}, p.Addr().Is6()), true, 0})
-	}
-	for _, a := range addPeers {
-		if i, found := slices.BinarySearchFunc(next.Peers, a, netip.Addr.Compare); !found {
-			next.Peers = slices.Insert(next.Peers, i, a)
-			ops = append(ops, op{set(setPeers, a.Is6()), nftutil.AddrElements([]netip.Addr{a}, a.Is6()), false, 1})
-		}
-	}
-	for _, p := range addCIDRs {
-		i, found := slices.BinarySearchFunc(next.RemotePodCIDRs, p, comparePrefixes)
-		if found {
-			continue
-		}
-		if (i > 0 && next.RemotePodCIDRs[i-1].Overlaps(p)) || (i < len(next.RemotePodCIDRs) && next.RemotePodCIDRs[i].Overlaps(p)) {
-			ok = false
-		}
-		next.RemotePodCIDRs = slices.Insert(next.RemotePodCIDRs, i, p)
-		ops = append(ops, op{set(setRemote, p.Addr().Is6()), intervalElements([]netip.Prefix{p}, p.Addr().Is6()), false, 1})
-	}
-	if !ok || t.nested {
-		// overlapping PodCIDRs: an interval set holds the outer one only
-		// (intervalElements), so compare the sets whole
-		ops = nil
-		before, after := tunnelSets(*t.spec), tunnelSets(next)
-		for i := range after {
-			del, add := elementChanges(before[i].elems, after[i].elems)
-			s := after[i].set(table)
-			ops = append(ops, op{s, del, true, 0}, op{s, add, false, 1})
-		}
-	}
-	slices.SortStableFunc(ops, func(a, b op) int { return a.prio - b.prio })
+	next, ops := peerChanges(*t.spec, t.nested, addPeers, addCIDRs, delPeers, delCIDRs)
 	writes := 0
 	for _, o := range ops {
 		if err := nftutil.QueueElements(c, o.s, o.e, o.del, setElementsPerMessage); err != nil {
@@ -385,6 +248,79 @@ func (t *Table) change(addPeers []netip.Addr, addCIDRs []netip.Prefix, delPeers 
 	}
 	t.spec, t.nested = &next, nested(next.RemotePodCIDRs)
 	return nil
+}
+
+// elemOp adds or deletes elements of one set.
+type elemOp struct {
+	s   *nftables.Set
+	e   []nftables.SetElement
+	del bool
+}
+
+// peerChanges is spec (canonical; nested: its RemotePodCIDRs overlap)
+// with the peers and PodCIDRs added and removed, and the element changes
+// that make the kernel's sets next's, deletions first (a freed interval
+// may be taken again).
+func peerChanges(spec TableSpec, nested bool, addPeers []netip.Addr, addCIDRs []netip.Prefix, delPeers []netip.Addr, delCIDRs []netip.Prefix) (next TableSpec, ops []elemOp) {
+	table := podnetTable()
+	set := func(base string, v6 bool) *nftables.Set {
+		s := addrSet(setName(base, v6), v6, base != setPeers)
+		return s.SetOf(table)
+	}
+	var dels, adds []elemOp
+	ok := true
+	next = spec
+	next.Peers, next.RemotePodCIDRs = slices.Clone(next.Peers), slices.Clone(next.RemotePodCIDRs)
+	for _, a := range delPeers {
+		if i, found := slices.BinarySearchFunc(next.Peers, a, netip.Addr.Compare); found {
+			next.Peers = slices.Delete(next.Peers, i, i+1)
+			dels = append(dels, elemOp{set(setPeers, a.Is6()), nftutil.AddrElements([]netip.Addr{a}, a.Is6()), true})
+		}
+	}
+	for _, p := range delCIDRs {
+		i, found := slices.BinarySearchFunc(next.RemotePodCIDRs, p, comparePrefixes)
+		if !found {
+			continue
+		}
+		ok = ok && !overlapsAround(next.RemotePodCIDRs, i, i+1, p)
+		next.RemotePodCIDRs = slices.Delete(next.RemotePodCIDRs, i, i+1)
+		dels = append(dels, elemOp{set(setRemote, p.Addr().Is6()), intervalElements([]netip.Prefix{p}, p.Addr().Is6()), true})
+	}
+	for _, a := range addPeers {
+		if i, found := slices.BinarySearchFunc(next.Peers, a, netip.Addr.Compare); !found {
+			next.Peers = slices.Insert(next.Peers, i, a)
+			adds = append(adds, elemOp{set(setPeers, a.Is6()), nftutil.AddrElements([]netip.Addr{a}, a.Is6()), false})
+		}
+	}
+	for _, p := range addCIDRs {
+		i, found := slices.BinarySearchFunc(next.RemotePodCIDRs, p, comparePrefixes)
+		if found {
+			continue
+		}
+		ok = ok && !overlapsAround(next.RemotePodCIDRs, i, i, p)
+		next.RemotePodCIDRs = slices.Insert(next.RemotePodCIDRs, i, p)
+		adds = append(adds, elemOp{set(setRemote, p.Addr().Is6()), intervalElements([]netip.Prefix{p}, p.Addr().Is6()), false})
+	}
+	if ok && !nested {
+		return next, append(dels, adds...)
+	}
+	// overlapping PodCIDRs: an interval set holds the outer one only
+	// (intervalElements), so compare the sets whole
+	dels, adds = nil, nil
+	before, after := tunnelSets(spec), tunnelSets(next)
+	for i := range after {
+		del, add := nftutil.Changes(before[i].Elems, after[i].Elems)
+		s := after[i].SetOf(table)
+		dels, adds = append(dels, elemOp{s, del, true}), append(adds, elemOp{s, add, false})
+	}
+	return next, append(dels, adds...)
+}
+
+// overlapsAround tells whether p overlaps prefixes[before-1] or
+// prefixes[after] (the neighbours of the place p takes or leaves in the
+// sorted list).
+func overlapsAround(prefixes []netip.Prefix, before, after int, p netip.Prefix) bool {
+	return (before > 0 && prefixes[before-1].Overlaps(p)) || (after < len(prefixes) && prefixes[after].Overlaps(p))
 }
 
 // nested tells whether any of prefixes (sorted) overlap: then one of them
@@ -421,7 +357,7 @@ func (t *Table) TunnelDropped() (uint64, error) {
 // readCounter reads the table's counter; found is false without one.
 func readCounter(c *nftables.Conn) (expr.Counter, bool, error) {
 	o, err := c.GetObject(&nftables.NamedObj{Table: podnetTable(), Name: CounterTunnelDropped, Type: nftables.ObjTypeCounter})
-	if isNFTNotFound(err) {
+	if nftutil.IsNotFound(err) {
 		return expr.Counter{}, false, nil
 	}
 	if err != nil {
@@ -435,30 +371,14 @@ func readCounter(c *nftables.Conn) (expr.Counter, bool, error) {
 	return expr.Counter{}, false, fmt.Errorf("nftables object %s is not a counter", CounterTunnelDropped)
 }
 
-func isNFTNotFound(err error) bool {
-	return err != nil && (errors.Is(err, unix.ENOENT) || strings.Contains(err.Error(), "no such file"))
-}
-
 // DeleteTable removes podnet's table; a missing table is fine.
 func DeleteTable() error {
-	c, err := newNFT()
+	c, _, err := nftutil.Dial(nftTimeout, 0, 0)
 	if err != nil {
-		return fmt.Errorf("nftables: %w", err)
+		return err
 	}
+	defer c.CloseLasting()
 	return deleteTable(c)
 }
 
-func deleteTable(c *nftables.Conn) error {
-	tables, err := c.ListTablesOfFamily(nftables.TableFamilyINet)
-	if err != nil {
-		return fmt.Errorf("list nftables tables: %w", err)
-	}
-	if !slices.ContainsFunc(tables, func(t *nftables.Table) bool { return t.Name == contract.NFTable }) {
-		return nil
-	}
-	c.DelTable(podnetTable())
-	if err := c.Flush(); err != nil && !isNFTNotFound(err) {
-		return fmt.Errorf("delete nftables table %s: %w", contract.NFTable, err)
-	}
-	return nil
-}
+func deleteTable(c *nftables.Conn) error { return nftutil.DeleteTable(c, podnetTable()) }

@@ -12,6 +12,8 @@ import (
 	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
 
+	"github.com/podnet/podnet/internal/nftutil"
+
 	"github.com/podnet/podnet/routed/desired"
 )
 
@@ -91,11 +93,11 @@ func render(t *testing.T, exprs []expr.Any) string {
 }
 
 // renderTable is every chain of def as "chain: rule" lines.
-func renderTable(t *testing.T, def tableDef) []string {
+func renderTable(t *testing.T, def *nftutil.Table) []string {
 	var out []string
-	for _, c := range def.chains {
-		for _, r := range c.rules {
-			out = append(out, c.chain.Name+": "+render(t, r))
+	for _, c := range def.Chains {
+		for _, r := range c.Rules {
+			out = append(out, c.Def.Name+": "+render(t, r))
 		}
 	}
 	return out
@@ -185,33 +187,33 @@ func TestTunnelFilterRules(t *testing.T) {
 			if got := renderTable(t, def); !slices.Equal(got, tc.want) {
 				t.Errorf("rules:\n  %s\nwant:\n  %s", strings.Join(got, "\n  "), strings.Join(tc.want, "\n  "))
 			}
-			if def.counter != tc.spec.tunnel() {
-				t.Errorf("counter %v, want it with the tunnel filter only", def.counter)
+			if (len(def.Counters) > 0) != tc.spec.tunnel() {
+				t.Errorf("counters %v, want one with the tunnel filter only", def.Counters)
 			}
 			// every reference resolves: sets, chains, the counter
 			sets := map[string]bool{}
-			for _, s := range def.sets {
-				sets[s.name] = true
+			for _, s := range def.Sets {
+				sets[s.Def.Name] = true
 			}
 			chains := map[string]bool{}
-			for _, c := range def.chains {
-				chains[c.chain.Name] = true
+			for _, c := range def.Chains {
+				chains[c.Def.Name] = true
 			}
-			for _, c := range def.chains {
-				for _, r := range c.rules {
+			for _, c := range def.Chains {
+				for _, r := range c.Rules {
 					for _, e := range r {
 						switch e := e.(type) {
 						case *expr.Lookup:
 							if !sets[e.SetName] {
-								t.Errorf("chain %s looks up set %s, not in the table", c.chain.Name, e.SetName)
+								t.Errorf("chain %s looks up set %s, not in the table", c.Def.Name, e.SetName)
 							}
 						case *expr.Verdict:
 							if e.Kind == expr.VerdictJump && !chains[e.Chain] {
-								t.Errorf("chain %s jumps to %s, not in the table", c.chain.Name, e.Chain)
+								t.Errorf("chain %s jumps to %s, not in the table", c.Def.Name, e.Chain)
 							}
 						case *expr.Objref:
-							if !def.counter || e.Name != CounterTunnelDropped {
-								t.Errorf("chain %s counts in %s, not in the table", c.chain.Name, e.Name)
+							if len(def.Counters) == 0 || e.Name != CounterTunnelDropped {
+								t.Errorf("chain %s counts in %s, not in the table", c.Def.Name, e.Name)
 							}
 						}
 					}
@@ -220,9 +222,9 @@ func TestTunnelFilterRules(t *testing.T) {
 		})
 	}
 	// the filter's base chain runs before conntrack
-	for _, c := range buildTable(vxlanSpec.canonical()).chains {
-		if c.chain.Name == chainPrerouting && (*c.chain.Priority != -300 || *c.chain.Hooknum != unix.NF_INET_PRE_ROUTING || c.chain.Type != nftables.ChainTypeFilter) {
-			t.Errorf("chain prerouting: type %s hook %d priority %d, want filter, prerouting, raw (-300)", c.chain.Type, *c.chain.Hooknum, *c.chain.Priority)
+	for _, c := range buildTable(vxlanSpec.canonical()).Chains {
+		if c.Def.Name == chainPrerouting && (*c.Def.Priority != -300 || *c.Def.Hooknum != unix.NF_INET_PRE_ROUTING || c.Def.Type != nftables.ChainTypeFilter) {
+			t.Errorf("chain prerouting: type %s hook %d priority %d, want filter, prerouting, raw (-300)", c.Def.Type, *c.Def.Hooknum, *c.Def.Priority)
 		}
 	}
 }
@@ -243,7 +245,7 @@ func TestTunnelFilterSets(t *testing.T) {
 	got := map[string]string{}
 	for _, s := range tunnelSets(spec.canonical()) {
 		var elems []string
-		for _, e := range s.elems {
+		for _, e := range s.Elems {
 			a, _ := netip.AddrFromSlice(e.Key)
 			if e.IntervalEnd {
 				elems = append(elems, "<"+a.String())
@@ -252,10 +254,10 @@ func TestTunnelFilterSets(t *testing.T) {
 			}
 		}
 		kind := ""
-		if s.interval {
+		if s.Def.Interval {
 			kind = "interval "
 		}
-		got[s.name] = kind + strings.Join(elems, " ")
+		got[s.Def.Name] = kind + strings.Join(elems, " ")
 	}
 	want := map[string]string{
 		"peers4":   "172.30.0.2 172.30.0.3",
@@ -313,11 +315,11 @@ func TestTableSpecCanonical(t *testing.T) {
 func TestElementChanges(t *testing.T) {
 	before := intervalElements(pfx("10.244.2.0/24", "10.244.3.0/24"), false)
 	after := intervalElements(pfx("10.244.3.0/24", "10.244.4.0/24"), false)
-	del, add := elementChanges(before, after)
+	del, add := nftutil.Changes(before, after)
 	key := func(es []nftables.SetElement) string {
 		var s []string
 		for _, e := range es {
-			s = append(s, elementKey(e))
+			s = append(s, nftutil.ElementKey(e))
 		}
 		return strings.Join(s, " ")
 	}
@@ -326,10 +328,10 @@ func TestElementChanges(t *testing.T) {
 	if key(del) != "0af40200 0af40300(end)" || key(add) != "0af40400 0af40500(end)" {
 		t.Errorf("delete %q add %q", key(del), key(add))
 	}
-	if d := elementsDiff(after, before); d != "2 element(s) missing (0af40400), 2 element(s) not wanted (0af40200)" {
+	if d := nftutil.ElementsDiff(after, before); d != "2 element(s) missing (0af40400), 2 element(s) not wanted (0af40200)" {
 		t.Errorf("elementsDiff: %q", d)
 	}
-	if d := elementsDiff(after, after); d != "" {
+	if d := nftutil.ElementsDiff(after, after); d != "" {
 		t.Errorf("elementsDiff of equal sets: %q", d)
 	}
 	written := []string{"table podnet: 1=aa;", "rule 1 of chain c: 4=01;", "rule 2 of chain c: 4=02;"}
@@ -345,7 +347,7 @@ func TestElementChanges(t *testing.T) {
 		{[]string{"rule 1 of chain c: 4=01;", "table podnet: 1=aa;", "rule 2 of chain c: 4=02;"}, ""},
 		{[]string{"table podnet: 1=aa;", "rule 1 of chain c: 4=02;", "rule 2 of chain c: 4=01;"}, "rule 1 of chain c changed, rule 2 of chain c changed"},
 	} {
-		if got := structureDiff(written, tc.have); got != tc.want {
+		if got := nftutil.StructureDiff(written, tc.have); got != tc.want {
 			t.Errorf("structureDiff(%q) = %q, want %q", tc.have, got, tc.want)
 		}
 	}

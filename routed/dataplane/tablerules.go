@@ -9,6 +9,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/podnet/podnet/internal/contract"
+	"github.com/podnet/podnet/internal/nftutil"
 	"github.com/podnet/podnet/routed/desired"
 )
 
@@ -66,30 +67,17 @@ const (
 // DefaultBridge): its pods' packets come in through it.
 const bridgeDevice = "podnet0"
 
-// chainDef is a chain and its rules.
-type chainDef struct {
-	chain nftables.Chain // without Table
-	rules [][]expr.Any
-}
-
-// tableDef is the whole content of the table for a spec.
-type tableDef struct {
-	counter bool
-	sets    []setDef
-	chains  []chainDef
-}
-
 // buildTable is the content of the table for spec (canonical); an empty
 // spec has none.
-func buildTable(spec TableSpec) tableDef {
-	var def tableDef
+func buildTable(spec TableSpec) *nftutil.Table {
+	def := &nftutil.Table{Family: nftables.TableFamilyINet, Name: contract.NFTable}
 	if spec.tunnel() {
-		def.counter = true
-		def.sets = tunnelSets(spec)
-		def.chains = append(def.chains, tunnelChains(spec)...)
+		def.Counters = []string{CounterTunnelDropped}
+		def.Sets = tunnelSets(spec)
+		def.Chains = append(def.Chains, tunnelChains(spec)...)
 	}
 	if spec.Masquerade {
-		def.chains = append(def.chains, masqueradeChain(spec))
+		def.Chains = append(def.Chains, masqueradeChain(spec))
 	}
 	return def
 }
@@ -119,67 +107,59 @@ func encapsulated(spec TableSpec) []expr.Any {
 	}
 }
 
-func tunnelChains(spec TableSpec) []chainDef {
+func tunnelChains(spec TableSpec) []nftutil.Chain {
 	accept := &expr.Verdict{Kind: expr.VerdictAccept}
-	pre := chainDef{
-		chain: nftables.Chain{Name: chainPrerouting, Type: nftables.ChainTypeFilter,
+	pre := nftutil.Chain{
+		Def: nftables.Chain{Name: chainPrerouting, Type: nftables.ChainTypeFilter,
 			Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityRaw},
-		rules: [][]expr.Any{
+		Rules: [][]expr.Any{
 			append(encapsulated(spec), &expr.Verdict{Kind: expr.VerdictJump, Chain: chainTunnelOuter}),
 			append(ifname(tunnelDevice(spec.Encap), false), &expr.Verdict{Kind: expr.VerdictJump, Chain: chainTunnelInner}),
 		},
 	}
-	outer := chainDef{chain: nftables.Chain{Name: chainTunnelOuter}}
-	outer.rules = append(outer.rules,
+	outer := nftutil.Chain{Def: nftables.Chain{Name: chainTunnelOuter}}
+	outer.Rules = append(outer.Rules,
 		append(ifname(contract.HostVethPrefix, true), countDrop()...),
 		append(ifname(bridgeDevice, false), countDrop()...),
 	)
 	for _, v6 := range []bool{false, true} {
-		outer.rules = append(outer.rules, join(lookupAddr(v6, true, setName(setCluster, v6)), countDrop()))
+		outer.Rules = append(outer.Rules, nftutil.Join(lookupAddr(v6, true, setName(setCluster, v6)), countDrop()))
 	}
-	outer.rules = append(outer.rules, join(fibDaddrLocal(false), []expr.Any{&expr.Verdict{Kind: expr.VerdictReturn}}))
+	outer.Rules = append(outer.Rules, nftutil.Join(fibDaddrLocal(false), []expr.Any{&expr.Verdict{Kind: expr.VerdictReturn}}))
 	for _, v6 := range []bool{false, true} {
-		outer.rules = append(outer.rules, join(lookupAddr(v6, true, setName(setPeers, v6)), []expr.Any{accept}))
+		outer.Rules = append(outer.Rules, nftutil.Join(lookupAddr(v6, true, setName(setPeers, v6)), []expr.Any{accept}))
 	}
-	outer.rules = append(outer.rules, countDrop())
+	outer.Rules = append(outer.Rules, countDrop())
 
-	inner := chainDef{chain: nftables.Chain{Name: chainTunnelInner}}
+	inner := nftutil.Chain{Def: nftables.Chain{Name: chainTunnelInner}}
 	for _, v6 := range []bool{false, true} {
 		remote, peers := setName(setRemote, v6), setName(setPeers, v6)
 		local := lookupAddr(v6, false, setName(setLocal, v6))[2:] // the family is matched already
-		inner.rules = append(inner.rules,
-			join(lookupAddr(v6, true, remote), local, []expr.Any{accept}),
-			join(lookupAddr(v6, true, remote), fibDaddrLocal(true), []expr.Any{accept}),
-			join(lookupAddr(v6, true, peers), local, []expr.Any{accept}),
+		inner.Rules = append(inner.Rules,
+			nftutil.Join(lookupAddr(v6, true, remote), local, []expr.Any{accept}),
+			nftutil.Join(lookupAddr(v6, true, remote), fibDaddrLocal(true), []expr.Any{accept}),
+			nftutil.Join(lookupAddr(v6, true, peers), local, []expr.Any{accept}),
 		)
 	}
-	inner.rules = append(inner.rules, countDrop())
-	return []chainDef{pre, outer, inner}
+	inner.Rules = append(inner.Rules, countDrop())
+	return []nftutil.Chain{pre, outer, inner}
 }
 
 // masqueradeChain is the NAT chain: pod traffic to the cluster CIDRs keeps
 // its address, pod traffic to anywhere else is masqueraded (IPv6 pod
 // traffic as MasqueradeIPv6 says).
-func masqueradeChain(spec TableSpec) chainDef {
-	c := chainDef{chain: nftables.Chain{Name: chainPostrouting, Type: nftables.ChainTypeNAT,
+func masqueradeChain(spec TableSpec) nftutil.Chain {
+	c := nftutil.Chain{Def: nftables.Chain{Name: chainPostrouting, Type: nftables.ChainTypeNAT,
 		Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource}}
 	for _, p := range spec.ClusterCIDRs {
-		c.rules = append(c.rules, matchPrefix(p, false, &expr.Verdict{Kind: expr.VerdictReturn}))
+		c.Rules = append(c.Rules, matchPrefix(p, false, &expr.Verdict{Kind: expr.VerdictReturn}))
 	}
 	for _, p := range spec.LocalPodCIDRs {
 		if spec.masquerades(p) {
-			c.rules = append(c.rules, matchPrefix(p, true, &expr.Masq{}))
+			c.Rules = append(c.Rules, matchPrefix(p, true, &expr.Masq{}))
 		}
 	}
 	return c
-}
-
-func join(parts ...[]expr.Any) []expr.Any {
-	var out []expr.Any
-	for _, p := range parts {
-		out = append(out, p...)
-	}
-	return out
 }
 
 // countDrop counts the packet in the table's counter and drops it.

@@ -163,20 +163,20 @@ const (
 	setCluster = "cluster" // the cluster CIDRs (intervals)
 )
 
-// setDef is a named set of addresses of one family.
-type setDef struct {
-	name     string
-	v6       bool
-	interval bool
-	elems    []nftables.SetElement
-}
-
-func (d setDef) set(t *nftables.Table) *nftables.Set {
+// addrSet is a named set of addresses (interval: of prefixes) of one
+// family, without elements.
+func addrSet(name string, v6, interval bool) nftutil.Set {
 	key := nftables.TypeIPAddr
-	if d.v6 {
+	if v6 {
 		key = nftables.TypeIP6Addr
 	}
-	return &nftables.Set{Table: t, Name: d.name, KeyType: key, Interval: d.interval}
+	return nftutil.Set{Def: nftables.Set{Name: name, KeyType: key, Interval: interval}}
+}
+
+// elems is s with elements e.
+func elems(s nftutil.Set, e []nftables.SetElement) nftutil.Set {
+	s.Elems = e
+	return s
 }
 
 func setName(base string, v6 bool) string {
@@ -188,14 +188,14 @@ func setName(base string, v6 bool) string {
 
 // tunnelSets are the sets of the tunnel filter for spec (canonical), in
 // the order they are written.
-func tunnelSets(spec TableSpec) []setDef {
-	var out []setDef
+func tunnelSets(spec TableSpec) []nftutil.Set {
+	var out []nftutil.Set
 	for _, v6 := range []bool{false, true} {
 		out = append(out,
-			setDef{name: setName(setPeers, v6), v6: v6, elems: nftutil.AddrElements(spec.Peers, v6)},
-			setDef{name: setName(setRemote, v6), v6: v6, interval: true, elems: intervalElements(spec.RemotePodCIDRs, v6)},
-			setDef{name: setName(setLocal, v6), v6: v6, interval: true, elems: intervalElements(spec.LocalPodCIDRs, v6)},
-			setDef{name: setName(setCluster, v6), v6: v6, interval: true, elems: intervalElements(spec.ClusterCIDRs, v6)},
+			elems(addrSet(setName(setPeers, v6), v6, false), nftutil.AddrElements(spec.Peers, v6)),
+			elems(addrSet(setName(setRemote, v6), v6, true), intervalElements(spec.RemotePodCIDRs, v6)),
+			elems(addrSet(setName(setLocal, v6), v6, true), intervalElements(spec.LocalPodCIDRs, v6)),
+			elems(addrSet(setName(setCluster, v6), v6, true), intervalElements(spec.ClusterCIDRs, v6)),
 		)
 	}
 	return out

@@ -61,17 +61,25 @@ func mergeRanges(rs []Range) []Range {
 	})
 	out := rs[:1]
 	for _, r := range rs[1:] {
-		last := &out[len(out)-1]
+		out = appendMerged(out, r)
+	}
+	return slices.Clip(out)
+}
+
+// appendMerged appends r to out (merged, sorted, r not before its last),
+// merged into the last range when it overlaps or touches it.
+func appendMerged(out []Range, r Range) []Range {
+	if n := len(out); n > 0 {
+		last := &out[n-1]
 		if r.From.Is4() == last.From.Is4() &&
 			(r.From.Compare(last.To) <= 0 || (!lastOfFamily(last.To) && r.From == last.To.Next())) {
 			if r.To.Compare(last.To) > 0 {
 				last.To = r.To
 			}
-			continue
+			return out
 		}
-		out = append(out, r)
 	}
-	return slices.Clip(out)
+	return append(out, r)
 }
 
 // unionRanges merges two merged lists into a new merged list (nil when
@@ -81,19 +89,7 @@ func unionRanges(x, y []Range) []Range {
 		return nil
 	}
 	out := make([]Range, 0, len(x)+len(y))
-	add := func(r Range) {
-		if n := len(out); n > 0 {
-			last := &out[n-1]
-			if r.From.Is4() == last.From.Is4() &&
-				(r.From.Compare(last.To) <= 0 || (!lastOfFamily(last.To) && r.From == last.To.Next())) {
-				if r.To.Compare(last.To) > 0 {
-					last.To = r.To
-				}
-				return
-			}
-		}
-		out = append(out, r)
-	}
+	add := func(r Range) { out = appendMerged(out, r) }
 	i, j := 0, 0
 	for i < len(x) || j < len(y) {
 		if j == len(y) || (i < len(x) && x[i].From.Compare(y[j].From) <= 0) {
@@ -366,4 +362,56 @@ func mergeSpans(s []portSpan) []portSpan {
 		out = append(out, x)
 	}
 	return out
+}
+
+// Ranges are canonical once, here: Compile hands routed/policy/nft its
+// rules' Peers merged and sorted and its Ports disjoint (the contract of
+// Rule), and LocalPodCIDRs as prefixes that PrefixRanges makes canonical;
+// the writer takes them as they are. Canonical is for rules made by hand.
+
+// PrefixRanges are prefixes as ranges, merged and sorted (IPv4 before
+// IPv6): an IPv4-mapped prefix counts as IPv4, an invalid one is left out.
+func PrefixRanges(prefixes []netip.Prefix) []Range {
+	var rs []Range
+	for _, p := range prefixes {
+		if !p.IsValid() {
+			continue
+		}
+		if p.Addr().Is4In6() {
+			p = netip.PrefixFrom(p.Addr().Unmap(), max(p.Bits()-96, 0))
+		}
+		rs = append(rs, prefixRange(p))
+	}
+	return mergeRanges(rs)
+}
+
+// Canonical is r with its ranges as Compile makes them: Peers merged and
+// sorted, Ports disjoint covering the same (address, protocol, port)
+// points; a range that is no range (invalid, mixed or reversed) is left
+// out, IPv4-mapped addresses count as IPv4. It is for rules made by hand
+// (tests, benchmarks): Compile's are canonical already.
+func (r Rule) Canonical() Rule {
+	var peers []Range
+	for _, p := range r.Peers {
+		if c, ok := p.canonical(); ok {
+			peers = append(peers, c)
+		}
+	}
+	var boxes []portBox
+	for _, p := range r.Ports {
+		if c, ok := p.Addrs.canonical(); ok && p.PortFrom <= p.PortTo {
+			boxes = append(boxes, portBox{addrs: c, proto: p.Proto, from: p.PortFrom, to: p.PortTo})
+		}
+	}
+	r.Peers, r.Ports = mergeRanges(peers), disjointPorts(boxes)
+	return r
+}
+
+// canonical is r unmapped and without zones; false: r is no range.
+func (r Range) canonical() (Range, bool) {
+	f, t := r.From.Unmap().WithZone(""), r.To.Unmap().WithZone("")
+	if !f.IsValid() || !t.IsValid() || f.Is4() != t.Is4() || t.Less(f) {
+		return Range{}, false
+	}
+	return Range{From: f, To: t}, true
 }

@@ -138,7 +138,7 @@ func (g *gen) rule() policy.Rule {
 			r.Ports = append(r.Ports, policy.PortRange{Addrs: addrs, Proto: proto, PortFrom: from, PortTo: to})
 		}
 	}
-	return r
+	return r.Canonical() // as Compile hands them: the writer trusts it
 }
 
 func (g *gen) policy(i int) policy.PolicyChain {
@@ -217,7 +217,7 @@ func (g *gen) next() policy.Ruleset {
 				j := g.r.IntN(len(p.Rules))
 				r := p.Rules[j]
 				r.Peers = append(slices.Clone(r.Peers), g.rangeOf(g.r.IntN(2) == 0))
-				p.Rules[j] = r
+				p.Rules[j] = r.Canonical()
 				rs.Policies = slices.Clone(rs.Policies)
 				rs.Policies[i] = p
 			}

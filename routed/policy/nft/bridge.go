@@ -98,48 +98,36 @@ func (b *bridgeDef) equal(o *bridgeDef) bool {
 		sameElements(b.ports, o.ports) && sameElements(b.in, o.in) && sameElements(b.eg, o.eg)
 }
 
-func (b *bridgeDef) sets(t *nftables.Table) []struct {
-	set   *nftables.Set
-	elems []nftables.SetElement
-} {
-	mk := func(name string) *nftables.Set {
-		return &nftables.Set{Table: t, Name: name, KeyType: nftables.TypeIFName}
+// spec is the bridge table as data.
+func (b *bridgeDef) spec() *nftutil.Table {
+	set := func(name string, elems []nftables.SetElement) nftutil.Set {
+		return nftutil.Set{Def: nftables.Set{Name: name, KeyType: nftables.TypeIFName}, Elems: elems}
 	}
-	return []struct {
-		set   *nftables.Set
-		elems []nftables.SetElement
-	}{{mk(bridgeSetPorts), b.ports}, {mk(bridgeSetIn), b.in}, {mk(bridgeSetEg), b.eg}}
+	return &nftutil.Table{
+		Family:   nftables.TableFamilyBridge,
+		Name:     TableName,
+		Counters: []string{CounterUnknown, CounterLinkDropped, CounterUnfiltered},
+		Sets:     []nftutil.Set{set(bridgeSetPorts, b.ports), set(bridgeSetIn, b.in), set(bridgeSetEg, b.eg)},
+		Chains:   bridgeChains(b),
+	}
 }
 
-// writeBridge writes the bridge table whole (whole) or only its sets'
-// elements, in one transaction on c.
+// writeBridge writes the bridge table whole (whole: its counters start
+// at 0) or only its sets' elements, in one transaction on c.
 func (w *Writer) writeBridge(c *nftables.Conn, b *bridgeDef, whole bool) error {
-	t := bridgeTable()
+	spec := b.spec()
 	if whole {
-		c.AddTable(t)
-		c.DelTable(t)
-		c.AddTable(t)
-		for _, n := range []string{CounterUnknown, CounterLinkDropped, CounterUnfiltered} {
-			c.AddObj(&nftables.NamedObj{Table: t, Name: n, Type: nftables.ObjTypeCounter, Obj: &expr.Counter{}})
-		}
-	}
-	for _, s := range b.sets(t) {
-		if whole {
-			if err := c.AddSet(s.set, nil); err != nil {
-				return fmt.Errorf("nftables set %s: %w", s.set.Name, err)
-			}
-		} else {
-			c.FlushSet(s.set)
-		}
-		if err := nftutil.QueueElements(c, s.set, s.elems, false, setElementsPerMessage); err != nil {
+		if err := spec.QueueWhole(c, nil, setElementsPerMessage); err != nil {
 			return err
 		}
-	}
-	if whole {
-		for _, ch := range bridgeChains(b) {
-			ch.chain.Table = t
-			added := c.AddChain(&ch.chain)
-			addRules(c, added, ch.rules, nil)
+	} else {
+		t := spec.Ref()
+		for i := range spec.Sets {
+			s := spec.Sets[i].SetOf(t)
+			c.FlushSet(s)
+			if err := nftutil.QueueElements(c, s, spec.Sets[i].Elems, false, setElementsPerMessage); err != nil {
+				return err
+			}
 		}
 	}
 	if err := c.Flush(); err != nil {
@@ -171,9 +159,9 @@ func (w *Writer) applyBridge(b *bridgeDef) error {
 		whole = true
 	}
 	if whole {
-		written, err := nftutil.Structure(w.conn.Netlink(), unix.NFPROTO_BRIDGE, TableName)
+		written, err := nftutil.ReadBack(w.conn.Netlink(), nftables.TableFamilyBridge, TableName, nil, nil)
 		if err != nil {
-			return fmt.Errorf("read back nftables table bridge %s: %w", TableName, err)
+			return fmt.Errorf("bridge: %w", err)
 		}
 		w.bridgeWritten = written
 	}
@@ -184,35 +172,15 @@ func (w *Writer) applyBridge(b *bridgeDef) error {
 // bridgeDiffers compares the kernel's bridge table with b and written, its
 // structure read back after b was written: "" when they are the same.
 func bridgeDiffers(c *nftables.Conn, nl *netlink.Conn, b *bridgeDef, written []string) (string, error) {
-	have, err := nftutil.Structure(nl, unix.NFPROTO_BRIDGE, TableName)
-	if err != nil {
-		return "", err
+	d, err := nftutil.Differs(c, nl, b.spec(), written)
+	if d != "" {
+		d = "bridge table: " + d
 	}
-	if have == nil {
-		return "bridge table missing", nil
-	}
-	if d := nftutil.StructureDiff(written, have); d != "" {
-		return "bridge table: " + d, nil
-	}
-	for _, s := range b.sets(bridgeTable()) {
-		got, err := c.GetSetElements(s.set)
-		if err != nil {
-			return fmt.Sprintf("bridge set %s: %v", s.set.Name, err), nil
-		}
-		if del, add := elementChanges(got, s.elems); len(del)+len(add) > 0 {
-			return fmt.Sprintf("bridge set %s: %d element(s) missing, %d not wanted", s.set.Name, len(add), len(del)), nil
-		}
-	}
-	return "", nil
-}
-
-type bridgeChain struct {
-	chain nftables.Chain
-	rules [][]expr.Any
+	return d, err
 }
 
 // bridgeChains are the bridge table's two base chains.
-func bridgeChains(b *bridgeDef) []bridgeChain {
+func bridgeChains(b *bridgeDef) []nftutil.Chain {
 	accept := ptr(nftables.ChainPolicyAccept)
 	base := func(name string, hook *nftables.ChainHook) nftables.Chain {
 		return nftables.Chain{Name: name, Type: nftables.ChainTypeFilter, Hooknum: hook, Priority: bridgePriority, Policy: accept}
@@ -220,7 +188,7 @@ func bridgeChains(b *bridgeDef) []bridgeChain {
 	fwd := [][]expr.Any{established(), bridgeND()}
 	if b.unfiltered {
 		for _, v6 := range []bool{false, true} {
-			fwd = append(fwd, join(etherIs(v6), podPort(expr.MetaKeyIIFNAME), podPort(expr.MetaKeyOIFNAME), countDrop(CounterUnfiltered)))
+			fwd = append(fwd, nftutil.Join(etherIs(v6), podPort(expr.MetaKeyIIFNAME), podPort(expr.MetaKeyOIFNAME), countDrop(CounterUnfiltered)))
 		}
 	}
 	fwd = append(fwd, unknownPort(expr.MetaKeyIIFNAME)...)
@@ -230,9 +198,9 @@ func bridgeChains(b *bridgeDef) []bridgeChain {
 	in := [][]expr.Any{established(), bridgeND()}
 	in = append(in, unknownPort(expr.MetaKeyIIFNAME)...)
 	in = append(in, isolatedLinkSource())
-	return []bridgeChain{
-		{chain: base(bridgeChainForward, nftables.ChainHookForward), rules: fwd},
-		{chain: base(bridgeChainInput, nftables.ChainHookInput), rules: in},
+	return []nftutil.Chain{
+		{Def: base(bridgeChainForward, nftables.ChainHookForward), Rules: fwd},
+		{Def: base(bridgeChainInput, nftables.ChainHookInput), Rules: in},
 	}
 }
 
@@ -285,7 +253,7 @@ func countDrop(counter string) []expr.Any {
 
 // bridgeND accepts neighbor discovery between neighbours (hop limit 255).
 func bridgeND() []expr.Any {
-	return join(etherIs(true), []expr.Any{
+	return nftutil.Join(etherIs(true), []expr.Any{
 		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: unix.NFT_REG_1},
 		&expr.Cmp{Op: expr.CmpOpEq, Register: unix.NFT_REG_1, Data: []byte{unix.IPPROTO_ICMPV6}},
 		&expr.Payload{DestRegister: unix.NFT_REG_1, Base: expr.PayloadBaseNetworkHeader, Offset: 7, Len: 1},
@@ -302,7 +270,7 @@ func bridgeND() []expr.Any {
 func unknownPort(key expr.MetaKey) [][]expr.Any {
 	var out [][]expr.Any
 	for _, v6 := range []bool{false, true} {
-		out = append(out, join(etherIs(v6), podPort(key), []expr.Any{
+		out = append(out, nftutil.Join(etherIs(v6), podPort(key), []expr.Any{
 			&expr.Lookup{SourceRegister: unix.NFT_REG_1, SetName: bridgeSetPorts, Invert: true},
 		}, countDrop(CounterUnknown)))
 	}
@@ -332,7 +300,7 @@ func v6Prefix(first ...byte) []byte { p := make([]byte, 16); copy(p, first); ret
 // isolatedLinkSource drops what an egress-isolated pod sends from its
 // IPv6 link-local address.
 func isolatedLinkSource() []expr.Any {
-	return join(etherIs(true), inIsolated(expr.MetaKeyIIFNAME, bridgeSetEg),
+	return nftutil.Join(etherIs(true), inIsolated(expr.MetaKeyIIFNAME, bridgeSetEg),
 		prefixMatch(8, v6Prefix(0xfe, 0x80), v6Prefix(0xff, 0xc0)), countDrop(CounterLinkDropped))
 }
 
@@ -342,9 +310,9 @@ func isolatedLinkSource() []expr.Any {
 func isolatedNonPodDestination() [][]expr.Any {
 	to := expr.MetaKeyOIFNAME
 	return [][]expr.Any{
-		join(etherIs(true), inIsolated(to, bridgeSetIn), prefixMatch(24, v6Prefix(0xfe, 0x80), v6Prefix(0xff, 0xc0)), countDrop(CounterLinkDropped)),
-		join(etherIs(true), inIsolated(to, bridgeSetIn), prefixMatch(24, v6Prefix(0xff), v6Prefix(0xff)), countDrop(CounterLinkDropped)),
-		join(etherIs(false), inIsolated(to, bridgeSetIn), prefixMatch(16, []byte{224, 0, 0, 0}, []byte{0xf0, 0, 0, 0}), countDrop(CounterLinkDropped)),
-		join(etherIs(false), inIsolated(to, bridgeSetIn), prefixMatch(16, []byte{255, 255, 255, 255}, []byte{0xff, 0xff, 0xff, 0xff}), countDrop(CounterLinkDropped)),
+		nftutil.Join(etherIs(true), inIsolated(to, bridgeSetIn), prefixMatch(24, v6Prefix(0xfe, 0x80), v6Prefix(0xff, 0xc0)), countDrop(CounterLinkDropped)),
+		nftutil.Join(etherIs(true), inIsolated(to, bridgeSetIn), prefixMatch(24, v6Prefix(0xff), v6Prefix(0xff)), countDrop(CounterLinkDropped)),
+		nftutil.Join(etherIs(false), inIsolated(to, bridgeSetIn), prefixMatch(16, []byte{224, 0, 0, 0}, []byte{0xf0, 0, 0, 0}), countDrop(CounterLinkDropped)),
+		nftutil.Join(etherIs(false), inIsolated(to, bridgeSetIn), prefixMatch(16, []byte{255, 255, 255, 255}, []byte{0xff, 0xff, 0xff, 0xff}), countDrop(CounterLinkDropped)),
 	}
 }

@@ -1,5 +1,9 @@
 package nft
 
+// build: a Ruleset made into the table's content (names.go has its
+// layout), pod chains and verdict maps first, then the sets, then the
+// policy chains and their sets; and the table's content as data.
+
 import (
 	"bytes"
 	"fmt"
@@ -8,144 +12,12 @@ import (
 	"strings"
 
 	"github.com/google/nftables"
-	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
 
-	"github.com/podnet/podnet/internal/contract"
 	"github.com/podnet/podnet/internal/nftutil"
 	"github.com/podnet/podnet/routed/policy"
 )
-
-// The table a Ruleset becomes (policy's package comment has the design):
-//
-//	table inet podnet-policy {
-//	  counter unknown_dropped                 packets of unknown local pod addresses
-//	  counter pod-<ID>-in, pod-<ID>-eg        each pod chain's drops
-//	  set local4, local6 (interval)           LocalPodCIDRs
-//	  set known4, known6                      Known (and every address of Pods)
-//	  map ingress4, ingress6, egress4, egress6 { ipv4_addr|ipv6_addr : verdict }
-//	                                          local pod address : jump pod-<ID>-in|eg
-//	  set pol-<ID>-r<N>-peers4|6 (interval)   a rule's peers
-//	  set pol-<ID>-r<N>-ports4|6 { ipv4_addr . inet_proto . inet_service } (interval)
-//	                                          a rule's (daddr . l4proto . dport)
-//	  chain egress-fwd { type filter hook forward priority filter - 1; policy accept;
-//	    ct state established,related accept
-//	    meta l4proto tcp ct state new tcp flags & (fin|syn|rst|ack) != syn ip saddr|daddr @ingress4|@egress4 drop
-//	                                          (egress, and ip6: no mid-stream pickup for isolated pods, see baseRules)
-//	    meta nfproto ipv6 meta l4proto icmpv6 icmpv6 type 133-136 accept   (neighbor discovery)
-//	    meta nfproto ipv4 ip saddr @local4 ip saddr != @known4 counter unknown_dropped drop   (and ip6)
-//	    meta nfproto ipv4 ip saddr vmap @egress4                                              (and ip6)
-//	  }
-//	  chain egress-in { type filter hook input priority filter - 1; the same rules }
-//	  chain ingress-fwd { type filter hook forward priority filter; the same on daddr,
-//	                      with the ingress maps }
-//	  chain pod-<ID>-in|eg { jump pol-<P> ...; counter pod-<ID>-in|eg drop }
-//	  chain pol-<ID> {                        per rule, per family:
-//	    meta nfproto ipv4 ip saddr|daddr @pol-<ID>-r<N>-peers4
-//	      ip daddr . meta l4proto . th dport @pol-<ID>-r<N>-ports4 accept
-//	    (AnyPeer: no peer lookup; AnyPort: no port lookup; both: one "accept";
-//	    no rule and no sets for a family whose peers or ports set would be
-//	    empty: it could match nothing)
-//	  }
-//	}
-//
-// Ingress judges the source (the peer) and the local pod's port; egress
-// the destination (the peer) and its port: the ports set's address is
-// always the packet's destination. The protocol is part of the ports
-// key, so ICMP (or anything not TCP, UDP, SCTP) never matches a rule with
-// ports, and a rule without ports matches it. The meta nfproto match
-// before each address load is the dependency nft adds by itself to
-// "ip saddr" in an inet table and google/nftables does not; the
-// transport header load fails (the rule does not match) on a packet
-// without one.
-const (
-	// TableName is the table's name (family inet).
-	TableName = "podnet-policy"
-
-	chainEgressFwd  = "egress-fwd"
-	chainEgressIn   = "egress-in"
-	chainIngressFwd = "ingress-fwd"
-	// CounterUnknown counts the packets dropped because their local pod
-	// address (inside LocalPodCIDRs) is not Known.
-	CounterUnknown = "unknown_dropped"
-
-	setLocal = "local"
-	setKnown = "known"
-	// setPorts holds the routed host veths of the pods the engine knows;
-	// mapIngressPorts and mapEgressPorts jump from an isolated pod's host
-	// veth to its chain.
-	setPorts        = "ports"
-	mapIngressPorts = "ingress-ports"
-	mapEgressPorts  = "egress-ports"
-)
-
-// Priorities of the base chains: egress just before the filter priority,
-// ingress at it, so that a packet between two local pods is judged as its
-// sender's egress, then as its receiver's ingress.
-var (
-	priorityEgress  = nftables.ChainPriorityRef(*nftables.ChainPriorityFilter - 1)
-	priorityIngress = nftables.ChainPriorityRef(*nftables.ChainPriorityFilter)
-)
-
-// PodChain is the name of a pod's chain (and counter) for a direction.
-func PodChain(id string, d policy.Direction) string {
-	if d == policy.Ingress {
-		return "pod-" + id + "-in"
-	}
-	return "pod-" + id + "-eg"
-}
-
-// PolicyChain is the name of a policy's chain.
-func PolicyChain(id string) string { return "pol-" + id }
-
-func mapName(d policy.Direction, v6 bool) string {
-	base := "egress"
-	if d == policy.Ingress {
-		base = "ingress"
-	}
-	return famName(base, v6)
-}
-
-func portMapName(d policy.Direction) string {
-	if d == policy.Ingress {
-		return mapIngressPorts
-	}
-	return mapEgressPorts
-}
-
-// ifnameKey is an interface name as nftables keys it (meta iifname: 16
-// bytes, zero-padded).
-func ifnameKey(name string) []byte {
-	k := make([]byte, unix.IFNAMSIZ)
-	copy(k, name)
-	return k
-}
-
-// ifnameElements are the set elements of names, sorted; a name that is
-// no interface name is refused.
-func ifnameElements(names []string) ([]nftables.SetElement, error) {
-	var out []nftables.SetElement
-	for _, n := range names {
-		if n == "" || len(n) >= unix.IFNAMSIZ || strings.ContainsAny(n, "/ \x00") {
-			return nil, fmt.Errorf("%q is not an interface name", n)
-		}
-		out = append(out, nftables.SetElement{Key: ifnameKey(n)})
-	}
-	slices.SortFunc(out, func(a, b nftables.SetElement) int { return bytes.Compare(a.Key, b.Key) })
-	return slices.CompactFunc(out, func(a, b nftables.SetElement) bool { return bytes.Equal(a.Key, b.Key) }), nil
-}
-
-func famName(base string, v6 bool) string {
-	if v6 {
-		return base + "6"
-	}
-	return base + "4"
-}
-
-func ruleSetName(polID string, rule int, kind string, v6 bool) string {
-	return famName(fmt.Sprintf("pol-%s-r%d-%s", polID, rule, kind), v6)
-}
 
 // setKind is the shape of a set.
 type setKind int
@@ -213,6 +85,19 @@ type tableDef struct {
 	pods map[string]CounterKey
 }
 
+// spec is the table as data, for a whole write and the repair rule.
+func (d *tableDef) spec() *nftutil.Table {
+	t := &nftutil.Table{Family: nftables.TableFamilyINet, Name: TableName, Counters: d.counters,
+		Sets: make([]nftutil.Set, len(d.sets)), Chains: make([]nftutil.Chain, len(d.chains))}
+	for i, s := range d.sets {
+		t.Sets[i] = nftutil.Set{Def: *s.set(nil), Elems: s.elems}
+	}
+	for i, c := range d.chains {
+		t.Chains[i] = nftutil.Chain{Def: c.chain, Rules: c.rules}
+	}
+	return t
+}
+
 // CounterKey names a pod chain's drop counter.
 type CounterKey struct {
 	PodID     string
@@ -240,219 +125,6 @@ type builtPolicy struct {
 	sets  []setDef
 }
 
-// build is the content of the table for rs. It fails on a Ruleset that
-// cannot be written: a pod jumping to a policy chain it does not hold, a
-// name nft refuses. cache (nil: none) is read, and replaced by what this
-// build made when it succeeds.
-func build(rs policy.Ruleset, opt buildOptions, cache *buildCache) (*tableDef, error) {
-	def := &tableDef{pods: map[string]CounterKey{}}
-	known := sortedAddrs(rs.Known)
-	pods := slices.Clone(rs.Pods)
-	slices.SortFunc(pods, func(a, b policy.PodChains) int { return strings.Compare(a.ID, b.ID) })
-	pols := slices.Clone(rs.Policies)
-	slices.SortFunc(pols, func(a, b policy.PolicyChain) int { return strings.Compare(a.ID, b.ID) })
-	polIDs := map[string]bool{}
-	for _, p := range pols {
-		if err := checkName(p.ID); err != nil {
-			return nil, fmt.Errorf("policy chain %s/%s %s: %w", p.Namespace, p.Name, p.Direction, err)
-		}
-		if polIDs[p.ID] {
-			return nil, fmt.Errorf("policy chain ID %q twice", p.ID)
-		}
-		polIDs[p.ID] = true
-	}
-
-	// the verdict maps and the pod chains
-	vmaps := map[string][]nftables.SetElement{}
-	portVmaps := map[string][]nftables.SetElement{}
-	taken := map[string]map[netip.Addr]bool{}
-	var podChains []chainDef
-	for i, p := range pods {
-		if err := checkName(p.ID); err != nil {
-			return nil, fmt.Errorf("pod %s/%s: %w", p.Namespace, p.Name, err)
-		}
-		if i > 0 && pods[i-1].ID == p.ID {
-			return nil, fmt.Errorf("pod ID %q twice", p.ID)
-		}
-		addrs := sortedAddrs(p.Addrs)
-		known = append(known, addrs...) // a compiled pod is known
-		for _, d := range []policy.Direction{policy.Ingress, policy.Egress} {
-			isolated, jumps := p.IngressIsolated, p.Ingress
-			if d == policy.Egress {
-				isolated, jumps = p.EgressIsolated, p.Egress
-			}
-			if !isolated && len(jumps) == 0 {
-				continue
-			}
-			name := PodChain(p.ID, d)
-			c := chainDef{chain: nftables.Chain{Name: name}}
-			var sig strings.Builder
-			fmt.Fprintf(&sig, "pod %s %v %v", d, addrs, p.Ports)
-			// a pod cannot block itself (a Service hairpin): its own
-			// address as the peer is accepted before any policy
-			for _, a := range addrs {
-				c.rules = append(c.rules, join(nfproto(a.Is6()), []expr.Any{
-					loadAddr(a.Is6(), d == policy.Ingress, unix.NFT_REG_1),
-					&expr.Cmp{Op: expr.CmpOpEq, Register: unix.NFT_REG_1, Data: a.AsSlice()},
-					&expr.Verdict{Kind: expr.VerdictAccept},
-				}))
-			}
-			seen := map[string]bool{}
-			for _, j := range jumps {
-				if !polIDs[j] {
-					return nil, fmt.Errorf("pod %s/%s jumps to policy chain %q, which the ruleset lacks", p.Namespace, p.Name, j)
-				}
-				if seen[j] {
-					continue
-				}
-				seen[j] = true
-				c.rules = append(c.rules, []expr.Any{&expr.Verdict{Kind: expr.VerdictJump, Chain: PolicyChain(j)}})
-				sig.WriteString(" " + j)
-			}
-			if opt.logDrops {
-				c.rules = append(c.rules, dropLog(p, d, opt.logRate))
-				fmt.Fprintf(&sig, " log %d %s/%s", opt.logRate, p.Namespace, p.Name)
-			}
-			c.sig = sig.String()
-			c.rules = append(c.rules, []expr.Any{
-				&expr.Objref{Type: int(nftables.ObjTypeCounter), Name: name},
-				&expr.Verdict{Kind: expr.VerdictDrop},
-			})
-			podChains = append(podChains, c)
-			def.counters = append(def.counters, name)
-			def.pods[name] = CounterKey{PodID: p.ID, Direction: d}
-			for _, port := range p.Ports {
-				m := portMapName(d)
-				portVmaps[m] = append(portVmaps[m], nftables.SetElement{Key: ifnameKey(port),
-					VerdictData: &expr.Verdict{Kind: expr.VerdictJump, Chain: name}})
-			}
-			for _, a := range addrs {
-				m := mapName(d, a.Is6())
-				if taken[m] == nil {
-					taken[m] = map[netip.Addr]bool{}
-				}
-				if taken[m][a] {
-					continue // two pods with one address: the first keeps it
-				}
-				taken[m][a] = true
-				vmaps[m] = append(vmaps[m], nftables.SetElement{Key: a.AsSlice(),
-					VerdictData: &expr.Verdict{Kind: expr.VerdictJump, Chain: name}})
-			}
-		}
-	}
-	slices.SortFunc(known, netip.Addr.Compare)
-	known = slices.Compact(known)
-	def.counters = append(def.counters, CounterUnknown)
-	slices.Sort(def.counters)
-
-	local := mergeRanges(prefixRanges(rs.LocalPodCIDRs))
-	for _, v6 := range []bool{false, true} {
-		def.sets = append(def.sets,
-			setDef{name: famName(setLocal, v6), kind: kindInterval, v6: v6, elems: rangeElements(local, v6)},
-			setDef{name: famName(setKnown, v6), kind: kindAddrs, v6: v6, elems: nftutil.AddrElements(known, v6)},
-		)
-	}
-	for _, d := range []policy.Direction{policy.Ingress, policy.Egress} {
-		for _, v6 := range []bool{false, true} {
-			m := mapName(d, v6)
-			def.sets = append(def.sets, setDef{name: m, kind: kindVmap, v6: v6, elems: vmaps[m]})
-		}
-	}
-	ports, err := ifnameElements(rs.Ports)
-	if err != nil {
-		return nil, err
-	}
-	def.sets = append(def.sets, setDef{name: setPorts, kind: kindIfnames, elems: ports})
-	for _, d := range []policy.Direction{policy.Ingress, policy.Egress} {
-		m := portMapName(d)
-		elems := portVmaps[m]
-		slices.SortFunc(elems, func(a, b nftables.SetElement) int { return bytes.Compare(a.Key, b.Key) })
-		elems = slices.CompactFunc(elems, func(a, b nftables.SetElement) bool { return bytes.Equal(a.Key, b.Key) })
-		def.sets = append(def.sets, setDef{name: m, kind: kindIfVmap, elems: elems})
-	}
-
-	// the policy chains and their sets
-	var polChains []chainDef
-	built := map[string]builtPolicy{}
-	for _, p := range pols {
-		if cache != nil && cache.opt == opt {
-			if b, ok := cache.pols[p.ID]; ok && b.pc.Equal(p) {
-				def.sets = append(def.sets, b.sets...)
-				polChains = append(polChains, b.chain)
-				built[p.ID] = b
-				continue
-			}
-		}
-		firstSet := len(def.sets)
-		c := chainDef{chain: nftables.Chain{Name: PolicyChain(p.ID)}}
-		var sig strings.Builder
-		sig.WriteString("policy " + string(p.Direction))
-		for i, r := range p.Rules {
-			if r.AnyPeer && r.AnyPort {
-				c.rules = append(c.rules, []expr.Any{&expr.Verdict{Kind: expr.VerdictAccept}})
-				fmt.Fprintf(&sig, " r%d:any", i)
-				continue
-			}
-			peers := mergeRanges(r.Peers)
-			ports := normalizePorts(r.Ports)
-			for _, v6 := range []bool{false, true} {
-				// A family whose peers or ports set would be empty can
-				// match nothing: no rule and no sets for it (an IPv4-only
-				// cluster's policies get no IPv6 rules, which halves the
-				// sets to write and to read back).
-				var peerElems, portElems []nftables.SetElement
-				if !r.AnyPeer {
-					if peerElems = rangeElements(peers, v6); len(peerElems) == 0 {
-						continue
-					}
-				}
-				if !r.AnyPort {
-					if portElems = portElements(ports, v6); len(portElems) == 0 {
-						continue
-					}
-				}
-				rule := nfproto(v6)
-				if !r.AnyPeer {
-					name := ruleSetName(p.ID, i, "peers", v6)
-					def.sets = append(def.sets, setDef{name: name, kind: kindInterval, v6: v6, elems: peerElems})
-					rule = append(rule,
-						loadAddr(v6, p.Direction == policy.Ingress, unix.NFT_REG_1),
-						&expr.Lookup{SourceRegister: unix.NFT_REG_1, SetName: name})
-				}
-				if !r.AnyPort {
-					name := ruleSetName(p.ID, i, "ports", v6)
-					def.sets = append(def.sets, setDef{name: name, kind: kindPorts, v6: v6, elems: portElems})
-					rule = append(rule, loadPortKey(v6)...)
-					rule = append(rule, &expr.Lookup{SourceRegister: unix.NFT_REG_1, SetName: name})
-				}
-				c.rules = append(c.rules, append(rule, &expr.Verdict{Kind: expr.VerdictAccept}))
-				fmt.Fprintf(&sig, " r%d:%t/%t/%t", i, v6, r.AnyPeer, r.AnyPort)
-			}
-		}
-		c.sig = sig.String()
-		polChains = append(polChains, c)
-		built[p.ID] = builtPolicy{pc: clonePolicyChain(p), chain: c, sets: slices.Clone(def.sets[firstSet:])}
-	}
-
-	def.chains = append(def.chains, baseChains()...)
-	def.chains = append(def.chains, polChains...)
-	def.chains = append(def.chains, podChains...)
-	for _, c := range def.chains {
-		if len(c.chain.Name) >= unix.NFT_NAME_MAXLEN {
-			return nil, fmt.Errorf("chain name %q too long", c.chain.Name)
-		}
-	}
-	for _, s := range def.sets {
-		if len(s.name) >= unix.NFT_NAME_MAXLEN {
-			return nil, fmt.Errorf("set name %q too long", s.name)
-		}
-	}
-	if cache != nil {
-		cache.opt, cache.pols = opt, built
-	}
-	return def, nil
-}
-
 // clonePolicyChain is a deep copy of p.
 func clonePolicyChain(p policy.PolicyChain) policy.PolicyChain {
 	p.Rules = slices.Clone(p.Rules)
@@ -461,165 +133,6 @@ func clonePolicyChain(p policy.PolicyChain) policy.PolicyChain {
 		p.Rules[i].Ports = slices.Clone(p.Rules[i].Ports)
 	}
 	return p
-}
-
-// checkName refuses an ID nft could not take in a name.
-func checkName(id string) error {
-	if id == "" {
-		return fmt.Errorf("empty ID")
-	}
-	for _, r := range id {
-		if r < 0x21 || r > 0x7e || r == '"' || r == '\\' {
-			return fmt.Errorf("ID %q: not a printable ASCII name", id)
-		}
-	}
-	return nil
-}
-
-// baseChains are the three hooked chains.
-func baseChains() []chainDef {
-	accept := ptr(nftables.ChainPolicyAccept)
-	eg := func(name string, hook *nftables.ChainHook) chainDef {
-		return chainDef{
-			chain: nftables.Chain{Name: name, Type: nftables.ChainTypeFilter, Hooknum: hook, Priority: priorityEgress, Policy: accept},
-			rules: baseRules(policy.Egress),
-			sig:   "base egress",
-		}
-	}
-	return []chainDef{
-		eg(chainEgressFwd, nftables.ChainHookForward),
-		eg(chainEgressIn, nftables.ChainHookInput),
-		{
-			chain: nftables.Chain{Name: chainIngressFwd, Type: nftables.ChainTypeFilter, Hooknum: nftables.ChainHookForward, Priority: priorityIngress, Policy: accept},
-			rules: baseRules(policy.Ingress),
-			sig:   "base ingress",
-		},
-	}
-}
-
-// baseRules are a base chain's rules: established and related first,
-// then unknown local pod addresses dropped, then the verdict map of the
-// local pod's address (the source for egress, the destination for
-// ingress).
-func baseRules(d policy.Direction) [][]expr.Any {
-	rules := [][]expr.Any{{
-		&expr.Ct{Register: unix.NFT_REG_1, Key: expr.CtKeySTATE},
-		&expr.Bitwise{SourceRegister: unix.NFT_REG_1, DestRegister: unix.NFT_REG_1, Len: 4,
-			Mask: binaryutil.NativeEndian.PutUint32(expr.CtStateBitESTABLISHED | expr.CtStateBitRELATED),
-			Xor:  binaryutil.NativeEndian.PutUint32(0)},
-		&expr.Cmp{Op: expr.CmpOpNeq, Register: unix.NFT_REG_1, Data: binaryutil.NativeEndian.PutUint32(0)},
-		&expr.Verdict{Kind: expr.VerdictAccept},
-	}}
-	source := d == policy.Egress
-	if source {
-		// A TCP packet that conntrack picked up mid-stream (ct state new
-		// without a bare SYN) from or to an isolated local pod is dropped:
-		// after a revocation deleted a connection's entry, the first
-		// packet of either side would otherwise start a new entry, and one
-		// from the isolated pod's side (a retransmission of data whose ACK
-		// was dropped) would be judged as a new connection the other way
-		// and make the peer's packets replies again: the revoked
-		// connection would live on. Pods no policy isolates keep the
-		// kernel's loose pickup (a conntrack flush, an entry evicted from
-		// a full table), so the rule costs them nothing.
-		for _, v6 := range []bool{false, true} {
-			for _, src := range []bool{true, false} {
-				for _, dir := range []policy.Direction{policy.Ingress, policy.Egress} {
-					rules = append(rules, join(nfproto(v6), []expr.Any{
-						&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: unix.NFT_REG_1},
-						&expr.Cmp{Op: expr.CmpOpEq, Register: unix.NFT_REG_1, Data: []byte{unix.IPPROTO_TCP}},
-						&expr.Ct{Register: unix.NFT_REG_1, Key: expr.CtKeySTATE},
-						&expr.Bitwise{SourceRegister: unix.NFT_REG_1, DestRegister: unix.NFT_REG_1, Len: 4,
-							Mask: binaryutil.NativeEndian.PutUint32(expr.CtStateBitNEW),
-							Xor:  binaryutil.NativeEndian.PutUint32(0)},
-						&expr.Cmp{Op: expr.CmpOpNeq, Register: unix.NFT_REG_1, Data: binaryutil.NativeEndian.PutUint32(0)},
-						&expr.Payload{DestRegister: unix.NFT_REG_1, Base: expr.PayloadBaseTransportHeader, Offset: 13, Len: 1},
-						&expr.Bitwise{SourceRegister: unix.NFT_REG_1, DestRegister: unix.NFT_REG_1, Len: 1,
-							Mask: []byte{0x17}, Xor: []byte{0}}, // FIN|SYN|RST|ACK
-						&expr.Cmp{Op: expr.CmpOpNeq, Register: unix.NFT_REG_1, Data: []byte{0x02}}, // not a bare SYN
-						loadAddr(v6, src, unix.NFT_REG_1),
-						// the verdict map as a set: is the pod isolated in dir
-						&expr.Lookup{SourceRegister: unix.NFT_REG_1, SetName: mapName(dir, v6)},
-						&expr.Verdict{Kind: expr.VerdictDrop},
-					}))
-				}
-			}
-		}
-	}
-	// Neighbor discovery, which conntrack does not track, is not the
-	// policy's to refuse, as ARP is not: a pod resolves its gateway (the
-	// host veth) with Neighbor Solicitations from its global address (an
-	// egress-isolated IPv6 pod would lose its gateway), and on
-	// podnet-bridge's bridge, which br_netfilter shows to the forward
-	// hook, pods resolve each other (an ingress-isolated pod would lose
-	// its neighbours' advertisements). Only neighbor discovery between
-	// neighbours passes: hop limit 255, which a router never forwards
-	// (RFC 4861 makes receivers drop any other) and which a routed packet
-	// no longer has when it reaches the forward hook. So between a pod and
-	// its gateway or bridge neighbours; anything else with these ICMPv6
-	// types is judged like any packet.
-	rules = append(rules, join(nfproto(true), []expr.Any{
-		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: unix.NFT_REG_1},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: unix.NFT_REG_1, Data: []byte{unix.IPPROTO_ICMPV6}},
-		&expr.Payload{DestRegister: unix.NFT_REG_1, Base: expr.PayloadBaseNetworkHeader, Offset: 7, Len: 1},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: unix.NFT_REG_1, Data: []byte{255}}, // hop limit
-		&expr.Payload{DestRegister: unix.NFT_REG_1, Base: expr.PayloadBaseTransportHeader, Offset: 0, Len: 1},
-		&expr.Cmp{Op: expr.CmpOpGte, Register: unix.NFT_REG_1, Data: []byte{133}}, // router solicitation
-		&expr.Cmp{Op: expr.CmpOpLte, Register: unix.NFT_REG_1, Data: []byte{136}}, // neighbor advertisement
-		&expr.Verdict{Kind: expr.VerdictAccept},
-	}))
-	// A packet through a pod's routed host veth is that pod's, whatever
-	// its addresses (a link-local one, one the pod does not own): the
-	// port decides which pod's chain judges it, before any address does.
-	// A host veth the engine does not know (a pod whose policy is not in
-	// the kernel yet) passes nothing.
-	ifname := expr.MetaKeyIIFNAME
-	if !source {
-		ifname = expr.MetaKeyOIFNAME
-	}
-	rules = append(rules,
-		[]expr.Any{
-			&expr.Meta{Key: ifname, Register: unix.NFT_REG_1},
-			&expr.Lookup{SourceRegister: unix.NFT_REG_1, SetName: portMapName(d), DestRegister: unix.NFT_REG_VERDICT, IsDestRegSet: true},
-		},
-		[]expr.Any{
-			&expr.Meta{Key: ifname, Register: unix.NFT_REG_1},
-			&expr.Cmp{Op: expr.CmpOpEq, Register: unix.NFT_REG_1, Data: []byte(contract.HostVethPrefix)},
-			&expr.Lookup{SourceRegister: unix.NFT_REG_1, SetName: setPorts, Invert: true},
-			&expr.Objref{Type: int(nftables.ObjTypeCounter), Name: CounterUnknown},
-			&expr.Verdict{Kind: expr.VerdictDrop},
-		},
-	)
-	for _, v6 := range []bool{false, true} {
-		rules = append(rules, join(nfproto(v6), []expr.Any{
-			loadAddr(v6, source, unix.NFT_REG_1),
-			&expr.Lookup{SourceRegister: unix.NFT_REG_1, SetName: famName(setLocal, v6)},
-			&expr.Lookup{SourceRegister: unix.NFT_REG_1, SetName: famName(setKnown, v6), Invert: true},
-			&expr.Objref{Type: int(nftables.ObjTypeCounter), Name: CounterUnknown},
-			&expr.Verdict{Kind: expr.VerdictDrop},
-		}))
-	}
-	for _, v6 := range []bool{false, true} {
-		rules = append(rules, join(nfproto(v6), []expr.Any{
-			loadAddr(v6, source, unix.NFT_REG_1),
-			&expr.Lookup{SourceRegister: unix.NFT_REG_1, SetName: mapName(d, v6), DestRegister: unix.NFT_REG_VERDICT, IsDestRegSet: true},
-		}))
-	}
-	return rules
-}
-
-// dropLog logs a pod chain's drop, at most rate packets a second (burst 5).
-// The prefix names the pod and the direction; the kernel caps it at 127
-// bytes.
-func dropLog(p policy.PodChains, d policy.Direction, rate uint64) []expr.Any {
-	prefix := fmt.Sprintf("podnet-policy drop %s/%s %s: ", p.Namespace, p.Name, d)
-	if len(prefix) > 127 {
-		prefix = prefix[:123] + "..: "
-	}
-	return []expr.Any{
-		&expr.Limit{Type: expr.LimitTypePkts, Rate: rate, Unit: expr.LimitTimeSecond, Burst: 5},
-		&expr.Log{Key: 1 << unix.NFTA_LOG_PREFIX, Data: []byte(prefix)},
-	}
 }
 
 // nfproto matches the family (meta nfproto ipv4|ipv6).
@@ -663,14 +176,6 @@ func loadPortKey(v6 bool) []expr.Any {
 	}
 }
 
-func join(parts ...[]expr.Any) []expr.Any {
-	var out []expr.Any
-	for _, p := range parts {
-		out = append(out, p...)
-	}
-	return out
-}
-
 func ptr[T any](v T) *T { return &v }
 
 func sortedAddrs(in []netip.Addr) []netip.Addr {
@@ -684,69 +189,11 @@ func sortedAddrs(in []netip.Addr) []netip.Addr {
 	return slices.Compact(out)
 }
 
-// prefixRanges are prefixes as ranges.
-func prefixRanges(prefixes []netip.Prefix) []policy.Range {
-	var out []policy.Range
-	for _, p := range prefixes {
-		if !p.IsValid() {
-			continue
-		}
-		if p.Addr().Is4In6() {
-			p = netip.PrefixFrom(p.Addr().Unmap(), max(p.Bits()-96, 0))
-		}
-		p = p.Masked()
-		out = append(out, policy.Range{From: p.Addr(), To: lastAddr(p)})
-	}
-	return out
-}
-
-func lastAddr(p netip.Prefix) netip.Addr {
-	b := p.Masked().Addr().AsSlice()
-	for i := p.Bits(); i < len(b)*8; i++ {
-		b[i/8] |= 0x80 >> (i % 8)
-	}
-	a, _ := netip.AddrFromSlice(b)
-	return a
-}
-
-// mergeRanges sorts ranges and merges those that overlap or touch (an
-// interval set refuses overlaps), per family; invalid ones are dropped.
-func mergeRanges(in []policy.Range) []policy.Range {
-	var rs []policy.Range
-	for _, r := range in {
-		f, t := r.From.Unmap(), r.To.Unmap()
-		if !f.IsValid() || !t.IsValid() || f.Is4() != t.Is4() || t.Less(f) {
-			continue
-		}
-		rs = append(rs, policy.Range{From: f.WithZone(""), To: t.WithZone("")})
-	}
-	slices.SortFunc(rs, func(a, b policy.Range) int {
-		if c := a.From.Compare(b.From); c != 0 {
-			return c
-		}
-		return a.To.Compare(b.To)
-	})
-	var out []policy.Range
-	for _, r := range rs {
-		if n := len(out); n > 0 && out[n-1].To.Is4() == r.From.Is4() {
-			last := &out[n-1]
-			next := last.To.Next()
-			if !next.IsValid() || !next.Less(r.From) { // overlaps or touches
-				if last.To.Less(r.To) {
-					last.To = r.To
-				}
-				continue
-			}
-		}
-		out = append(out, r)
-	}
-	return out
-}
-
-// rangeElements are an interval set's elements for ranges (merged) of
-// the family v6 says: each range's first address, and the address after
-// its last flagged as the interval's end (none at the top of the address
-// space: the interval is then open).
+// rangeElements are an interval set's elements for ranges (merged and
+// sorted, as the policy model hands them) of the family v6 says: each
+// range's first address, and the address after its last flagged as the
+// interval's end (none at the top of the address space: the interval is
+// then open).
 func rangeElements(ranges []policy.Range, v6 bool) []nftables.SetElement {
 	var out []nftables.SetElement
 	for _, r := range ranges {
@@ -761,7 +208,8 @@ func rangeElements(ranges []policy.Range, v6 bool) []nftables.SetElement {
 	return out
 }
 
-// portElements are a ports set's elements (normalized: disjoint) of the
+// portElements are a ports set's elements (disjoint, as the policy model
+// hands them) of the
 // family v6 says: the key is the box's first corner, KeyEnd its last.
 func portElements(ports []policy.PortRange, v6 bool) []nftables.SetElement {
 	var out []nftables.SetElement
@@ -784,116 +232,258 @@ func portKey(a netip.Addr, proto uint8, port uint16) []byte {
 	return append(b, byte(port>>8), byte(port), 0, 0)
 }
 
-// normalizePorts makes a rule's port ranges disjoint (a concatenated
-// interval set refuses overlapping elements), keeping what they cover:
-// per family and protocol, the address axis is cut at every range's
-// bounds, each piece gets the union of the port ranges covering it, and
-// neighbouring pieces with the same ports are joined again. Its cost
-// grows with the ranges and how many overlap, not their product.
-func normalizePorts(in []policy.PortRange) []policy.PortRange {
-	type group struct {
-		v6    bool
-		proto uint8
-	}
-	groups := map[group][]policy.PortRange{}
-	var order []group
-	for _, p := range in {
-		f, t := p.Addrs.From.Unmap(), p.Addrs.To.Unmap()
-		if !f.IsValid() || !t.IsValid() || f.Is4() != t.Is4() || t.Less(f) || p.PortTo < p.PortFrom {
-			continue
-		}
-		p.Addrs = policy.Range{From: f.WithZone(""), To: t.WithZone("")}
-		g := group{f.Is6(), p.Proto}
-		if _, ok := groups[g]; !ok {
-			order = append(order, g)
-		}
-		groups[g] = append(groups[g], p)
-	}
-	slices.SortFunc(order, func(a, b group) int {
-		if a.v6 != b.v6 {
-			if a.v6 {
-				return 1
-			}
-			return -1
-		}
-		return int(a.proto) - int(b.proto)
-	})
-	var out []policy.PortRange
-	for _, g := range order {
-		ps := groups[g]
-		// a sweep along the address axis: a range's ports start at its
-		// From and stop at its To's successor
-		type event struct {
-			at   netip.Addr
-			span [2]uint16
-			add  bool
-		}
-		var events []event
-		for _, p := range ps {
-			span := [2]uint16{p.PortFrom, p.PortTo}
-			events = append(events, event{p.Addrs.From, span, true})
-			if n := p.Addrs.To.Next(); n.IsValid() {
-				events = append(events, event{n, span, false})
-			}
-		}
-		slices.SortFunc(events, func(a, b event) int { return a.at.Compare(b.at) })
-		type piece struct {
-			from, to netip.Addr
-			ports    [][2]uint16
-		}
-		var pieces []piece
-		active := map[[2]uint16]int{}
-		for i := 0; i < len(events); {
-			c := events[i].at
-			for ; i < len(events) && events[i].at == c; i++ {
-				if events[i].add {
-					active[events[i].span]++
-				} else if active[events[i].span]--; active[events[i].span] == 0 {
-					delete(active, events[i].span)
-				}
-			}
-			to := lastAddr(netip.PrefixFrom(c, 0))
-			if i < len(events) {
-				to = events[i].at.Prev()
-			}
-			spans := make([][2]uint16, 0, len(active))
-			for s := range active {
-				spans = append(spans, s)
-			}
-			spans = mergeSpans(spans)
-			if len(spans) == 0 {
-				continue
-			}
-			if n := len(pieces); n > 0 && pieces[n-1].to.Next() == c && slices.Equal(pieces[n-1].ports, spans) {
-				pieces[n-1].to = to
-				continue
-			}
-			pieces = append(pieces, piece{from: c, to: to, ports: spans})
-		}
-		for _, pc := range pieces {
-			for _, s := range pc.ports {
-				out = append(out, policy.PortRange{Addrs: policy.Range{From: pc.from, To: pc.to}, Proto: g.proto, PortFrom: s[0], PortTo: s[1]})
-			}
-		}
-	}
-	return out
+// builder holds what build gathers on its way.
+type builder struct {
+	def    *tableDef
+	opt    buildOptions
+	polIDs map[string]bool
+	known  []netip.Addr
+	// vmaps and portVmaps are the verdict maps' elements by map name;
+	// taken, the addresses a map holds already
+	vmaps, portVmaps     map[string][]nftables.SetElement
+	taken                map[string]map[netip.Addr]bool
+	podChains, polChains []chainDef
 }
 
-// mergeSpans sorts port spans and merges those that overlap or touch.
-func mergeSpans(in [][2]uint16) [][2]uint16 {
-	slices.SortFunc(in, func(a, b [2]uint16) int {
-		if a[0] != b[0] {
-			return int(a[0]) - int(b[0])
+// build is the content of the table for rs. It fails on a Ruleset that
+// cannot be written: a pod jumping to a policy chain it does not hold, a
+// name nft refuses. cache (nil: none) is read, and replaced by what this
+// build made when it succeeds.
+func build(rs policy.Ruleset, opt buildOptions, cache *buildCache) (*tableDef, error) {
+	b := &builder{def: &tableDef{pods: map[string]CounterKey{}}, opt: opt, polIDs: map[string]bool{},
+		known: sortedAddrs(rs.Known), vmaps: map[string][]nftables.SetElement{},
+		portVmaps: map[string][]nftables.SetElement{}, taken: map[string]map[netip.Addr]bool{}}
+	pods := slices.Clone(rs.Pods)
+	slices.SortFunc(pods, func(a, b policy.PodChains) int { return strings.Compare(a.ID, b.ID) })
+	pols := slices.Clone(rs.Policies)
+	slices.SortFunc(pols, func(a, b policy.PolicyChain) int { return strings.Compare(a.ID, b.ID) })
+	for _, p := range pols {
+		if err := checkName(p.ID); err != nil {
+			return nil, fmt.Errorf("policy chain %s/%s %s: %w", p.Namespace, p.Name, p.Direction, err)
 		}
-		return int(a[1]) - int(b[1])
-	})
-	var out [][2]uint16
-	for _, s := range in {
-		if n := len(out); n > 0 && uint32(s[0]) <= uint32(out[n-1][1])+1 {
-			out[n-1][1] = max(out[n-1][1], s[1])
+		if b.polIDs[p.ID] {
+			return nil, fmt.Errorf("policy chain ID %q twice", p.ID)
+		}
+		b.polIDs[p.ID] = true
+	}
+	for i, p := range pods {
+		if err := checkName(p.ID); err != nil {
+			return nil, fmt.Errorf("pod %s/%s: %w", p.Namespace, p.Name, err)
+		}
+		if i > 0 && pods[i-1].ID == p.ID {
+			return nil, fmt.Errorf("pod ID %q twice", p.ID)
+		}
+		if err := b.pod(p); err != nil {
+			return nil, err
+		}
+	}
+	if err := b.sets(rs); err != nil {
+		return nil, err
+	}
+	built := map[string]builtPolicy{}
+	for _, p := range pols {
+		built[p.ID] = b.policy(p, cache)
+	}
+	def := b.def
+	def.chains = slices.Concat(baseChains(), b.polChains, b.podChains)
+	for _, c := range def.chains {
+		if len(c.chain.Name) >= unix.NFT_NAME_MAXLEN {
+			return nil, fmt.Errorf("chain name %q too long", c.chain.Name)
+		}
+	}
+	for _, s := range def.sets {
+		if len(s.name) >= unix.NFT_NAME_MAXLEN {
+			return nil, fmt.Errorf("set name %q too long", s.name)
+		}
+	}
+	if cache != nil {
+		cache.opt, cache.pols = opt, built
+	}
+	return def, nil
+}
+
+// pod adds p's chains (one per direction it is isolated in or jumps
+// from), their counters and the verdict maps' elements that lead there.
+func (b *builder) pod(p policy.PodChains) error {
+	addrs := sortedAddrs(p.Addrs)
+	b.known = append(b.known, addrs...) // a compiled pod is known
+	for _, d := range []policy.Direction{policy.Ingress, policy.Egress} {
+		isolated, jumps := p.IngressIsolated, p.Ingress
+		if d == policy.Egress {
+			isolated, jumps = p.EgressIsolated, p.Egress
+		}
+		if !isolated && len(jumps) == 0 {
 			continue
 		}
-		out = append(out, s)
+		c, err := b.podChain(p, d, addrs, jumps)
+		if err != nil {
+			return err
+		}
+		name := c.chain.Name
+		b.podChains = append(b.podChains, c)
+		b.def.counters = append(b.def.counters, name)
+		b.def.pods[name] = CounterKey{PodID: p.ID, Direction: d}
+		for _, port := range p.Ports {
+			m := portMapName(d)
+			b.portVmaps[m] = append(b.portVmaps[m], nftables.SetElement{Key: ifnameKey(port),
+				VerdictData: &expr.Verdict{Kind: expr.VerdictJump, Chain: name}})
+		}
+		for _, a := range addrs {
+			m := mapName(d, a.Is6())
+			if b.taken[m] == nil {
+				b.taken[m] = map[netip.Addr]bool{}
+			}
+			if b.taken[m][a] {
+				continue // two pods with one address: the first keeps it
+			}
+			b.taken[m][a] = true
+			b.vmaps[m] = append(b.vmaps[m], nftables.SetElement{Key: a.AsSlice(),
+				VerdictData: &expr.Verdict{Kind: expr.VerdictJump, Chain: name}})
+		}
 	}
-	return out
+	return nil
+}
+
+// podChain is p's chain for direction d: its own addresses accepted, a
+// jump to each policy chain, the drop (logged with LogDrops) counted.
+func (b *builder) podChain(p policy.PodChains, d policy.Direction, addrs []netip.Addr, jumps []string) (chainDef, error) {
+	name := PodChain(p.ID, d)
+	c := chainDef{chain: nftables.Chain{Name: name}}
+	var sig strings.Builder
+	fmt.Fprintf(&sig, "pod %s %v %v", d, addrs, p.Ports)
+	// a pod cannot block itself (a Service hairpin): its own address as
+	// the peer is accepted before any policy
+	for _, a := range addrs {
+		c.rules = append(c.rules, nftutil.Join(nfproto(a.Is6()), []expr.Any{
+			loadAddr(a.Is6(), d == policy.Ingress, unix.NFT_REG_1),
+			&expr.Cmp{Op: expr.CmpOpEq, Register: unix.NFT_REG_1, Data: a.AsSlice()},
+			&expr.Verdict{Kind: expr.VerdictAccept},
+		}))
+	}
+	seen := map[string]bool{}
+	for _, j := range jumps {
+		if !b.polIDs[j] {
+			return chainDef{}, fmt.Errorf("pod %s/%s jumps to policy chain %q, which the ruleset lacks", p.Namespace, p.Name, j)
+		}
+		if seen[j] {
+			continue
+		}
+		seen[j] = true
+		c.rules = append(c.rules, []expr.Any{&expr.Verdict{Kind: expr.VerdictJump, Chain: PolicyChain(j)}})
+		sig.WriteString(" " + j)
+	}
+	if b.opt.logDrops {
+		c.rules = append(c.rules, dropLog(p, d, b.opt.logRate))
+		fmt.Fprintf(&sig, " log %d %s/%s", b.opt.logRate, p.Namespace, p.Name)
+	}
+	c.sig = sig.String()
+	c.rules = append(c.rules, []expr.Any{
+		&expr.Objref{Type: int(nftables.ObjTypeCounter), Name: name},
+		&expr.Verdict{Kind: expr.VerdictDrop},
+	})
+	return c, nil
+}
+
+// sets adds the counters' last one and the table's own sets and maps:
+// local pod CIDRs, known addresses, the verdict maps, the ports.
+func (b *builder) sets(rs policy.Ruleset) error {
+	def := b.def
+	slices.SortFunc(b.known, netip.Addr.Compare)
+	known := slices.Compact(b.known)
+	def.counters = append(def.counters, CounterUnknown)
+	slices.Sort(def.counters)
+	local := policy.PrefixRanges(rs.LocalPodCIDRs)
+	for _, v6 := range []bool{false, true} {
+		def.sets = append(def.sets,
+			setDef{name: famName(setLocal, v6), kind: kindInterval, v6: v6, elems: rangeElements(local, v6)},
+			setDef{name: famName(setKnown, v6), kind: kindAddrs, v6: v6, elems: nftutil.AddrElements(known, v6)},
+		)
+	}
+	for _, d := range []policy.Direction{policy.Ingress, policy.Egress} {
+		for _, v6 := range []bool{false, true} {
+			m := mapName(d, v6)
+			def.sets = append(def.sets, setDef{name: m, kind: kindVmap, v6: v6, elems: b.vmaps[m]})
+		}
+	}
+	ports, err := ifnameElements(rs.Ports)
+	if err != nil {
+		return err
+	}
+	def.sets = append(def.sets, setDef{name: setPorts, kind: kindIfnames, elems: ports})
+	for _, d := range []policy.Direction{policy.Ingress, policy.Egress} {
+		m := portMapName(d)
+		elems := b.portVmaps[m]
+		slices.SortFunc(elems, func(a, b nftables.SetElement) int { return bytes.Compare(a.Key, b.Key) })
+		elems = slices.CompactFunc(elems, func(a, b nftables.SetElement) bool { return bytes.Equal(a.Key, b.Key) })
+		def.sets = append(def.sets, setDef{name: m, kind: kindIfVmap, elems: elems})
+	}
+	return nil
+}
+
+// policy adds p's chain and sets, from cache when p is the one built
+// before, and returns what it added.
+func (b *builder) policy(p policy.PolicyChain, cache *buildCache) builtPolicy {
+	if cache != nil && cache.opt == b.opt {
+		if c, ok := cache.pols[p.ID]; ok && c.pc.Equal(p) {
+			b.def.sets = append(b.def.sets, c.sets...)
+			b.polChains = append(b.polChains, c.chain)
+			return c
+		}
+	}
+	firstSet := len(b.def.sets)
+	c := chainDef{chain: nftables.Chain{Name: PolicyChain(p.ID)}}
+	var sig strings.Builder
+	sig.WriteString("policy " + string(p.Direction))
+	for i, r := range p.Rules {
+		if r.AnyPeer && r.AnyPort {
+			c.rules = append(c.rules, []expr.Any{&expr.Verdict{Kind: expr.VerdictAccept}})
+			fmt.Fprintf(&sig, " r%d:any", i)
+			continue
+		}
+		for _, v6 := range []bool{false, true} {
+			if rule := b.ruleOf(p, i, v6); rule != nil {
+				c.rules = append(c.rules, rule)
+				fmt.Fprintf(&sig, " r%d:%t/%t/%t", i, v6, r.AnyPeer, r.AnyPort)
+			}
+		}
+	}
+	c.sig = sig.String()
+	b.polChains = append(b.polChains, c)
+	return builtPolicy{pc: clonePolicyChain(p), chain: c, sets: slices.Clone(b.def.sets[firstSet:])}
+}
+
+// ruleOf is rule i of p for the family v6 says, its sets added; nil: a
+// family whose peers or ports set would be empty can match nothing, so it
+// gets no rule and no sets (an IPv4-only cluster's policies get no IPv6
+// rules, which halves the sets to write and to read back). The rule's
+// ranges are canonical by contract (policy.Rule: merged peers, disjoint
+// ports) and taken as they are.
+func (b *builder) ruleOf(p policy.PolicyChain, i int, v6 bool) []expr.Any {
+	r := p.Rules[i]
+	var peerElems, portElems []nftables.SetElement
+	if !r.AnyPeer {
+		if peerElems = rangeElements(r.Peers, v6); len(peerElems) == 0 {
+			return nil
+		}
+	}
+	if !r.AnyPort {
+		if portElems = portElements(r.Ports, v6); len(portElems) == 0 {
+			return nil
+		}
+	}
+	rule := nfproto(v6)
+	if !r.AnyPeer {
+		name := ruleSetName(p.ID, i, "peers", v6)
+		b.def.sets = append(b.def.sets, setDef{name: name, kind: kindInterval, v6: v6, elems: peerElems})
+		rule = append(rule,
+			loadAddr(v6, p.Direction == policy.Ingress, unix.NFT_REG_1),
+			&expr.Lookup{SourceRegister: unix.NFT_REG_1, SetName: name})
+	}
+	if !r.AnyPort {
+		name := ruleSetName(p.ID, i, "ports", v6)
+		b.def.sets = append(b.def.sets, setDef{name: name, kind: kindPorts, v6: v6, elems: portElems})
+		rule = append(rule, loadPortKey(v6)...)
+		rule = append(rule, &expr.Lookup{SourceRegister: unix.NFT_REG_1, SetName: name})
+	}
+	return append(rule, &expr.Verdict{Kind: expr.VerdictAccept})
 }

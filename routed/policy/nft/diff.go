@@ -1,0 +1,335 @@
+package nft
+
+// The incremental write: the difference between the table the kernel
+// holds (the last tableDef written) and the next one, in one transaction.
+
+import (
+	"bytes"
+	"fmt"
+	"reflect"
+	"slices"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
+
+	"github.com/podnet/podnet/internal/nftutil"
+)
+
+// writeDiff writes the difference between w.last and def in one
+// transaction (tableDiff.queue has its order) and reads back what it
+// changed.
+func (w *Writer) writeDiff(def *tableDef) (Stats, error) {
+	old := w.last
+	c, err := w.nft()
+	if err != nil {
+		return Stats{}, err
+	}
+	d := newTableDiff(old, def)
+	st, err := d.queue(c)
+	if err != nil {
+		return st, err
+	}
+	if st.Elements+st.Chains+st.Sets == 0 && slices.Equal(old.counters, def.counters) {
+		w.last = def
+		return st, nil
+	}
+	g0, err := nftutil.Generation(w.conn.Netlink())
+	if err != nil {
+		return st, err
+	}
+	w.seq++
+	if err := c.Flush(); err != nil {
+		return st, fmt.Errorf("update nftables table %s: %w", TableName, err)
+	}
+	p := d.patch()
+	return st, w.readBack(def, g0, &p)
+}
+
+// tableDiff is what changes from old to def, indexed by name.
+type tableDiff struct {
+	old, def                 *tableDef
+	oldSets, newSets         map[string]setDef
+	oldChains, newChains     map[string]chainDef
+	oldCounters, newCounters map[string]bool
+	// rewrite are the chains that come or whose rules change
+	rewrite []chainDef
+}
+
+func newTableDiff(old, def *tableDef) *tableDiff {
+	return &tableDiff{old: old, def: def,
+		oldSets: setIndex(old.sets), newSets: setIndex(def.sets),
+		oldChains: chainIndex(old.chains), newChains: chainIndex(def.chains),
+		oldCounters: nameSet(old.counters), newCounters: nameSet(def.counters)}
+}
+
+func nameSet(names []string) map[string]bool {
+	m := make(map[string]bool, len(names))
+	for _, n := range names {
+		m[n] = true
+	}
+	return m
+}
+
+// sameSet tells whether a set of one name stays (same kind and family):
+// else it is deleted and created.
+func sameSet(a, b setDef) bool { return a.kind == b.kind && a.v6 == b.v6 }
+
+// elemOp adds or deletes elements of a set that stays.
+type elemOp struct {
+	d   setDef
+	e   []nftables.SetElement
+	del bool
+}
+
+// elementOps are the element changes of the sets that stay: deletions
+// (maps' first: the jumps to pod chains) and additions (maps' last).
+func (d *tableDiff) elementOps() (dels, adds []elemOp) {
+	for _, s := range d.def.sets {
+		o, ok := d.oldSets[s.name]
+		if !ok || !sameSet(o, s) || sameElements(o.elems, s.elems) {
+			continue
+		}
+		del, add := nftutil.Changes(o.elems, s.elems)
+		if len(del) > 0 {
+			dels = append(dels, elemOp{s, del, true})
+		}
+		if len(add) > 0 {
+			adds = append(adds, elemOp{s, add, false})
+		}
+	}
+	slices.SortStableFunc(dels, func(a, b elemOp) int { return kindOrder(b.d.kind) - kindOrder(a.d.kind) })
+	slices.SortStableFunc(adds, func(a, b elemOp) int { return kindOrder(a.d.kind) - kindOrder(b.d.kind) })
+	return dels, adds
+}
+
+// queue queues the difference on c, ordered so that nothing is deleted
+// while still used and nothing is used before it exists:
+//  1. elements deleted (map elements first: the jumps to pod chains);
+//  2. chains that change or go flushed, then those that go deleted;
+//  3. sets and counters that go deleted (no rule uses them any more);
+//  4. counters, sets (with their elements) and chains that come created;
+//  5. the rules of chains that come or change;
+//  6. elements added to sets that stay (map elements last).
+func (d *tableDiff) queue(c *nftables.Conn) (Stats, error) {
+	var st Stats
+	t := table()
+	dels, adds := d.elementOps()
+	if err := queueOps(c, t, dels, &st); err != nil {
+		return st, err
+	}
+	if err := d.queueChainsGoing(c, t, &st); err != nil {
+		return st, err
+	}
+	d.queueGoing(c, t, &st)
+	chains, ids, err := d.queueComing(c, t, &st)
+	if err != nil {
+		return st, err
+	}
+	for _, ch := range d.rewrite {
+		nftutil.AddRules(c, chains[ch.chain.Name], ch.rules, nil, ids)
+	}
+	return st, queueOps(c, t, adds, &st)
+}
+
+func queueOps(c *nftables.Conn, t *nftables.Table, ops []elemOp, st *Stats) error {
+	for _, o := range ops {
+		if err := nftutil.QueueElements(c, o.d.set(t), o.e, o.del, setElementsPerMessage); err != nil {
+			return err
+		}
+		st.Elements += len(o.e)
+	}
+	return nil
+}
+
+// queueChainsGoing finds the chains to rewrite (d.rewrite), flushes those
+// that change or go and deletes those that go.
+func (d *tableDiff) queueChainsGoing(c *nftables.Conn, t *nftables.Table, st *Stats) error {
+	for _, ch := range d.def.chains {
+		o, ok := d.oldChains[ch.chain.Name]
+		switch {
+		case !ok:
+			d.rewrite = append(d.rewrite, ch)
+		case !reflect.DeepEqual(o.chain, ch.chain):
+			return fmt.Errorf("chain %s changed type: a full write is needed", ch.chain.Name)
+		case o.sig != ch.sig:
+			c.FlushChain(inTable(ch.chain, t))
+			d.rewrite = append(d.rewrite, ch)
+		}
+	}
+	var going []*nftables.Chain
+	for _, o := range d.old.chains {
+		if _, ok := d.newChains[o.chain.Name]; !ok {
+			ch := inTable(o.chain, t)
+			c.FlushChain(ch)
+			going = append(going, ch)
+		}
+	}
+	for _, ch := range going {
+		c.DelChain(ch)
+		st.Chains++
+	}
+	return nil
+}
+
+func inTable(ch nftables.Chain, t *nftables.Table) *nftables.Chain {
+	ch.Table = t
+	return &ch
+}
+
+// queueGoing deletes the sets and counters that go.
+func (d *tableDiff) queueGoing(c *nftables.Conn, t *nftables.Table, st *Stats) {
+	for _, o := range d.old.sets {
+		if s, ok := d.newSets[o.name]; !ok || !sameSet(o, s) {
+			c.DelSet(o.set(t))
+			st.Sets++
+		}
+	}
+	for _, n := range d.old.counters {
+		if !d.newCounters[n] {
+			c.DeleteObject(&nftables.NamedObj{Table: t, Name: n, Type: nftables.ObjTypeCounter})
+		}
+	}
+}
+
+// queueComing creates the counters, sets (with their elements) and
+// chains that come; it returns the chains to write rules in and the IDs
+// of the sets created.
+func (d *tableDiff) queueComing(c *nftables.Conn, t *nftables.Table, st *Stats) (map[string]*nftables.Chain, map[string]uint32, error) {
+	for _, n := range d.def.counters {
+		if !d.oldCounters[n] {
+			c.AddObj(&nftables.NamedObj{Table: t, Name: n, Type: nftables.ObjTypeCounter, Obj: &expr.Counter{}})
+		}
+	}
+	ids := map[string]uint32{}
+	for _, s := range d.def.sets {
+		if o, ok := d.oldSets[s.name]; ok && sameSet(o, s) {
+			continue
+		}
+		set := s.set(t)
+		if err := c.AddSet(set, nil); err != nil {
+			return nil, nil, fmt.Errorf("nftables set %s: %w", s.name, err)
+		}
+		ids[set.Name] = set.ID
+		if err := nftutil.QueueElements(c, set, s.elems, false, setElementsPerMessage); err != nil {
+			return nil, nil, err
+		}
+		st.Sets++
+		st.Elements += len(s.elems)
+	}
+	chains := map[string]*nftables.Chain{}
+	for _, ch := range d.rewrite {
+		chains[ch.chain.Name] = inTable(ch.chain, t)
+		if _, ok := d.oldChains[ch.chain.Name]; !ok {
+			chains[ch.chain.Name] = c.AddChain(chains[ch.chain.Name])
+		}
+		st.Chains++
+	}
+	return chains, ids, nil
+}
+
+// patch is what the read-back reads again after the difference.
+func (d *tableDiff) patch() nftutil.Patch {
+	var p nftutil.Patch
+	for _, o := range d.old.chains {
+		if _, ok := d.newChains[o.chain.Name]; !ok {
+			p.Gone = append(p.Gone, "chain "+o.chain.Name)
+		}
+	}
+	for _, ch := range d.rewrite {
+		if _, ok := d.oldChains[ch.chain.Name]; !ok {
+			p.Chains = append(p.Chains, ch.chain.Name)
+		}
+		p.Rules = append(p.Rules, ch.chain.Name)
+	}
+	for _, o := range d.old.sets {
+		if s, ok := d.newSets[o.name]; !ok || !sameSet(o, s) {
+			p.Gone = append(p.Gone, "set "+o.name)
+		}
+	}
+	for _, s := range d.def.sets {
+		if o, ok := d.oldSets[s.name]; !ok || !sameSet(o, s) {
+			p.Sets = append(p.Sets, s.name)
+		}
+	}
+	for _, n := range d.old.counters {
+		if !d.newCounters[n] {
+			p.Gone = append(p.Gone, "object "+n)
+		}
+	}
+	for _, n := range d.def.counters {
+		if !d.oldCounters[n] {
+			p.Counters = append(p.Counters, n)
+		}
+	}
+	return p
+}
+
+func kindOrder(k setKind) int {
+	if k.isMap() {
+		return 1
+	}
+	return 0
+}
+
+func setIndex(sets []setDef) map[string]setDef {
+	m := make(map[string]setDef, len(sets))
+	for _, s := range sets {
+		m[s.name] = s
+	}
+	return m
+}
+
+func chainIndex(chains []chainDef) map[string]chainDef {
+	m := make(map[string]chainDef, len(chains))
+	for _, c := range chains {
+		m[c.chain.Name] = c
+	}
+	return m
+}
+
+// defDiff says how two table contents differ ("" when they do not).
+func defDiff(a, b *tableDef) string {
+	if !slices.Equal(a.counters, b.counters) {
+		return "counters"
+	}
+	as, bs := setIndex(a.sets), setIndex(b.sets)
+	if len(as) != len(bs) {
+		return "sets"
+	}
+	for n, s := range as {
+		o, ok := bs[n]
+		if !ok || !sameSet(o, s) {
+			return "set " + n
+		}
+		if sameElements(s.elems, o.elems) {
+			continue
+		}
+		if del, add := nftutil.Changes(s.elems, o.elems); len(del)+len(add) > 0 {
+			return "set " + n + " elements"
+		}
+	}
+	if len(a.chains) != len(b.chains) {
+		return "chains"
+	}
+	for i := range a.chains {
+		if a.chains[i].sig != b.chains[i].sig || !reflect.DeepEqual(a.chains[i].chain, b.chains[i].chain) {
+			return "chain " + a.chains[i].chain.Name
+		}
+	}
+	return ""
+}
+
+// sameElements tells whether two lists of elements built by build are
+// the same, in the same order (build sorts them): the common case of a
+// set an update does not touch, without making keys of its elements.
+func sameElements(a, b []nftables.SetElement) bool {
+	return slices.EqualFunc(a, b, func(x, y nftables.SetElement) bool {
+		if x.IntervalEnd != y.IntervalEnd || !bytes.Equal(x.Key, y.Key) || !bytes.Equal(x.KeyEnd, y.KeyEnd) {
+			return false
+		}
+		if x.VerdictData == nil || y.VerdictData == nil {
+			return x.VerdictData == y.VerdictData
+		}
+		return *x.VerdictData == *y.VerdictData
+	})
+}

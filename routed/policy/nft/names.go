@@ -1,0 +1,159 @@
+package nft
+
+// The layout of table inet podnet-policy and the names of its chains,
+// sets and counters.
+
+import (
+	"bytes"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/google/nftables"
+	"golang.org/x/sys/unix"
+
+	"github.com/podnet/podnet/routed/policy"
+)
+
+// The table a Ruleset becomes (policy's package comment has the design):
+//
+//	table inet podnet-policy {
+//	  counter unknown_dropped                 packets of unknown local pod addresses
+//	  counter pod-<ID>-in, pod-<ID>-eg        each pod chain's drops
+//	  set local4, local6 (interval)           LocalPodCIDRs
+//	  set known4, known6                      Known (and every address of Pods)
+//	  map ingress4, ingress6, egress4, egress6 { ipv4_addr|ipv6_addr : verdict }
+//	                                          local pod address : jump pod-<ID>-in|eg
+//	  set pol-<ID>-r<N>-peers4|6 (interval)   a rule's peers
+//	  set pol-<ID>-r<N>-ports4|6 { ipv4_addr . inet_proto . inet_service } (interval)
+//	                                          a rule's (daddr . l4proto . dport)
+//	  chain egress-fwd { type filter hook forward priority filter - 1; policy accept;
+//	    ct state established,related accept
+//	    meta l4proto tcp ct state new tcp flags & (fin|syn|rst|ack) != syn ip saddr|daddr @ingress4|@egress4 drop
+//	                                          (egress, and ip6: no mid-stream pickup for isolated pods, see baseRules)
+//	    meta nfproto ipv6 meta l4proto icmpv6 icmpv6 type 133-136 accept   (neighbor discovery)
+//	    meta nfproto ipv4 ip saddr @local4 ip saddr != @known4 counter unknown_dropped drop   (and ip6)
+//	    meta nfproto ipv4 ip saddr vmap @egress4                                              (and ip6)
+//	  }
+//	  chain egress-in { type filter hook input priority filter - 1; the same rules }
+//	  chain ingress-fwd { type filter hook forward priority filter; the same on daddr,
+//	                      with the ingress maps }
+//	  chain pod-<ID>-in|eg { jump pol-<P> ...; counter pod-<ID>-in|eg drop }
+//	  chain pol-<ID> {                        per rule, per family:
+//	    meta nfproto ipv4 ip saddr|daddr @pol-<ID>-r<N>-peers4
+//	      ip daddr . meta l4proto . th dport @pol-<ID>-r<N>-ports4 accept
+//	    (AnyPeer: no peer lookup; AnyPort: no port lookup; both: one "accept";
+//	    no rule and no sets for a family whose peers or ports set would be
+//	    empty: it could match nothing)
+//	  }
+//	}
+//
+// Ingress judges the source (the peer) and the local pod's port; egress
+// the destination (the peer) and its port: the ports set's address is
+// always the packet's destination. The protocol is part of the ports
+// key, so ICMP (or anything not TCP, UDP, SCTP) never matches a rule with
+// ports, and a rule without ports matches it. The meta nfproto match
+// before each address load is the dependency nft adds by itself to
+// "ip saddr" in an inet table and google/nftables does not; the
+// transport header load fails (the rule does not match) on a packet
+// without one.
+const (
+	// TableName is the table's name (family inet).
+	TableName = "podnet-policy"
+
+	chainEgressFwd  = "egress-fwd"
+	chainEgressIn   = "egress-in"
+	chainIngressFwd = "ingress-fwd"
+	// CounterUnknown counts the packets dropped because their local pod
+	// address (inside LocalPodCIDRs) is not Known.
+	CounterUnknown = "unknown_dropped"
+
+	setLocal = "local"
+	setKnown = "known"
+	// setPorts holds the routed host veths of the pods the engine knows;
+	// mapIngressPorts and mapEgressPorts jump from an isolated pod's host
+	// veth to its chain.
+	setPorts        = "ports"
+	mapIngressPorts = "ingress-ports"
+	mapEgressPorts  = "egress-ports"
+)
+
+// Priorities of the base chains: egress just before the filter priority,
+// ingress at it, so that a packet between two local pods is judged as its
+// sender's egress, then as its receiver's ingress.
+var (
+	priorityEgress  = nftables.ChainPriorityRef(*nftables.ChainPriorityFilter - 1)
+	priorityIngress = nftables.ChainPriorityRef(*nftables.ChainPriorityFilter)
+)
+
+// PodChain is the name of a pod's chain (and counter) for a direction.
+func PodChain(id string, d policy.Direction) string {
+	if d == policy.Ingress {
+		return "pod-" + id + "-in"
+	}
+	return "pod-" + id + "-eg"
+}
+
+// PolicyChain is the name of a policy's chain.
+func PolicyChain(id string) string { return "pol-" + id }
+
+func mapName(d policy.Direction, v6 bool) string {
+	base := "egress"
+	if d == policy.Ingress {
+		base = "ingress"
+	}
+	return famName(base, v6)
+}
+
+func portMapName(d policy.Direction) string {
+	if d == policy.Ingress {
+		return mapIngressPorts
+	}
+	return mapEgressPorts
+}
+
+// ifnameKey is an interface name as nftables keys it (meta iifname: 16
+// bytes, zero-padded).
+func ifnameKey(name string) []byte {
+	k := make([]byte, unix.IFNAMSIZ)
+	copy(k, name)
+	return k
+}
+
+// ifnameElements are the set elements of names, sorted; a name that is
+// no interface name is refused.
+func ifnameElements(names []string) ([]nftables.SetElement, error) {
+	var out []nftables.SetElement
+	for _, n := range names {
+		if n == "" || len(n) >= unix.IFNAMSIZ || strings.ContainsAny(n, "/ \x00") {
+			return nil, fmt.Errorf("%q is not an interface name", n)
+		}
+		out = append(out, nftables.SetElement{Key: ifnameKey(n)})
+	}
+	slices.SortFunc(out, func(a, b nftables.SetElement) int { return bytes.Compare(a.Key, b.Key) })
+	return slices.CompactFunc(out, func(a, b nftables.SetElement) bool { return bytes.Equal(a.Key, b.Key) }), nil
+}
+
+func famName(base string, v6 bool) string {
+	if v6 {
+		return base + "6"
+	}
+	return base + "4"
+}
+
+func ruleSetName(polID string, rule int, kind string, v6 bool) string {
+	return famName(fmt.Sprintf("pol-%s-r%d-%s", polID, rule, kind), v6)
+}
+
+// checkName refuses an ID nft could not take in a name.
+func checkName(id string) error {
+	if id == "" {
+		return fmt.Errorf("empty ID")
+	}
+	for _, r := range id {
+		if r < 0x21 || r > 0x7e || r == '"' || r == '\\' {
+			return fmt.Errorf("ID %q: not a printable ASCII name", id)
+		}
+	}
+	return nil
+}
