@@ -93,12 +93,12 @@ func FreeHost(o Owner, links []netlink.Link) (int, error) {
 			if !ok || got != o || cur.Attrs().Name != l.Attrs().Name {
 				continue // not the link we listed any more
 			}
-			if err := netlink.LinkDel(cur); err != nil && !isNotFound(err) {
+			if err := netlink.LinkDel(cur); err != nil && !LinkGone(err) {
 				errs = append(errs, fmt.Errorf("delete veth %s of container %s: %w", l.Attrs().Name, o.ContainerID, err))
 				continue
 			}
 			deleted++
-		} else if !isNotFound(err) {
+		} else if !LinkGone(err) {
 			errs = append(errs, fmt.Errorf("look up veth %s (index %d): %w", l.Attrs().Name, index, err))
 			continue
 		}
@@ -131,7 +131,9 @@ func guardOf(l netlink.Link) podfilter.Guard {
 	return podfilter.Routed
 }
 
-func isNotFound(err error) bool {
+// LinkGone tells whether err says a link (or its namespace's object) is
+// not there: the state DEL and rollbacks accept as done.
+func LinkGone(err error) bool {
 	var lnf netlink.LinkNotFoundError
 	return errors.As(err, &lnf) || errors.Is(err, unix.ENODEV) || errors.Is(err, unix.ENOENT)
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/podnet/podnet/internal/attachment"
 	"github.com/podnet/podnet/internal/contract"
 )
 
@@ -167,7 +168,4 @@ func deletePodLink(netnsPath, ifName string, owner Owner) error {
 	})
 }
 
-func isNotFound(err error) bool {
-	var lnf netlink.LinkNotFoundError
-	return errors.As(err, &lnf) || errors.Is(err, unix.ENODEV) || errors.Is(err, unix.ENOENT)
-}
+func isNotFound(err error) bool { return attachment.LinkGone(err) }

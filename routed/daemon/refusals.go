@@ -43,17 +43,7 @@ func newRefusals(self string, log *slog.Logger, events *kube.EventSink, gauge fu
 // names is nil: after a full apply). exists tells a refused Node that is
 // fixed from one that was deleted.
 func (r *refusals) sync(now map[string]desired.Refusal, names []string, exists func(string) bool) {
-	if names == nil {
-		for name := range r.reported {
-			names = append(names, name)
-		}
-		for name := range now {
-			if _, ok := r.reported[name]; !ok {
-				names = append(names, name)
-			}
-		}
-	}
-	for _, name := range names {
+	for _, name := range namesToSync(r.reported, now, names) {
 		was, had := r.reported[name]
 		cur, has := now[name]
 		switch {
@@ -107,17 +97,7 @@ func newFamilyNotes(r *refusals, gauge func(int)) *familyNotes {
 // sync reports the notes of now for the Nodes named (all Nodes when names
 // is nil: after a full apply).
 func (f *familyNotes) sync(now map[string]string, names []string) {
-	if names == nil {
-		for name := range f.reported {
-			names = append(names, name)
-		}
-		for name := range now {
-			if _, ok := f.reported[name]; !ok {
-				names = append(names, name)
-			}
-		}
-	}
-	for _, name := range names {
+	for _, name := range namesToSync(f.reported, now, names) {
 		was, had := f.reported[name]
 		cur, has := now[name]
 		switch {
@@ -140,4 +120,21 @@ func (d *Daemon) NodeEvent(typ, reason, msg string) {
 	if d.events != nil {
 		d.events.Node(d.cfg.NodeName, typ, reason, fmt.Sprintf("podnet-routed on %s: %s", d.cfg.NodeName, msg))
 	}
+}
+
+// namesToSync is names, or when it is nil (a full apply) every Node that
+// was reported or is now.
+func namesToSync[V any](reported, now map[string]V, names []string) []string {
+	if names != nil {
+		return names
+	}
+	for name := range reported {
+		names = append(names, name)
+	}
+	for name := range now {
+		if _, ok := reported[name]; !ok {
+			names = append(names, name)
+		}
+	}
+	return names
 }
