@@ -52,7 +52,7 @@ type DropKey struct {
 	Direction policy.Direction
 }
 
-// Events posts Kubernetes Events about NetworkPolicies (daemon.PolicyEvents:
+// Events posts Kubernetes Events about NetworkPolicies (kube.PolicyEvents:
 // one per cluster, whichever node posts first).
 type Events interface {
 	Policy(namespace, name string, uid types.UID, typ, reason, message string)
