@@ -49,32 +49,30 @@ const dumpAttempts = 20
 // miss links (netlinksafe hands one back after a few tries): whoever
 // frees what it does not find listed must never see a partial list.
 func CompleteLinkList() ([]netlink.Link, error) {
-	for range dumpAttempts {
-		links, err := netlink.LinkList() //nolint:forbidigo // retried here, never partial
-		if errors.Is(err, netlink.ErrDumpInterrupted) {
-			continue
-		}
-		if err != nil {
-			return nil, fmt.Errorf("list links: %w", err)
-		}
-		return links, nil
-	}
-	return nil, fmt.Errorf("list links: the kernel interrupted %d dumps in a row (links changing fast); try again later", dumpAttempts)
+	return completeDump("links", netlink.LinkList) //nolint:forbidigo // retried there, never partial
 }
 
 // CompleteRouteList is RouteListFiltered with the same guarantee.
 func CompleteRouteList(family int, filter *netlink.Route, mask uint64) ([]netlink.Route, error) {
+	return completeDump("routes", func() ([]netlink.Route, error) {
+		return netlink.RouteListFiltered(family, filter, mask) //nolint:forbidigo // retried there, never partial
+	})
+}
+
+// completeDump runs a netlink dump of what until the kernel answers it
+// whole, dumpAttempts times at most.
+func completeDump[T any](what string, dump func() ([]T, error)) ([]T, error) {
 	for range dumpAttempts {
-		routes, err := netlink.RouteListFiltered(family, filter, mask) //nolint:forbidigo // retried here, never partial
+		out, err := dump()
 		if errors.Is(err, netlink.ErrDumpInterrupted) {
 			continue
 		}
 		if err != nil {
-			return nil, fmt.Errorf("list routes: %w", err)
+			return nil, fmt.Errorf("list %s: %w", what, err)
 		}
-		return routes, nil
+		return out, nil
 	}
-	return nil, fmt.Errorf("list routes: the kernel interrupted %d dumps in a row (routes changing fast); try again later", dumpAttempts)
+	return nil, fmt.Errorf("list %s: the kernel interrupted %d dumps in a row (%s changing fast); try again later", what, dumpAttempts, what)
 }
 
 // FreeHost deletes the attachment's veth ends (as HostLinks listed them)

@@ -18,7 +18,6 @@ package daemon
 
 import (
 	"context"
-	"errors"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -161,63 +160,22 @@ func (d *Daemon) watchNFT(ctx context.Context) {
 	}
 }
 
-// listenNFT subscribes and reads notifications until an error.
+// listenNFT reads the notifications of others' transactions until an
+// error.
 func (d *Daemon) listenNFT(ctx context.Context, signal func(int)) error {
-	conn, err := netlink.Dial(unix.NETLINK_NETFILTER, nil)
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
-	if err := conn.JoinGroup(unix.NFNLGRP_NFTABLES); err != nil {
-		return err
-	}
-	_ = conn.SetReadBuffer(4 << 20)
-	stop := context.AfterFunc(ctx, func() { _ = conn.SetReadDeadline(time.Now()) })
-	defer stop()
-	txn := nftTxn{own: nftutil.OwnPort}
-	for {
-		msgs, err := conn.Receive()
-		if err != nil {
-			if errors.Is(err, unix.ENOBUFS) { // overflowed: anything may have changed
-				signal(nftAll)
-				continue
-			}
-			return err
+	return nftutil.Watch(ctx, func(txn []netlink.Message) {
+		if txn == nil { // overflowed: anything may have changed
+			signal(nftAll)
+			return
 		}
-		for _, m := range msgs {
-			if which := txn.feed(m); which != 0 {
-				signal(which)
-			}
+		which := 0
+		for _, m := range txn {
+			which |= nftChangeMatters(m)
 		}
-	}
-}
-
-// nftTxn gathers the notifications of one nftables transaction: the
-// kernel sends those of each object it changed, then one NFT_MSG_NEWGEN,
-// each with the port ID of the socket that committed it (the NEWGEN's
-// NFTA_GEN_PROC_PID names a thread, in the init pid namespace: useless in
-// a container). A transaction of podnet-routed's
-// own (its own tables' writes and repairs) wakes nothing: it wrote what
-// it wanted, and a read-back of a large policy table costs a CPU for up
-// to a quarter second, which every new pod's write would otherwise cause.
-type nftTxn struct {
-	own     func(portid uint32) bool // one of this process's sockets
-	pending int
-}
-
-// feed reads one notification; at the end of a transaction not this
-// process's own it returns the tables that transaction touched.
-func (t *nftTxn) feed(m netlink.Message) int {
-	if int(m.Header.Type)>>8 == unix.NFNL_SUBSYS_NFTABLES && int(m.Header.Type)&0xff == unix.NFT_MSG_NEWGEN {
-		which := t.pending
-		t.pending = 0
-		if which != 0 && t.own(m.Header.PID) {
-			return 0
+		if which != 0 {
+			signal(which)
 		}
-		return which
-	}
-	t.pending |= nftChangeMatters(m)
-	return 0
+	})
 }
 
 // nftChanged checks (and repairs) the tables which names.
