@@ -1,44 +1,35 @@
 package nftutil
 
 import (
+	"context"
 	"testing"
 	"time"
 
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/containernetworking/plugins/pkg/testutils"
 	"github.com/google/nftables"
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 )
 
-// TestOwnPortNamesTheCommittingSocket: in a throwaway netns, the
-// notifications of a transaction committed on a Conn carry that Conn's
-// port ID (OwnPort true while it is open, false after Close), and those
-// of a transaction committed on another socket do not.
-func TestOwnPortNamesTheCommittingSocket(t *testing.T) {
-	inScratchNetns(t, func() error {
-		mon, err := netlink.Dial(unix.NETLINK_NETFILTER, nil)
-		if err != nil {
-			return err
-		}
-		defer mon.Close()
-		if err := mon.JoinGroup(unix.NFNLGRP_NFTABLES); err != nil {
-			return err
-		}
-		// the port ID of the next NEWGEN heard
-		nextGen := func() uint32 {
-			t.Helper()
-			_ = mon.SetReadDeadline(time.Now().Add(5 * time.Second))
-			for {
-				msgs, err := mon.Receive()
-				if err != nil {
-					t.Fatalf("no NEWGEN heard: %v", err)
-				}
-				for _, m := range msgs {
-					if int(m.Header.Type)&0xff == unix.NFT_MSG_NEWGEN {
-						return m.Header.PID
-					}
-				}
-			}
-		}
+// TestWatchLeavesOwnTransactionsOut: in a throwaway netns, Watch hands
+// over the transaction another socket commits (with its new table) and
+// not the one a Conn commits, whose port ID OwnPort knows while it is
+// open and forgets at Close.
+func TestWatchLeavesOwnTransactionsOut(t *testing.T) {
+	n, err := testutils.NewNS()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = n.Close(); _ = testutils.UnmountNS(n) })
+	err = n.Do(func(ns.NetNS) error {
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		got := make(chan []netlink.Message, 10)
+		go func() {
+			_ = n.Do(func(ns.NetNS) error { return Watch(ctx, func(txn []netlink.Message) { got <- txn }) })
+		}()
+		time.Sleep(200 * time.Millisecond) // subscribed
 		var own Conn
 		c, err := own.Open()
 		if err != nil {
@@ -48,9 +39,6 @@ func TestOwnPortNamesTheCommittingSocket(t *testing.T) {
 		if err := c.Flush(); err != nil {
 			return err
 		}
-		if p := nextGen(); !OwnPort(p) || p != own.port {
-			t.Errorf("own transaction's port %d: OwnPort %v (the Conn's port is %d)", p, OwnPort(p), own.port)
-		}
 		other, err := nftables.New()
 		if err != nil {
 			return err
@@ -59,14 +47,30 @@ func TestOwnPortNamesTheCommittingSocket(t *testing.T) {
 		if err := other.Flush(); err != nil {
 			return err
 		}
-		if p := nextGen(); OwnPort(p) {
-			t.Errorf("another socket's transaction (port %d) taken for the Conn's own", p)
+		select {
+		case txn := <-got:
+			if len(txn) != 1 || int(txn[0].Header.Type)&0xff != unix.NFT_MSG_NEWTABLE || OwnPort(txn[0].Header.PID) {
+				t.Errorf("handed over %d notifications (first %+v), want the other socket's new table alone", len(txn), txn)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("the other socket's transaction was not handed over")
+		}
+		select {
+		case txn := <-got:
+			t.Errorf("a second transaction handed over (the Conn's own?): %+v", txn)
+		case <-time.After(300 * time.Millisecond):
 		}
 		port := own.port
+		if !OwnPort(port) {
+			t.Errorf("the open Conn's port %d is not OwnPort", port)
+		}
 		own.Close()
 		if OwnPort(port) {
 			t.Errorf("port %d still own after Close", port)
 		}
 		return nil
 	})
+	if err != nil {
+		t.Fatal(err)
+	}
 }
