@@ -17,8 +17,9 @@ func (s *State) Compile(node string, localPodCIDRs []netip.Prefix) Ruleset {
 	locals, order := s.localPods(ix, node, &rs)
 	ids := newIDs()
 	s.policyChains(ix, ids, locals, &rs)
+	s.clusterChains(ix, ids, order, &rs)
 	for _, l := range order {
-		if !l.isolated[dirIn] && !l.isolated[dirEg] {
+		if !l.isolated[dirIn] && !l.isolated[dirEg] && !l.tiered() {
 			continue
 		}
 		p := l.e.pod
@@ -34,6 +35,8 @@ func (s *State) Compile(node string, localPodCIDRs []netip.Prefix) Ruleset {
 			Ingress:         l.chains[dirIn],
 			EgressIsolated:  l.isolated[dirEg],
 			Egress:          l.chains[dirEg],
+			Admin:           l.tiers[0],
+			Baseline:        l.tiers[1],
 		})
 	}
 	return rs
@@ -60,6 +63,9 @@ type localPod struct {
 	e        *entry
 	chains   [2][]string
 	isolated [2]bool
+	// tiers are the ClusterNetworkPolicy chains that select the pod:
+	// [0] Admin, [1] Baseline, each by direction, in evaluation order.
+	tiers [2][2][]string
 }
 
 // localPods returns the pods of node, by entry and in namespace/name
@@ -139,6 +145,67 @@ func (s *State) policyChains(ix *index, ids *idSet, locals map[*entry]*localPod,
 			for _, l := range selected {
 				l.isolated[d] = true
 				l.chains[d] = append(l.chains[d], pc.ID)
+			}
+		}
+	}
+}
+
+// tiered tells whether a ClusterNetworkPolicy selects the pod.
+func (l *localPod) tiered() bool {
+	for _, t := range l.tiers {
+		if len(t[0])+len(t[1]) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// clusterChains compiles a chain per direction of each
+// ClusterNetworkPolicy that selects local pods and has rules for that
+// direction (one without ingress rules does not affect ingress), in
+// evaluation order, into rs, and adds it to those pods' tier lists.
+func (s *State) clusterChains(ix *index, ids *idSet, order []*localPod, rs *Ruleset) {
+	for ti, t := range []Tier{TierAdmin, TierBaseline} {
+		for _, c := range s.sortedCNPs(t) {
+			var selected []*localPod
+			for _, l := range order {
+				if c.selectsPod(s, l.e.pod) {
+					selected = append(selected, l)
+				}
+			}
+			if len(selected) == 0 {
+				continue
+			}
+			for d := range 2 {
+				if len(c.rules[d]) == 0 {
+					continue
+				}
+				pc := PolicyChain{
+					ID:        ids.id("cnp/" + c.name + "/" + string(dirs[d])),
+					Name:      c.name,
+					Direction: dirs[d],
+					Tier:      t,
+					Priority:  c.priority,
+				}
+				var targets []*entry
+				if d == dirIn {
+					for _, l := range selected {
+						targets = append(targets, l.e)
+					}
+				}
+				for i := range c.rules[d] {
+					r := &c.rules[d][i]
+					cr := ix.compileRule("", &r.parsedRule, d, targets)
+					if len(r.nodes) > 0 {
+						cr.Peers = unionRanges(cr.Peers, s.nodeRanges(r.nodes))
+					}
+					cr.Action, cr.Name = r.action, r.name
+					pc.Rules = append(pc.Rules, cr)
+				}
+				rs.Policies = append(rs.Policies, pc)
+				for _, l := range selected {
+					l.tiers[ti][d] = append(l.tiers[ti][d], pc.ID)
+				}
 			}
 		}
 	}

@@ -13,9 +13,9 @@ import (
 func TestRulesetEqual(t *testing.T) {
 	for typ, fields := range map[reflect.Type]int{
 		reflect.TypeFor[Ruleset]():     7,
-		reflect.TypeFor[PodChains]():   10,
-		reflect.TypeFor[PolicyChain](): 5,
-		reflect.TypeFor[Rule]():        4,
+		reflect.TypeFor[PodChains]():   12,
+		reflect.TypeFor[PolicyChain](): 7,
+		reflect.TypeFor[Rule]():        6,
 	} {
 		if typ.NumField() != fields {
 			t.Errorf("%s has %d fields, Equal compares %d: teach Equal the new ones", typ, typ.NumField(), fields)
@@ -39,6 +39,9 @@ func TestRulesetEqual(t *testing.T) {
 			p := &c.Pods[i]
 			p.Addrs, p.Ingress, p.Egress = slices.Clone(p.Addrs), slices.Clone(p.Ingress), slices.Clone(p.Egress)
 			p.Ports, p.BridgePorts = slices.Clone(p.Ports), slices.Clone(p.BridgePorts)
+			for d := range 2 {
+				p.Admin[d], p.Baseline[d] = slices.Clone(p.Admin[d]), slices.Clone(p.Baseline[d])
+			}
 		}
 		c.Policies = slices.Clone(rs.Policies)
 		for i := range c.Policies {
@@ -68,6 +71,14 @@ func TestRulesetEqual(t *testing.T) {
 		"ingress jumps":     func(r *Ruleset) { r.Pods[0].Ingress = append(r.Pods[0].Ingress, "x") },
 		"egress isolated":   func(r *Ruleset) { r.Pods[0].EgressIsolated = !r.Pods[0].EgressIsolated },
 		"egress jumps":      func(r *Ruleset) { r.Pods[0].Egress = append(r.Pods[0].Egress, "x") },
+		"admin ingress":     func(r *Ruleset) { r.Pods[0].Admin[0] = append(r.Pods[0].Admin[0], "x") },
+		"admin egress":      func(r *Ruleset) { r.Pods[0].Admin[1] = append(r.Pods[0].Admin[1], "x") },
+		"baseline ingress":  func(r *Ruleset) { r.Pods[0].Baseline[0] = append(r.Pods[0].Baseline[0], "x") },
+		"baseline egress":   func(r *Ruleset) { r.Pods[0].Baseline[1] = append(r.Pods[0].Baseline[1], "x") },
+		"tier":              func(r *Ruleset) { r.Policies[0].Tier = TierAdmin },
+		"priority":          func(r *Ruleset) { r.Policies[0].Priority++ },
+		"action":            func(r *Ruleset) { r.Policies[0].Rules[0].Action = ActionDeny },
+		"rule name":         func(r *Ruleset) { r.Policies[0].Rules[0].Name += "x" },
 		"policy gone":       func(r *Ruleset) { r.Policies = r.Policies[1:] },
 		"policy ID":         func(r *Ruleset) { r.Policies[0].ID += "x" },
 		"policy namespace":  func(r *Ruleset) { r.Policies[0].Namespace += "x" },

@@ -16,18 +16,32 @@ import (
 //  1. an address in LocalPodCIDRs that is not in Known: drop;
 //  2. an address with no element in the direction's verdict map: pass;
 //  3. in the pod's chain: src == dst (a pod reaching itself, e.g. through
-//     a Service hairpin) accept; then each policy chain's rules, first
-//     match accept; else drop.
+//     a Service hairpin) accept; then the Admin tier's rules in order,
+//     the first match's action final (Accept, Deny) or skipping the rest
+//     of the tier (Pass); then, when a NetworkPolicy isolates the pod,
+//     each of its policy chains' rules, first match accept, else drop;
+//     otherwise the Baseline tier the same way as the Admin tier, and
+//     accept.
 //
 // Step 3's self rule is the writer's to implement in each pod chain
 // ("ip saddr <the pod's addrs> accept" in the ingress chain, "ip daddr
 // <the pod's addrs> accept" in the egress chain): the Ruleset has no field
 // for it, it always holds.
 type Matcher struct {
-	cidrs   []netip.Prefix
-	known   map[netip.Addr]bool
-	pods    [2]map[netip.Addr][]*matchChain
-	isolate [2]map[netip.Addr]bool
+	cidrs []netip.Prefix
+	known map[netip.Addr]bool
+	// pods: each local address's judgement by direction; none: not
+	// judged (allowed).
+	pods [2]map[netip.Addr]*matchPod
+}
+
+// matchPod is one pod's judgement in one direction: the Admin tier's
+// rules, then (isolated) the NetworkPolicy chains, else the Baseline
+// tier's rules.
+type matchPod struct {
+	admin, baseline []*matchChain
+	isolated        bool
+	np              []*matchChain
 }
 
 type matchChain struct{ rules []matchRule }
@@ -35,6 +49,7 @@ type matchChain struct{ rules []matchRule }
 // matchRule is a Rule with its sets sorted, merged and disjoint, whatever
 // the Ruleset held.
 type matchRule struct {
+	action           Action
 	anyPeer, anyPort bool
 	peers            []Range
 	ports            []PortRange
@@ -53,7 +68,10 @@ func NewMatcher(rs Ruleset) *Matcher {
 	for _, pc := range rs.Policies {
 		mc := &matchChain{}
 		for _, r := range pc.Rules {
-			mr := matchRule{anyPeer: r.AnyPeer, anyPort: r.AnyPort, peers: mergeRanges(slices.Clone(r.Peers))}
+			mr := matchRule{action: r.Action, anyPeer: r.AnyPeer, anyPort: r.AnyPort, peers: mergeRanges(slices.Clone(r.Peers))}
+			if pc.Tier == TierNetworkPolicy {
+				mr.action = ActionAccept
+			}
 			boxes := make([]portBox, 0, len(r.Ports))
 			for _, p := range r.Ports {
 				boxes = append(boxes, portBox{addrs: p.Addrs, proto: p.Proto, from: p.PortFrom, to: p.PortTo})
@@ -63,28 +81,30 @@ func NewMatcher(rs Ruleset) *Matcher {
 		}
 		chains[pc.ID] = mc
 	}
+	lookup := func(ids []string) []*matchChain {
+		var cs []*matchChain
+		for _, id := range ids {
+			if c := chains[id]; c != nil {
+				cs = append(cs, c)
+			}
+		}
+		return cs
+	}
 	for d := range 2 {
-		m.pods[d] = map[netip.Addr][]*matchChain{}
-		m.isolate[d] = map[netip.Addr]bool{}
+		m.pods[d] = map[netip.Addr]*matchPod{}
 	}
 	for _, p := range rs.Pods {
-		for d, iso := range [2]bool{p.IngressIsolated, p.EgressIsolated} {
-			if !iso {
+		for d, dir := range dirs {
+			if !p.Judged(dir) {
 				continue
 			}
-			ids := p.Ingress
+			mp := &matchPod{admin: lookup(p.Admin[d]), baseline: lookup(p.Baseline[d])}
+			mp.isolated, mp.np = p.IngressIsolated, lookup(p.Ingress)
 			if d == dirEg {
-				ids = p.Egress
-			}
-			var cs []*matchChain
-			for _, id := range ids {
-				if c := chains[id]; c != nil {
-					cs = append(cs, c)
-				}
+				mp.isolated, mp.np = p.EgressIsolated, lookup(p.Egress)
 			}
 			for _, a := range p.Addrs {
-				m.isolate[d][a] = true
-				m.pods[d][a] = cs
+				m.pods[d][a] = mp
 			}
 		}
 	}
@@ -108,24 +128,52 @@ func (m *Matcher) allowsDir(d int, key, src, dst netip.Addr, proto uint8, port u
 			}
 		}
 	}
-	if !m.isolate[d][key] {
-		return true
-	}
-	if src == dst {
+	mp := m.pods[d][key]
+	if mp == nil || src == dst {
 		return true
 	}
 	peer := dst
 	if d == dirIn {
 		peer = src
 	}
-	for _, c := range m.pods[d][key] {
+	if a, decided := tierVerdict(mp.admin, peer, dst, proto, port); decided {
+		return a
+	}
+	if mp.isolated {
+		for _, c := range mp.np {
+			for i := range c.rules {
+				if c.rules[i].matches(peer, dst, proto, port) {
+					return true
+				}
+			}
+		}
+		return false
+	}
+	if a, decided := tierVerdict(mp.baseline, peer, dst, proto, port); decided {
+		return a
+	}
+	return true
+}
+
+// tierVerdict is a tier's decision: the first matching rule's Accept
+// (true) or Deny (false); a Pass, or no match, decides nothing.
+func tierVerdict(chains []*matchChain, peer, dst netip.Addr, proto uint8, port uint16) (allowed, decided bool) {
+	for _, c := range chains {
 		for i := range c.rules {
-			if c.rules[i].matches(peer, dst, proto, port) {
-				return true
+			if !c.rules[i].matches(peer, dst, proto, port) {
+				continue
+			}
+			switch c.rules[i].action {
+			case ActionAccept:
+				return true, true
+			case ActionPass:
+				return false, false
+			default:
+				return false, true
 			}
 		}
 	}
-	return false
+	return false, false
 }
 
 func (r *matchRule) matches(peer, dst netip.Addr, proto uint8, port uint16) bool {

@@ -129,6 +129,8 @@ type State struct {
 	pods       map[string]*Pod // by namespace/name
 	namespaces map[string]*Namespace
 	policies   map[string]*parsedPolicy // by namespace/name
+	cnps       map[string]*parsedCNP    // ClusterNetworkPolicies by name
+	nodes      map[string]*Node
 	// holders: which pod (namespace/name) holds each address of this
 	// node, by the node's own records (SetHolders).
 	holders map[netip.Addr]string
@@ -145,6 +147,8 @@ func NewState() *State {
 		pods:       map[string]*Pod{},
 		namespaces: map[string]*Namespace{},
 		policies:   map[string]*parsedPolicy{},
+		cnps:       map[string]*parsedCNP{},
+		nodes:      map[string]*Node{},
 	}
 }
 

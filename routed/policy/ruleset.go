@@ -93,7 +93,36 @@ type PodChains struct {
 	Ingress         []string
 	EgressIsolated  bool
 	Egress          []string
+	// Admin and Baseline are the IDs of the ClusterNetworkPolicy chains
+	// (PolicyChain.Tier Admin or Baseline) that select the pod, by
+	// direction (Ingress 0, Egress 1), in evaluation order: priority, then
+	// name. The Admin tier is judged before NetworkPolicy, the Baseline
+	// tier only when no NetworkPolicy isolates the pod in that direction.
+	Admin    [2][]string
+	Baseline [2][]string
 }
+
+// Judged tells whether the pod has a chain for d: a NetworkPolicy
+// isolates it there, or a ClusterNetworkPolicy of either tier selects it.
+func (p PodChains) Judged(d Direction) bool {
+	i := dirIndex(d)
+	isolated, jumps := p.IngressIsolated, p.Ingress
+	if i == dirEg {
+		isolated, jumps = p.EgressIsolated, p.Egress
+	}
+	return isolated || len(jumps) > 0 || len(p.Admin[i]) > 0 || len(p.Baseline[i]) > 0
+}
+
+// dirIndex is d's index in [2] arrays (Ingress 0, Egress 1).
+func dirIndex(d Direction) int {
+	if d == Egress {
+		return dirEg
+	}
+	return dirIn
+}
+
+// DirIndex is d's index in PodChains.Admin and Baseline.
+func DirIndex(d Direction) int { return dirIndex(d) }
 
 // PolicyChain is one NetworkPolicy's rules for one direction, shared by
 // every local pod the policy selects.
@@ -104,7 +133,42 @@ type PolicyChain struct {
 	Namespace string
 	Name      string
 	Direction Direction
-	Rules     []Rule
+	// Tier is "" for a NetworkPolicy (every rule accepts; the chain is
+	// jumped to), Admin or Baseline for a ClusterNetworkPolicy (Namespace
+	// ""): its rules, with their actions, are written inline into the
+	// tier chain of each list of policies some pod has, in order.
+	Tier     Tier
+	Priority int32
+	Rules    []Rule
+}
+
+// Tier is a ClusterNetworkPolicy's tier; "" is the NetworkPolicy tier.
+type Tier string
+
+const (
+	TierNetworkPolicy Tier = ""
+	TierAdmin         Tier = "Admin"
+	TierBaseline      Tier = "Baseline"
+)
+
+// Action is what a matching rule does. A NetworkPolicy rule accepts.
+type Action string
+
+const (
+	// ActionAccept ends the direction's judgement: allowed.
+	ActionAccept Action = ""
+	// ActionDeny ends it: dropped.
+	ActionDeny Action = "Deny"
+	// ActionPass skips the rest of the tier: the next tier judges.
+	ActionPass Action = "Pass"
+)
+
+// String is the API's name of the action.
+func (a Action) String() string {
+	if a == ActionAccept {
+		return "Accept"
+	}
+	return string(a)
 }
 
 // Rule is one ingress or egress rule of a policy, compiled: a packet matches
@@ -113,6 +177,10 @@ type PolicyChain struct {
 // nothing (no peer at all, e.g. a selector matching no pod) is kept with
 // empty sets: the chain's shape does not depend on which pods exist.
 type Rule struct {
+	// Action is the rule's verdict when it matches (a NetworkPolicy's
+	// rules accept); Name is a ClusterNetworkPolicy rule's name, if any.
+	Action Action
+	Name   string
 	// AnyPeer: the rule has no from/to, every peer matches.
 	AnyPeer bool
 	// Peers are the peer addresses as inclusive ranges (pod IPs are
@@ -174,17 +242,20 @@ func (p PodChains) Equal(o PodChains) bool {
 	return p.ID == o.ID && p.Namespace == o.Namespace && p.Name == o.Name &&
 		slices.Equal(p.Addrs, o.Addrs) && slices.Equal(p.Ports, o.Ports) && slices.Equal(p.BridgePorts, o.BridgePorts) &&
 		p.IngressIsolated == o.IngressIsolated && slices.Equal(p.Ingress, o.Ingress) &&
-		p.EgressIsolated == o.EgressIsolated && slices.Equal(p.Egress, o.Egress)
+		p.EgressIsolated == o.EgressIsolated && slices.Equal(p.Egress, o.Egress) &&
+		slices.Equal(p.Admin[0], o.Admin[0]) && slices.Equal(p.Admin[1], o.Admin[1]) &&
+		slices.Equal(p.Baseline[0], o.Baseline[0]) && slices.Equal(p.Baseline[1], o.Baseline[1])
 }
 
 // Equal tells whether p and o are the same policy chain.
 func (p PolicyChain) Equal(o PolicyChain) bool {
 	return p.ID == o.ID && p.Namespace == o.Namespace && p.Name == o.Name &&
-		p.Direction == o.Direction && slices.EqualFunc(p.Rules, o.Rules, Rule.Equal)
+		p.Direction == o.Direction && p.Tier == o.Tier && p.Priority == o.Priority &&
+		slices.EqualFunc(p.Rules, o.Rules, Rule.Equal)
 }
 
 // Equal tells whether r and o are the same rule.
 func (r Rule) Equal(o Rule) bool {
-	return r.AnyPeer == o.AnyPeer && r.AnyPort == o.AnyPort &&
+	return r.Action == o.Action && r.Name == o.Name && r.AnyPeer == o.AnyPeer && r.AnyPort == o.AnyPort &&
 		slices.Equal(r.Peers, o.Peers) && slices.Equal(r.Ports, o.Ports)
 }
