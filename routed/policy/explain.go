@@ -244,8 +244,12 @@ func (s *State) explainTier(ix *index, t Tier, q tierQuery, dv *DirectionVerdict
 			if dv.Allowed {
 				verdict = "allowed"
 			}
-			dv.Reason = passedNote(dv.Passed) + fmt.Sprintf("%s for %s: %s tier ClusterNetworkPolicy %s %ss %s %s port %d: %s",
-				dv.Pod, dirs[q.d], t, what, strings.ToLower(r.action.String()), q.peerAddr, protoName(q.proto), q.port, verdict)
+			verb := "denies"
+			if dv.Allowed {
+				verb = "accepts"
+			}
+			dv.Reason = passedNote(dv.Passed) + fmt.Sprintf("%s for %s: %s tier ClusterNetworkPolicy %s %s %s %s port %d: %s",
+				dv.Pod, dirs[q.d], t, what, verb, q.peerAddr, protoName(q.proto), q.port, verdict)
 			return true
 		}
 	}
