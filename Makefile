@@ -241,3 +241,14 @@ conformance: build
 # test/conformance/REPORT-netpol.md. PROCS=N: N Ginkgo processes.
 netpol: build
 	@SUITE=netpol MODE="$(MODE)" NODES="$(NODES)" FAMILY="$(FAMILY)" PROCS="$(PROCS)" scripts/k8s/conformance.sh
+
+# `make cnp` runs upstream's ClusterNetworkPolicy conformance suite
+# (sigs.k8s.io/network-policy-api/conformance v0.3.0, profile
+# ClusterNetworkPolicy, every experimental feature; test/cnp, its own Go
+# module) on such a cluster and writes test/conformance/REPORT-cnp.md. The
+# SCTP probes are skipped with their reason
+# (test/conformance/cnp-skips.txt). FOCUS=regexp: the tests (ShortNames)
+# matching it.
+.PHONY: cnp
+cnp: build
+	@SUITE=cnp MODE="$(MODE)" NODES="$(NODES)" FAMILY="$(FAMILY)" scripts/k8s/conformance.sh
