@@ -132,9 +132,14 @@ test-ship: build cni-tools go-suite-ship
 # bin/conformance-REPORT.md; `make conformance` writes the committed
 # test/conformance/REPORT*.md), then on the same cluster the Netpol specs of
 # test/conformance/netpol-subset.txt (report in
-# bin/conformance-REPORT-netpol.md; `make netpol` runs the whole suite).
+# bin/conformance-REPORT-netpol.md; `make netpol` runs the whole suite),
+# and the ClusterNetworkPolicy tests of test/conformance/cnp-subset.txt
+# (report in bin/conformance-REPORT-cnp.md; `make cnp` runs the whole
+# suite), after test/cnp's own checks (its skips and subset against the
+# suite's source).
 test-conformance: build k8s
-	FAMILY=dual PROCS=3 NETPOL=subset NETPOL_PROCS=3 REPORT=$(CURDIR)/bin/conformance-REPORT.md scripts/k8s/conformance.sh
+	$(GO) test -C test/cnp -count=1 .
+	FAMILY=dual PROCS=3 NETPOL=subset NETPOL_PROCS=3 CNP=subset REPORT=$(CURDIR)/bin/conformance-REPORT.md scripts/k8s/conformance.sh
 
 # Every package with Go files is in exactly one suite.
 test-suites-complete:

@@ -4,6 +4,7 @@ import (
 	"go/ast"
 	"go/parser"
 	"go/token"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -157,4 +158,46 @@ func TestSkipsAreTheSCTPProbes(t *testing.T) {
 	for _, s := range want {
 		t.Log(s)
 	}
+}
+
+// TestCNPSubset: each line of cnp-subset.txt (make test's selection) is a
+// test of the suite, once, and not one that cnp-skips.txt skips whole.
+func TestCNPSubset(t *testing.T) {
+	data := readSubset(t)
+	skips, err := ReadSkips(*skipsPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	skipped := map[string]bool{}
+	for _, s := range skips {
+		skipped[s.Test] = true
+	}
+	names := map[string]bool{}
+	for _, ct := range tests.ConformanceTests {
+		names[ct.ShortName] = true
+	}
+	seen := map[string]bool{}
+	for _, l := range data {
+		if !names[l] || skipped[l] || seen[l] {
+			t.Errorf("cnp-subset.txt: %q is not a test of the suite, is skipped, or is listed twice", l)
+		}
+		seen[l] = true
+	}
+	if len(seen) == 0 {
+		t.Fatal("cnp-subset.txt selects nothing")
+	}
+}
+
+func readSubset(t *testing.T) []string {
+	b, err := os.ReadFile(filepath.Join(filepath.Dir(*skipsPath), "cnp-subset.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if l = strings.TrimSpace(l); l != "" && !strings.HasPrefix(l, "#") {
+			out = append(out, l)
+		}
+	}
+	return out
 }
