@@ -132,9 +132,14 @@ test-ship: build cni-tools go-suite-ship
 # bin/conformance-REPORT.md; `make conformance` writes the committed
 # test/conformance/REPORT*.md), then on the same cluster the Netpol specs of
 # test/conformance/netpol-subset.txt (report in
-# bin/conformance-REPORT-netpol.md; `make netpol` runs the whole suite).
+# bin/conformance-REPORT-netpol.md; `make netpol` runs the whole suite),
+# and the ClusterNetworkPolicy tests of test/conformance/cnp-subset.txt
+# (report in bin/conformance-REPORT-cnp.md; `make cnp` runs the whole
+# suite), after test/cnp's own checks (its skips and subset against the
+# suite's source).
 test-conformance: build k8s
-	FAMILY=dual PROCS=3 NETPOL=subset NETPOL_PROCS=3 REPORT=$(CURDIR)/bin/conformance-REPORT.md scripts/k8s/conformance.sh
+	$(GO) test -C test/cnp -count=1 .
+	FAMILY=dual PROCS=3 NETPOL=subset NETPOL_PROCS=3 CNP=subset REPORT=$(CURDIR)/bin/conformance-REPORT.md scripts/k8s/conformance.sh
 
 # Every package with Go files is in exactly one suite.
 test-suites-complete:
@@ -241,3 +246,14 @@ conformance: build
 # test/conformance/REPORT-netpol.md. PROCS=N: N Ginkgo processes.
 netpol: build
 	@SUITE=netpol MODE="$(MODE)" NODES="$(NODES)" FAMILY="$(FAMILY)" PROCS="$(PROCS)" scripts/k8s/conformance.sh
+
+# `make cnp` runs upstream's ClusterNetworkPolicy conformance suite
+# (sigs.k8s.io/network-policy-api/conformance v0.3.0, profile
+# ClusterNetworkPolicy, every experimental feature; test/cnp, its own Go
+# module) on such a cluster and writes test/conformance/REPORT-cnp.md. The
+# SCTP probes are skipped with their reason
+# (test/conformance/cnp-skips.txt). FOCUS=regexp: the tests (ShortNames)
+# matching it.
+.PHONY: cnp
+cnp: build
+	@SUITE=cnp MODE="$(MODE)" NODES="$(NODES)" FAMILY="$(FAMILY)" scripts/k8s/conformance.sh

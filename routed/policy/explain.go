@@ -33,6 +33,16 @@ type DirectionVerdict struct {
 	// "namespace/name rule N" (N counts from 0 in spec.ingress or
 	// spec.egress).
 	AllowedBy []string
+	// Tier is the tier that decided: "Admin" or "Baseline" (a
+	// ClusterNetworkPolicy rule's Accept or Deny), "NetworkPolicy" (the
+	// pod is isolated by one), "" (nothing judged it: allowed).
+	Tier string
+	// DecidedBy is the ClusterNetworkPolicy rule that decided, as
+	// "name rule N" (or "name rule N (rule name)"), when Tier is Admin or
+	// Baseline.
+	DecidedBy string
+	// Passed are the Pass rules that handed the decision down a tier.
+	Passed []string
 	// Reason is one line for a human.
 	Reason string
 }
@@ -81,6 +91,15 @@ func (s *State) explainDir(ix *index, d int, target *entry, src, dst netip.Addr,
 		return dv
 	}
 	dv.Pod = target.pod.Key()
+	if src == dst {
+		dv.Allowed = true
+		dv.Reason = dv.Pod + " reaching itself is always allowed"
+		return dv
+	}
+	q := tierQuery{d: d, target: target, peerAddr: peerAddr, peerE: peerE, dstE: dstE, proto: proto, port: port}
+	if s.explainTier(ix, TierAdmin, q, &dv) {
+		return dv
+	}
 	var pols []*parsedPolicy
 	for _, pp := range s.policies {
 		if pp.namespace == target.pod.Namespace && pp.types[d] && pp.selector != nil &&
@@ -90,10 +109,14 @@ func (s *State) explainDir(ix *index, d int, target *entry, src, dst netip.Addr,
 	}
 	slices.SortFunc(pols, func(a, b *parsedPolicy) int { return strings.Compare(a.key(), b.key()) })
 	if len(pols) == 0 {
+		if s.explainTier(ix, TierBaseline, q, &dv) {
+			return dv
+		}
 		dv.Allowed = true
-		dv.Reason = fmt.Sprintf("no policy selects %s for %s: allowed", dv.Pod, dirs[d])
+		dv.Reason = passedNote(dv.Passed) + fmt.Sprintf("no policy selects %s for %s: allowed", dv.Pod, dirs[d])
 		return dv
 	}
+	dv.Tier = "NetworkPolicy"
 	var refused []string
 	for _, pp := range pols {
 		dv.Isolating = append(dv.Isolating, pp.key())
@@ -101,7 +124,7 @@ func (s *State) explainDir(ix *index, d int, target *entry, src, dst netip.Addr,
 			refused = append(refused, pp.key())
 		}
 		for i := range pp.rules[d] {
-			if s.ruleAllows(ix, pp, &pp.rules[d][i], peerAddr, peerE, dstE, proto, port) {
+			if s.ruleAllows(pp.namespace, &pp.rules[d][i], peerAddr, peerE, dstE, proto, port) {
 				dv.AllowedBy = append(dv.AllowedBy, fmt.Sprintf("%s rule %d", pp.key(), i))
 			}
 		}
@@ -110,10 +133,8 @@ func (s *State) explainDir(ix *index, d int, target *entry, src, dst netip.Addr,
 	if len(refused) > 0 {
 		isolated += fmt.Sprintf(" (refused, allowing nothing: %s)", strings.Join(refused, ", "))
 	}
+	isolated = passedNote(dv.Passed) + isolated
 	switch {
-	case src == dst:
-		dv.Allowed = true
-		dv.Reason = isolated + "; a pod reaching itself is always allowed"
 	case len(dv.AllowedBy) > 0:
 		dv.Allowed = true
 		dv.Reason = isolated + "; allowed by " + strings.Join(dv.AllowedBy, ", ")
@@ -124,9 +145,9 @@ func (s *State) explainDir(ix *index, d int, target *entry, src, dst netip.Addr,
 }
 
 // ruleAllows evaluates one rule straight from its parsed fields.
-func (s *State) ruleAllows(ix *index, pp *parsedPolicy, r *parsedRule, peerAddr netip.Addr, peerE, dstE *entry,
+func (s *State) ruleAllows(policyNS string, r *parsedRule, peerAddr netip.Addr, peerE, dstE *entry,
 	proto uint8, port uint16) bool {
-	peerOK := r.anyPeer
+	peerOK := r.anyPeer || (policyNS == "" && rangesContain(r.blocks, peerAddr))
 	for i := 0; !peerOK && i < len(r.peers); i++ {
 		p := &r.peers[i]
 		if p.isBlock {
@@ -139,7 +160,7 @@ func (s *State) ruleAllows(ix *index, pp *parsedPolicy, r *parsedRule, peerAddr 
 			continue
 		}
 		pod := peerE.pod
-		nsOK := pod.Namespace == pp.namespace
+		nsOK := pod.Namespace == policyNS
 		if p.nsSel != nil {
 			nsOK = p.nsSel.Matches(labels.Set(s.nsLabels(pod.Namespace)))
 		}
@@ -184,4 +205,72 @@ func protoName(p uint8) string {
 		return "ICMPv6"
 	}
 	return fmt.Sprintf("protocol %d", p)
+}
+
+// tierQuery is one direction's question to a ClusterNetworkPolicy tier.
+type tierQuery struct {
+	d           int
+	target      *entry
+	peerAddr    netip.Addr
+	peerE, dstE *entry
+	proto       uint8
+	port        uint16
+}
+
+// explainTier judges tier t's policies that select q.target, in order:
+// true when a rule's Accept or Deny decided (dv filled in); a Pass is
+// noted in dv.Passed and leaves the tier undecided.
+func (s *State) explainTier(ix *index, t Tier, q tierQuery, dv *DirectionVerdict) bool {
+	for _, c := range s.sortedCNPs(t) {
+		if len(c.rules[q.d]) == 0 || !c.selectsPod(s, q.target.pod) {
+			continue
+		}
+		for i := range c.rules[q.d] {
+			r := &c.rules[q.d][i]
+			if !s.cnpRuleMatches(r, q) {
+				continue
+			}
+			what := fmt.Sprintf("%s rule %d", c.name, i)
+			if r.name != "" {
+				what += " (" + r.name + ")"
+			}
+			if r.action == ActionPass {
+				dv.Passed = append(dv.Passed, fmt.Sprintf("%s tier: %s passes", t, what))
+				return false
+			}
+			dv.Tier, dv.DecidedBy = string(t), what
+			dv.Allowed = r.action == ActionAccept
+			verdict := "denied"
+			if dv.Allowed {
+				verdict = "allowed"
+			}
+			verb := "denies"
+			if dv.Allowed {
+				verb = "accepts"
+			}
+			dv.Reason = passedNote(dv.Passed) + fmt.Sprintf("%s for %s: %s tier ClusterNetworkPolicy %s %s %s %s port %d: %s",
+				dv.Pod, dirs[q.d], t, what, verb, q.peerAddr, protoName(q.proto), q.port, verdict)
+			return true
+		}
+	}
+	return false
+}
+
+// cnpRuleMatches evaluates one ClusterNetworkPolicy rule from its parsed
+// fields.
+func (s *State) cnpRuleMatches(r *cnpRule, q tierQuery) bool {
+	if len(r.nodes) > 0 && !r.anyPeer && rangesContain(s.nodeRanges(r.nodes), q.peerAddr) {
+		// a nodes peer matched: the rest is the protocols
+		return s.ruleAllows("", &parsedRule{anyPeer: true, anyPort: r.anyPort, ports: r.ports}, q.peerAddr, q.peerE, q.dstE, q.proto, q.port)
+	}
+	return s.ruleAllows("", &r.parsedRule, q.peerAddr, q.peerE, q.dstE, q.proto, q.port)
+}
+
+// passedNote is the Pass rules that handed the decision down, for a
+// Reason.
+func passedNote(passed []string) string {
+	if len(passed) == 0 {
+		return ""
+	}
+	return strings.Join(passed, "; ") + "; "
 }

@@ -286,6 +286,10 @@ up() {
 	phase "control plane (etcd, kube-apiserver, controller-manager, scheduler)"
 	# podnet, exactly as an operator installs it; the knobs are set in its
 	# ConfigMap before the nodes join.
+	# The ClusterNetworkPolicy CRD first, only when the cluster lacks it
+	# (README: an existing one, maybe newer, is left as it is).
+	kc get crd clusternetworkpolicies.policy.networking.k8s.io >/dev/null 2>&1 ||
+		kc create -f "$REPO/conf/k8s/cnp-crds.yaml" >/dev/null
 	kc apply -f "$REPO/conf/k8s/podnet.yaml" >/dev/null
 	kc -n kube-system patch configmap podnet-config --type merge \
 		-p "{\"data\":{\"encap\":\"$MODE\",\"portmap\":\"true\",\"clusterCIDR\":\"$CLUSTER_CIDR\"}}" >/dev/null

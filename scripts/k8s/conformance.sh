@@ -14,6 +14,11 @@
 #       pods, an 81-pair probe matrix per case), minus the skips in
 #       test/conformance/netpol-skips.txt (SCTP). Report
 #       test/conformance/REPORT-netpol.md (REPORT-netpol-dual.md, ...).
+#   SUITE=cnp (make cnp): upstream's ClusterNetworkPolicy conformance suite
+#       (sigs.k8s.io/network-policy-api/conformance v0.3.0, run by test/cnp,
+#       its own Go module), profile ClusterNetworkPolicy, every feature,
+#       minus the SCTP probes of test/conformance/cnp-skips.txt. Report
+#       test/conformance/REPORT-cnp.md (REPORT-cnp-dual.md, ...).
 #
 #   MODE=vxlan|none NODES=2|3 FAMILY=ipv4|dual|ipv6: the cluster, brought up
 #       unless one is up, and down after the run (unless it was already up,
@@ -26,6 +31,10 @@
 #       report beside the first (REPORT with -netpol before .md). The run
 #       fails when either fails. `make test` can turn this on
 #       (test-conformance: NETPOL=subset).
+#   CNP=subset|all  (SUITE=conformance only) then, also on the same cluster,
+#       the ClusterNetworkPolicy suite: `subset` the tests of
+#       test/conformance/cnp-subset.txt, `all` every one; report beside the
+#       first (REPORT with -cnp before .md).
 #   PROCS=N  runs the specs in N parallel Ginkgo processes (the ginkgo
 #       CLI, built once from the module cache; 1 by default).
 #       NETPOL_PROCS=N the same for the NETPOL= run (PROCS by default).
@@ -41,10 +50,13 @@ source "$(dirname "$0")/lib.sh"
 export MODE=${MODE:-vxlan} NODES=${NODES:-2} FAMILY
 SUITE=${SUITE:-conformance}
 NETPOL=${NETPOL:-}
+CNP=${CNP:-}
 PROCS=${PROCS:-1}
 NETPOL_PROCS=${NETPOL_PROCS:-$PROCS}
 TIMEOUT=${TIMEOUT:-120m}
-case $SUITE in conformance | netpol) ;; *) die "SUITE=$SUITE: want conformance or netpol" ;; esac
+case $SUITE in conformance | netpol | cnp) ;; *) die "SUITE=$SUITE: want conformance, netpol or cnp" ;; esac
+case $CNP in "" | subset | all) ;; *) die "CNP=$CNP: want subset or all" ;; esac
+[ -z "$CNP" ] || [ "$SUITE" = conformance ] || die "CNP=$CNP is for SUITE=conformance (SUITE=cnp runs it all)"
 case $NETPOL in "" | subset | all) ;; *) die "NETPOL=$NETPOL: want subset or all" ;; esac
 [ -z "$NETPOL" ] || [ "$SUITE" = conformance ] || die "NETPOL=$NETPOL is for SUITE=conformance (SUITE=netpol runs them all)"
 # the report of each suite and family: REPORT.md (ipv4), REPORT-dual.md,
@@ -53,11 +65,14 @@ suffix=""
 [ "$FAMILY" = ipv4 ] || suffix=-$FAMILY
 if [ "$SUITE" = netpol ]; then
 	REPORT=${REPORT:-$REPO/test/conformance/REPORT-netpol$suffix.md}
+elif [ "$SUITE" = cnp ]; then
+	REPORT=${REPORT:-$REPO/test/conformance/REPORT-cnp$suffix.md}
 else
 	REPORT=${REPORT:-$REPO/test/conformance/REPORT$suffix.md}
 fi
 # the Netpol report of NETPOL=subset|all: beside the first one
 NETPOL_REPORT=${REPORT%.md}-netpol.md
+CNP_REPORT=${REPORT%.md}-cnp.md
 SUBSET=$REPO/test/conformance/netpol-subset.txt
 
 # suite NAME [subset|all]: sets what suite NAME selects: FOCUS_RE (a
@@ -226,7 +241,56 @@ run_suite() {
 	return "$src"
 }
 
-run_suite "$SUITE" "" "$REPORT" || rc=1
+# run_cnp [subset|all] REPORT: upstream's ClusterNetworkPolicy suite
+# (test/cnp: a test binary of its own module, run from the control plane's
+# netns against the cluster's API server), its go test -json events under
+# $out/cnp, and its report at REPORT. `subset`: the tests of
+# test/conformance/cnp-subset.txt (one ShortName a line).
+run_cnp() {
+	local sub=$1 report=$2 dir=$out/cnp t1 t_run src=0 sel="" selected="every test" run_re
+	mkdir -p "$dir"
+	if [ "$sub" = subset ]; then
+		sel=$(sed -e '/^#/d' -e '/^[[:space:]]*$/d' "$REPO/test/conformance/cnp-subset.txt" | paste -sd'|')
+		[ -n "$sel" ] || die "test/conformance/cnp-subset.txt selects no test"
+		selected='the tests of `test/conformance/cnp-subset.txt`'
+	elif [ "$SUITE" = cnp ] && [ -n "${FOCUS:-}" ]; then
+		sel=$FOCUS
+		selected="the tests matching \`$FOCUS\`"
+	fi
+	run_re='^TestClusterNetworkPolicy$'
+	[ -n "$sel" ] && run_re="$run_re/^($sel)\$"
+	go test -C "$REPO/test/cnp" -c -o "$dir/cnp.test" . || die "building test/cnp"
+	go build -C "$REPO/test/cnp" -o "$dir/report" ./report || die "building test/cnp/report"
+	log "running the ClusterNetworkPolicy suite ($selected; log: $dir/run.log)"
+	t1=$SECONDS
+	(cd "$REPO/test/cnp" && nsenter --net="/run/netns/$CP_NS" "$dir/cnp.test" -test.v=test2json \
+		-test.timeout="$TIMEOUT" -test.run="$run_re" \
+		-cnp.kubeconfig="$PKI/admin.kubeconfig" -cnp.skips="$REPO/test/conformance/cnp-skips.txt" \
+		-cnp.profile-report="$dir/profile-report.yaml" \
+		-cnp.version="$(git -C "$REPO" describe --always --dirty 2>/dev/null || echo unknown)" 2>&1) |
+		tee "$dir/run.log" | go tool test2json -t -p cnp >"$dir/run.json" || src=1
+	t_run=$((SECONDS - t1))
+	grep -aE -- '--- (PASS|FAIL|SKIP): TestClusterNetworkPolicy ' "$dir/run.log" >&2 || true
+	mkdir -p "$(dirname "$report")"
+	"$dir/report" -run "$dir/run.json" -skips "$REPO/test/conformance/cnp-skips.txt" -select "$sel" \
+		-title "ClusterNetworkPolicy conformance (upstream suite) on podnet ($FAMILY)" -selected "$selected" \
+		-meta "Kubernetes=v1.34.10 (kube-apiserver, controller-manager, scheduler, kubelet, kube-proxy in nftables mode), etcd v3.6.8, containerd $(containerd --version | awk '{print $3}'), runc $(runc --version | awk 'NR==1{print $3}'), CoreDNS v1.12.1; the CRD: conf/k8s/cnp-crds.yaml (network-policy-api v0.3.0, experimental channel)" \
+		-meta "podnet=$(git -C "$REPO" describe --always --dirty 2>/dev/null || echo unknown), installed by conf/k8s/podnet.yaml (encap $MODE, portmap chained), $NODES nodes" \
+		-meta "Image=registry.k8s.io/e2e-test-images/agnhost:2.45, the suite's pods' image: here the image of scripts/k8s/images.sh (upstream's agnhost v1.34.10 binary) under that name; the pods without their SCTP server containers (this kernel has no SCTP)" \
+		-meta "Machine=$(nproc) cores, kernel $(uname -r)" \
+		-meta "Wall time=cluster up ${t_up}s (shared), suite ${t_run}s (setup of its 10 pods included), $((SECONDS - t0))s since the start before teardown" \
+		-meta "Command=scripts/k8s/conformance.sh ($(case $sub in subset) echo "CNP=subset after the conformance specs, make test" ;; all) echo "CNP=all after the conformance specs" ;; *) echo "make cnp" ;; esac)) with MODE=$MODE NODES=$NODES FAMILY=$FAMILY" \
+		>"$report" || src=1
+	log "report: $report"
+	return "$src"
+}
+
+if [ "$SUITE" = cnp ]; then
+	run_cnp "" "$REPORT" || rc=1
+else
+	run_suite "$SUITE" "" "$REPORT" || rc=1
+fi
+[ -n "$CNP" ] && { run_cnp "$CNP" "$CNP_REPORT" || rc=1; }
 [ -n "$NETPOL" ] && { PROCS=$NETPOL_PROCS run_suite netpol "$NETPOL" "$NETPOL_REPORT" || rc=1; }
 t_total=$((SECONDS - t0))
 teardown || rc=1

@@ -11,7 +11,10 @@
 #                 wget (-T), ip, bash, and /coredns (the DNS specs with a
 #                 custom server run it). It is also named
 #                 jessie-dnsutils:1.7 and busybox:1.37.0-1 under
-#                 $E2E_REGISTRY (the DNS specs run dig in both).
+#                 $E2E_REGISTRY (the DNS specs run dig in both), and
+#                 registry.k8s.io/e2e-test-images/agnhost:2.45, the exact
+#                 name the ClusterNetworkPolicy suite's pods ask for (make cnp;
+#                 it has no image repository config)
 #   e2e-iptables.tar   $BUILD_REGISTRY/distroless-iptables:v0.8.14, the
 #                 stand-in of registry.k8s.io/build-image's: the tools
 #                 upstream's has (iptables, ip6tables and their -save/
@@ -184,7 +187,8 @@ r=$work/agnhost
 agnhost_root "$r"
 "$pack" "$r" "$IMG/agnhost.tar" \
 	'{"Entrypoint":["/agnhost"],"Cmd":["pause"],"Env":['"$PATHS"']}' \
-	"$E2E_REGISTRY/agnhost:2.56" "$E2E_REGISTRY/jessie-dnsutils:1.7"
+	"$E2E_REGISTRY/agnhost:2.56" "$E2E_REGISTRY/jessie-dnsutils:1.7" \
+	"registry.k8s.io/e2e-test-images/agnhost:2.45"
 # The e2e busybox image runs `sh -c ...` with its default PATH; agnhost's
 # rootfs with busybox's usual entrypoint.
 "$pack" "$r" "$IMG/e2e-busybox.tar" '{"Cmd":["sh"],"Env":['"$PATHS"']}' "$E2E_REGISTRY/busybox:1.37.0-1"

@@ -94,7 +94,8 @@ func (a tableContent) diff(b tableContent) string {
 	return strings.Join(out, "; ")
 }
 
-// gen makes random Rulesets of a small node: 10 pods, 6 policies.
+// gen makes random Rulesets of a small node: 10 pods, 6 NetworkPolicies
+// and 4 ClusterNetworkPolicies.
 type gen struct {
 	r  *rand.Rand
 	rs policy.Ruleset
@@ -141,13 +142,25 @@ func (g *gen) rule() policy.Rule {
 	return r.Canonical() // as Compile hands them: the writer trusts it
 }
 
+// policy i: 0-5 NetworkPolicies, 6-9 ClusterNetworkPolicies (Admin, then
+// Baseline) with rules of every action.
 func (g *gen) policy(i int) policy.PolicyChain {
 	p := policy.PolicyChain{ID: fmt.Sprintf("p%d", i), Direction: policy.Ingress}
 	if i%2 == 1 {
 		p.Direction = policy.Egress
 	}
+	switch {
+	case i >= 8:
+		p.Tier = policy.TierBaseline
+	case i >= 6:
+		p.Tier = policy.TierAdmin
+	}
 	for range 1 + g.r.IntN(3) {
-		p.Rules = append(p.Rules, g.rule())
+		r := g.rule()
+		if p.Tier != policy.TierNetworkPolicy {
+			r.Action = []policy.Action{policy.ActionAccept, policy.ActionDeny, policy.ActionPass}[g.r.IntN(3)]
+		}
+		p.Rules = append(p.Rules, r)
 	}
 	return p
 }
@@ -157,6 +170,15 @@ func (g *gen) pod(i int) policy.PodChains {
 		netip.AddrFrom4([4]byte{10, 64, 1, byte(i + 2)}), netip.MustParseAddr(fmt.Sprintf("fd64:1::%x", i+2))}}
 	for _, pol := range g.rs.Policies {
 		if g.r.IntN(3) != 0 {
+			continue
+		}
+		if pol.Tier != policy.TierNetworkPolicy {
+			d := policy.DirIndex(pol.Direction)
+			if pol.Tier == policy.TierAdmin {
+				p.Admin[d] = append(p.Admin[d], pol.ID)
+			} else {
+				p.Baseline[d] = append(p.Baseline[d], pol.ID)
+			}
 			continue
 		}
 		if pol.Direction == policy.Ingress {
@@ -186,7 +208,7 @@ func (g *gen) next() policy.Ruleset {
 	rs := &g.rs
 	if len(rs.Policies) == 0 {
 		rs.LocalPodCIDRs = localCIDRs
-		for i := range 6 {
+		for i := range 10 {
 			rs.Policies = append(rs.Policies, g.policy(i))
 		}
 		for i := range 10 {
@@ -227,7 +249,7 @@ func (g *gen) next() policy.Ruleset {
 	// the policies no pod jumps to are not in a Ruleset
 	used := map[string]bool{}
 	for _, p := range rs.Pods {
-		for _, id := range append(slices.Clone(p.Ingress), p.Egress...) {
+		for _, id := range slices.Concat(p.Ingress, p.Egress, p.Admin[0], p.Admin[1], p.Baseline[0], p.Baseline[1]) {
 			used[id] = true
 		}
 	}

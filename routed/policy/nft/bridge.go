@@ -76,10 +76,10 @@ func buildBridge(rs policy.Ruleset) (*bridgeDef, error) {
 	}
 	var in, eg []string
 	for _, p := range rs.Pods {
-		if p.IngressIsolated || len(p.Ingress) > 0 {
+		if p.Judged(policy.Ingress) {
 			in = append(in, p.BridgePorts...)
 		}
-		if p.EgressIsolated || len(p.Egress) > 0 {
+		if p.Judged(policy.Egress) {
 			eg = append(eg, p.BridgePorts...)
 		}
 	}

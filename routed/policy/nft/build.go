@@ -98,9 +98,11 @@ func (d *tableDef) spec() *nftutil.Table {
 	return t
 }
 
-// CounterKey names a pod chain's drop counter.
+// CounterKey names a drop counter: a pod chain's (PodID), or the Deny
+// rules' of a ClusterNetworkPolicy chain (PolicyID).
 type CounterKey struct {
 	PodID     string
+	PolicyID  string
 	Direction policy.Direction
 }
 
@@ -243,6 +245,16 @@ type builder struct {
 	vmaps, portVmaps     map[string][]nftables.SetElement
 	taken                map[string]map[netip.Addr]bool
 	podChains, polChains []chainDef
+	// tiers are the tier chains the pod chains jump to, by name
+	tiers map[string]tierChain
+}
+
+// tierChain is the chain of one list of ClusterNetworkPolicy chains of
+// one tier and direction: their rules inline, in order, so that a Pass
+// (return) leaves the whole tier.
+type tierChain struct {
+	tier policy.Tier
+	ids  []string
 }
 
 // build is the content of the table for rs. It fails on a Ruleset that
@@ -252,7 +264,8 @@ type builder struct {
 func build(rs policy.Ruleset, opt buildOptions, cache *buildCache) (*tableDef, error) {
 	b := &builder{def: &tableDef{pods: map[string]CounterKey{}}, opt: opt, polIDs: map[string]bool{},
 		known: sortedAddrs(rs.Known), vmaps: map[string][]nftables.SetElement{},
-		portVmaps: map[string][]nftables.SetElement{}, taken: map[string]map[netip.Addr]bool{}}
+		portVmaps: map[string][]nftables.SetElement{}, taken: map[string]map[netip.Addr]bool{},
+		tiers: map[string]tierChain{}}
 	pods := slices.Clone(rs.Pods)
 	slices.SortFunc(pods, func(a, b policy.PodChains) int { return strings.Compare(a.ID, b.ID) })
 	pols := slices.Clone(rs.Policies)
@@ -285,7 +298,8 @@ func build(rs policy.Ruleset, opt buildOptions, cache *buildCache) (*tableDef, e
 		built[p.ID] = b.policy(p, cache)
 	}
 	def := b.def
-	def.chains = slices.Concat(baseChains(), b.polChains, b.podChains)
+	slices.Sort(def.counters) // with the ClusterNetworkPolicies' ones
+	def.chains = slices.Concat(baseChains(), b.polChains, b.tierChains(built), b.podChains)
 	for _, c := range def.chains {
 		if len(c.chain.Name) >= unix.NFT_NAME_MAXLEN {
 			return nil, fmt.Errorf("chain name %q too long", c.chain.Name)
@@ -312,10 +326,10 @@ func (b *builder) pod(p policy.PodChains) error {
 		if d == policy.Egress {
 			isolated, jumps = p.EgressIsolated, p.Egress
 		}
-		if !isolated && len(jumps) == 0 {
+		if !p.Judged(d) {
 			continue
 		}
-		c, err := b.podChain(p, d, addrs, jumps)
+		c, err := b.podChain(p, d, addrs, isolated || len(jumps) > 0, jumps)
 		if err != nil {
 			return err
 		}
@@ -344,9 +358,11 @@ func (b *builder) pod(p policy.PodChains) error {
 	return nil
 }
 
-// podChain is p's chain for direction d: its own addresses accepted, a
-// jump to each policy chain, the drop (logged with LogDrops) counted.
-func (b *builder) podChain(p policy.PodChains, d policy.Direction, addrs []netip.Addr, jumps []string) (chainDef, error) {
+// podChain is p's chain for direction d: its own addresses accepted, the
+// Admin tier's chain; then, isolated, a jump to each policy chain and the
+// drop (logged with LogDrops) counted; else the Baseline tier's chain
+// and accept.
+func (b *builder) podChain(p policy.PodChains, d policy.Direction, addrs []netip.Addr, isolated bool, jumps []string) (chainDef, error) {
 	name := PodChain(p.ID, d)
 	c := chainDef{chain: nftables.Chain{Name: name}}
 	var sig strings.Builder
@@ -359,6 +375,18 @@ func (b *builder) podChain(p policy.PodChains, d policy.Direction, addrs []netip
 			&expr.Cmp{Op: expr.CmpOpEq, Register: unix.NFT_REG_1, Data: a.AsSlice()},
 			&expr.Verdict{Kind: expr.VerdictAccept},
 		}))
+	}
+	i := policy.DirIndex(d)
+	if err := b.tierJump(&c, &sig, p, policy.TierAdmin, d, p.Admin[i]); err != nil {
+		return chainDef{}, err
+	}
+	if !isolated {
+		if err := b.tierJump(&c, &sig, p, policy.TierBaseline, d, p.Baseline[i]); err != nil {
+			return chainDef{}, err
+		}
+		c.sig = sig.String() + " accept"
+		c.rules = append(c.rules, []expr.Any{&expr.Verdict{Kind: expr.VerdictAccept}})
+		return c, nil
 	}
 	seen := map[string]bool{}
 	for _, j := range jumps {
@@ -421,35 +449,115 @@ func (b *builder) sets(rs policy.Ruleset) error {
 }
 
 // policy adds p's chain and sets, from cache when p is the one built
-// before, and returns what it added.
+// before, and returns what it added. A ClusterNetworkPolicy's chain is not
+// written as such: its rules go inline into the tier chains (tierChains),
+// and its Deny rules count in its counter.
 func (b *builder) policy(p policy.PolicyChain, cache *buildCache) builtPolicy {
 	if cache != nil && cache.opt == b.opt {
 		if c, ok := cache.pols[p.ID]; ok && c.pc.Equal(p) {
 			b.def.sets = append(b.def.sets, c.sets...)
-			b.polChains = append(b.polChains, c.chain)
+			b.addPolicy(p, c.chain)
 			return c
 		}
 	}
 	firstSet := len(b.def.sets)
 	c := chainDef{chain: nftables.Chain{Name: PolicyChain(p.ID)}}
 	var sig strings.Builder
-	sig.WriteString("policy " + string(p.Direction))
+	fmt.Fprintf(&sig, "policy %s %s", p.Direction, p.Tier)
 	for i, r := range p.Rules {
 		if r.AnyPeer && r.AnyPort {
-			c.rules = append(c.rules, []expr.Any{&expr.Verdict{Kind: expr.VerdictAccept}})
-			fmt.Fprintf(&sig, " r%d:any", i)
+			c.rules = append(c.rules, b.verdict(p, r))
+			fmt.Fprintf(&sig, " r%d:any:%s", i, r.Action)
 			continue
 		}
 		for _, v6 := range []bool{false, true} {
 			if rule := b.ruleOf(p, i, v6); rule != nil {
 				c.rules = append(c.rules, rule)
-				fmt.Fprintf(&sig, " r%d:%t/%t/%t", i, v6, r.AnyPeer, r.AnyPort)
+				fmt.Fprintf(&sig, " r%d:%t/%t/%t:%s", i, v6, r.AnyPeer, r.AnyPort, r.Action)
 			}
 		}
 	}
 	c.sig = sig.String()
-	b.polChains = append(b.polChains, c)
+	b.addPolicy(p, c)
 	return builtPolicy{pc: clonePolicyChain(p), chain: c, sets: slices.Clone(b.def.sets[firstSet:])}
+}
+
+// addPolicy adds a built policy chain: a NetworkPolicy's as a chain, a
+// ClusterNetworkPolicy's counter when it has a Deny rule.
+func (b *builder) addPolicy(p policy.PolicyChain, c chainDef) {
+	if p.Tier == policy.TierNetworkPolicy {
+		b.polChains = append(b.polChains, c)
+		return
+	}
+	if slices.ContainsFunc(p.Rules, func(r policy.Rule) bool { return r.Action == policy.ActionDeny }) {
+		name := CNPCounter(p.ID)
+		b.def.counters = append(b.def.counters, name)
+		b.def.pods[name] = CounterKey{PolicyID: p.ID, Direction: p.Direction}
+	}
+}
+
+// verdict is what a matching rule of p does: a NetworkPolicy's and an
+// Accept rule accept, a Deny rule counts and drops, a Pass rule returns
+// from the tier chain (the next tier judges).
+func (b *builder) verdict(p policy.PolicyChain, r policy.Rule) []expr.Any {
+	if p.Tier == policy.TierNetworkPolicy {
+		return []expr.Any{&expr.Verdict{Kind: expr.VerdictAccept}}
+	}
+	switch r.Action {
+	case policy.ActionPass:
+		return []expr.Any{&expr.Verdict{Kind: expr.VerdictReturn}}
+	case policy.ActionDeny:
+		return []expr.Any{
+			&expr.Objref{Type: int(nftables.ObjTypeCounter), Name: CNPCounter(p.ID)},
+			&expr.Verdict{Kind: expr.VerdictDrop},
+		}
+	}
+	return []expr.Any{&expr.Verdict{Kind: expr.VerdictAccept}}
+}
+
+// tierJump adds to pod chain c the jump to the tier chain of ids (none
+// for an empty list) and records the chain for tierChains.
+func (b *builder) tierJump(c *chainDef, sig *strings.Builder, p policy.PodChains, t policy.Tier, d policy.Direction, ids []string) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	for _, id := range ids {
+		if !b.polIDs[id] {
+			return fmt.Errorf("pod %s/%s jumps to %s policy chain %q, which the ruleset lacks", p.Namespace, p.Name, t, id)
+		}
+	}
+	name := TierChain(t, d, ids)
+	if _, ok := b.tiers[name]; !ok {
+		b.tiers[name] = tierChain{tier: t, ids: slices.Clone(ids)}
+	}
+	c.rules = append(c.rules, []expr.Any{&expr.Verdict{Kind: expr.VerdictJump, Chain: name}})
+	sig.WriteString(" " + name)
+	return nil
+}
+
+// tierChains are the tier chains the pod chains jump to, sorted by name:
+// the rules of their policies, in order.
+func (b *builder) tierChains(built map[string]builtPolicy) []chainDef {
+	names := make([]string, 0, len(b.tiers))
+	for n := range b.tiers {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	out := make([]chainDef, 0, len(names))
+	for _, n := range names {
+		t := b.tiers[n]
+		c := chainDef{chain: nftables.Chain{Name: n}}
+		var sig strings.Builder
+		sig.WriteString("tier " + string(t.tier))
+		for _, id := range t.ids {
+			bp := built[id]
+			c.rules = append(c.rules, bp.chain.rules...)
+			sig.WriteString(" " + id + "{" + bp.chain.sig + "}")
+		}
+		c.sig = sig.String()
+		out = append(out, c)
+	}
+	return out
 }
 
 // ruleOf is rule i of p for the family v6 says, its sets added; nil: a
@@ -485,5 +593,5 @@ func (b *builder) ruleOf(p policy.PolicyChain, i int, v6 bool) []expr.Any {
 		rule = append(rule, loadPortKey(v6)...)
 		rule = append(rule, &expr.Lookup{SourceRegister: unix.NFT_REG_1, SetName: name})
 	}
-	return append(rule, &expr.Verdict{Kind: expr.VerdictAccept})
+	return append(rule, b.verdict(p, r)...)
 }

@@ -5,6 +5,8 @@ package nft
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"slices"
 	"strings"
@@ -93,6 +95,25 @@ func PodChain(id string, d policy.Direction) string {
 	}
 	return "pod-" + id + "-eg"
 }
+
+// TierChain is the name of the chain of a list of ClusterNetworkPolicy
+// chains of tier t ("adm-" or "bl-", a hash of the list, "-in" or "-eg"):
+// pods with the same policies in a tier share it.
+func TierChain(t policy.Tier, d policy.Direction, ids []string) string {
+	sum := sha256.Sum256([]byte(strings.Join(ids, ",")))
+	prefix := "adm-"
+	if t == policy.TierBaseline {
+		prefix = "bl-"
+	}
+	suffix := "-eg"
+	if d == policy.Ingress {
+		suffix = "-in"
+	}
+	return prefix + hex.EncodeToString(sum[:8]) + suffix
+}
+
+// CNPCounter is the name of a ClusterNetworkPolicy chain's Deny counter.
+func CNPCounter(id string) string { return "cnp-" + id }
 
 // PolicyChain is the name of a policy's chain.
 func PolicyChain(id string) string { return "pol-" + id }
