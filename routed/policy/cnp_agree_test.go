@@ -172,8 +172,8 @@ func (g *cnpGen) flow() (src, dst netip.Addr, proto uint8, port uint16) {
 
 // TestCNPAgreesWithOracle: random clusters with NetworkPolicies and
 // ClusterNetworkPolicies of both tiers; for random flows the AND of the
-// two nodes' compiled Rulesets agrees with the oracle, which reads the API
-// objects. Every tier must decide both ways often enough (over all seeds).
+// two nodes' compiled Rulesets, and Explain, agree with the oracle, which
+// reads the API objects. Every tier must decide both ways often enough (over all seeds).
 func TestCNPAgreesWithOracle(t *testing.T) {
 	stats := map[string]int{}
 	for seed := range uint64(8) {
@@ -199,6 +199,9 @@ func TestCNPAgreesWithOracle(t *testing.T) {
 				in, inBy := o.judge(dirIn, src, dst, proto, port)
 				t.Fatalf("seed %d: %s -> %s proto %d port %d: compiled %v, oracle %v (egress %v by %s, ingress %v by %s)",
 					seed, src, dst, proto, port, got, want, eg, egBy, in, inBy)
+			}
+			if v := g.s.Explain(src, dst, proto, port); v.Allowed != want {
+				t.Fatalf("seed %d: %s -> %s proto %d port %d: Explain %v, oracle %v\n%s", seed, src, dst, proto, port, v.Allowed, want, v)
 			}
 			for _, d := range []int{dirEg, dirIn} {
 				v, by := o.judge(d, src, dst, proto, port)

@@ -148,6 +148,9 @@ func TestCNPManyRulesManyPeers(t *testing.T) {
 				if got := clusterAllows(s, nodeCIDRs, src, dst, uint8(pp[0]), uint16(pp[1])); got != want {
 					t.Errorf("%s -> %s %d/%d: compiled %v, oracle %v", src, dst, pp[0], pp[1], got, want)
 				}
+				if v := s.Explain(src, dst, uint8(pp[0]), uint16(pp[1])); v.Allowed != want {
+					t.Errorf("%s -> %s %d/%d: Explain %v, oracle %v\n%s", src, dst, pp[0], pp[1], v.Allowed, want, v)
+				}
 				if want {
 					allowed++
 				} else {
@@ -318,6 +321,9 @@ func TestCNPBroken(t *testing.T) {
 				if got := clusterAllows(s, nodeCIDRs, src, dst, f.proto, f.port); got != f.allowed {
 					t.Errorf("%s -> %s %d/%d: allowed=%v, want %v", src, dst, f.proto, f.port, got, f.allowed)
 				}
+				if v := s.Explain(src, dst, f.proto, f.port); v.Allowed != f.allowed {
+					t.Errorf("Explain %s -> %s %d/%d: allowed=%v, want %v\n%s", src, dst, f.proto, f.port, v.Allowed, f.allowed, v)
+				}
 			}
 		})
 	}
@@ -396,6 +402,9 @@ func FuzzClusterPolicy(f *testing.F) {
 					continue
 				}
 				got := clusterAllows(s, nodeCIDRs, src, dst, fl.proto, fl.port)
+				if v := s.Explain(src, dst, fl.proto, fl.port); v.Allowed != got {
+					t.Fatalf("%s -> %s %d/%d: compiled %v, Explain %v\n%s", src, dst, fl.proto, fl.port, got, v.Allowed, v)
+				}
 				if o != nil {
 					if want := o.allows(src, dst, fl.proto, fl.port); !o.unsure && got != want {
 						t.Fatalf("%s -> %s %d/%d: compiled %v, oracle %v", src, dst, fl.proto, fl.port, got, want)

@@ -20,7 +20,8 @@ type cnpCase struct {
 }
 
 // runCNPCases sets each case's objects and checks every flow against the
-// compiled Rulesets (the AND of the nodes' Matchers) and the oracle; a flow
+// compiled Rulesets (the AND of the nodes' Matchers), Explain and the
+// oracle; a flow
 // between two test pods runs in both families.
 func runCNPCases(t *testing.T, cases []cnpCase) {
 	t.Helper()
@@ -66,6 +67,9 @@ func runCNPCases(t *testing.T, cases []cnpCase) {
 					}
 					if got := clusterAllows(s, nodeCIDRs, src, dst, proto, f.port); got != f.allowed {
 						t.Errorf("Ruleset %s -> %s %d/%d: allowed=%v, want %v", src, dst, proto, f.port, got, f.allowed)
+					}
+					if v := s.Explain(src, dst, proto, f.port); v.Allowed != f.allowed {
+						t.Errorf("Explain %s -> %s %d/%d: allowed=%v, want %v\n%s", src, dst, proto, f.port, v.Allowed, f.allowed, v)
 					}
 					if o != nil {
 						if got := o.allows(src, dst, proto, f.port); got != f.allowed || o.unsure {
