@@ -120,11 +120,16 @@ func (s *State) nodePeers() bool {
 // SetClusterPolicy adds or replaces a ClusterNetworkPolicy. A non-nil error
 // says what could not be read and what the engine does instead: an
 // unreadable Accept rule (or peer, or protocol) matches nothing, an
-// unreadable Deny or Pass rule denies everything, an unreadable tier is
-// the Admin tier, an unreadable priority the tier's last, an unreadable
-// subject every pod (the API's "fail closed"). Every other policy is
-// unaffected.
+// unreadable Deny or Pass rule denies everything, an unreadable priority
+// is the tier's last (the API's "fail closed"). A policy whose tier or
+// subject cannot be read cannot be placed: it is judged in the Admin tier
+// and for every pod, and so that it can only close, its Deny rules stay,
+// its Pass rules deny everything and its Accept rules match nothing.
+// Every other policy is unaffected.
 func (s *State) SetClusterPolicy(c *cnpv1.ClusterNetworkPolicy) error {
+	if c == nil {
+		return fmt.Errorf("ClusterNetworkPolicy refused: no object")
+	}
 	s.ix = nil
 	pc := parseCNP(c)
 	s.cnps[c.Name] = pc
@@ -157,6 +162,8 @@ func (s *State) ClusterPolicies() int { return len(s.cnps) }
 
 type cnpParser struct {
 	pc *parsedCNP
+	// unplaced: the tier or the subject could not be read
+	unplaced bool
 }
 
 func (p *cnpParser) fail(field, effect, format string, args ...any) {
@@ -175,7 +182,8 @@ func parseCNP(c *cnpv1.ClusterNetworkPolicy) *parsedCNP {
 		pc.tier = TierBaseline
 	default:
 		pc.tier = TierAdmin
-		p.fail("spec.tier", "judged in the Admin tier", "unknown tier %q (Admin or Baseline)", c.Spec.Tier)
+		p.unplaced = true
+		p.fail("spec.tier", "judged in the Admin tier, its Deny rules only (Pass denies, Accept matches nothing)", "unknown tier %q (Admin or Baseline)", c.Spec.Tier)
 	}
 	if pc.priority < 0 || pc.priority > MaxPriority {
 		p.fail("spec.priority", "judged last in its tier", "priority %d out of range 0-%d", pc.priority, MaxPriority)
@@ -194,13 +202,27 @@ func parseCNP(c *cnpv1.ClusterNetworkPolicy) *parsedCNP {
 		path := fmt.Sprintf("spec.egress[%d]", i)
 		pc.rules[dirEg] = append(pc.rules[dirEg], p.rule(path, "to", r.Name, r.Action, r.To, r.Protocols))
 	}
+	if p.unplaced {
+		// judged where it may not belong, for pods it may not select:
+		// it may only close
+		for d := range 2 {
+			for i, r := range pc.rules[d] {
+				switch r.action {
+				case ActionAccept:
+					pc.rules[d][i] = cnpRule{name: r.name, action: ActionAccept} // matches nothing
+				case ActionPass:
+					pc.rules[d][i] = denyAll(r.name)
+				}
+			}
+		}
+	}
 	return pc
 }
 
 // subject reads spec.subject: exactly one of namespaces and pods.
 func (p *cnpParser) subject(sub cnpv1.ClusterNetworkPolicySubject) {
-	const effect = "it applies to every pod"
-	all := func() { p.pc.nsSel, p.pc.podSel = labels.Everything(), nil }
+	const effect = "it applies to every pod, its Deny rules only (Pass denies, Accept matches nothing)"
+	all := func() { p.pc.nsSel, p.pc.podSel, p.unplaced = labels.Everything(), nil, true }
 	switch {
 	case sub.Namespaces != nil && sub.Pods == nil:
 		s, err := metav1.LabelSelectorAsSelector(sub.Namespaces)
@@ -384,7 +406,11 @@ func (p *cnpParser) protocol(r *cnpRule, pr cnpv1.ClusterNetworkPolicyProtocol, 
 		return
 	}
 	out := parsedPort{proto: proto, from: 0, to: 65535}
-	if port != nil {
+	if port == nil {
+		bad(path+"."+field+".destinationPort", "a %s protocol needs a destinationPort", field)
+		return
+	}
+	{
 		fpath := path + "." + field + ".destinationPort"
 		switch {
 		case port.Range != nil && port.Number == 0:

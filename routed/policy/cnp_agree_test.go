@@ -138,6 +138,8 @@ func (g *cnpGen) cnpProtos(named bool) []cproto {
 		case 1:
 			from := int32(genPorts[g.r.IntN(len(genPorts))])
 			port = crange(from, from+1+int32(g.r.IntN(100)))
+		default:
+			port = crange(1, 65535) // the API needs a port: every port
 		}
 		switch x := g.r.IntN(5); {
 		case x == 0:

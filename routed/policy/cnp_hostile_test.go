@@ -104,9 +104,9 @@ func TestCNPManyRulesManyPeers(t *testing.T) {
 			case 0:
 				ps = protos(cTCP(cport(80)))
 			case 1:
-				ps = protos(cTCP(cport(int32(80+i))), cUDP(crange(50, int32(50+i))), cNamed("http"), cSCTP(nil))
+				ps = protos(cTCP(cport(int32(80+i))), cUDP(crange(50, int32(50+i))), cNamed("http"), cSCTP(crange(1, 65535)))
 			case 3:
-				ps = protos(cSCTP(nil), cUDP(cport(70)))
+				ps = protos(cSCTP(crange(1, 65535)), cUDP(cport(70)))
 			case 4:
 				ps = protos(cTCP(crange(81, 82)), cNamed("http"))
 			}
@@ -229,6 +229,9 @@ func TestCNPBroken(t *testing.T) {
 		}},
 		{"Accept protocol with two set", cnpol("p", admin, 10, subj, cin(accept, "", protos(cproto{TCP: cTCP(num(80)).TCP, UDP: cUDP(num(80)).UDP}), cNS(teamB))), "spec.ingress[0].protocols[0]", []flow{
 			{"y/a", "x/a", tcp, 80, false}, {"y/a", "x/a", udp, 80, false},
+		}},
+		{"Accept tcp without a port", cnpol("p", admin, 10, subj, cin(accept, "", protos(cTCP(nil), cUDP(num(53))), cNS(teamB))), "spec.ingress[0].protocols[0].tcp.destinationPort", []flow{
+			{"y/a", "x/a", udp, 53, true}, {"y/a", "x/a", tcp, 80, false},
 		}},
 		{"Deny port 0", cnpol("p", admin, 10, subj, cin(deny, "", protos(cTCP(num(0))), cNS(teamB))), "spec.ingress[0].protocols[0].tcp.destinationPort", []flow{
 			{"y/a", "x/b", udp, 1, false},

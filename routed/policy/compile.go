@@ -181,7 +181,9 @@ func (s *State) clusterChains(ix *index, ids *idSet, order []*localPod, rs *Rule
 					continue
 				}
 				pc := PolicyChain{
-					ID:        ids.id("cnp/" + c.name + "/" + string(dirs[d])),
+					// "/name/dir": no NetworkPolicy's key (its
+					// namespace is never empty) nor pod's is that
+					ID:        ids.id("/" + c.name + "/" + string(dirs[d])),
 					Name:      c.name,
 					Direction: dirs[d],
 					Tier:      t,
