@@ -23,6 +23,7 @@ import (
 	"context"
 	"fmt"
 	"reflect"
+	"slices"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -292,4 +293,37 @@ func clusterName(obj any) (string, bool) {
 func (e *Engine) clusterPolicyUIDLocked(name string) (types.UID, bool) {
 	uid, ok := e.cluster.uids[name]
 	return uid, ok
+}
+
+// waitSynced waits until every informer of synced has synced (false: ctx
+// ended first), and says every 30 seconds which have not: a list that
+// keeps failing (RBAC without list and watch of clusternetworkpolicies,
+// say) holds the first write, and so every pod's ADD, back.
+func (e *Engine) waitSynced(ctx context.Context, synced map[string]cache.InformerSynced) bool {
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	start := e.now()
+	said := start
+	for {
+		var waiting []string
+		for name, ok := range synced {
+			if !ok() {
+				waiting = append(waiting, name)
+			}
+		}
+		if len(waiting) == 0 {
+			return true
+		}
+		if e.now().Sub(said) >= 30*time.Second {
+			slices.Sort(waiting)
+			e.log.Warn("still waiting for the informers' lists: no policy written and no pod's ADD answered until they come (does podnet-routed's RBAC allow list and watch of them?)",
+				"waiting", waiting, "for", e.now().Sub(start).Round(time.Second))
+			said = e.now()
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-t.C:
+		}
+	}
 }

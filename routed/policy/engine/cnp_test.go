@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -351,4 +352,51 @@ func TestClusterPolicyRefusalReported(t *testing.T) {
 	if n := len(r.ev.list()); n != 0 {
 		t.Fatalf("NetworkPolicy Events %q for a ClusterNetworkPolicy", r.ev.list())
 	}
+}
+
+// syncLog is a log sink the engine's goroutines write.
+type syncLog struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *syncLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *syncLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// TestWaitSyncedSaysWhatIsMissing: while the ClusterNetworkPolicy list
+// does not come (RBAC, say), the engine writes nothing and says which
+// list it waits for.
+func TestWaitSyncedSaysWhatIsMissing(t *testing.T) {
+	var logs syncLog
+	r := newCNPRig(t, true, true, func(r *cnpRig) {
+		r.e.log = slog.New(slog.NewTextHandler(&logs, nil))
+		var mu sync.Mutex
+		clock := time.Now()
+		r.e.now = func() time.Time { // 10 s a reading: the 30 s warning comes at once
+			mu.Lock()
+			defer mu.Unlock()
+			clock = clock.Add(10 * time.Second)
+			return clock
+		}
+	})
+	eventually(t, "the warning", func() error {
+		if !strings.Contains(logs.String(), `still waiting for the informers' lists`) || !strings.Contains(logs.String(), `waiting="[ClusterNetworkPolicies and Nodes]"`) {
+			return fmt.Errorf("log: %s", logs.String())
+		}
+		return nil
+	})
+	if _, n := r.w.last(); n != 0 {
+		t.Fatalf("%d writes before the lists came", n)
+	}
+	close(r.gate.open)
+	r.until("written once the list came", adminOnly(0))
 }

@@ -262,15 +262,15 @@ func (e *Engine) Run(ctx context.Context) error {
 			}
 		}()
 	}
-	synced := []cache.InformerSynced{e.podInf.HasSynced, nsInf.HasSynced, polInf.HasSynced}
+	synced := map[string]cache.InformerSynced{"Pods": e.podInf.HasSynced, "Namespaces": nsInf.HasSynced, "NetworkPolicies": polInf.HasSynced}
 	clusterSynced, err := e.startCluster(ctx)
 	if err != nil {
 		return err
 	}
 	if clusterSynced != nil {
-		synced = append(synced, clusterSynced)
+		synced["ClusterNetworkPolicies and Nodes"] = clusterSynced
 	}
-	if !cache.WaitForCacheSync(ctx.Done(), synced...) {
+	if !e.waitSynced(ctx, synced) {
 		return ctx.Err()
 	}
 	e.log.Info("NetworkPolicy engine synced")
