@@ -56,12 +56,16 @@ type clusterTier struct {
 	refused map[string]string
 }
 
-// startCluster asks discovery whether ClusterNetworkPolicies are served
-// (until it answers or ctx ends), starts the cluster tier's informers if
-// they are, and the poll that follows the resource from then on. The
-// InformerSynced it returns (nil: nothing to wait for) is what the first
-// write waits for.
-func (e *Engine) startCluster(ctx context.Context) (cache.InformerSynced, error) {
+// startCluster asks discovery whether ClusterNetworkPolicies are served,
+// starts the cluster tier's informers if they are, and the poll that
+// follows the resource from then on. The InformerSynced it returns (nil:
+// nothing to wait for) is what the first write waits for.
+//
+// It asks until discovery answers, as the first write waits for the
+// other lists; but once those have come (coreSynced), a discovery that
+// still fails is no outage: the engine starts without the cluster tier
+// rather than never (the poll keeps asking).
+func (e *Engine) startCluster(ctx context.Context, coreSynced func() bool) (cache.InformerSynced, error) {
 	if e.lw.ClusterPolicies == nil {
 		return nil, nil
 	}
@@ -80,6 +84,10 @@ func (e *Engine) startCluster(ctx context.Context) (cache.InformerSynced, error)
 			} else {
 				e.log.Info("the API server serves no ClusterNetworkPolicy (policy.networking.k8s.io/v1beta1): none enforced until it does")
 			}
+			break
+		}
+		if coreSynced() {
+			e.log.Error("cannot tell whether the API server serves ClusterNetworkPolicies, though it answers lists: none enforced until it says; asking again every poll", "err", err)
 			break
 		}
 		e.log.Warn("cannot tell whether the API server serves ClusterNetworkPolicies; asking again", "err", err)

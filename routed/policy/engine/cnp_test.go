@@ -76,7 +76,9 @@ type cnpRig struct {
 	cnps, nodes *fcache.FakeControllerSource
 	gate        *gatedLW
 	served      atomic.Bool
-	cev         *fakeClusterEvents
+	// failDiscovery: the served question gets an error
+	failDiscovery atomic.Bool
+	cev           *fakeClusterEvents
 }
 
 // newCNPRig starts an engine with the CRD served or not; with gated, the
@@ -98,7 +100,12 @@ func newCNPRig(t *testing.T, served, gated bool, before func(*cnpRig)) *cnpRig {
 	r.e = New(Config{NodeName: node, Resync: 50 * time.Millisecond, SocketPath: r.sock, ProcSys: t.TempDir(),
 		Events: r.ev, ClusterEvents: r.cev, ClusterPolicyPoll: 20 * time.Millisecond},
 		ListWatches{Pods: r.pods, Namespaces: r.nss, Policies: r.pols, ClusterPolicies: r.gate, Nodes: r.nodes,
-			ClusterPoliciesServed: func(context.Context) (bool, error) { return r.served.Load(), nil }},
+			ClusterPoliciesServed: func(context.Context) (bool, error) {
+				if r.failDiscovery.Load() {
+					return false, fmt.Errorf("discovery: 403 Forbidden")
+				}
+				return r.served.Load(), nil
+			}},
 		r.w, r.m, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	r.e.SetLocalPodCIDRs([]netip.Prefix{netip.MustParsePrefix("10.244.1.0/24")})
 	r.nss.Add(&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop", Labels: map[string]string{"team": "a"}}})
@@ -399,4 +406,17 @@ func TestWaitSyncedSaysWhatIsMissing(t *testing.T) {
 	}
 	close(r.gate.open)
 	r.until("written once the list came", adminOnly(0))
+}
+
+// TestDiscoveryFailingDoesNotBlock: a discovery that keeps failing while
+// the lists come does not hold the first write back; once it answers,
+// the ClusterNetworkPolicies are watched.
+func TestDiscoveryFailingDoesNotBlock(t *testing.T) {
+	r := newCNPRig(t, true, false, func(r *cnpRig) {
+		r.failDiscovery.Store(true)
+		r.cnps.Add(adminDenyDB("deny-db", cnpv1.AdminTier))
+	})
+	r.until("first write without an answer from discovery", func(rs policy.Ruleset) bool { return known(rs, "10.244.1.5") && len(rs.Pods) == 0 })
+	r.failDiscovery.Store(false)
+	r.until("discovery answered: db-0 in the Admin tier", adminOnly(1))
 }

@@ -263,7 +263,9 @@ func (e *Engine) Run(ctx context.Context) error {
 		}()
 	}
 	synced := map[string]cache.InformerSynced{"Pods": e.podInf.HasSynced, "Namespaces": nsInf.HasSynced, "NetworkPolicies": polInf.HasSynced}
-	clusterSynced, err := e.startCluster(ctx)
+	clusterSynced, err := e.startCluster(ctx, func() bool {
+		return e.podInf.HasSynced() && nsInf.HasSynced() && polInf.HasSynced()
+	})
 	if err != nil {
 		return err
 	}
