@@ -24,6 +24,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
 	cnpv1 "sigs.k8s.io/network-policy-api/apis/v1beta1"
 	cnpclient "sigs.k8s.io/network-policy-api/pkg/client/clientset/versioned"
 
@@ -274,7 +275,30 @@ func TestClusterPolicyEngineRealAPI(t *testing.T) {
 		t.Fatalf("podnet_policy_cluster_watching %v without the CRD", got)
 	}
 
+	// discovery needs no RBAC: podnet-routed's user, granted nothing
+	// here, is told whether the resource is served
+	path, err := s.WriteKubeconfig(kapi.RoutedUser, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	routedCfg, err := clientcmd.BuildConfigFromFlags("", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, routedServed, err := kube.ClusterPolicyListWatch(routedCfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := routedServed(ctx); ok || err != nil {
+		t.Fatalf("discovery as %s without the CRD: %v, %v; want false, nil", kapi.RoutedUser, ok, err)
+	}
 	installCNPCRD(t, dyn)
+	nettest.Eventually(t, 10*time.Second, "discovery as "+kapi.RoutedUser+" says served", func() error {
+		if ok, err := routedServed(ctx); !ok || err != nil {
+			return fmt.Errorf("%v, %v; want true, nil", ok, err)
+		}
+		return nil
+	})
 	if _, err := cnpc.PolicyV1beta1().ClusterNetworkPolicies().Create(ctx, denyDB("deny-db"), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
