@@ -178,13 +178,21 @@ func startPolicy(ctx context.Context, stop func(), o *options, cl *clients, d *d
 	if err != nil {
 		return err
 	}
+	// ClusterNetworkPolicies: watched (with Nodes, for their nodes
+	// peers) while the API server serves them, found by discovery
+	cnps, cnpServed, err := kube.ClusterPolicyListWatch(cl.rest)
+	if err != nil {
+		return err
+	}
 	reg, repairs := d.Registry()
 	m := engine.NewMetrics(reg, repairs)
 	pev := kube.NewPolicyEvents(cl.events, o.nodeName, log)
 	go pev.Run(ctx)
 	eng := engine.New(engine.Config{NodeName: o.nodeName, Resync: o.resync, SocketPath: policysock.Path(o.stateDir), ProcSys: o.procSys, Events: pev,
-		IPAMDataDirs: dataDirs, NodeEvent: d.NodeEvent},
-		engine.ListWatches{Pods: pods, Namespaces: nss, Policies: pols}, engine.NFTWriter{W: &nft.Writer{Log: log, LogDrops: o.policyLogDrops > 0, LogRate: o.policyLogDrops}, Unknown: m.SetUnknownDropped, Bridge: m.SetBridgeDropped}, m, log.With("loop", "policy"))
+		ClusterEvents: pev, IPAMDataDirs: dataDirs, NodeEvent: d.NodeEvent},
+		engine.ListWatches{Pods: pods, Namespaces: nss, Policies: pols,
+			ClusterPolicies: cnps, ClusterPoliciesServed: cnpServed, Nodes: kube.NodesListWatch(cl.core)},
+		engine.NFTWriter{W: &nft.Writer{Log: log, LogDrops: o.policyLogDrops > 0, LogRate: o.policyLogDrops}, Unknown: m.SetUnknownDropped, Bridge: m.SetBridgeDropped}, m, log.With("loop", "policy"))
 	d.OnLocalPodCIDRs(eng.SetLocalPodCIDRs)
 	d.OnNFTChange(eng.CheckNow)
 	go func() {

@@ -1,6 +1,7 @@
 // Package engine runs podnet-routed's NetworkPolicy engine: shared
-// informers on Pods, Namespaces and NetworkPolicies feed the pure model of
-// package policy; every change compiles this node's Ruleset and writes it
+// informers on Pods, Namespaces and NetworkPolicies (and, while the API
+// server serves them, ClusterNetworkPolicies and Nodes: cluster.go) feed
+// the pure model of package policy; every change compiles this node's Ruleset and writes it
 // in one nft transaction (a diff); each resync reads the table back and
 // writes it whole when someone deleted or edited it; connections a change
 // no longer allows are cut from conntrack. It also answers the plugins'
@@ -68,6 +69,16 @@ const (
 // ListWatches are the informers' sources (one watch each).
 type ListWatches struct {
 	Pods, Namespaces, Policies cache.ListerWatcher
+	// ClusterPolicies lists and watches ClusterNetworkPolicies
+	// (policy.networking.k8s.io/v1beta1; kube.ClusterPolicyListWatch);
+	// nil: the engine enforces none. ClusterPoliciesServed says whether
+	// the API server serves them (their CRD is installed); nil: always.
+	// Nodes lists and watches Nodes, for their nodes peers; it is watched
+	// only while ClusterNetworkPolicies are (nil: a nodes peer matches no
+	// node).
+	ClusterPolicies       cache.ListerWatcher
+	ClusterPoliciesServed func(context.Context) (bool, error)
+	Nodes                 cache.ListerWatcher
 }
 
 // Config is the engine's configuration.
@@ -86,6 +97,12 @@ type Config struct {
 	// Normal one when it is accepted again (the log and the
 	// podnet_policy_refused gauge say it in any case).
 	Events Events
+	// ClusterEvents is the same for ClusterNetworkPolicies refused in
+	// part (podnet_policy_cluster_refused).
+	ClusterEvents ClusterEvents
+	// ClusterPolicyPoll is how often the engine asks discovery whether
+	// ClusterNetworkPolicies are served (default 5s).
+	ClusterPolicyPoll time.Duration
 	// ProcSys is the node's sysctl tree ("": /proc/sys), where the engine
 	// keeps bridge-nf-call-iptables/ip6tables on: podnet-bridge's pods on
 	// one node talk through the bridge, and only br_netfilter shows that
@@ -145,6 +162,10 @@ type Engine struct {
 	// once (what it sets later is a repair)
 	bridgeOff  bool
 	sysctlsSet bool
+
+	// cluster is the cluster tier's informers and what they gave the
+	// State (cluster.go)
+	cluster clusterTier
 }
 
 // New builds an engine; Run starts it.
@@ -157,6 +178,9 @@ func New(cfg Config, lw ListWatches, w Writer, m *Metrics, log *slog.Logger) *En
 	}
 	if cfg.OverrideTTL <= 0 {
 		cfg.OverrideTTL = 2 * time.Minute
+	}
+	if cfg.ClusterPolicyPoll <= 0 {
+		cfg.ClusterPolicyPoll = 5 * time.Second
 	}
 	return &Engine{
 		cfg: cfg, lw: lw, w: w, m: m, log: log,
@@ -173,6 +197,7 @@ func New(cfg Config, lw ListWatches, w Writer, m *Metrics, log *slog.Logger) *En
 		waitHolders: map[netip.Addr]string{},
 		waitAt:      map[netip.Addr]time.Time{},
 		clashes:     map[netip.Addr]string{},
+		cluster:     clusterTier{uids: map[string]types.UID{}, nodes: map[string]bool{}, refused: map[string]string{}},
 	}
 }
 
@@ -237,7 +262,17 @@ func (e *Engine) Run(ctx context.Context) error {
 			}
 		}()
 	}
-	if !cache.WaitForCacheSync(ctx.Done(), e.podInf.HasSynced, nsInf.HasSynced, polInf.HasSynced) {
+	synced := map[string]cache.InformerSynced{"Pods": e.podInf.HasSynced, "Namespaces": nsInf.HasSynced, "NetworkPolicies": polInf.HasSynced}
+	clusterSynced, err := e.startCluster(ctx, func() bool {
+		return e.podInf.HasSynced() && nsInf.HasSynced() && polInf.HasSynced()
+	})
+	if err != nil {
+		return err
+	}
+	if clusterSynced != nil {
+		synced["ClusterNetworkPolicies and Nodes"] = clusterSynced
+	}
+	if !e.waitSynced(ctx, synced) {
 		return ctx.Err()
 	}
 	e.log.Info("NetworkPolicy engine synced")
@@ -411,8 +446,11 @@ func (e *Engine) sync() error {
 	prev := e.last
 	refused := e.state.Refused()
 	clashes := e.state.Clashes()
+	cRefused, cPolicies := e.state.RefusedClusterPolicies(), e.state.ClusterPolicies()
 	e.mu.Unlock()
 	e.report(refused)
+	e.reportClusterRefused(cRefused)
+	e.m.ClusterPolicies.Set(float64(cPolicies))
 	e.reportClashes(clashes)
 	if prev != nil && prev.Equal(rs) {
 		e.done(gen, prev)

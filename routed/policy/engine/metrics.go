@@ -23,10 +23,18 @@ type Metrics struct {
 	// br_netfilter cannot be turned on.
 	AddressClashes   prometheus.Gauge
 	BridgeUnfiltered prometheus.Gauge
-	drops            *dropCounter
-	unknown          atomic.Uint64
-	link             atomic.Uint64
-	unfiltered       atomic.Uint64
+	// ClusterPolicies: the ClusterNetworkPolicies the engine holds;
+	// ClusterRefused: those refused in part; ClusterWatching: 1 while the
+	// API server serves ClusterNetworkPolicies and the engine watches them.
+	// (Drops per ClusterNetworkPolicy rule are the nft writer's to count:
+	// readCounters attributes a pod chain's drops to NetworkPolicies only.)
+	ClusterPolicies prometheus.Gauge
+	ClusterRefused  prometheus.Gauge
+	ClusterWatching prometheus.Gauge
+	drops           *dropCounter
+	unknown         atomic.Uint64
+	link            atomic.Uint64
+	unfiltered      atomic.Uint64
 }
 
 // SetBridgeDropped takes the bridge table's link_dropped and
@@ -69,6 +77,15 @@ func NewMetrics(reg prometheus.Registerer, repairs *prometheus.CounterVec) *Metr
 		BridgeUnfiltered: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "podnet_policy_bridge_unfiltered", Help: "1 while bridge netfilter cannot be turned on: IP between podnet-bridge pods of this node is dropped rather than left unjudged.",
 		}),
+		ClusterPolicies: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "podnet_policy_cluster_policies", Help: "ClusterNetworkPolicies (policy.networking.k8s.io/v1beta1) the engine holds, refused in part or not.",
+		}),
+		ClusterRefused: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "podnet_policy_cluster_refused", Help: "ClusterNetworkPolicies refused in part: what could not be read fails closed (an Accept rule matches less, a Deny or Pass rule denies everything), logged and one Warning Event per cluster.",
+		}),
+		ClusterWatching: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "podnet_policy_cluster_watching", Help: "1 while the API server serves ClusterNetworkPolicies (their CRD is installed) and the engine watches them, 0 while it does not.",
+		}),
 		drops: newDropCounter(),
 	}
 	if repairs != nil {
@@ -90,7 +107,8 @@ func NewMetrics(reg prometheus.Registerer, repairs *prometheus.CounterVec) *Metr
 		Help: "Packets between podnet-bridge pods of the node dropped because bridge netfilter cannot be turned on; as read at the last resync.",
 	}, func() float64 { return float64(m.unfiltered.Load()) })
 	reg.MustRegister(link, unfiltered)
-	reg.MustRegister(unknown, m.ApplySeconds, m.Errors, m.Revoked, m.IsolatedPods, m.Policies, m.Refused, m.AddressClashes, m.BridgeUnfiltered, m.drops.vec)
+	reg.MustRegister(unknown, m.ApplySeconds, m.Errors, m.Revoked, m.IsolatedPods, m.Policies, m.Refused, m.AddressClashes, m.BridgeUnfiltered, m.drops.vec,
+		m.ClusterPolicies, m.ClusterRefused, m.ClusterWatching)
 	return m
 }
 

@@ -77,3 +77,54 @@ func (e *Engine) policyEvent(key, typ, reason, msg string) {
 	}
 	e.cfg.Events.Policy(np.Namespace, np.Name, np.UID, typ, reason, msg)
 }
+
+// reportClusterRefused says each ClusterNetworkPolicy newly refused in
+// part once (a log line and, with cfg.ClusterEvents, a Warning Event on
+// it), and once again when it is accepted whole; it keeps the gauge. A
+// policy deleted (or gone with its CRD) gets nothing more.
+//
+// One Event per cluster: every node refuses a ClusterNetworkPolicy in the
+// same words (the parse reads the object alone), and kube.PolicyEvents
+// names the Event after the policy's UID, the reason and the message, so
+// the first node's post creates it and the others' find it there
+// (AlreadyExists), as for NetworkPolicies: no leader to elect, and no
+// Event lost while the node that would be the leader is down.
+func (e *Engine) reportClusterRefused(refused map[string]error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	now := map[string]string{}
+	for name, err := range refused {
+		now[name] = err.Error()
+		if e.cluster.refused[name] == now[name] {
+			continue
+		}
+		e.log.Warn("ClusterNetworkPolicy refused in part: what could not be read fails closed until fixed", "policy", name, "reason", err)
+		why := now[name]
+		if ce, ok := errors.AsType[*policy.ClusterPolicyError](err); ok {
+			why = ce.Field + ": " + ce.Reason + " (" + ce.Effect + ")"
+		}
+		e.clusterEventLocked(name, corev1.EventTypeWarning, EventPolicyRefused,
+			"podnet refuses this ClusterNetworkPolicy in part: "+why+"; the rest of it is enforced")
+	}
+	for name := range e.cluster.refused {
+		if _, still := now[name]; still {
+			continue
+		}
+		if _, held := e.clusterPolicyUIDLocked(name); held {
+			e.log.Info("ClusterNetworkPolicy accepted whole again", "policy", name)
+			e.clusterEventLocked(name, corev1.EventTypeNormal, EventPolicyAccepted, "podnet enforces this ClusterNetworkPolicy whole again")
+		}
+	}
+	e.cluster.refused = now
+	e.m.ClusterRefused.Set(float64(len(now)))
+}
+
+// clusterEventLocked posts an Event about ClusterNetworkPolicy name while
+// the State holds it. Callers hold e.mu.
+func (e *Engine) clusterEventLocked(name, typ, reason, msg string) {
+	uid, held := e.clusterPolicyUIDLocked(name)
+	if e.cfg.ClusterEvents == nil || !held {
+		return
+	}
+	e.cfg.ClusterEvents.ClusterPolicy(name, uid, typ, reason, msg)
+}

@@ -4,6 +4,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	cnpv1 "sigs.k8s.io/network-policy-api/apis/v1beta1"
 )
 
 // stripPod keeps of a Pod only what the model reads (namespace, name,
@@ -49,6 +50,24 @@ func stripMeta(obj any) (any, error) {
 		o.ManagedFields, o.Annotations = nil, nil
 	case *networkingv1.NetworkPolicy:
 		o.ManagedFields, o.Annotations = nil, nil
+	}
+	return obj, nil
+}
+
+// stripCluster keeps of a Node only its name, labels and status.addresses
+// (what ClusterNetworkPolicy's nodes peers read: a cluster's Nodes then
+// cost the engine a few hundred bytes each), and drops managedFields,
+// annotations and status from ClusterNetworkPolicies.
+func stripCluster(obj any) (any, error) {
+	switch o := obj.(type) {
+	case *corev1.Node:
+		return &corev1.Node{
+			ObjectMeta: metav1.ObjectMeta{Name: o.Name, UID: o.UID, Labels: o.Labels, ResourceVersion: o.ResourceVersion},
+			Status:     corev1.NodeStatus{Addresses: o.Status.Addresses},
+		}, nil
+	case *cnpv1.ClusterNetworkPolicy:
+		o.ManagedFields, o.Annotations = nil, nil
+		o.Status = cnpv1.ClusterNetworkPolicyStatus{}
 	}
 	return obj, nil
 }
