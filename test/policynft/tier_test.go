@@ -160,11 +160,11 @@ func TestTierTraffic(t *testing.T) {
 		return err
 	})
 	for _, k := range []nft.CounterKey{
-		{PolicyID: "A1", Direction: policy.Ingress}, {PolicyID: "B1", Direction: policy.Ingress},
-		{PolicyID: "A4", Direction: policy.Egress}, {PolicyID: "B3", Direction: policy.Egress},
+		{PolicyID: "A1", Rule: 0, Direction: policy.Ingress}, {PolicyID: "B1", Rule: 1, Direction: policy.Ingress},
+		{PolicyID: "A4", Rule: 0, Direction: policy.Egress}, {PolicyID: "B3", Rule: 0, Direction: policy.Egress},
 	} {
 		if drops[k] == 0 {
-			t.Errorf("drop counter of %s %s is 0: %v", k.PolicyID, k.Direction, drops)
+			t.Errorf("drop counter of %s rule %d %s is 0: %v", k.PolicyID, k.Rule, k.Direction, drops)
 		}
 	}
 	if n, ok := drops[nft.CounterKey{PolicyID: "B2", Direction: policy.Egress}]; ok && n != 0 {

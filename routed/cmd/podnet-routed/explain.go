@@ -9,6 +9,8 @@ import (
 	"strings"
 	"time"
 
+	cnpv1 "sigs.k8s.io/network-policy-api/apis/v1beta1"
+
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -80,7 +82,7 @@ type nodeCheck struct {
 // which policies allow or refuse the flow, and why. With node, it then
 // says whether this node's table inet podnet-policy is what those objects
 // compile to for it: the answer above is then what the kernel does.
-func explain(w io.Writer, pods, namespaces, policies cache.ListerWatcher, f flow, node *nodeCheck) error {
+func explain(w io.Writer, pods, namespaces, policies cache.ListerWatcher, f flow, node *nodeCheck, cl *clusterLists) error {
 	st := policy.NewState()
 	list := func(what string, lw cache.ListerWatcher, each func(any)) error {
 		obj, err := lw.List(metav1.ListOptions{})
@@ -119,6 +121,9 @@ func explain(w io.Writer, pods, namespaces, policies cache.ListerWatcher, f flow
 	}); err != nil {
 		return err
 	}
+	if err := cl.list(w, st, list); err != nil {
+		return err
+	}
 	fmt.Fprintln(w, st.Explain(f.src, f.dst, f.proto, f.port).String())
 	if node == nil {
 		return nil
@@ -142,6 +147,45 @@ func explain(w io.Writer, pods, namespaces, policies cache.ListerWatcher, f flow
 		fmt.Fprintf(w, "node %s: its table inet podnet-policy is what the API objects compile to: the kernel does as said above\n", node.name)
 	}
 	return nil
+}
+
+// clusterLists are the sources of ClusterNetworkPolicies (when the API
+// server serves them) and Nodes (their nodes peers).
+type clusterLists struct {
+	policies, nodes cache.ListerWatcher
+	served          func(context.Context) (bool, error)
+}
+
+// list puts the ClusterNetworkPolicies and Nodes in st, when served; a
+// nil cl lists nothing.
+func (cl *clusterLists) list(w io.Writer, st *policy.State, list func(string, cache.ListerWatcher, func(any)) error) error {
+	if cl == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	served, err := cl.served(ctx)
+	if err != nil {
+		return err
+	}
+	if !served {
+		fmt.Fprintln(w, "note: the API server serves no ClusterNetworkPolicies (their CRD is not installed): NetworkPolicies only")
+		return nil
+	}
+	if err := list("nodes", cl.nodes, func(o any) {
+		if n, ok := o.(*corev1.Node); ok {
+			st.SetNode(policy.FromNode(n))
+		}
+	}); err != nil {
+		return err
+	}
+	return list("clusternetworkpolicies", cl.policies, func(o any) {
+		if c, ok := o.(*cnpv1.ClusterNetworkPolicy); ok {
+			if err := st.SetClusterPolicy(c); err != nil {
+				fmt.Fprintf(w, "note: %v\n", err)
+			}
+		}
+	})
 }
 
 // nodePodCIDRs reads Node name's PodCIDRs from the API server.

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -15,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/rest"
 	fcache "k8s.io/client-go/tools/cache/testing"
+	cnpv1 "sigs.k8s.io/network-policy-api/apis/v1beta1"
 
 	"github.com/podnet/podnet/routed/kube"
 	"github.com/podnet/podnet/routed/policy"
@@ -67,7 +69,7 @@ func TestExplain(t *testing.T) {
 			t.Fatal(err)
 		}
 		var b bytes.Buffer
-		if err := explain(&b, pods, nss, pols, f, nil); err != nil {
+		if err := explain(&b, pods, nss, pols, f, nil, nil); err != nil {
 			t.Fatal(err)
 		}
 		return b.String()
@@ -104,7 +106,7 @@ func TestExplainNodeCheck(t *testing.T) {
 	} {
 		var b bytes.Buffer
 		node := &nodeCheck{name: "n1", check: func(policy.Ruleset) (string, error) { return tc.diff, tc.err }}
-		if err := explain(&b, pods, nss, pols, f, node); err != nil {
+		if err := explain(&b, pods, nss, pols, f, node, nil); err != nil {
 			t.Fatal(err)
 		}
 		out := b.String()
@@ -158,4 +160,59 @@ func mustCore(t *testing.T, host string) rest.Interface {
 		t.Fatal(err)
 	}
 	return core
+}
+
+// TestExplainClusterPolicy: with ClusterNetworkPolicies served, the answer
+// names the tier and the rule that decided (an Admin Deny over a
+// NetworkPolicy-free pod; a Pass down to the default); not served, a note
+// says so and NetworkPolicies alone decide.
+func TestExplainClusterPolicy(t *testing.T) {
+	pods, nss, pols := fcache.NewFakeControllerSource(), fcache.NewFakeControllerSource(), fcache.NewFakeControllerSource()
+	cnps, nodes := fcache.NewFakeControllerSource(), fcache.NewFakeControllerSource()
+	nss.Add(&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop"}})
+	for _, p := range []struct{ name, ip string }{{"db", "10.244.1.5"}, {"web", "10.244.2.7"}} {
+		pods.Add(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: p.name, Labels: map[string]string{"app": p.name}},
+			Spec: corev1.PodSpec{NodeName: "n1"}, Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIPs: []corev1.PodIP{{IP: p.ip}}}})
+	}
+	nodes.Add(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", Labels: map[string]string{"role": "infra"}},
+		Status: corev1.NodeStatus{Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "192.168.0.10"}}}})
+	cnps.Add(&cnpv1.ClusterNetworkPolicy{
+		ObjectMeta: metav1.ObjectMeta{Name: "guard"},
+		Spec: cnpv1.ClusterNetworkPolicySpec{
+			Tier: cnpv1.AdminTier, Priority: 5,
+			Subject: cnpv1.ClusterNetworkPolicySubject{Namespaces: &metav1.LabelSelector{}},
+			Egress: []cnpv1.ClusterNetworkPolicyEgressRule{
+				{Name: "pass-db", Action: cnpv1.ClusterNetworkPolicyRuleActionPass,
+					To: []cnpv1.ClusterNetworkPolicyEgressPeer{{Pods: &cnpv1.NamespacedPod{PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "db"}}}}}},
+				{Name: "no-infra", Action: cnpv1.ClusterNetworkPolicyRuleActionDeny,
+					To: []cnpv1.ClusterNetworkPolicyEgressPeer{{Nodes: &metav1.LabelSelector{MatchLabels: map[string]string{"role": "infra"}}}}},
+			},
+		},
+	})
+	served := true
+	cl := &clusterLists{policies: cnps, nodes: nodes, served: func(context.Context) (bool, error) { return served, nil }}
+	run := func(args ...string) string {
+		f, err := parseFlow(args)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var b bytes.Buffer
+		if err := explain(&b, pods, nss, pols, f, nil, cl); err != nil {
+			t.Fatal(err)
+		}
+		return b.String()
+	}
+	out := run("10.244.2.7", "192.168.0.10", "10250")
+	if !strings.HasPrefix(out, "denied") || !strings.Contains(out, "Admin tier ClusterNetworkPolicy guard rule 1 (no-infra)") {
+		t.Errorf("a flow to an infra node explained as:\n%s", out)
+	}
+	out = run("10.244.2.7", "10.244.1.5", "5432")
+	if !strings.HasPrefix(out, "allowed") || !strings.Contains(out, "guard rule 0 (pass-db) passes") {
+		t.Errorf("a passed flow explained as:\n%s", out)
+	}
+	served = false
+	out = run("10.244.2.7", "192.168.0.10", "10250")
+	if !strings.Contains(out, "serves no ClusterNetworkPolicies") || !strings.Contains(out, "allowed") {
+		t.Errorf("without the CRD:\n%s", out)
+	}
 }

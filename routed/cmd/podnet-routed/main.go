@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
@@ -125,7 +127,12 @@ func explainPolicy(o *options) error {
 			return engine.LocalView(st, o.nodeName, strings.Split(o.ipamDataDirs, ","))
 		}}
 	}
-	return explain(os.Stdout, pods, nss, pols, f, node)
+	cnps, served, err := kube.ClusterPolicyListWatch(restCfg)
+	if err != nil {
+		return err
+	}
+	nodes := cache.NewListWatchFromClient(core, "nodes", metav1.NamespaceAll, fields.Everything())
+	return explain(os.Stdout, pods, nss, pols, f, node, &clusterLists{policies: cnps, nodes: nodes, served: served})
 }
 
 // cleanup is --cleanup: everything podnet-routed and its NetworkPolicy

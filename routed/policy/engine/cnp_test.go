@@ -420,3 +420,30 @@ func TestDiscoveryFailingDoesNotBlock(t *testing.T) {
 	r.failDiscovery.Store(false)
 	r.until("discovery answered: db-0 in the Admin tier", adminOnly(1))
 }
+
+// TestClusterDropsCounted: a ClusterNetworkPolicy Deny rule's counter is
+// podnet_policy_cluster_drops_total{tier,policy,rule}, and only its own.
+func TestClusterDropsCounted(t *testing.T) {
+	r := newCNPRig(t, true, false, nil)
+	r.cnps.Add(adminDenyDB("no-db", cnpv1.AdminTier))
+	rs := r.until("db-0 under no-db", adminOnly(1))
+	var id string
+	for _, p := range rs.Policies {
+		if p.Name == "no-db" {
+			id = p.ID
+		}
+	}
+	r.w.mu.Lock()
+	r.w.counters = map[DropKey]uint64{{PolicyID: id, Rule: 0, Direction: policy.Ingress}: 4, {PolicyID: "other", Direction: policy.Ingress}: 9}
+	r.w.mu.Unlock()
+	c := r.m.clusterDrops.vec.WithLabelValues("Admin", "no-db", "ingress 0 no-one")
+	eventually(t, "the Deny rule's drops", func() error {
+		if got := testutil.ToFloat64(c); got != 4 {
+			return fmt.Errorf("podnet_policy_cluster_drops_total{Admin,no-db,ingress 0 no-one} = %v, want 4", got)
+		}
+		return nil
+	})
+	if n := testutil.CollectAndCount(r.m.clusterDrops.vec); n != 1 {
+		t.Fatalf("%d cluster drop series, want 1 (the counter of no policy of the Ruleset is nobody's)", n)
+	}
+}

@@ -47,9 +47,12 @@ type Writer interface {
 	Delete() error
 }
 
-// DropKey names one pod chain's drop counter.
+// DropKey names one drop counter: a pod chain's (PodID), or a Deny
+// rule's of a ClusterNetworkPolicy chain (PolicyID, Rule).
 type DropKey struct {
 	PodID     string
+	PolicyID  string
+	Rule      int
 	Direction policy.Direction
 }
 

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"fmt"
 	"sync"
 	"sync/atomic"
 
@@ -26,15 +27,15 @@ type Metrics struct {
 	// ClusterPolicies: the ClusterNetworkPolicies the engine holds;
 	// ClusterRefused: those refused in part; ClusterWatching: 1 while the
 	// API server serves ClusterNetworkPolicies and the engine watches them.
-	// (Drops per ClusterNetworkPolicy rule are the nft writer's to count:
-	// readCounters attributes a pod chain's drops to NetworkPolicies only.)
 	ClusterPolicies prometheus.Gauge
 	ClusterRefused  prometheus.Gauge
 	ClusterWatching prometheus.Gauge
 	drops           *dropCounter
-	unknown         atomic.Uint64
-	link            atomic.Uint64
-	unfiltered      atomic.Uint64
+	// clusterDrops: podnet_policy_cluster_drops_total{tier,policy,rule}
+	clusterDrops *dropCounter
+	unknown      atomic.Uint64
+	link         atomic.Uint64
+	unfiltered   atomic.Uint64
 }
 
 // SetBridgeDropped takes the bridge table's link_dropped and
@@ -87,6 +88,13 @@ func NewMetrics(reg prometheus.Registerer, repairs *prometheus.CounterVec) *Metr
 			Name: "podnet_policy_cluster_watching", Help: "1 while the API server serves ClusterNetworkPolicies (their CRD is installed) and the engine watches them, 0 while it does not.",
 		}),
 		drops: newDropCounter(),
+		clusterDrops: &dropCounter{
+			vec: prometheus.NewCounterVec(prometheus.CounterOpts{
+				Name: "podnet_policy_cluster_drops_total",
+				Help: "New connections dropped on this node by a ClusterNetworkPolicy's Deny rule (tier Admin or Baseline; rule: its index in spec.ingress or spec.egress, and its name).",
+			}, []string{"tier", "policy", "rule"}),
+			last: map[dropSeen]uint64{},
+		},
 	}
 	if repairs != nil {
 		m.Repairs = repairs.WithLabelValues("policy-table")
@@ -108,7 +116,7 @@ func NewMetrics(reg prometheus.Registerer, repairs *prometheus.CounterVec) *Metr
 	}, func() float64 { return float64(m.unfiltered.Load()) })
 	reg.MustRegister(link, unfiltered)
 	reg.MustRegister(unknown, m.ApplySeconds, m.Errors, m.Revoked, m.IsolatedPods, m.Policies, m.Refused, m.AddressClashes, m.BridgeUnfiltered, m.drops.vec,
-		m.ClusterPolicies, m.ClusterRefused, m.ClusterWatching)
+		m.clusterDrops.vec, m.ClusterPolicies, m.ClusterRefused, m.ClusterWatching)
 	return m
 }
 
@@ -151,9 +159,13 @@ func (d *dropCounter) forgetAllBut(seen map[dropSeen]bool) {
 // observe takes a pod chain's counter n: what it grew by since the last
 // reading (all of it when the chain was written anew) is added.
 func (d *dropCounter) observe(podID string, dir policy.Direction, namespace, name string, n uint64) {
+	d.observeLabels(dropSeen{pod: podID, namespace: namespace, name: name, dir: dir}, n, namespace, name)
+}
+
+// observeLabels is observe for the counter k, labelled labels.
+func (d *dropCounter) observeLabels(k dropSeen, n uint64, labels ...string) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	k := dropSeen{pod: podID, namespace: namespace, name: name, dir: dir}
 	prev, seen := d.last[k]
 	d.last[k] = n
 	delta := n
@@ -161,7 +173,7 @@ func (d *dropCounter) observe(podID string, dir policy.Direction, namespace, nam
 		delta = n - prev
 	}
 	if delta > 0 {
-		d.vec.WithLabelValues(namespace, name).Add(float64(delta))
+		d.vec.WithLabelValues(labels...).Add(float64(delta))
 	}
 }
 
@@ -200,4 +212,30 @@ func (e *Engine) readCounters() {
 		}
 	}
 	e.m.drops.forgetAllBut(seen)
+	e.readClusterCounters(last, counts)
+}
+
+// readClusterCounters turns the ClusterNetworkPolicy Deny rules' counters
+// into podnet_policy_cluster_drops_total{tier,policy,rule}.
+func (e *Engine) readClusterCounters(last *policy.Ruleset, counts map[DropKey]uint64) {
+	seen := map[dropSeen]bool{}
+	for _, p := range last.Policies {
+		if p.Tier == policy.TierNetworkPolicy {
+			continue
+		}
+		for i, r := range p.Rules {
+			if r.Action != policy.ActionDeny {
+				continue
+			}
+			rule := fmt.Sprintf("%s %d", p.Direction, i)
+			if r.Name != "" {
+				rule += " " + r.Name
+			}
+			n := counts[DropKey{PolicyID: p.ID, Rule: i, Direction: p.Direction}]
+			k := dropSeen{pod: p.ID, namespace: string(p.Tier), name: p.Name + "/" + rule, dir: p.Direction}
+			e.m.clusterDrops.observeLabels(k, n, string(p.Tier), p.Name, rule)
+			seen[k] = true
+		}
+	}
+	e.m.clusterDrops.forgetAllBut(seen)
 }

@@ -43,7 +43,7 @@ func (n NFTWriter) DropCounters() (map[DropKey]uint64, error) {
 	}
 	out := make(map[DropKey]uint64, len(pods))
 	for k, v := range pods {
-		out[DropKey{PodID: k.PodID, Direction: k.Direction}] = v
+		out[DropKey{PodID: k.PodID, PolicyID: k.PolicyID, Rule: k.Rule, Direction: k.Direction}] = v
 	}
 	return out, nil
 }

@@ -98,11 +98,12 @@ func (d *tableDef) spec() *nftutil.Table {
 	return t
 }
 
-// CounterKey names a drop counter: a pod chain's (PodID), or the Deny
-// rules' of a ClusterNetworkPolicy chain (PolicyID).
+// CounterKey names a drop counter: a pod chain's (PodID), or a Deny
+// rule's of a ClusterNetworkPolicy chain (PolicyID, Rule: its index).
 type CounterKey struct {
 	PodID     string
 	PolicyID  string
+	Rule      int
 	Direction policy.Direction
 }
 
@@ -466,7 +467,7 @@ func (b *builder) policy(p policy.PolicyChain, cache *buildCache) builtPolicy {
 	fmt.Fprintf(&sig, "policy %s %s", p.Direction, p.Tier)
 	for i, r := range p.Rules {
 		if r.AnyPeer && r.AnyPort {
-			c.rules = append(c.rules, b.verdict(p, r))
+			c.rules = append(c.rules, b.verdict(p, i))
 			fmt.Fprintf(&sig, " r%d:any:%s", i, r.Action)
 			continue
 		}
@@ -483,32 +484,34 @@ func (b *builder) policy(p policy.PolicyChain, cache *buildCache) builtPolicy {
 }
 
 // addPolicy adds a built policy chain: a NetworkPolicy's as a chain, a
-// ClusterNetworkPolicy's counter when it has a Deny rule.
+// ClusterNetworkPolicy's Deny rules' counters.
 func (b *builder) addPolicy(p policy.PolicyChain, c chainDef) {
 	if p.Tier == policy.TierNetworkPolicy {
 		b.polChains = append(b.polChains, c)
 		return
 	}
-	if slices.ContainsFunc(p.Rules, func(r policy.Rule) bool { return r.Action == policy.ActionDeny }) {
-		name := CNPCounter(p.ID)
-		b.def.counters = append(b.def.counters, name)
-		b.def.pods[name] = CounterKey{PolicyID: p.ID, Direction: p.Direction}
+	for i, r := range p.Rules {
+		if r.Action == policy.ActionDeny {
+			name := CNPCounter(p.ID, i)
+			b.def.counters = append(b.def.counters, name)
+			b.def.pods[name] = CounterKey{PolicyID: p.ID, Rule: i, Direction: p.Direction}
+		}
 	}
 }
 
-// verdict is what a matching rule of p does: a NetworkPolicy's and an
-// Accept rule accept, a Deny rule counts and drops, a Pass rule returns
-// from the tier chain (the next tier judges).
-func (b *builder) verdict(p policy.PolicyChain, r policy.Rule) []expr.Any {
+// verdict is what rule i of p does when it matches: a NetworkPolicy's
+// and an Accept rule accept, a Deny rule counts (its own counter) and
+// drops, a Pass rule returns from the tier chain (the next tier judges).
+func (b *builder) verdict(p policy.PolicyChain, i int) []expr.Any {
 	if p.Tier == policy.TierNetworkPolicy {
 		return []expr.Any{&expr.Verdict{Kind: expr.VerdictAccept}}
 	}
-	switch r.Action {
+	switch p.Rules[i].Action {
 	case policy.ActionPass:
 		return []expr.Any{&expr.Verdict{Kind: expr.VerdictReturn}}
 	case policy.ActionDeny:
 		return []expr.Any{
-			&expr.Objref{Type: int(nftables.ObjTypeCounter), Name: CNPCounter(p.ID)},
+			&expr.Objref{Type: int(nftables.ObjTypeCounter), Name: CNPCounter(p.ID, i)},
 			&expr.Verdict{Kind: expr.VerdictDrop},
 		}
 	}
@@ -593,5 +596,5 @@ func (b *builder) ruleOf(p policy.PolicyChain, i int, v6 bool) []expr.Any {
 		rule = append(rule, loadPortKey(v6)...)
 		rule = append(rule, &expr.Lookup{SourceRegister: unix.NFT_REG_1, SetName: name})
 	}
-	return append(rule, b.verdict(p, r)...)
+	return append(rule, b.verdict(p, i)...)
 }

@@ -112,8 +112,9 @@ func TierChain(t policy.Tier, d policy.Direction, ids []string) string {
 	return prefix + hex.EncodeToString(sum[:8]) + suffix
 }
 
-// CNPCounter is the name of a ClusterNetworkPolicy chain's Deny counter.
-func CNPCounter(id string) string { return "cnp-" + id }
+// CNPCounter is the name of the counter of rule i (a Deny rule) of a
+// ClusterNetworkPolicy chain.
+func CNPCounter(id string, i int) string { return fmt.Sprintf("cnp-%s-r%d", id, i) }
 
 // PolicyChain is the name of a policy's chain.
 func PolicyChain(id string) string { return "pol-" + id }
