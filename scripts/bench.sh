@@ -25,8 +25,10 @@
 #             connections, connection rate and throughput with 0 vs that
 #             many policies (back-to-back pairs), the table's size,
 #             enforcement latency of policy and pod changes, the
-#             incremental and the full write (restart); revocation at 100
-#             (about 9 min)                           -> bench/results/policy.json
+#             incremental and the full write (restart); revocation at 100;
+#             then the last count again with 100 ClusterNetworkPolicies
+#             beside it (issue 33: 0 vs both, Admin Deny enforcement and
+#             revocation, attach; about 20 min)       -> bench/results/policy.json
 #   ipam      scripts/bench-ipam.sh: podnet-ipam vs host-local alone
 #                                                     -> bench/results/ipam.md
 #   report    bench/report (its own module, gonum.org/v1/plot)
@@ -45,6 +47,7 @@
 # BENCH_RECONCILE_N (250), BENCH_RECONCILE_REPS (5),
 # BENCH_POLICY_ROUNDS (10: 4 flips each, at each count), BENCH_POLICY_REVOKES (10),
 # BENCH_POLICY_COUNTS (100,1000), BENCH_POLICY_REPS (8: pairs of 0 vs n policies, alternating),
+# BENCH_POLICY_CNPS (100 ClusterNetworkPolicies beside the last count; 0: no admin phase),
 # BENCH_STAGES (routed,datapath,cni,reconcile,policy,ipam; `make bench
 # STAGES=policy` runs one stage: the report is rebuilt from every
 # results file there, and meta.json, which describes the last full run,
@@ -65,7 +68,7 @@ if [ "${BENCH_QUICK:-0}" = 1 ]; then
 	: "${BENCH_DIR:=${TMPDIR:-/tmp}/podnet-bench-quick}"
 	: "${BENCH_PODS:=30}" "${BENCH_REPS:=1}" "${BENCH_OCCUPANCY:=100}" "${BENCH_ROUTED_SCALES:=20,100}"
 	: "${BENCH_ROUTED_SAMPLES:=10}" "${BENCH_IPERF_SECONDS:=1}" "${BENCH_IPERF_REPS:=1}" "${BENCH_RECONCILE_REPS:=2}"
-	: "${BENCH_POLICY_ROUNDS:=2}" "${BENCH_POLICY_REVOKES:=2}" "${BENCH_POLICY_COUNTS:=100}"
+	: "${BENCH_POLICY_ROUNDS:=2}" "${BENCH_POLICY_REVOKES:=2}" "${BENCH_POLICY_COUNTS:=100}" "${BENCH_POLICY_CNPS:=20}"
 	export PODNET_BENCH_POLICY_CONNS=${PODNET_BENCH_POLICY_CONNS:-50} PODNET_BENCH_POLICY_IPERF_SECONDS=${PODNET_BENCH_POLICY_IPERF_SECONDS:-1} PODNET_BENCH_POLICY_REPS=${BENCH_POLICY_REPS:-1}
 	export BENCH_PAIRS=${BENCH_PAIRS:-20} BENCH_PAIRS_FULL=${BENCH_PAIRS_FULL:-0} BENCH_GO_TIME=${BENCH_GO_TIME:-200x} BENCH_GO_COUNT=${BENCH_GO_COUNT:-1}
 fi
@@ -133,6 +136,7 @@ export PODNET_BENCH_IPERF_REPS=${BENCH_IPERF_REPS:-5}
 export PODNET_BENCH_RECONCILE_N=${BENCH_RECONCILE_N:-250} PODNET_BENCH_RECONCILE_REPS=${BENCH_RECONCILE_REPS:-5}
 export PODNET_BENCH_POLICY_ROUNDS=${BENCH_POLICY_ROUNDS:-10} PODNET_BENCH_POLICY_REVOKES=${BENCH_POLICY_REVOKES:-10}
 export PODNET_BENCH_POLICY_COUNTS=${BENCH_POLICY_COUNTS:-100,1000} PODNET_BENCH_POLICY_REPS=${BENCH_POLICY_REPS:-${PODNET_BENCH_POLICY_REPS:-8}}
+export PODNET_BENCH_POLICY_CNPS=${BENCH_POLICY_CNPS:-100}
 export PODNET_BENCH_COMMIT=$rev
 
 run_stage routed "$tmp/routedbench.test" -test.run '^TestRoutedScale$' -test.v -test.count=1 -test.timeout=30m
@@ -140,7 +144,7 @@ run_stage datapath "$tmp/routedbench.test" -test.run '^TestDatapath$' -test.v -t
 run_stage cni "$tmp/cnibench" -bin bin -ref "$tools" -noop "$tmp/noop/noop" -pods "$pods" -reps "$reps" \
 	-workers "$workers" -occupancy "$occupancy" -out "$results/cni.json"
 run_stage reconcile "$tmp/reconcilebench.test" -test.run '^TestReconcileCost$' -test.v -test.count=1 -test.timeout=10m
-run_stage policy "$tmp/policybench.test" -test.run '^TestPolicyBench$' -test.v -test.count=1 -test.timeout=30m
+run_stage policy "$tmp/policybench.test" -test.run '^TestPolicyBench$' -test.v -test.count=1 -test.timeout=60m
 run_stage ipam env BENCH_OUT="$results/ipam.md" scripts/bench-ipam.sh
 
 # ---- versions, then the report ----

@@ -46,6 +46,7 @@ type policyData struct {
 	LoadAfter              string        `json:"load_after"`
 	Scales                 []policyScale `json:"scales"`
 	AttachZeroMs           []float64     `json:"attach_zero_ms"`
+	CNP                    *policyCNP    `json:"cnp"`
 }
 
 // policyPhase is one run of the 0 vs n policies comparison.
@@ -297,6 +298,7 @@ func (r *report) policySection(d *policyData, err error) {
 			target{fmt.Sprintf("pod↔pod throughput with %d policies ≥ 95 %% of without (median of %d pairs)", n, len(gr)), fmt.Sprintf("%.0f %%", mg*100), met(mg >= 0.95), gapPct(mg, 0.95)})
 	}
 	r.f("%s\n\n", policyNoise)
+	r.cnpSection(d)
 }
 
 // policyNoise is what issue 24's investigation of the connection rate

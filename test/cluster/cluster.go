@@ -58,6 +58,7 @@ import (
 	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/kubernetes"
+	cnpclient "sigs.k8s.io/network-policy-api/pkg/client/clientset/versioned"
 
 	"github.com/podnet/podnet/routed/desired"
 	"github.com/podnet/podnet/test/kapi"
@@ -204,6 +205,7 @@ type Cluster struct {
 	netns      map[string]*NetNS
 	servers    []io.Closer
 	nodeSeq    int
+	cnpClient  cnpclient.Interface // CreateClusterPolicy's, made on first use
 }
 
 func (c *Cluster) logf(format string, args ...any) {

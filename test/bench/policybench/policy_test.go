@@ -75,7 +75,10 @@ type flip struct {
 
 type phase struct {
 	Policies int `json:"policies"`
-	Rep      int `json:"rep"`
+	// ClusterPolicies: ClusterNetworkPolicies in place too (the admin
+	// phases, result.CNP, only)
+	ClusterPolicies int `json:"cluster_policies,omitempty"`
+	Rep             int `json:"rep"`
 	// ConnectMs: one new TCP connection cli -> srv each, connect + one
 	// echoed line, sequential
 	ConnectMs  []float64 `json:"connect_ms"`
@@ -177,6 +180,9 @@ type result struct {
 	// AttachZeroMs: scale.AttachMs with the engine on and no policy (the
 	// 1,000 pods in place)
 	AttachZeroMs []float64 `json:"attach_zero_ms"`
+	// CNP: the last count of policies again with ClusterNetworkPolicies
+	// beside them (PODNET_BENCH_POLICY_CNPS, 0: none)
+	CNP *cnpScale `json:"cnp,omitempty"`
 }
 
 func envInt(name string, def int) int {
@@ -255,6 +261,18 @@ func TestPolicyBench(t *testing.T) {
 		}
 	})
 	n1, n2 := c.Nodes[0], c.Nodes[1]
+	// ClusterNetworkPolicy's CRD from the start (the engines watch it
+	// within 5 s; no ClusterNetworkPolicy exists before the admin phase,
+	// so the pods' chains have no tier jumps until then)
+	nCNP := 100
+	if v, err := strconv.Atoi(os.Getenv("PODNET_BENCH_POLICY_CNPS")); err == nil && v >= 0 {
+		nCNP = v
+	}
+	if nCNP > 0 {
+		if err := c.InstallClusterPolicyCRD(ctx); err != nil {
+			t.Fatalf("install the ClusterNetworkPolicy CRD: %v", err)
+		}
+	}
 	must := func(err error) {
 		t.Helper()
 		if err != nil {
@@ -292,114 +310,20 @@ func TestPolicyBench(t *testing.T) {
 	res.PodsReal, res.PodsLocal, res.PodsRemote = 4, fakeLocal, fakeRemote
 	res.PodsTotal = res.PodsReal + res.PodsLocal + res.PodsRemote
 	res.Policies = counts[0]
-	// CNI ADD of new pods on node 1, one at a time, each deleted after:
-	// the Pod object exists before the ADD and shows its address only
-	// later (kubelet's status report), so the plugin's wait is answered
-	// by the engine's write of the addresses it reports
-	attaches := envInt("PODNET_BENCH_POLICY_ATTACHES", 20)
-	attached := 0
-	attach := func(what string) []float64 {
-		var ms []float64
-		for range attaches {
-			attached++
-			p, err := n1.AddPodSpec(ctx, cluster.PodSpec{Namespace: nsBench, Name: fmt.Sprintf("attach-%d", attached),
-				Labels: map[string]string{"app": "srv", "tier": "web"}, LateStatus: true,
-				Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: srvPort, Protocol: corev1.ProtocolTCP}}})
-			must(err)
-			ms = append(ms, float64(p.ADD.Microseconds())/1000)
-			must(n1.DelPod(ctx, p))
-		}
-		t.Logf("%s: CNI ADD p50 %.1f ms p99 %.1f ms (%d pods)", what, pct(ms, 50), pct(ms, 99), len(ms))
-		return ms
-	}
-	res.AttachZeroMs = attach("attach, no policy")
-	var inPlace []*networkingv1.NetworkPolicy
-	deleteAll := func() {
-		parallel(t, len(inPlace), 8, func(i int) error { return c.DeletePolicy(ctx, inPlace[i].Namespace, inPlace[i].Name) })
-		inPlace = nil
-		waitVerdict(t, probeCli.NS, probeAddr, true, 60*time.Second)
-		time.Sleep(2 * time.Second)
-	}
+	b := &bench{t: t, ctx: ctx, c: c, n1: n1, n2: n2, srv: srv, cli: cli, probeSrv: probeSrv, probeCli: probeCli,
+		srvAddr: srvAddr, probeAddr: probeAddr, conns: conns, iperfS: iperfS, reps: reps,
+		attaches: envInt("PODNET_BENCH_POLICY_ATTACHES", 20)}
+	res.AttachZeroMs = b.attach("attach, no policy")
 	for ci, count := range counts {
 		pols := policies(count)
 		sc := scale{Policies: len(pols)}
-		createAll := func() {
-			start := time.Now()
-			parallel(t, len(pols), 8, func(i int) error { return c.CreatePolicy(ctx, pols[i]) })
-			inPlace = pols
-			waitVerdict(t, probeCli.NS, probeAddr, false, 60*time.Second) // bench's deny-all
-			waitVerdict(t, cli.NS, srvAddr, true, 60*time.Second)         // web-allow-cli
-			sc.SetupPolS = time.Since(start).Seconds()
-			// the last writes settle: until node 1 wrote nothing for 2 s
-			_ = nettest.Poll(ctx, 60*time.Second, time.Second, func() error {
-				before := applyStats(n1)
-				time.Sleep(2 * time.Second)
-				if applyStats(n1)[1] != before[1] {
-					return fmt.Errorf("node 1 still writing")
-				}
-				return nil
-			})
-		}
-		if len(inPlace) > 0 {
-			deleteAll()
-		}
-		// 0 vs count policies, alternating.
-		// cli's TIME_WAIT sockets at their steady state before the first
-		// measured run (the first run of a series otherwise had none)
-		connRate(cli.NS, srvAddr, 3*time.Second, 4)
-		// 0 vs count policies in pairs, the order alternating (0 first in
-		// odd pairs), so that a drift of the machine's load does not
-		// always favour the same side
-		for rep := 1; rep <= reps; rep++ {
-			order := []bool{false, true}
-			if rep%2 == 0 {
-				order = []bool{true, false}
-			}
-			for _, withPol := range order {
-				if withPol && len(inPlace) == 0 {
-					createAll()
-				}
-				if !withPol && len(inPlace) > 0 {
-					deleteAll()
-				}
-				ph := phase{Policies: 0, Rep: rep, Load1: load1(), TimeWait: timeWait(t, cli.NS)}
-				if withPol {
-					ph.Policies = len(pols)
-				}
-				phStart, r1, r2 := time.Now(), procCPU(n1), procCPU(n2)
-				ph.ConnectMs = connectLatencies(t, cli.NS, srvAddr, conns)
-				cpu0 := cpuTime()
-				ph.ConnPerSec = connRate(cli.NS, srvAddr, 3*time.Second, 4)
-				if ph.ConnPerSec > 0 {
-					ph.CPUPerConnUs = (cpuTime() - cpu0).Seconds() * 1e6 / (ph.ConnPerSec * 3)
-				}
-				ph.Gbps = iperf(t, cli.NS.NetNS, srv.IP.String(), iperfPort, iperfS)
-				ph.Seconds = time.Since(phStart).Seconds()
-				ph.RoutedCPUMs = [2]float64{(procCPU(n1) - r1).Seconds() * 1000, (procCPU(n2) - r2).Seconds() * 1000}
-				t.Logf("%d policies, rep %d: connect p50 %.2f ms p99 %.2f ms, %.0f conn/s (%.0f µs CPU each), %.2f Gbit/s (load %.1f)", ph.Policies, rep, pct(ph.ConnectMs, 50), pct(ph.ConnectMs, 99), ph.ConnPerSec, ph.CPUPerConnUs, ph.Gbps, ph.Load1)
-				res.Phases = append(res.Phases, ph)
-			}
-		}
-		if len(inPlace) == 0 {
-			createAll()
-		}
+		res.Phases = append(res.Phases, b.phases(pols, nil, &sc.SetupPolS)...)
 		// the policies are in place from here on
 		if body, err := n1.MetricsText(); err == nil {
 			sc.IsolatedPods, _ = cluster.Metric(body, "podnet_policy_isolated_pods")
 			sc.PolicyChains, _ = cluster.Metric(body, "podnet_policy_chains")
 		}
-		if out, err := n1.NS.Exec(ctx, "nft", "list", "table", "inet", "podnet-policy"); err == nil {
-			sc.TableLines, sc.TableBytes = strings.Count(out, "\n"), len(out)
-			for _, l := range strings.Split(out, "\n") {
-				l = strings.TrimSpace(l)
-				switch {
-				case strings.HasPrefix(l, "set "), strings.HasPrefix(l, "map "):
-					sc.TableSets++
-				case strings.HasPrefix(l, "chain "):
-					sc.TableChains++
-				}
-			}
-		}
+		sc.TableLines, sc.TableBytes, sc.TableSets, sc.TableChains = tableStats(n1)
 		sc.SrvWalk = walk(t, n1, "ingress4", srv.IP, policy.PolicyID(nsBench, allowCli, policy.Ingress))
 		sc.CliWalk = walk(t, n2, "egress4", cli.IP, policy.PolicyID(nsBench, cliEgWeb, policy.Egress))
 		t.Logf("%d policies: table %d lines, %d sets, %d chains; srv's first packet walks %d of %d policy chains (node 1 ingress), cli's %d of %d (node 2 egress)",
@@ -407,17 +331,7 @@ func TestPolicyBench(t *testing.T) {
 
 		// Enforcement latency: flips of the probe flow probe-cli -> probe-srv.
 		applyBefore := applyStats(n1)
-		allowProbe := &networkingv1.NetworkPolicy{
-			ObjectMeta: metav1.ObjectMeta{Namespace: nsBench, Name: "allow-probe"},
-			Spec: networkingv1.NetworkPolicySpec{
-				PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "probe"}},
-				PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress},
-				Ingress: []networkingv1.NetworkPolicyIngressRule{{
-					From:  []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"role": "probe-cli"}}}},
-					Ports: []networkingv1.NetworkPolicyPort{tcpPort(intstr.FromString("http"))},
-				}},
-			},
-		}
+		allowProbe := allowProbePolicy()
 		setLabel := func(role string) func() error {
 			return func() error { return c.SetPodLabels(ctx, probeCli, map[string]string{"role": role}) }
 		}
@@ -443,7 +357,7 @@ func TestPolicyBench(t *testing.T) {
 			sc.IncrementalApplyCount = dc
 			sc.IncrementalApplyMeanMs = (applyAfter[0] - applyBefore[0]) / dc * 1000
 		}
-		sc.AttachMs = attach(fmt.Sprintf("attach, %d policies", len(pols)))
+		sc.AttachMs = b.attach(fmt.Sprintf("attach, %d policies", len(pols)))
 
 		// Revocation (the first count only).
 		if ci == 0 {
@@ -486,6 +400,11 @@ func TestPolicyBench(t *testing.T) {
 			res.TableLines, res.IsolatedPods, res.PolicyChains, res.SetupPolS = sc.TableLines, sc.IsolatedPods, sc.PolicyChains, sc.SetupPolS
 			res.IncrementalApplyCount, res.IncrementalApplyMeanMs, res.Repairs = sc.IncrementalApplyCount, sc.IncrementalApplyMeanMs, sc.Repairs
 		}
+	}
+	// The admin tier: the last count again with ClusterNetworkPolicies
+	// beside it (cnp_test.go).
+	if nCNP > 0 {
+		res.CNP = b.cnpScale(policies(counts[len(counts)-1]), clusterPolicies(nCNP), rounds, revokes)
 	}
 	res.LoadAfter = loadavg()
 
@@ -1028,6 +947,25 @@ func iperf(t *testing.T, n ns.NetNS, ip string, port, dur int) float64 {
 	return j.End.Received.BPS / 1e9
 }
 
+// tableStats is `nft list table inet podnet-policy` on n: lines, bytes,
+// sets and maps, chains.
+func tableStats(n *cluster.Node) (lines, size, sets, chains int) {
+	out, err := n.NS.Exec(context.Background(), "nft", "list", "table", "inet", "podnet-policy")
+	if err != nil {
+		return 0, 0, 0, 0
+	}
+	for _, l := range strings.Split(out, "\n") {
+		l = strings.TrimSpace(l)
+		switch {
+		case strings.HasPrefix(l, "set "), strings.HasPrefix(l, "map "):
+			sets++
+		case strings.HasPrefix(l, "chain "):
+			chains++
+		}
+	}
+	return strings.Count(out, "\n"), len(out), sets, chains
+}
+
 // applyStats is podnet_policy_apply_seconds' sum and count on n.
 func applyStats(n *cluster.Node) [2]float64 {
 	body, err := n.MetricsText()
@@ -1111,20 +1049,8 @@ func loadavg() string {
 func walk(t *testing.T, n *cluster.Node, m string, addr netip.Addr, allowing string) [2]int {
 	t.Helper()
 	ctx := context.Background()
-	out, err := n.NS.Exec(ctx, "nft", "list", "map", "inet", "podnet-policy", m)
-	if err != nil {
-		t.Fatalf("%s: nft list map %s: %v", n.Name, m, err)
-	}
-	chain := ""
-	for _, f := range strings.Split(strings.NewReplacer("{", ",", "}", ",", "\n", ",").Replace(out), ",") {
-		if k, v, ok := strings.Cut(strings.TrimSpace(f), " : jump "); ok && k == addr.String() {
-			chain = strings.TrimSpace(v)
-		}
-	}
-	if chain == "" {
-		t.Fatalf("%s: %s not in map %s:\n%s", n.Name, addr, m, out)
-	}
-	out, err = n.NS.Exec(ctx, "nft", "list", "chain", "inet", "podnet-policy", chain)
+	chain := podChainOf(t, n, m, addr)
+	out, err := n.NS.Exec(ctx, "nft", "list", "chain", "inet", "podnet-policy", chain)
 	if err != nil {
 		t.Fatalf("%s: nft list chain %s: %v", n.Name, chain, err)
 	}
@@ -1139,6 +1065,25 @@ func walk(t *testing.T, n *cluster.Node, m string, addr netip.Addr, allowing str
 		return [2]int{len(jumps), len(jumps)}
 	}
 	return [2]int{i + 1, len(jumps)}
+}
+
+// podChainOf is the chain the verdict map m of n's table sends addr to.
+func podChainOf(t *testing.T, n *cluster.Node, m string, addr netip.Addr) string {
+	t.Helper()
+	out, err := n.NS.Exec(context.Background(), "nft", "list", "map", "inet", "podnet-policy", m)
+	if err != nil {
+		t.Fatalf("%s: nft list map %s: %v", n.Name, m, err)
+	}
+	chain := ""
+	for _, f := range strings.Split(strings.NewReplacer("{", ",", "}", ",", "\n", ",").Replace(out), ",") {
+		if k, v, ok := strings.Cut(strings.TrimSpace(f), " : jump "); ok && k == addr.String() {
+			chain = strings.TrimSpace(v)
+		}
+	}
+	if chain == "" {
+		t.Fatalf("%s: %s not in map %s:\n%s", n.Name, addr, m, out)
+	}
+	return chain
 }
 
 func load1() float64 {
