@@ -235,10 +235,41 @@ run_suite() {
 		-meta "Kubernetes=v1.34.10 (kube-apiserver, controller-manager --allocate-node-cidrs, scheduler, kubelet, kube-proxy in nftables mode, e2e.test), etcd v3.6.8, containerd $(containerd --version | awk '{print $3}'), runc $(runc --version | awk 'NR==1{print $3}'), CoreDNS v1.12.1" \
 		-meta "podnet=$(git -C "$REPO" describe --always --dirty 2>/dev/null || echo unknown), installed by conf/k8s/podnet.yaml (encap $MODE, portmap chained), $NODES nodes" \
 		-meta "Machine=$(nproc) cores, kernel $(uname -r)" \
+		-meta "$ADMIN_TIERS_META" \
 		-meta "Wall time=cluster up ${t_up}s (shared), specs ${t_run}s with $PROCS Ginkgo process(es), $((SECONDS - t0))s since the start before teardown" \
 		-meta "Command=scripts/k8s/conformance.sh ($(case $name/$sub in netpol/subset) echo "NETPOL=subset after the conformance specs, make test" ;; netpol/all) echo "NETPOL=all after the conformance specs" ;; netpol/) echo "make netpol" ;; *) echo "make conformance, make test" ;; esac)) with MODE=$MODE NODES=$NODES FAMILY=$FAMILY" >"$report" || src=1
 	log "report: $report"
 	return "$src"
+}
+
+# admin_tiers on|off: the ClusterNetworkPolicies of
+# test/conformance/admin-tiers.yaml (no verdict changes, every pod under
+# both tiers) created, or deleted; ADMIN_TIERS=0 leaves them out. "on"
+# waits until every node's engine holds them.
+ADMIN_TIERS=${ADMIN_TIERS:-1}
+ADMIN_TIERS_META="Admin tiers=off (ADMIN_TIERS=0)"
+admin_tiers() {
+	local f=$REPO/test/conformance/admin-tiers.yaml
+	if [ "$1" = off ] || [ "$ADMIN_TIERS" = 0 ]; then
+		kc delete --ignore-not-found -f "$f" >/dev/null
+		return 0
+	fi
+	kc apply -f "$f" >/dev/null || die "creating the admin-tier ClusterNetworkPolicies"
+	wait_for 60 "every node's engine holds the admin-tier ClusterNetworkPolicies" admin_tiers_held ||
+		die "the admin-tier ClusterNetworkPolicies did not reach every node's engine"
+	ADMIN_TIERS_META="Admin tiers=on: the ClusterNetworkPolicies of test/conformance/admin-tiers.yaml (an Admin Pass and a Baseline Accept for every pod, no verdict changed) were in place: every pod's chains jump through both tiers"
+	log "admin tiers on (test/conformance/admin-tiers.yaml)"
+}
+
+# admin_tiers_held: each node's podnet-routed reports 2 or more
+# ClusterNetworkPolicies (its metrics on 127.0.0.1:9098 in the node).
+admin_tiers_held() {
+	local n v
+	for n in $(seq 1 "$NODES"); do
+		v=$(on_node "$n" curl -s --max-time 2 http://127.0.0.1:9098/metrics 2>/dev/null |
+			awk '$1 == "podnet_policy_cluster_policies" {print int($2)}')
+		[ "${v:-0}" -ge 2 ] || return 1
+	done
 }
 
 # run_cnp [subset|all] REPORT: upstream's ClusterNetworkPolicy suite
@@ -286,12 +317,14 @@ run_cnp() {
 }
 
 if [ "$SUITE" = cnp ]; then
+	admin_tiers off
 	run_cnp "" "$REPORT" || rc=1
 else
+	admin_tiers on
 	run_suite "$SUITE" "" "$REPORT" || rc=1
 fi
-[ -n "$CNP" ] && { run_cnp "$CNP" "$CNP_REPORT" || rc=1; }
-[ -n "$NETPOL" ] && { PROCS=$NETPOL_PROCS run_suite netpol "$NETPOL" "$NETPOL_REPORT" || rc=1; }
+[ -n "$CNP" ] && { admin_tiers off && run_cnp "$CNP" "$CNP_REPORT" || rc=1; }
+[ -n "$NETPOL" ] && { admin_tiers on && PROCS=$NETPOL_PROCS run_suite netpol "$NETPOL" "$NETPOL_REPORT" || rc=1; }
 t_total=$((SECONDS - t0))
 teardown || rc=1
 log "$SUITE run: $((SECONDS - t0))s in all (cluster down $((SECONDS - t0 - t_total))s)"
