@@ -148,7 +148,7 @@ func TestManifestApplies(t *testing.T) {
 		{"get", "pods/log", false}, {"create", "pods/exec", false}, {"update", "pods", false}, {"delete", "pods", false}, {"patch", "namespaces", false},
 		{"list", "networking.k8s.io/networkpolicies", true}, {"watch", "networking.k8s.io/networkpolicies", true},
 		{"create", "networking.k8s.io/networkpolicies", false}, {"delete", "networking.k8s.io/networkpolicies", false},
-		{"get", "policy.networking.k8s.io/clusternetworkpolicies", true}, {"list", "policy.networking.k8s.io/clusternetworkpolicies", true}, {"watch", "policy.networking.k8s.io/clusternetworkpolicies", true},
+		{"get", "policy.networking.k8s.io/clusternetworkpolicies", false}, {"list", "policy.networking.k8s.io/clusternetworkpolicies", true}, {"watch", "policy.networking.k8s.io/clusternetworkpolicies", true},
 		{"create", "policy.networking.k8s.io/clusternetworkpolicies", false}, {"update", "policy.networking.k8s.io/clusternetworkpolicies", false},
 		{"delete", "policy.networking.k8s.io/clusternetworkpolicies", false}, {"patch", "policy.networking.k8s.io/clusternetworkpolicies/status", false},
 		{"list", "apiextensions.k8s.io/customresourcedefinitions", false},
