@@ -130,10 +130,10 @@ func (e *env) cnpDrops(t *testing.T) {
 	if err := nettest.Poll(ctx, converge, 200*time.Millisecond, func() error {
 		return clusterDrops(e.n1, "cnp-drops", rule, 0)
 	}); err != nil {
-		t.Errorf("drops not counted: %v", err)
+		t.Errorf("drops not counted: %v\n%s", err, dropsDiag(e.n1))
 	}
 	body, _ := e.n1.MetricsText()
-	before, _ := cluster.Metric(body, "podnet_policy_cluster_drops_total", `policy="cnp-drops"`, `rule="`+rule+`"`)
+	before, _ := clusterDropsIn(body, "cnp-drops", rule)
 	probeAll(e.clientsToWeb80(false))
 	if err := nettest.Poll(ctx, converge, 200*time.Millisecond, func() error {
 		return clusterDrops(e.n1, "cnp-drops", rule, before)

@@ -11,7 +11,12 @@ package policy
 import (
 	"context"
 	"fmt"
+	"io"
+	"net"
 	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -158,7 +163,7 @@ func (e *env) cnpEgressNetworks(t *testing.T) {
 	if err := nettest.Poll(context.Background(), converge, 200*time.Millisecond, func() error {
 		return clusterDrops(e.n2, "cnp-egress-nets", "egress 0 deny-nets", 0)
 	}); err != nil {
-		t.Errorf("egress drops not counted: %v", err)
+		t.Errorf("egress drops not counted: %v\n%s", err, dropsDiag(e.n2))
 	}
 	e.deleteCNP(t, "cnp-egress-nets")
 	e.expect(t, "Admin Deny egress deleted", converge, open...)
@@ -170,8 +175,8 @@ func (e *env) cnpEgressNetworks(t *testing.T) {
 // other node's, not client's.
 func (e *env) cnpEgressNodes(t *testing.T) {
 	e.cnpReady(t)
-	echoOn(t, e.n1.NS, portNode)
-	echoOn(t, e.n2.NS, portNode)
+	echoDual(t, e.n1.NS, portNode)
+	echoDual(t, e.n2.NS, portNode)
 	var flows []addrFlow
 	for _, from := range []*cluster.Pod{e.other, e.client} {
 		for _, n := range []*cluster.Node{e.n2, e.n1} { // other's node first
@@ -194,6 +199,26 @@ func (e *env) cnpEgressNodes(t *testing.T) {
 	e.expectAddrs(t, "Admin Deny egress to the nodes deleted", flows...)
 }
 
+// echoDual serves TCP echo on port of every address of netns, IPv4 and
+// IPv6 (echoOn's tcp6 socket is IPv6 only).
+func echoDual(t *testing.T, netns *cluster.NetNS, port int) {
+	t.Helper()
+	l, err := netns.Listen("tcp", fmt.Sprintf("[::]:%d", port))
+	if err != nil {
+		t.Fatalf("listen on [::]:%d: %v", port, err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func(c net.Conn) { defer c.Close(); _, _ = io.Copy(c, c) }(c)
+		}
+	}()
+}
+
 // clusterDrops says whether node n's
 // podnet_policy_cluster_drops_total{tier="Admin",policy,rule} is above
 // than (nil) or not.
@@ -202,10 +227,46 @@ func clusterDrops(n *cluster.Node, policy, rule string, than float64) error {
 	if err != nil {
 		return err
 	}
-	v, ok := cluster.Metric(body, "podnet_policy_cluster_drops_total", `tier="Admin"`, `policy="`+policy+`"`, `rule="`+rule+`"`)
+	v, ok := clusterDropsIn(body, policy, rule)
 	if !ok || v <= than {
 		return fmt.Errorf("%s: podnet_policy_cluster_drops_total{tier=\"Admin\",policy=%q,rule=%q} = %v (present %v), want > %v",
 			n.Name, policy, rule, v, ok, than)
 	}
 	return nil
+}
+
+// clusterDropsIn is podnet_policy_cluster_drops_total{tier="Admin",policy,rule}
+// in /metrics text. Not cluster.Metric: the rule label ("ingress 0
+// deny-clients") holds spaces, which it takes for the end of the series.
+func clusterDropsIn(body, policy, rule string) (float64, bool) {
+	for _, line := range strings.Split(body, "\n") {
+		series, val, ok := strings.Cut(line, "} ")
+		if !ok || !strings.HasPrefix(series, "podnet_policy_cluster_drops_total{") {
+			continue
+		}
+		labels := strings.Split(strings.TrimPrefix(series, "podnet_policy_cluster_drops_total{"), ",")
+		if slices.Contains(labels, `tier="Admin"`) && slices.Contains(labels, `policy="`+policy+`"`) && slices.Contains(labels, `rule="`+rule+`"`) {
+			v, err := strconv.ParseFloat(strings.TrimSpace(val), 64)
+			return v, err == nil
+		}
+	}
+	return 0, false
+}
+
+// dropsDiag is what a node has of ClusterNetworkPolicy drops: its
+// podnet_policy_cluster_* series and its table's named counters.
+func dropsDiag(n *cluster.Node) string {
+	var b strings.Builder
+	body, err := n.MetricsText()
+	if err != nil {
+		fmt.Fprintf(&b, "/metrics: %v\n", err)
+	}
+	for _, l := range strings.Split(body, "\n") {
+		if strings.HasPrefix(l, "podnet_policy_cluster_") {
+			b.WriteString(l + "\n")
+		}
+	}
+	out, err := n.NS.Exec(context.Background(), "nft", "list", "counters", "table", "inet", "podnet-policy")
+	fmt.Fprintf(&b, "nft list counters (%v):\n%s", err, out)
+	return b.String()
 }
