@@ -1,5 +1,10 @@
 package cluster
 
+// ClusterNetworkPolicy support (issue 33): the CRD of
+// sigs.k8s.io/network-policy-api podnet ships (conf/k8s/cnp-crds.yaml)
+// installed into and deleted from the cluster's API server, and
+// ClusterNetworkPolicies created and deleted with the typed client.
+
 import (
 	"bytes"
 	"context"
@@ -10,6 +15,7 @@ import (
 	"path/filepath"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -19,77 +25,22 @@ import (
 	cnpclient "sigs.k8s.io/network-policy-api/pkg/client/clientset/versioned"
 )
 
+// CNPCRD is the name of the ClusterNetworkPolicy CRD.
+const CNPCRD = "clusternetworkpolicies.policy.networking.k8s.io"
+
 var crdGVR = schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
 
-// InstallClusterPolicyCRD creates the CustomResourceDefinitions of the
-// shipped conf/k8s/cnp-crds.yaml (ClusterNetworkPolicy,
-// policy.networking.k8s.io) in the cluster's API server and waits until
-// they are established. podnet-routed's engine notices them through
-// discovery (every 5 s) and starts watching ClusterNetworkPolicies; the
-// shipped RBAC already lets it.
-func (c *Cluster) InstallClusterPolicyCRD(ctx context.Context) error {
+func (c *Cluster) dynamicClient() (dynamic.Interface, error) {
 	cfg, err := c.API.AdminConfig()
 	if err != nil {
-		return err
+		return nil, err
 	}
-	dyn, err := dynamic.NewForConfig(cfg)
-	if err != nil {
-		return fmt.Errorf("dynamic client: %w", err)
-	}
-	path := filepath.Join(c.Cfg.RepoRoot, "conf", "k8s", "cnp-crds.yaml")
-	raw, err := os.ReadFile(path)
-	if err != nil {
-		return fmt.Errorf("read the CRDs: %w", err)
-	}
-	dec := yaml.NewYAMLOrJSONDecoder(bytes.NewReader(raw), 4096)
-	var names []string
-	for {
-		var obj unstructured.Unstructured
-		if err := dec.Decode(&obj.Object); errors.Is(err, io.EOF) {
-			break
-		} else if err != nil {
-			return fmt.Errorf("%s: %w", path, err)
-		}
-		if obj.GetKind() != "CustomResourceDefinition" {
-			continue
-		}
-		if _, err := dyn.Resource(crdGVR).Create(ctx, &obj, metav1.CreateOptions{}); err != nil {
-			return fmt.Errorf("create CRD %s: %w", obj.GetName(), err)
-		}
-		names = append(names, obj.GetName())
-	}
-	if len(names) == 0 {
-		return fmt.Errorf("%s: no CustomResourceDefinition", path)
-	}
-	for _, name := range names {
-		if err := waitEstablished(ctx, dyn, name); err != nil {
-			return err
-		}
-	}
-	return nil
+	return dynamic.NewForConfig(cfg)
 }
 
-func waitEstablished(ctx context.Context, dyn dynamic.Interface, name string) error {
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		got, err := dyn.Resource(crdGVR).Get(ctx, name, metav1.GetOptions{})
-		if err == nil {
-			conds, _, _ := unstructured.NestedSlice(got.Object, "status", "conditions")
-			for _, cd := range conds {
-				if m, ok := cd.(map[string]any); ok && m["type"] == "Established" && m["status"] == "True" {
-					return nil
-				}
-			}
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("CRD %s not established in 30 s (%v)", name, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
-// clusterPolicies is the typed ClusterNetworkPolicy client, made once.
-func (c *Cluster) clusterPolicies() (cnpclient.Interface, error) {
+// CNPClient is the typed client of ClusterNetworkPolicies (admin), made
+// once.
+func (c *Cluster) CNPClient() (cnpclient.Interface, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.cnpClient != nil {
@@ -108,26 +59,99 @@ func (c *Cluster) clusterPolicies() (cnpclient.Interface, error) {
 	return cl, nil
 }
 
-// CreateClusterPolicy creates a ClusterNetworkPolicy (its CRD installed:
-// InstallClusterPolicyCRD).
-func (c *Cluster) CreateClusterPolicy(ctx context.Context, p *cnpv1.ClusterNetworkPolicy) error {
-	cl, err := c.clusterPolicies()
+// InstallClusterPolicyCRD is InstallCNPCRD with 30 s to get established.
+func (c *Cluster) InstallClusterPolicyCRD(ctx context.Context) error {
+	return c.InstallCNPCRD(ctx, 30*time.Second)
+}
+
+// InstallCNPCRD creates the ClusterNetworkPolicy CRD of
+// conf/k8s/cnp-crds.yaml unless it is there, and waits (up to limit)
+// until it is established.
+func (c *Cluster) InstallCNPCRD(ctx context.Context, limit time.Duration) error {
+	dyn, err := c.dynamicClient()
 	if err != nil {
 		return err
 	}
-	if _, err := cl.PolicyV1beta1().ClusterNetworkPolicies().Create(ctx, p, metav1.CreateOptions{}); err != nil {
+	path := filepath.Join(c.Cfg.RepoRoot, "conf", "k8s", "cnp-crds.yaml")
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	dec := yaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096)
+	for {
+		var obj map[string]any
+		if err := dec.Decode(&obj); errors.Is(err, io.EOF) {
+			break
+		} else if err != nil {
+			return fmt.Errorf("%s: %w", path, err)
+		}
+		if obj["kind"] != "CustomResourceDefinition" {
+			continue
+		}
+		crd := &unstructured.Unstructured{Object: obj}
+		_, err := dyn.Resource(crdGVR).Create(ctx, crd, metav1.CreateOptions{})
+		if err != nil && !apierrors.IsAlreadyExists(err) {
+			return fmt.Errorf("create CRD %s: %w", crd.GetName(), err)
+		}
+	}
+	return poll(ctx, limit, func() error {
+		got, err := dyn.Resource(crdGVR).Get(ctx, CNPCRD, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if got.GetDeletionTimestamp() != nil {
+			return errors.New("CRD " + CNPCRD + " is being deleted")
+		}
+		conds, _, _ := unstructured.NestedSlice(got.Object, "status", "conditions")
+		for _, cond := range conds {
+			if m, ok := cond.(map[string]any); ok && m["type"] == "Established" && m["status"] == "True" {
+				return nil
+			}
+		}
+		return fmt.Errorf("CRD %s not established: %v", CNPCRD, conds)
+	})
+}
+
+// DeleteCNPCRD deletes the ClusterNetworkPolicy CRD (and so every
+// ClusterNetworkPolicy) and waits (up to limit) until it is gone.
+func (c *Cluster) DeleteCNPCRD(ctx context.Context, limit time.Duration) error {
+	dyn, err := c.dynamicClient()
+	if err != nil {
+		return err
+	}
+	if err := dyn.Resource(crdGVR).Delete(ctx, CNPCRD, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("delete CRD %s: %w", CNPCRD, err)
+	}
+	return poll(ctx, limit, func() error {
+		_, err := dyn.Resource(crdGVR).Get(ctx, CNPCRD, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		return fmt.Errorf("CRD %s still there (%v)", CNPCRD, err)
+	})
+}
+
+// CreateClusterPolicy creates a ClusterNetworkPolicy.
+func (c *Cluster) CreateClusterPolicy(ctx context.Context, p *cnpv1.ClusterNetworkPolicy) error {
+	client, err := c.CNPClient()
+	if err != nil {
+		return err
+	}
+	if _, err := client.PolicyV1beta1().ClusterNetworkPolicies().Create(ctx, p, metav1.CreateOptions{}); err != nil {
 		return fmt.Errorf("create ClusterNetworkPolicy %s: %w", p.Name, err)
 	}
 	return nil
 }
 
-// DeleteClusterPolicy deletes a ClusterNetworkPolicy.
+// DeleteClusterPolicy deletes a ClusterNetworkPolicy (gone already: nothing
+// to do).
 func (c *Cluster) DeleteClusterPolicy(ctx context.Context, name string) error {
-	cl, err := c.clusterPolicies()
+	client, err := c.CNPClient()
 	if err != nil {
 		return err
 	}
-	if err := cl.PolicyV1beta1().ClusterNetworkPolicies().Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
+	err = client.PolicyV1beta1().ClusterNetworkPolicies().Delete(ctx, name, metav1.DeleteOptions{})
+	if err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("delete ClusterNetworkPolicy %s: %w", name, err)
 	}
 	return nil

@@ -77,6 +77,18 @@ var subtests = []struct {
 	{"TableRepairedWhole", (*env).repairWhole, false},
 	{"Revocation", (*env).revocation, false},
 	{"OneWatchPerResource", (*env).oneWatch, true},
+	// ClusterNetworkPolicies (cnp_test.go): the CRD installed first
+	{"CNPWatched", (*env).cnpWatched, false},
+	{"CNPAdminDenyBeatsNetworkPolicy", (*env).cnpAdminDeny, false},
+	{"CNPAdminAcceptOpensIsolation", (*env).cnpAdminAccept, false},
+	{"CNPAdminPassHandsToNetworkPolicy", (*env).cnpAdminPass, false},
+	{"CNPBaselineOnlyWhereNotIsolated", (*env).cnpBaseline, false},
+	{"CNPEgressDenyNetworks", (*env).cnpEgressNetworks, false},
+	{"CNPEgressDenyNodes", (*env).cnpEgressNodes, false},
+	{"CNPRevocation", (*env).cnpRevocation, false},
+	{"CNPNewPodFromFirstPacket", (*env).cnpNewPod, false},
+	{"CNPDropsAndExplain", (*env).cnpDrops, false},
+	{"CNPCRDDeletedAndRecreated", (*env).cnpCRDLifecycle, false},
 }
 
 // TestNetworkPolicy: the whole behaviour on pods of the podnet plugin
