@@ -430,10 +430,15 @@ func Metric(body, name string, labels ...string) (v float64, ok bool) {
 		if line == "" || strings.HasPrefix(line, "#") {
 			continue
 		}
-		series, val, found := strings.Cut(line, " ")
-		if !found {
+		// a label value may hold spaces: the series ends at its "}"
+		cut := strings.IndexByte(line, ' ')
+		if i := strings.IndexByte(line, '{'); i >= 0 && (cut < 0 || i < cut) {
+			cut = strings.LastIndexByte(line, '}') + 1
+		}
+		if cut <= 0 || cut >= len(line) {
 			continue
 		}
+		series, val := line[:cut], line[cut:]
 		base, lbl, _ := strings.Cut(series, "{")
 		if base != name {
 			continue
