@@ -67,6 +67,12 @@ type Config struct {
 type Daemon struct {
 	cfg     Config
 	nodesLW cache.ListerWatcher
+	// nodeInf is the Node informer (NodeInformer), made once;
+	// nodeLabels: it keeps the Nodes' labels too (WithNodeLabels)
+	nodeInf     cache.SharedIndexInformer
+	nodeInfErr  error
+	nodeInfOnce sync.Once
+	nodeLabels  bool
 	// serviceCIDRsLW lists and watches ServiceCIDR objects (nil: the flag
 	// alone); events posts Events about refused Nodes (nil: none)
 	serviceCIDRsLW cache.ListerWatcher

@@ -48,9 +48,33 @@ func (e *env) clientsToWeb80(allowed bool) []flow {
 
 // cnpWatched: with the CRD installed, both nodes' engines watch
 // ClusterNetworkPolicies; nothing changes until one is created.
+//
+// Watching them costs one watch per node on clusternetworkpolicies and no
+// second one on Nodes: the engine hears the daemon's Node informer.
 func (e *env) cnpWatched(t *testing.T) {
+	nodesBefore := e.apiWatches(t, "nodes")
 	e.cnpReady(t)
 	e.expect(t, "CRD installed, no ClusterNetworkPolicy", converge, e.clientsToWeb80(true)...)
+	err := nettest.Poll(context.Background(), converge, 200*time.Millisecond, func() error {
+		if n, c := e.apiWatches(t, "nodes"), e.apiWatches(t, "clusternetworkpolicies"); n != nodesBefore || c != 2 {
+			return fmt.Errorf("WATCH requests: nodes %v (%v before the CRD), clusternetworkpolicies %v (want 2: one per podnet-routed)", n, nodesBefore, c)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Error(err)
+	}
+}
+
+// apiWatches is the API server's count of open WATCH requests on resource.
+func (e *env) apiWatches(t *testing.T, resource string) float64 {
+	t.Helper()
+	body, err := e.c.Client.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(context.Background())
+	if err != nil {
+		t.Fatalf("API server /metrics: %v", err)
+	}
+	n, _ := cluster.Metric(string(body), "apiserver_longrunning_requests", `resource="`+resource+`"`, `verb="WATCH"`)
+	return n
 }
 
 // cnpAdminDeny: an Admin Deny from role=client pods on web beats

@@ -191,6 +191,12 @@ func startPolicy(ctx context.Context, stop func(), o *options, cl *clients, d *d
 	if err != nil {
 		return err
 	}
+	// the engine hears the daemon's Node informer (with the labels) for
+	// ClusterNetworkPolicy's nodes peers: one watch on Nodes
+	nodeInf, err := d.WithNodeLabels().NodeInformer()
+	if err != nil {
+		return err
+	}
 	reg, repairs := d.Registry()
 	m := engine.NewMetrics(reg, repairs)
 	pev := kube.NewPolicyEvents(cl.events, o.nodeName, log)
@@ -198,7 +204,7 @@ func startPolicy(ctx context.Context, stop func(), o *options, cl *clients, d *d
 	eng := engine.New(engine.Config{NodeName: o.nodeName, Resync: o.resync, SocketPath: policysock.Path(o.stateDir), ProcSys: o.procSys, Events: pev,
 		ClusterEvents: pev, IPAMDataDirs: dataDirs, NodeEvent: d.NodeEvent},
 		engine.ListWatches{Pods: pods, Namespaces: nss, Policies: pols,
-			ClusterPolicies: cnps, ClusterPoliciesServed: cnpServed, Nodes: kube.NodesListWatch(cl.core)},
+			ClusterPolicies: cnps, ClusterPoliciesServed: cnpServed, NodeInformer: nodeInf},
 		engine.NFTWriter{W: &nft.Writer{Log: log, LogDrops: o.policyLogDrops > 0, LogRate: o.policyLogDrops}, Unknown: m.SetUnknownDropped, Bridge: m.SetBridgeDropped}, m, log.With("loop", "policy"))
 	d.OnLocalPodCIDRs(eng.SetLocalPodCIDRs)
 	d.OnNFTChange(eng.CheckNow)

@@ -5,10 +5,12 @@
 // The engine asks discovery whether clusternetworkpolicies are served at
 // start (and waits for that answer, as it waits for the Pod list), then
 // every Config.ClusterPolicyPoll. While they are, it runs an informer on
-// them and one on Nodes (stripped to labels and addresses); when they
-// stop being served (the CRD deleted: its objects went with it) it stops
-// both and forgets what they gave the State; when they come back it
-// starts anew. A cluster without the CRD costs the engine one discovery
+// them and hears the Nodes (labels and addresses) from
+// ListWatches.NodeInformer, podnet-routed's daemon's informer (one watch
+// on Nodes), or runs one of its own on ListWatches.Nodes; when they stop
+// being served (the CRD deleted: its objects went with it) it stops both
+// and forgets what they gave the State; when they come back it starts
+// anew. A cluster without the CRD costs the engine one discovery
 // request per poll and no watch. When the resource is served at start,
 // the first write (and so every ADD wait) comes after both informers have
 // synced: a new pod is under its admin policies from its first packet.
@@ -48,6 +50,8 @@ type clusterTier struct {
 	gen     uint64
 	running bool
 	cancel  context.CancelFunc
+	// nodeReg is the engine's handler on ListWatches.NodeInformer
+	nodeReg cache.ResourceEventHandlerRegistration
 	// uids are the ClusterNetworkPolicies in the State (name -> UID, for
 	// their Events), nodes the Nodes
 	uids  map[string]types.UID
@@ -154,15 +158,28 @@ func (e *Engine) startClusterInformers(ctx context.Context) (cache.InformerSynce
 		UpdateFunc: func(old, o any) { e.onClusterPolicyUpdate(gen, old, o) },
 		DeleteFunc: func(o any) { e.onClusterPolicyDelete(gen, o) },
 	}}
-	if e.lw.Nodes != nil {
+	nodeHandler := cache.ResourceEventHandlerFuncs{
+		AddFunc: func(o any) { e.onNode(gen, o) },
+		// a Node update that changes neither labels nor addresses (a
+		// status heartbeat) leaves the State as it was: SetNode says so
+		UpdateFunc: func(_, o any) { e.onNode(gen, o) },
+		DeleteFunc: func(o any) { e.onNodeDelete(gen, o) },
+	}
+	var synced []cache.InformerSynced
+	switch {
+	case e.lw.NodeInformer != nil:
+		reg, err := e.lw.NodeInformer.AddEventHandler(nodeHandler)
+		if err != nil {
+			e.stopClusterInformers()
+			return nil, fmt.Errorf("node informer handler: %w", err)
+		}
+		e.mu.Lock()
+		e.cluster.nodeReg = reg
+		e.mu.Unlock()
+		synced = append(synced, reg.HasSynced)
+	case e.lw.Nodes != nil:
 		infs = append(infs, cache.NewSharedIndexInformer(e.lw.Nodes, &corev1.Node{}, 0, cache.Indexers{}))
-		handlers = append(handlers, cache.ResourceEventHandlerFuncs{
-			AddFunc: func(o any) { e.onNode(gen, o) },
-			// a Node update that changes neither labels nor addresses (a
-			// status heartbeat) leaves the State as it was: SetNode says so
-			UpdateFunc: func(_, o any) { e.onNode(gen, o) },
-			DeleteFunc: func(o any) { e.onNodeDelete(gen, o) },
-		})
+		handlers = append(handlers, nodeHandler)
 	}
 	for i, inf := range infs {
 		if err := inf.SetTransform(stripCluster); err != nil {
@@ -176,13 +193,14 @@ func (e *Engine) startClusterInformers(ctx context.Context) (cache.InformerSynce
 	}
 	for _, inf := range infs {
 		go inf.Run(cctx.Done())
+		synced = append(synced, inf.HasSynced)
 	}
 	return func() bool {
 		e.mu.Lock()
 		stale := e.cluster.gen != gen
 		e.mu.Unlock()
-		for _, inf := range infs {
-			if !stale && !inf.HasSynced() {
+		for _, ok := range synced {
+			if !stale && !ok() {
 				return false
 			}
 		}
@@ -200,6 +218,12 @@ func (e *Engine) stopClusterInformers() {
 	if e.cluster.cancel != nil {
 		e.cluster.cancel()
 		e.cluster.cancel = nil
+	}
+	if e.cluster.nodeReg != nil {
+		if err := e.lw.NodeInformer.RemoveEventHandler(e.cluster.nodeReg); err != nil {
+			e.log.Debug("removing the engine's Node handler", "err", err)
+		}
+		e.cluster.nodeReg = nil
 	}
 	e.m.ClusterWatching.Set(0)
 	for name := range e.cluster.uids {

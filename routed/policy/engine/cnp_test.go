@@ -21,6 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/tools/cache"
 	fcache "k8s.io/client-go/tools/cache/testing"
 	cnpv1 "sigs.k8s.io/network-policy-api/apis/v1beta1"
 
@@ -85,6 +86,13 @@ type cnpRig struct {
 // ClusterNetworkPolicy List waits for r.gate.open. before runs before
 // the engine starts.
 func newCNPRig(t *testing.T, served, gated bool, before func(*cnpRig)) *cnpRig {
+	return newCNPRigNodes(t, served, gated, before, false)
+}
+
+// newCNPRigNodes is newCNPRig; with shared, the engine hears a Node
+// informer it does not run (ListWatches.NodeInformer, as podnet-routed's
+// daemon's) instead of watching r.nodes itself.
+func newCNPRigNodes(t *testing.T, served, gated bool, before func(*cnpRig), shared bool) *cnpRig {
 	r := &cnpRig{
 		rig:  &rig{t: t, pods: fcache.NewFakeControllerSource(), nss: fcache.NewFakeControllerSource(), pols: fcache.NewFakeControllerSource(), w: &fakeWriter{}, ev: &fakeEvents{}},
 		cnps: fcache.NewFakeControllerSource(), nodes: fcache.NewFakeControllerSource(), cev: &fakeClusterEvents{},
@@ -97,9 +105,17 @@ func newCNPRig(t *testing.T, served, gated bool, before func(*cnpRig)) *cnpRig {
 	r.reg = prometheus.NewRegistry()
 	r.m = NewMetrics(r.reg, nil)
 	r.sock = filepath.Join(t.TempDir(), policysock.FileName)
+	lws := ListWatches{Pods: r.pods, Namespaces: r.nss, Policies: r.pols, ClusterPolicies: r.gate, Nodes: r.nodes}
+	if shared {
+		lws.Nodes, lws.NodeInformer = nil, cache.NewSharedIndexInformer(r.nodes, &corev1.Node{}, 0, cache.Indexers{})
+		stop := make(chan struct{})
+		go lws.NodeInformer.Run(stop)
+		t.Cleanup(func() { close(stop) })
+	}
 	r.e = New(Config{NodeName: node, Resync: 50 * time.Millisecond, SocketPath: r.sock, ProcSys: t.TempDir(),
 		Events: r.ev, ClusterEvents: r.cev, ClusterPolicyPoll: 20 * time.Millisecond},
-		ListWatches{Pods: r.pods, Namespaces: r.nss, Policies: r.pols, ClusterPolicies: r.gate, Nodes: r.nodes,
+		ListWatches{Pods: lws.Pods, Namespaces: lws.Namespaces, Policies: lws.Policies, ClusterPolicies: lws.ClusterPolicies,
+			Nodes: lws.Nodes, NodeInformer: lws.NodeInformer,
 			ClusterPoliciesServed: func(context.Context) (bool, error) {
 				if r.failDiscovery.Load() {
 					return false, fmt.Errorf("discovery: 403 Forbidden")
@@ -291,10 +307,18 @@ func webToNode(rs policy.Ruleset) bool {
 // selects its addresses, and each change is written; a Node update that
 // changes neither labels nor addresses (a heartbeat) costs no compile.
 func TestNodePeerFollowsNodes(t *testing.T) {
-	r := newCNPRig(t, true, false, func(r *cnpRig) {
+	for _, shared := range []bool{false, true} {
+		t.Run(map[bool]string{false: "own informer", true: "shared informer"}[shared], func(t *testing.T) {
+			nodePeerFollowsNodes(t, shared)
+		})
+	}
+}
+
+func nodePeerFollowsNodes(t *testing.T, shared bool) {
+	r := newCNPRigNodes(t, true, false, func(r *cnpRig) {
 		r.cnps.Add(egressToNodes())
 		r.nodes.Add(k8sNode("control", corev1.ConditionTrue))
-	})
+	}, shared)
 	r.until("web-0 -> cp-1 denied", func(rs policy.Ruleset) bool { return len(rs.Pods) == 1 && !webToNode(rs) })
 	r.nodes.Modify(k8sNode("worker", corev1.ConditionTrue))
 	r.until("relabelled: web-0 -> cp-1 allowed", func(rs policy.Ruleset) bool { return len(rs.Pods) == 1 && webToNode(rs) })

@@ -76,11 +76,15 @@ type ListWatches struct {
 	// (policy.networking.k8s.io/v1beta1; kube.ClusterPolicyListWatch);
 	// nil: the engine enforces none. ClusterPoliciesServed says whether
 	// the API server serves them (their CRD is installed); nil: always.
-	// Nodes lists and watches Nodes, for their nodes peers; it is watched
-	// only while ClusterNetworkPolicies are (nil: a nodes peer matches no
-	// node).
+	// NodeInformer is a Node informer someone else runs (podnet-routed's
+	// daemon: one watch per resource), with the Nodes' labels and
+	// addresses; the engine hears it while ClusterNetworkPolicies are
+	// watched, for their nodes peers. Without it, Nodes lists and watches
+	// Nodes for the same, an informer of the engine's own (nil both: a
+	// nodes peer matches no node).
 	ClusterPolicies       cache.ListerWatcher
 	ClusterPoliciesServed func(context.Context) (bool, error)
+	NodeInformer          cache.SharedIndexInformer
 	Nodes                 cache.ListerWatcher
 }
 
