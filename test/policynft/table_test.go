@@ -99,6 +99,8 @@ func (a tableContent) diff(b tableContent) string {
 type gen struct {
 	r  *rand.Rand
 	rs policy.Ruleset
+	// tiers: policies 6-9 are ClusterNetworkPolicies (next)
+	tiers bool
 }
 
 func (g *gen) addr(v6 bool) netip.Addr {
@@ -142,14 +144,15 @@ func (g *gen) rule() policy.Rule {
 	return r.Canonical() // as Compile hands them: the writer trusts it
 }
 
-// policy i: 0-5 NetworkPolicies, 6-9 ClusterNetworkPolicies (Admin, then
-// Baseline) with rules of every action.
+// policy i: a NetworkPolicy; with g.tiers, 6-9 are ClusterNetworkPolicies
+// (Admin, then Baseline) with rules of every action.
 func (g *gen) policy(i int) policy.PolicyChain {
 	p := policy.PolicyChain{ID: fmt.Sprintf("p%d", i), Direction: policy.Ingress}
 	if i%2 == 1 {
 		p.Direction = policy.Egress
 	}
 	switch {
+	case !g.tiers || i >= 10:
 	case i >= 8:
 		p.Tier = policy.TierBaseline
 	case i >= 6:
@@ -207,6 +210,7 @@ func (g *gen) pod(i int) policy.PodChains {
 func (g *gen) next() policy.Ruleset {
 	rs := &g.rs
 	if len(rs.Policies) == 0 {
+		g.tiers = true
 		rs.LocalPodCIDRs = localCIDRs
 		for i := range 10 {
 			rs.Policies = append(rs.Policies, g.policy(i))

@@ -239,7 +239,7 @@ func portKey(a netip.Addr, proto uint8, port uint16) []byte {
 type builder struct {
 	def    *tableDef
 	opt    buildOptions
-	polIDs map[string]bool
+	polIDs map[string]policy.Tier
 	known  []netip.Addr
 	// vmaps and portVmaps are the verdict maps' elements by map name;
 	// taken, the addresses a map holds already
@@ -263,7 +263,7 @@ type tierChain struct {
 // name nft refuses. cache (nil: none) is read, and replaced by what this
 // build made when it succeeds.
 func build(rs policy.Ruleset, opt buildOptions, cache *buildCache) (*tableDef, error) {
-	b := &builder{def: &tableDef{pods: map[string]CounterKey{}}, opt: opt, polIDs: map[string]bool{},
+	b := &builder{def: &tableDef{pods: map[string]CounterKey{}}, opt: opt, polIDs: map[string]policy.Tier{},
 		known: sortedAddrs(rs.Known), vmaps: map[string][]nftables.SetElement{},
 		portVmaps: map[string][]nftables.SetElement{}, taken: map[string]map[netip.Addr]bool{},
 		tiers: map[string]tierChain{}}
@@ -275,10 +275,10 @@ func build(rs policy.Ruleset, opt buildOptions, cache *buildCache) (*tableDef, e
 		if err := checkName(p.ID); err != nil {
 			return nil, fmt.Errorf("policy chain %s/%s %s: %w", p.Namespace, p.Name, p.Direction, err)
 		}
-		if b.polIDs[p.ID] {
+		if _, ok := b.polIDs[p.ID]; ok {
 			return nil, fmt.Errorf("policy chain ID %q twice", p.ID)
 		}
-		b.polIDs[p.ID] = true
+		b.polIDs[p.ID] = p.Tier
 	}
 	for i, p := range pods {
 		if err := checkName(p.ID); err != nil {
@@ -391,8 +391,8 @@ func (b *builder) podChain(p policy.PodChains, d policy.Direction, addrs []netip
 	}
 	seen := map[string]bool{}
 	for _, j := range jumps {
-		if !b.polIDs[j] {
-			return chainDef{}, fmt.Errorf("pod %s/%s jumps to policy chain %q, which the ruleset lacks", p.Namespace, p.Name, j)
+		if t, ok := b.polIDs[j]; !ok || t != policy.TierNetworkPolicy {
+			return chainDef{}, fmt.Errorf("pod %s/%s jumps to NetworkPolicy chain %q, which the ruleset lacks", p.Namespace, p.Name, j)
 		}
 		if seen[j] {
 			continue
@@ -525,7 +525,7 @@ func (b *builder) tierJump(c *chainDef, sig *strings.Builder, p policy.PodChains
 		return nil
 	}
 	for _, id := range ids {
-		if !b.polIDs[id] {
+		if pt, ok := b.polIDs[id]; !ok || pt != t {
 			return fmt.Errorf("pod %s/%s jumps to %s policy chain %q, which the ruleset lacks", p.Namespace, p.Name, t, id)
 		}
 	}

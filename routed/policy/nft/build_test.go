@@ -93,3 +93,31 @@ func TestEmptyFamilyNoRule(t *testing.T) {
 		}
 	}
 }
+
+// TestBuildRefusesCrossedTiers: a pod's NetworkPolicy jumps name only
+// NetworkPolicy chains, its Admin and Baseline lists only chains of that
+// tier: a ClusterNetworkPolicy is never written as a chain a pod jumps to,
+// so a crossed reference would jump to nothing.
+func TestBuildRefusesCrossedTiers(t *testing.T) {
+	np := policy.PolicyChain{ID: "np", Direction: policy.Ingress, Rules: []policy.Rule{{AnyPeer: true, AnyPort: true}}}
+	adm := policy.PolicyChain{ID: "adm", Direction: policy.Ingress, Tier: policy.TierAdmin, Rules: []policy.Rule{{Action: policy.ActionDeny, AnyPeer: true, AnyPort: true}}}
+	pod := func(p policy.PodChains) policy.Ruleset {
+		p.ID, p.Addrs = "p", []netip.Addr{netip.MustParseAddr("10.64.1.2")}
+		return policy.Ruleset{Pods: []policy.PodChains{p}, Policies: []policy.PolicyChain{np, adm}}
+	}
+	for name, c := range map[string]struct {
+		rs policy.Ruleset
+		ok bool
+	}{
+		"NetworkPolicy jump":            {pod(policy.PodChains{IngressIsolated: true, Ingress: []string{"np"}}), true},
+		"Admin list":                    {pod(policy.PodChains{Admin: [2][]string{{"adm"}}}), true},
+		"NetworkPolicy jump to Admin":   {pod(policy.PodChains{IngressIsolated: true, Ingress: []string{"adm"}}), false},
+		"Admin list of a NetworkPolicy": {pod(policy.PodChains{Admin: [2][]string{{"np"}}}), false},
+		"Baseline list of an Admin":     {pod(policy.PodChains{Baseline: [2][]string{{"adm"}}}), false},
+	} {
+		_, err := build(c.rs, buildOptions{}, nil)
+		if (err == nil) != c.ok {
+			t.Errorf("%s: build error %v, want ok %v", name, err, c.ok)
+		}
+	}
+}
