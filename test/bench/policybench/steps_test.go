@@ -5,6 +5,7 @@ package policybench
 import (
 	"context"
 	"fmt"
+	"math"
 	"net/netip"
 	"testing"
 	"time"
@@ -151,7 +152,9 @@ func (b *bench) phases(pols []*networkingv1.NetworkPolicy, cnps []*cnpv1.Cluster
 				ph.Policies, ph.ClusterPolicies = len(pols), len(cnps)
 			}
 			phStart, r1, r2 := time.Now(), procCPU(b.n1), procCPU(b.n2)
-			ph.ConnectMs = connectLatencies(t, cli.NS, b.srvAddr, b.conns)
+			// µs resolution: policy.json stays under 1 MB (no generated
+			// file over 1 MB is committed)
+			ph.ConnectMs = roundMs(connectLatencies(t, cli.NS, b.srvAddr, b.conns))
 			cpu0 := cpuTime()
 			ph.ConnPerSec = connRate(cli.NS, b.srvAddr, 3*time.Second, 4)
 			if ph.ConnPerSec > 0 {
@@ -185,4 +188,12 @@ func allowProbePolicy() *networkingv1.NetworkPolicy {
 			}},
 		},
 	}
+}
+
+// roundMs rounds latencies in ms to the µs.
+func roundMs(ms []float64) []float64 {
+	for i, v := range ms {
+		ms[i] = math.Round(v*1000) / 1000
+	}
+	return ms
 }
