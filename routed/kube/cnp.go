@@ -78,17 +78,6 @@ func (p *PolicyEvents) ClusterPolicy(name string, uid types.UID, typ, reason, me
 	if p == nil {
 		return
 	}
-	now := metav1.NewTime(time.Now())
-	p.sink.send(&corev1.Event{
-		ObjectMeta: metav1.ObjectMeta{Name: PolicyEventName(name, uid, reason, message), Namespace: metav1.NamespaceDefault},
-		InvolvedObject: corev1.ObjectReference{Kind: "ClusterNetworkPolicy", APIVersion: cnpv1.SchemeGroupVersion.String(),
-			Name: name, UID: uid},
-		Reason:         reason,
-		Message:        message,
-		Type:           typ,
-		Source:         corev1.EventSource{Component: "podnet-routed", Host: p.sink.host},
-		FirstTimestamp: now,
-		LastTimestamp:  now,
-		Count:          1,
-	})
+	p.post(metav1.NamespaceDefault, corev1.ObjectReference{Kind: "ClusterNetworkPolicy", APIVersion: cnpv1.SchemeGroupVersion.String(),
+		Name: name, UID: uid}, typ, reason, message)
 }

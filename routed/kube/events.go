@@ -110,11 +110,17 @@ func (p *PolicyEvents) Policy(namespace, name string, uid types.UID, typ, reason
 	if p == nil {
 		return
 	}
+	p.post(namespace, corev1.ObjectReference{Kind: "NetworkPolicy", APIVersion: "networking.k8s.io/v1",
+		Namespace: namespace, Name: name, UID: uid}, typ, reason, message)
+}
+
+// post queues an Event in namespace about the policy obj, named by
+// PolicyEventName (one Event per cluster).
+func (p *PolicyEvents) post(namespace string, obj corev1.ObjectReference, typ, reason, message string) {
 	now := metav1.NewTime(time.Now())
 	p.sink.send(&corev1.Event{
-		ObjectMeta: metav1.ObjectMeta{Name: PolicyEventName(name, uid, reason, message), Namespace: namespace},
-		InvolvedObject: corev1.ObjectReference{Kind: "NetworkPolicy", APIVersion: "networking.k8s.io/v1",
-			Namespace: namespace, Name: name, UID: uid},
+		ObjectMeta:     metav1.ObjectMeta{Name: PolicyEventName(obj.Name, obj.UID, reason, message), Namespace: namespace},
+		InvolvedObject: obj,
 		Reason:         reason,
 		Message:        message,
 		Type:           typ,

@@ -11,8 +11,6 @@ package policy
 import (
 	"context"
 	"fmt"
-	"io"
-	"net"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -227,20 +225,7 @@ func (e *env) cnpEgressNodes(t *testing.T) {
 // IPv6 (echoOn's tcp6 socket is IPv6 only).
 func echoDual(t *testing.T, netns *cluster.NetNS, port int) {
 	t.Helper()
-	l, err := netns.Listen("tcp", fmt.Sprintf("[::]:%d", port))
-	if err != nil {
-		t.Fatalf("listen on [::]:%d: %v", port, err)
-	}
-	t.Cleanup(func() { l.Close() })
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			go func(c net.Conn) { defer c.Close(); _, _ = io.Copy(c, c) }(c)
-		}
-	}()
+	echoListen(t, netns, "tcp", port)
 }
 
 // clusterDrops says whether node n's

@@ -116,7 +116,14 @@ func (e *env) linkLocal(t *testing.T) {
 // included) in netns until the test ends.
 func echoOn(t *testing.T, netns *cluster.NetNS, port int) {
 	t.Helper()
-	l, err := netns.Listen("tcp6", fmt.Sprintf("[::]:%d", port))
+	echoListen(t, netns, "tcp6", port)
+}
+
+// echoListen serves TCP echo on [::]:port of network ("tcp6": IPv6
+// only; "tcp": both families) in netns until the test ends.
+func echoListen(t *testing.T, netns *cluster.NetNS, network string, port int) {
+	t.Helper()
+	l, err := netns.Listen(network, fmt.Sprintf("[::]:%d", port))
 	if err != nil {
 		t.Fatalf("listen on [::]:%d: %v", port, err)
 	}
