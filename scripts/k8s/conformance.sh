@@ -290,7 +290,7 @@ run_cnp() {
 	fi
 	run_re='^TestClusterNetworkPolicy$'
 	[ -n "$sel" ] && run_re="$run_re/^($sel)\$"
-	go test -C "$REPO/test/cnp" -c -o "$dir/cnp.test" . || die "building test/cnp"
+	go test -C "$REPO/test/cnp" -tags cnpsuite -c -o "$dir/cnp.test" . || die "building test/cnp"
 	go build -C "$REPO/test/cnp" -o "$dir/report" ./report || die "building test/cnp/report"
 	log "running the ClusterNetworkPolicy suite ($selected; log: $dir/run.log)"
 	t1=$SECONDS
