@@ -11,6 +11,9 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	cnpv1 "sigs.k8s.io/network-policy-api/apis/v1beta1"
 )
 
@@ -430,5 +433,40 @@ func TestCNPFuzzSeeds(t *testing.T) {
 		if (err == nil) != (i < 3) {
 			t.Errorf("seed %d: error %v", i, err)
 		}
+	}
+}
+
+// TestFromNodeHostile: a Node's status.addresses are whatever its kubelet
+// (or anyone with node rights) wrote: hostnames, garbage, zoned and mapped
+// addresses, duplicates. Only plain IPs become nodes-peer addresses, and
+// a node whose addresses are all garbage selects nothing.
+func TestFromNodeHostile(t *testing.T) {
+	n := FromNode(&corev1.Node{
+		ObjectMeta: metav1.ObjectMeta{Name: "n", Labels: map[string]string{"role": "infra"}},
+		Status: corev1.NodeStatus{Addresses: []corev1.NodeAddress{
+			{Type: corev1.NodeHostName, Address: "node-1"},
+			{Type: corev1.NodeInternalIP, Address: "not-an-ip"},
+			{Type: corev1.NodeInternalIP, Address: "fe80::1%eth0"},
+			{Type: corev1.NodeInternalIP, Address: "::ffff:10.0.0.1"},
+			{Type: corev1.NodeExternalIP, Address: " 10.0.0.1 "},
+			{Type: corev1.NodeInternalIP, Address: "10.0.0.1/24"},
+			{Type: corev1.NodeInternalIP, Address: ""},
+			{Type: corev1.NodeInternalIP, Address: "fd00::1"},
+		}},
+	})
+	want := []netip.Addr{netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("fd00::1")}
+	if !slices.Equal(n.IPs, want) {
+		t.Fatalf("FromNode IPs %v, want %v", n.IPs, want)
+	}
+	s := NewState()
+	if s.SetNode(n) {
+		t.Error("SetNode says a Ruleset can change with no nodes peer anywhere")
+	}
+	garbage := FromNode(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "g", Labels: map[string]string{"role": "infra"}},
+		Status: corev1.NodeStatus{Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "999.1.1.1"}}}})
+	s.SetNode(garbage)
+	if got := s.nodeRanges([]labels.Selector{labels.SelectorFromSet(labels.Set{"role": "infra"})}); !slices.Equal(got, PrefixRanges([]netip.Prefix{
+		netip.MustParsePrefix("10.0.0.1/32"), netip.MustParsePrefix("fd00::1/128")})) {
+		t.Fatalf("nodes peer ranges %v: want n's two addresses only", got)
 	}
 }

@@ -171,4 +171,23 @@ func TestTierTraffic(t *testing.T) {
 		t.Errorf("B2 (never judged: c is isolated by a NetworkPolicy) counted %d drops", n)
 	}
 	t.Logf("drops %v", drops)
+
+	// The tier chains are repaired whole like the rest: a tier chain
+	// flushed (its rules gone: Pass, Deny and Accept with them) and then
+	// the table deleted are each put back by the resync, and the verdicts
+	// hold again.
+	for _, breakIt := range [][]string{
+		{"flush", "chain", "inet", nft.TableName, nft.TierChain(policy.TierAdmin, policy.Ingress, []string{"A1", "A2"})},
+		{"delete", "table", "inet", nft.TableName},
+	} {
+		e.nft(breakIt...)
+		e.do(func() error {
+			repaired, err := e.w.Resync(e.withPorts(rs))
+			if err == nil && !repaired {
+				err = fmt.Errorf("nft %v: the resync repaired nothing", breakIt)
+			}
+			return err
+		})
+		runChecks(t, checks)
+	}
 }
