@@ -259,3 +259,84 @@ func (r Rule) Equal(o Rule) bool {
 	return r.Action == o.Action && r.Name == o.Name && r.AnyPeer == o.AnyPeer && r.AnyPort == o.AnyPort &&
 		slices.Equal(r.Peers, o.Peers) && slices.Equal(r.Ports, o.Ports)
 }
+
+// Delta is a change of a node's Ruleset, as an incremental compile
+// (Incremental.Flush) finds it: the Ruleset's own fields whole, and only
+// the pod and policy entries that came, changed or went. Applied to the
+// Ruleset it was computed from (Ruleset.With), it gives the new one.
+type Delta struct {
+	LocalPodCIDRs    []netip.Prefix
+	Known            []netip.Addr
+	Ports            []string
+	BridgePorts      []string
+	BridgeUnfiltered bool
+	// Pods are the pod entries that came or changed; GonePods the IDs of
+	// those that went.
+	Pods     []PodChains
+	GonePods []string
+	// Policies are the policy chains that came or changed; GonePolicies
+	// the IDs of those that went.
+	Policies     []PolicyChain
+	GonePolicies []string
+}
+
+// Empty tells whether d changes no pod or policy entry (the Ruleset's own
+// fields may still differ from the last ones).
+func (d Delta) Empty() bool {
+	return len(d.Pods)+len(d.GonePods)+len(d.Policies)+len(d.GonePolicies) == 0
+}
+
+// With is r changed by d: its own fields replaced, the entries of d put
+// in (by ID) or taken out. The order of r's entries is kept; new ones
+// come last (a compile's order is not a Ruleset's meaning: the table
+// sorts by ID).
+func (r Ruleset) With(d Delta) Ruleset {
+	out := Ruleset{
+		LocalPodCIDRs: slices.Clone(d.LocalPodCIDRs), Known: slices.Clone(d.Known),
+		Ports: slices.Clone(d.Ports), BridgePorts: slices.Clone(d.BridgePorts),
+		BridgeUnfiltered: d.BridgeUnfiltered,
+	}
+	gonePods := map[string]bool{}
+	for _, id := range d.GonePods {
+		gonePods[id] = true
+	}
+	newPods := map[string]int{}
+	for i, p := range d.Pods {
+		newPods[p.ID] = i
+	}
+	for _, p := range r.Pods {
+		if i, ok := newPods[p.ID]; ok {
+			out.Pods = append(out.Pods, d.Pods[i])
+			delete(newPods, p.ID)
+		} else if !gonePods[p.ID] {
+			out.Pods = append(out.Pods, p)
+		}
+	}
+	for _, p := range d.Pods {
+		if _, ok := newPods[p.ID]; ok {
+			out.Pods = append(out.Pods, p)
+		}
+	}
+	gonePols := map[string]bool{}
+	for _, id := range d.GonePolicies {
+		gonePols[id] = true
+	}
+	newPols := map[string]int{}
+	for i, p := range d.Policies {
+		newPols[p.ID] = i
+	}
+	for _, p := range r.Policies {
+		if i, ok := newPols[p.ID]; ok {
+			out.Policies = append(out.Policies, d.Policies[i])
+			delete(newPols, p.ID)
+		} else if !gonePols[p.ID] {
+			out.Policies = append(out.Policies, p)
+		}
+	}
+	for _, p := range d.Policies {
+		if _, ok := newPols[p.ID]; ok {
+			out.Policies = append(out.Policies, p)
+		}
+	}
+	return out
+}
