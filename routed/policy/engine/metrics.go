@@ -13,6 +13,10 @@ import (
 // Metrics are the engine's Prometheus metrics.
 type Metrics struct {
 	ApplySeconds prometheus.Histogram
+	// WaitSeconds: how long the engine took to answer a plugin's ADD-time
+	// wait (from the request to the answer: the pod's policy in the
+	// kernel), the engine's share of a CNI ADD.
+	WaitSeconds prometheus.Histogram
 	Errors       prometheus.Counter
 	Repairs      prometheus.Counter
 	Revoked      prometheus.Counter
@@ -56,6 +60,11 @@ func NewMetrics(reg prometheus.Registerer, repairs *prometheus.CounterVec) *Metr
 			Name:    "podnet_policy_apply_seconds",
 			Help:    "Time from a change of Pods, Namespaces or NetworkPolicies to its nft transaction being in the kernel (compile and write).",
 			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5},
+		}),
+		WaitSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "podnet_policy_wait_seconds",
+			Help: "Time the engine took to answer a plugin's ADD-time wait: from the request to the pod's policy in the kernel (the engine's share of a CNI ADD).",
+			Buckets: []float64{.0001, .00025, .0005, .00075, .001, .0015, .002, .003, .005, .0075, .01, .025, .05, .1, .25, .5, 1, 3},
 		}),
 		Errors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "podnet_policy_errors_total", Help: "NetworkPolicy table writes that failed (each is retried in full).",
@@ -115,7 +124,7 @@ func NewMetrics(reg prometheus.Registerer, repairs *prometheus.CounterVec) *Metr
 		Help: "Packets between podnet-bridge pods of the node dropped because bridge netfilter cannot be turned on; as read at the last resync.",
 	}, func() float64 { return float64(m.unfiltered.Load()) })
 	reg.MustRegister(link, unfiltered)
-	reg.MustRegister(unknown, m.ApplySeconds, m.Errors, m.Revoked, m.IsolatedPods, m.Policies, m.Refused, m.AddressClashes, m.BridgeUnfiltered, m.drops.vec,
+	reg.MustRegister(unknown, m.ApplySeconds, m.WaitSeconds, m.Errors, m.Revoked, m.IsolatedPods, m.Policies, m.Refused, m.AddressClashes, m.BridgeUnfiltered, m.drops.vec,
 		m.clusterDrops.vec, m.ClusterPolicies, m.ClusterRefused, m.ClusterWatching)
 	return m
 }

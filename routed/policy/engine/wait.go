@@ -18,6 +18,15 @@ import (
 // the pod got (the Pod object shows them only later) and returns once a
 // write that includes them is in the kernel.
 func (e *Engine) handleWait(ctx context.Context, req policysock.Request) error {
+	start := e.now()
+	err := e.wait(ctx, req)
+	if err == nil {
+		e.m.WaitSeconds.Observe(e.now().Sub(start).Seconds())
+	}
+	return err
+}
+
+func (e *Engine) wait(ctx context.Context, req policysock.Request) error {
 	key := req.Namespace + "/" + req.Name
 	for {
 		obj, ok, err := e.podInf.GetStore().GetByKey(key)
