@@ -16,7 +16,7 @@ type Metrics struct {
 	// WaitSeconds: how long the engine took to answer a plugin's ADD-time
 	// wait (from the request to the answer: the pod's policy in the
 	// kernel), the engine's share of a CNI ADD.
-	WaitSeconds prometheus.Histogram
+	WaitSeconds  prometheus.Histogram
 	Errors       prometheus.Counter
 	Repairs      prometheus.Counter
 	Revoked      prometheus.Counter
@@ -62,8 +62,8 @@ func NewMetrics(reg prometheus.Registerer, repairs *prometheus.CounterVec) *Metr
 			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5},
 		}),
 		WaitSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name: "podnet_policy_wait_seconds",
-			Help: "Time the engine took to answer a plugin's ADD-time wait: from the request to the pod's policy in the kernel (the engine's share of a CNI ADD).",
+			Name:    "podnet_policy_wait_seconds",
+			Help:    "Time the engine took to answer a plugin's ADD-time wait: from the request to the pod's policy in the kernel (the engine's share of a CNI ADD).",
 			Buckets: []float64{.0001, .00025, .0005, .00075, .001, .0015, .002, .003, .005, .0075, .01, .025, .05, .1, .25, .5, 1, 3},
 		}),
 		Errors: prometheus.NewCounter(prometheus.CounterOpts{
