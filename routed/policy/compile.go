@@ -122,25 +122,15 @@ func (s *State) policyChains(ix *index, ids *idSet, locals map[*entry]*localPod,
 		if len(selected) == 0 {
 			continue
 		}
+		targets := make([]*entry, len(selected))
+		for i, l := range selected {
+			targets[i] = l.e
+		}
 		for d := range 2 {
 			if !pp.types[d] {
 				continue
 			}
-			pc := PolicyChain{
-				ID:        ids.id(pp.namespace + "/" + pp.name + "/" + string(dirs[d])),
-				Namespace: pp.namespace,
-				Name:      pp.name,
-				Direction: dirs[d],
-			}
-			var targets []*entry
-			if d == dirIn {
-				for _, l := range selected {
-					targets = append(targets, l.e)
-				}
-			}
-			for i := range pp.rules[d] {
-				pc.Rules = append(pc.Rules, ix.compileRule(pp.namespace, &pp.rules[d][i], d, targets))
-			}
+			pc := npChain(ix, ids.id(pp.namespace+"/"+pp.name+"/"+string(dirs[d])), pp, d, targets)
 			rs.Policies = append(rs.Policies, pc)
 			for _, l := range selected {
 				l.isolated[d] = true
@@ -148,6 +138,21 @@ func (s *State) policyChains(ix *index, ids *idSet, locals map[*entry]*localPod,
 			}
 		}
 	}
+}
+
+// npChain compiles NetworkPolicy pp's chain for direction d (ID id);
+// selected are the local pods it selects (an ingress rule's named ports
+// resolve against them).
+func npChain(src peerSource, id string, pp *parsedPolicy, d int, selected []*entry) PolicyChain {
+	pc := PolicyChain{ID: id, Namespace: pp.namespace, Name: pp.name, Direction: dirs[d]}
+	var targets []*entry
+	if d == dirIn {
+		targets = selected
+	}
+	for i := range pp.rules[d] {
+		pc.Rules = append(pc.Rules, compileRule(src, pp.namespace, &pp.rules[d][i], d, targets))
+	}
+	return pc
 }
 
 // tiered tells whether a ClusterNetworkPolicy selects the pod.
@@ -176,34 +181,17 @@ func (s *State) clusterChains(ix *index, ids *idSet, order []*localPod, rs *Rule
 			if len(selected) == 0 {
 				continue
 			}
+			targets := make([]*entry, len(selected))
+			for i, l := range selected {
+				targets[i] = l.e
+			}
 			for d := range 2 {
 				if len(c.rules[d]) == 0 {
 					continue
 				}
-				pc := PolicyChain{
-					// "/name/dir": no NetworkPolicy's key (its
-					// namespace is never empty) nor pod's is that
-					ID:        ids.id("/" + c.name + "/" + string(dirs[d])),
-					Name:      c.name,
-					Direction: dirs[d],
-					Tier:      t,
-					Priority:  c.priority,
-				}
-				var targets []*entry
-				if d == dirIn {
-					for _, l := range selected {
-						targets = append(targets, l.e)
-					}
-				}
-				for i := range c.rules[d] {
-					r := &c.rules[d][i]
-					cr := ix.compileRule("", &r.parsedRule, d, targets)
-					if len(r.nodes) > 0 {
-						cr.Peers = unionRanges(cr.Peers, s.nodeRanges(r.nodes))
-					}
-					cr.Action, cr.Name = r.action, r.name
-					pc.Rules = append(pc.Rules, cr)
-				}
+				// "/name/dir": no NetworkPolicy's key (its namespace is
+				// never empty) nor pod's is that
+				pc := s.cnpChain(ix, ids.id("/"+c.name+"/"+string(dirs[d])), c, d, targets)
 				rs.Policies = append(rs.Policies, pc)
 				for _, l := range selected {
 					l.tiers[ti][d] = append(l.tiers[ti][d], pc.ID)
@@ -211,6 +199,26 @@ func (s *State) clusterChains(ix *index, ids *idSet, order []*localPod, rs *Rule
 			}
 		}
 	}
+}
+
+// cnpChain compiles ClusterNetworkPolicy c's chain for direction d (ID
+// id); selected are the local pods it selects.
+func (s *State) cnpChain(src peerSource, id string, c *parsedCNP, d int, selected []*entry) PolicyChain {
+	pc := PolicyChain{ID: id, Name: c.name, Direction: dirs[d], Tier: c.tier, Priority: c.priority}
+	var targets []*entry
+	if d == dirIn {
+		targets = selected
+	}
+	for i := range c.rules[d] {
+		r := &c.rules[d][i]
+		cr := compileRule(src, "", &r.parsedRule, d, targets)
+		if len(r.nodes) > 0 {
+			cr.Peers = unionRanges(cr.Peers, s.nodeRanges(r.nodes))
+		}
+		cr.Action, cr.Name = r.action, r.name
+		pc.Rules = append(pc.Rules, cr)
+	}
+	return pc
 }
 
 // localPorts are the names of pod key's routed host veths and bridge
@@ -228,26 +236,48 @@ func (s *State) localPorts(key string) (routed, bridged []string) {
 	return slices.Compact(routed), slices.Compact(bridged)
 }
 
+// peerSource is where a rule's compile finds the addresses of the pods
+// its selector peers select and the pods' named ports: the index of a
+// whole compile, or Incremental's, kept change by change.
+type peerSource interface {
+	// selectorRanges are the owned addresses of the pods r's selector
+	// peers select, merged (ipBlocks aside).
+	selectorRanges(policyNS string, r *parsedRule) []Range
+	// namedPorts calls f for each address of a pod with a container port
+	// of name and protocol k, and that port.
+	namedPorts(k namedKey, f func(netip.Addr, uint16))
+}
+
+func (ix *index) selectorRanges(policyNS string, r *parsedRule) []Range {
+	var set []uint64
+	for i := range r.peers {
+		if r.peers[i].isBlock {
+			continue
+		}
+		pb := ix.peerBits(policyNS, &r.peers[i])
+		if set == nil {
+			set = slices.Clone(pb)
+			continue
+		}
+		for w := range set {
+			set[w] |= pb[w]
+		}
+	}
+	return ix.ranges(set)
+}
+
+func (ix *index) namedPorts(k namedKey, f func(netip.Addr, uint16)) {
+	for _, ap := range ix.named[k] {
+		f(ap.addr, ap.port)
+	}
+}
+
 // compileRule compiles one rule. targets are the local pods the policy
 // selects, for an ingress rule's named ports.
-func (ix *index) compileRule(policyNS string, r *parsedRule, d int, targets []*entry) Rule {
+func compileRule(src peerSource, policyNS string, r *parsedRule, d int, targets []*entry) Rule {
 	out := Rule{AnyPeer: r.anyPeer, AnyPort: r.anyPort}
 	if !r.anyPeer {
-		var set []uint64
-		for i := range r.peers {
-			if r.peers[i].isBlock {
-				continue
-			}
-			pb := ix.peerBits(policyNS, &r.peers[i])
-			if set == nil {
-				set = slices.Clone(pb)
-				continue
-			}
-			for w := range set {
-				set[w] |= pb[w]
-			}
-		}
-		out.Peers = unionRanges(r.blocks, ix.ranges(set))
+		out.Peers = unionRanges(r.blocks, src.selectorRanges(policyNS, r))
 	}
 	if r.anyPort {
 		return out
@@ -274,11 +304,11 @@ func (ix *index) compileRule(policyNS string, r *parsedRule, d int, targets []*e
 			}
 			continue
 		}
-		for _, ap := range ix.named[namedKey{p.name, p.proto}] {
-			if r.anyPeer || rangesContain(out.Peers, ap.addr) {
-				boxes = append(boxes, portBox{addrs: single(ap.addr), proto: p.proto, from: ap.port, to: ap.port})
+		src.namedPorts(namedKey{p.name, p.proto}, func(a netip.Addr, port uint16) {
+			if r.anyPeer || rangesContain(out.Peers, a) {
+				boxes = append(boxes, portBox{addrs: single(a), proto: p.proto, from: port, to: port})
 			}
-		}
+		})
 	}
 	out.Ports = disjointPorts(boxes)
 	return out
