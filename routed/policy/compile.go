@@ -279,8 +279,16 @@ func compileRule(src peerSource, policyNS string, r *parsedRule, d int, targets 
 	if !r.anyPeer {
 		out.Peers = unionRanges(r.blocks, src.selectorRanges(policyNS, r))
 	}
+	out.Ports = rulePorts(src, r, d, targets, out.Peers)
+	return out
+}
+
+// rulePorts are what r's ports allow (nil for any port): numbered ports
+// for every address, named ports resolved against the packet's
+// destination (targets for ingress, the pods among peers for egress).
+func rulePorts(src peerSource, r *parsedRule, d int, targets []*entry, peers []Range) []PortRange {
 	if r.anyPort {
-		return out
+		return nil
 	}
 	var boxes []portBox
 	for _, p := range r.ports {
@@ -305,13 +313,12 @@ func compileRule(src peerSource, policyNS string, r *parsedRule, d int, targets 
 			continue
 		}
 		src.namedPorts(namedKey{p.name, p.proto}, func(a netip.Addr, port uint16) {
-			if r.anyPeer || rangesContain(out.Peers, a) {
+			if r.anyPeer || rangesContain(peers, a) {
 				boxes = append(boxes, portBox{addrs: single(a), proto: p.proto, from: port, to: port})
 			}
 		})
 	}
-	out.Ports = disjointPorts(boxes)
-	return out
+	return disjointPorts(boxes)
 }
 
 // ids hands out short stable IDs: the first 12 hex digits of the SHA-256 of

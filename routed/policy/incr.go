@@ -63,6 +63,7 @@ type Incremental struct {
 	// the Ruleset, by piece: the policy chains by ID, the pod entries by
 	// pod key, the known addresses sorted, the ports counted per pod
 	chains  map[string]PolicyChain
+	cstate  map[string]*chainState
 	pods    map[string]PodChains
 	known   *countedSet[netip.Addr]
 	routed  *countedSet[string]
@@ -75,9 +76,10 @@ type Incremental struct {
 	// dirtyPol and dirtyPod are what the next Flush recompiles (policy
 	// keys, local pod keys); outPods and outPols the IDs whose entries
 	// changed since the last Flush
-	dirtyPol map[string]bool
-	dirtyPod map[string]bool
-	outPods  map[string]bool
+	dirtyPol  map[string]bool
+	dirtyRule map[string]map[int]bool
+	dirtyPod  map[string]bool
+	outPods   map[string]bool
 	outPols  map[string]bool
 	// whole: an ID collision; every Flush compiles whole (last is what
 	// the previous one gave)
@@ -86,10 +88,96 @@ type Incremental struct {
 }
 
 // peerRef is a selector peer of policy pk that may select the pods of
-// a namespace (its namespace part does), with its pod selector.
+// a namespace (its namespace part does), with its pod selector: of rule
+// rule of direction d, in chain chain (its ID).
 type peerRef struct {
-	pk     string
-	podSel labels.Selector
+	pk      string
+	d, rule int
+	chain   string
+	podSel  labels.Selector
+	// named: an egress rule that names a port (its ports depend on the
+	// named ports of the pods it selects)
+	named bool
+}
+
+// chainState is what a policy chain in the Ruleset keeps to update its
+// rules one address at a time: by rule, the addresses its selector peers
+// select (an address counts once per peer that selects its pod; nil for
+// a rule with any peer).
+type chainState struct {
+	pk      string
+	d       int
+	members []*addrRangeSet
+}
+
+// addrRangeSet is a counted set of addresses kept as merged ranges: an
+// address comes or goes at the cost of a binary search and a copy, not a
+// sort.
+type addrRangeSet struct {
+	n      map[netip.Addr]int
+	ranges []Range
+}
+
+func (s *addrRangeSet) add(a netip.Addr) {
+	s.n[a]++
+	if s.n[a] > 1 {
+		return
+	}
+	rs := s.ranges
+	// the first range that does not end before a
+	i, _ := slices.BinarySearchFunc(rs, a, func(r Range, a netip.Addr) int { return r.To.Compare(a) })
+	joinsPrev := i > 0 && rs[i-1].To.Is4() == a.Is4() && !lastOfFamily(rs[i-1].To) && rs[i-1].To.Next() == a
+	joinsNext := i < len(rs) && rs[i].From.Is4() == a.Is4() && !lastOfFamily(a) && a.Next() == rs[i].From
+	switch {
+	case joinsPrev && joinsNext:
+		rs[i-1].To = rs[i].To
+		s.ranges = slices.Delete(rs, i, i+1)
+	case joinsPrev:
+		rs[i-1].To = a
+	case joinsNext:
+		rs[i].From = a
+	default:
+		s.ranges = slices.Insert(rs, i, single(a))
+	}
+}
+
+func (s *addrRangeSet) drop(a netip.Addr) {
+	if s.n[a] == 0 {
+		return
+	}
+	s.n[a]--
+	if s.n[a] > 0 {
+		return
+	}
+	delete(s.n, a)
+	rs := s.ranges
+	i, found := slices.BinarySearchFunc(rs, a, func(r Range, a netip.Addr) int { return r.To.Compare(a) })
+	if !found && (i == len(rs) || rs[i].From.Compare(a) > 0) {
+		return
+	}
+	r := rs[i]
+	switch {
+	case r.From == a && r.To == a:
+		s.ranges = slices.Delete(rs, i, i+1)
+	case r.From == a:
+		rs[i].From = a.Next()
+	case r.To == a:
+		rs[i].To = a.Prev()
+	default:
+		rs[i].To = a.Prev()
+		s.ranges = slices.Insert(rs, i+1, Range{From: a.Next(), To: r.To})
+	}
+}
+
+// addrRangeSetOf is the set of addrs (each counted as often as listed).
+func addrRangeSetOf(addrs []netip.Addr) *addrRangeSet {
+	s := &addrRangeSet{n: make(map[netip.Addr]int, len(addrs))}
+	slices.SortFunc(addrs, netip.Addr.Compare)
+	for _, a := range addrs {
+		s.n[a]++
+	}
+	s.ranges = addrRanges(slices.Compact(addrs))
+	return s
 }
 
 // NewIncremental compiles node's Ruleset from s, which from now on only
@@ -116,6 +204,7 @@ func (c *Incremental) Reset() {
 	c.known, c.counted = newCountedSet(netip.Addr.Compare), map[string][]LocalPort{}
 	c.routed, c.bridged = newCountedSet(strings.Compare), newCountedSet(strings.Compare)
 	c.dirtyPol, c.dirtyPod = map[string]bool{}, map[string]bool{}
+	c.dirtyRule, c.cstate = map[string]map[int]bool{}, map[string]*chainState{}
 	if c.outPods == nil {
 		c.outPods, c.outPols = map[string]bool{}, map[string]bool{}
 	}
@@ -358,15 +447,35 @@ func (c *Incremental) entryChanged(k string, o, n *entry) {
 		nl = labels.Set(n.pod.Labels)
 	}
 	sameIPs := o != nil && n != nil && slices.Equal(o.ips, n.ips)
+	samePorts := o != nil && n != nil && slices.Equal(o.pod.Ports, n.pod.Ports)
 	for _, r := range c.peersFor(ns) {
-		if c.dirtyPol[r.pk] {
+		cs := c.cstate[r.chain]
+		if cs == nil || c.dirtyPol[r.pk] {
+			continue // no chain (one that comes is compiled whole), or whole at Flush
+		}
+		mo := o != nil && (r.podSel == nil || r.podSel.Empty() || r.podSel.Matches(ol))
+		mn := n != nil && (r.podSel == nil || r.podSel.Empty() || r.podSel.Matches(nl))
+		if !mo && !mn {
 			continue
 		}
-		mo := o != nil && (r.podSel == nil || r.podSel.Matches(ol))
-		mn := n != nil && (r.podSel == nil || r.podSel.Matches(nl))
-		if (mo || mn) && (mo != mn || !sameIPs) {
-			c.dirtyPol[r.pk] = true
+		if mo && mn && sameIPs {
+			if r.named && !samePorts {
+				c.markRule(r.chain, r.rule)
+			}
+			continue
 		}
+		m := cs.members[r.rule]
+		if mo {
+			for _, a := range o.ips {
+				m.drop(a)
+			}
+		}
+		if mn {
+			for _, a := range n.ips {
+				m.add(a)
+			}
+		}
+		c.markRule(r.chain, r.rule)
 	}
 	for _, e := range []*entry{o, n} {
 		if e == nil {
@@ -374,7 +483,7 @@ func (c *Incremental) entryChanged(k string, o, n *entry) {
 		}
 		for _, np := range e.pod.Ports {
 			for pk := range c.namedEg[namedKey{np.Name, np.Protocol}] {
-				c.dirtyPol[pk] = true
+				c.markNamedEgress(pk, o, n)
 			}
 		}
 	}
@@ -401,6 +510,50 @@ func (c *Incremental) entryChanged(k string, o, n *entry) {
 		sn := isLocal && cp.selectsPod(c.s, n.pod)
 		c.selectionChanged("/"+name, k, so, sn)
 	}
+}
+
+// markRule notes that rule i of chain id is to be compiled again.
+func (c *Incremental) markRule(id string, i int) {
+	m := c.dirtyRule[id]
+	if m == nil {
+		m = map[int]bool{}
+		c.dirtyRule[id] = m
+	}
+	m[i] = true
+}
+
+// markNamedEgress notes that the egress rules of policy pk that name a
+// port, and whose peers hold pod o or n (a pod with such a port) by
+// anything but a selector (any peer, an ipBlock: the selector peers are
+// entryChanged's), are to be compiled again.
+func (c *Incremental) markNamedEgress(pk string, o, n *entry) {
+	if c.dirtyPol[pk] {
+		return
+	}
+	id := shortID(pk + "/" + string(Egress))
+	if c.cstate[id] == nil {
+		return
+	}
+	in := func(e *entry, blocks []Range) bool {
+		return e != nil && slices.ContainsFunc(e.ips, func(a netip.Addr) bool { return rangesContain(blocks, a) })
+	}
+	for i, r := range c.parsedRules(pk)[dirEg] {
+		if slices.ContainsFunc(r.ports, func(p parsedPort) bool { return p.name != "" }) &&
+			(r.anyPeer || in(o, r.blocks) || in(n, r.blocks)) {
+			c.markRule(id, i)
+		}
+	}
+}
+
+// parsedRules are policy pk's rules.
+func (c *Incremental) parsedRules(pk string) [2][]parsedRule {
+	if name, ok := strings.CutPrefix(pk, "/"); ok {
+		return cnpRules(c.s.cnps[name])
+	}
+	if pp := c.s.policies[pk]; pp != nil {
+		return pp.rules
+	}
+	return [2][]parsedRule{}
 }
 
 // selectionChanged notes that policy pk selected local pod k (so) and now
@@ -804,7 +957,7 @@ func (c *Incremental) peersFor(ns string) []peerRef {
 	}
 	nsl := labels.Set(c.s.nsLabels(ns))
 	refs := []peerRef{}
-	add := func(pk, policyNS string, r *parsedRule) {
+	add := func(pk, policyNS string, d, rule int, chain string, r *parsedRule) {
 		if r.anyPeer {
 			return
 		}
@@ -813,20 +966,24 @@ func (c *Incremental) peersFor(ns string) []peerRef {
 			if p.isBlock || (p.nsSel == nil && policyNS != ns) || (p.nsSel != nil && !p.nsSel.Matches(nsl)) {
 				continue
 			}
-			refs = append(refs, peerRef{pk: pk, podSel: p.podSel})
+			named := d == dirEg && slices.ContainsFunc(r.ports, func(p parsedPort) bool { return p.name != "" })
+			refs = append(refs, peerRef{pk: pk, d: d, rule: rule, chain: chain, podSel: p.podSel, named: named})
 		}
 	}
 	for pk, pp := range c.s.policies {
 		for d := range 2 {
+			chain := shortID(pk + "/" + string(dirs[d]))
 			for i := range pp.rules[d] {
-				add(pk, pp.namespace, &pp.rules[d][i])
+				add(pk, pp.namespace, d, i, chain, &pp.rules[d][i])
 			}
 		}
 	}
 	for name, cp := range c.s.cnps {
+		pk := "/" + name
 		for d := range 2 {
+			chain := shortID(pk + "/" + string(dirs[d]))
 			for i := range cp.rules[d] {
-				add("/"+name, "", &cp.rules[d][i].parsedRule)
+				add(pk, "", d, i, chain, &cp.rules[d][i].parsedRule)
 			}
 		}
 	}
@@ -837,6 +994,12 @@ func (c *Incremental) peersFor(ns string) []peerRef {
 // selectorRanges (peerSource) are the owned addresses of the pods r's
 // selector peers select.
 func (c *Incremental) selectorRanges(policyNS string, r *parsedRule) []Range {
+	return c.members(policyNS, r).ranges
+}
+
+// members are the owned addresses of the pods r's selector peers select,
+// each counted once per peer that selects its pod.
+func (c *Incremental) members(policyNS string, r *parsedRule) *addrRangeSet {
 	var addrs []netip.Addr
 	for i := range r.peers {
 		p := &r.peers[i]
@@ -854,15 +1017,39 @@ func (c *Incremental) selectorRanges(policyNS string, r *parsedRule) []Range {
 			}
 		}
 	}
+	return addrRangeSetOf(addrs)
+}
+
+// addrRanges are sorted addresses as merged ranges.
+func addrRanges(addrs []netip.Addr) []Range {
 	if len(addrs) == 0 {
 		return nil
 	}
-	rs := make([]Range, len(addrs))
-	for i, a := range addrs {
-		rs[i] = single(a)
+	out := make([]Range, 0, len(addrs))
+	for _, a := range addrs {
+		if n := len(out); n > 0 && out[n-1].To.Is4() == a.Is4() && !lastOfFamily(out[n-1].To) && out[n-1].To.Next() == a {
+			out[n-1].To = a
+			continue
+		}
+		out = append(out, single(a))
 	}
-	return mergeRanges(rs)
+	return out
 }
+
+// memberSource is the peerSource of a whole recompile of one policy: it
+// keeps the members it computed for each rule.
+type memberSource struct {
+	c       *Incremental
+	members map[*parsedRule]*addrRangeSet
+}
+
+func (m memberSource) selectorRanges(policyNS string, r *parsedRule) []Range {
+	set := m.c.members(policyNS, r)
+	m.members[r] = set
+	return slices.Clone(set.ranges)
+}
+
+func (m memberSource) namedPorts(k namedKey, f func(netip.Addr, uint16)) { m.c.namedPorts(k, f) }
 
 // namedPorts (peerSource) walks the pods with a named port k.
 func (c *Incremental) namedPorts(k namedKey, f func(netip.Addr, uint16)) {
@@ -895,6 +1082,12 @@ func (c *Incremental) Flush() Delta {
 	for _, pk := range slices.Sorted(maps.Keys(c.dirtyPol)) {
 		c.recompilePolicy(pk)
 	}
+	for _, id := range slices.Sorted(maps.Keys(c.dirtyRule)) {
+		if cs := c.cstate[id]; cs != nil && !c.dirtyPol[cs.pk] {
+			c.recompileRules(id, cs, c.dirtyRule[id])
+		}
+	}
+	clear(c.dirtyRule)
 	for _, k := range slices.Sorted(maps.Keys(c.dirtyPod)) {
 		c.recomputePod(k)
 	}
@@ -967,17 +1160,33 @@ func (c *Incremental) recompilePolicy(pk string) {
 		id := shortID(key)
 		var pc PolicyChain
 		exists := false
+		src := memberSource{c: c, members: map[*parsedRule]*addrRangeSet{}}
+		var rules []*parsedRule
 		switch {
 		case np != nil:
 			exists = np.selector != nil && len(targets) > 0 && np.types[d]
 			if exists {
-				pc = npChain(c, id, np, d, targets)
+				pc = npChain(src, id, np, d, targets)
+				for i := range np.rules[d] {
+					rules = append(rules, &np.rules[d][i])
+				}
 			}
 		case cp != nil:
 			exists = len(targets) > 0 && len(cp.rules[d]) > 0
 			if exists {
-				pc = c.s.cnpChain(c, id, cp, d, targets)
+				pc = c.s.cnpChain(src, id, cp, d, targets)
+				for i := range cp.rules[d] {
+					rules = append(rules, &cp.rules[d][i].parsedRule)
+				}
 			}
+		}
+		delete(c.cstate, id)
+		if exists {
+			cs := &chainState{pk: pk, d: d, members: make([]*addrRangeSet, len(rules))}
+			for i, r := range rules {
+				cs.members[i] = src.members[r]
+			}
+			c.cstate[id] = cs
 		}
 		old, had := c.chains[id]
 		if had && c.ids[id] != key {
@@ -997,6 +1206,59 @@ func (c *Incremental) recompilePolicy(pk string) {
 			delete(c.ids, id)
 			c.outPols[id] = true
 		}
+	}
+}
+
+// recompileRules compiles rules (by index) of chain id again: their
+// peers from the members kept, their ports from those peers.
+func (c *Incremental) recompileRules(id string, cs *chainState, rules map[int]bool) {
+	old, ok := c.chains[id]
+	if !ok {
+		return
+	}
+	var parsed []parsedRule
+	var nodes [][]labels.Selector
+	if name, isCNP := strings.CutPrefix(cs.pk, "/"); isCNP {
+		cp := c.s.cnps[name]
+		if cp == nil {
+			return
+		}
+		for i := range cp.rules[cs.d] {
+			parsed = append(parsed, cp.rules[cs.d][i].parsedRule)
+			nodes = append(nodes, cp.rules[cs.d][i].nodes)
+		}
+	} else if pp := c.s.policies[cs.pk]; pp != nil {
+		parsed = pp.rules[cs.d]
+	}
+	var targets []*entry
+	if cs.d == dirIn {
+		for _, k := range slices.Sorted(maps.Keys(c.sel[cs.pk])) {
+			targets = append(targets, c.local[k])
+		}
+	}
+	pc := old
+	pc.Rules = slices.Clone(old.Rules)
+	for i := range rules {
+		if i >= len(parsed) || i >= len(pc.Rules) || i >= len(cs.members) {
+			continue
+		}
+		r := &parsed[i]
+		rule := pc.Rules[i]
+		if !r.anyPeer {
+			rule.Peers = unionRanges(r.blocks, cs.members[i].ranges) // a new slice
+		}
+		if slices.ContainsFunc(r.ports, func(p parsedPort) bool { return p.name != "" }) {
+			// numbered ports do not depend on the peers: kept
+			rule.Ports = rulePorts(c, r, cs.d, targets, rule.Peers)
+		}
+		if nodes != nil && len(nodes[i]) > 0 {
+			rule.Peers = unionRanges(rule.Peers, c.s.nodeRanges(nodes[i]))
+		}
+		pc.Rules[i] = rule
+	}
+	if !old.Equal(pc) {
+		c.chains[id] = pc
+		c.outPols[id] = true
 	}
 }
 
