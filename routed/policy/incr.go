@@ -80,7 +80,7 @@ type Incremental struct {
 	dirtyRule map[string]map[int]bool
 	dirtyPod  map[string]bool
 	outPods   map[string]bool
-	outPols  map[string]bool
+	outPols   map[string]bool
 	// whole: an ID collision; every Flush compiles whole (last is what
 	// the previous one gave)
 	whole bool
