@@ -85,6 +85,8 @@ type Incremental struct {
 	// the previous one gave)
 	whole bool
 	last  *Ruleset
+	// flushed are the Ruleset's own fields as of the last Flush
+	flushed Delta
 }
 
 // peerRef is a selector peer of policy pk that may select the pods of
@@ -922,6 +924,46 @@ func (c *Incremental) SetHolders(h map[netip.Addr]string) bool {
 	return true
 }
 
+// SetHolder says that pod key holds address a by this node's records
+// (a plugin's ADD-time wait said so); a contested address is decided
+// again.
+func (c *Incremental) SetHolder(a netip.Addr, key string) {
+	if c.s.holders[a] == key {
+		return
+	}
+	h := maps.Clone(c.s.holders)
+	if h == nil {
+		h = map[netip.Addr]string{}
+	}
+	h[a] = key
+	c.SetHolders(h)
+}
+
+// SetPodPorts sets pod key's host-side interfaces on this node.
+func (c *Incremental) SetPodPorts(key string, ps []LocalPort) {
+	if slices.Equal(c.s.ports[key], ps) {
+		return
+	}
+	m := maps.Clone(c.s.ports)
+	if m == nil {
+		m = map[string][]LocalPort{}
+	}
+	if len(ps) == 0 {
+		delete(m, key)
+	} else {
+		m[key] = slices.Clone(ps)
+	}
+	c.SetLocalPorts(m)
+}
+
+// Counts are the pod entries and policy chains of the last Flush.
+func (c *Incremental) Counts() (pods, chains int) {
+	if c.whole && c.last != nil {
+		return len(c.last.Pods), len(c.last.Policies)
+	}
+	return len(c.pods), len(c.chains)
+}
+
 // SetLocalPorts sets this node's host-side pod interfaces by pod
 // (State.SetLocalPorts).
 func (c *Incremental) SetLocalPorts(p map[string][]LocalPort) bool {
@@ -1119,6 +1161,7 @@ func (c *Incremental) Flush() Delta {
 	}
 	clear(c.outPods)
 	clear(c.outPols)
+	c.flushed = Delta{LocalPodCIDRs: d.LocalPodCIDRs, Known: d.Known, Ports: d.Ports, BridgePorts: d.BridgePorts}
 	return d
 }
 
@@ -1337,8 +1380,9 @@ func (c *Incremental) Ruleset() Ruleset {
 	if c.whole && c.last != nil {
 		return *c.last
 	}
-	d := c.globals()
-	rs := Ruleset{LocalPodCIDRs: d.LocalPodCIDRs, Known: d.Known, Ports: d.Ports, BridgePorts: d.BridgePorts}
+	d := c.flushed
+	rs := Ruleset{LocalPodCIDRs: slices.Clone(d.LocalPodCIDRs), Known: slices.Clone(d.Known),
+		Ports: slices.Clone(d.Ports), BridgePorts: slices.Clone(d.BridgePorts)}
 	keys := slices.Collect(maps.Keys(c.pods))
 	slices.SortFunc(keys, func(a, b string) int {
 		an, aname, _ := strings.Cut(a, "/")

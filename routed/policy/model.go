@@ -152,6 +152,16 @@ func NewState() *State {
 	}
 }
 
+// Snapshot is a copy of s that later changes of s leave alone (its maps
+// are copied; the objects in them are never changed in place), for a
+// whole compile beside the changes.
+func (s *State) Snapshot() *State {
+	return &State{
+		pods: maps.Clone(s.pods), namespaces: maps.Clone(s.namespaces), policies: maps.Clone(s.policies),
+		cnps: maps.Clone(s.cnps), nodes: maps.Clone(s.nodes), holders: maps.Clone(s.holders), ports: maps.Clone(s.ports),
+	}
+}
+
 // SetPod adds or replaces a pod (by namespace/name).
 //
 // It reports whether a Ruleset can change: Compile and Explain see only

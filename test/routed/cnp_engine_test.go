@@ -49,6 +49,18 @@ func (w *lastWriter) Apply(rs policy.Ruleset) error {
 	return nil
 }
 
+func (w *lastWriter) ApplyDelta(d policy.Delta) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var rs policy.Ruleset
+	if w.rs != nil {
+		rs = *w.rs
+	}
+	rs = rs.With(d)
+	w.rs = &rs
+	return nil
+}
+
 func (w *lastWriter) Resync(policy.Ruleset) (bool, error) { return false, nil }
 
 func (w *lastWriter) DropCounters() (map[engine.DropKey]uint64, error) { return nil, nil }

@@ -227,10 +227,11 @@ func (e *Engine) stopClusterInformers() {
 	}
 	e.m.ClusterWatching.Set(0)
 	for name := range e.cluster.uids {
-		e.state.DeleteClusterPolicy(name)
+		e.inc.DeleteClusterPolicy(name)
+		e.policiesChanged = true
 	}
 	for name := range e.cluster.nodes {
-		e.state.DeleteNode(name)
+		e.inc.DeleteNode(name)
 	}
 	clear(e.cluster.uids)
 	clear(e.cluster.nodes)
@@ -254,7 +255,8 @@ func (e *Engine) onClusterPolicy(gen uint64, obj any) {
 	e.clusterChange(gen, func() bool {
 		// a policy refused in part is kept (it fails closed); sync's
 		// report says why, once
-		_ = e.state.SetClusterPolicy(c)
+		_ = e.inc.SetClusterPolicy(c)
+		e.policiesChanged = true
 		e.cluster.uids[c.Name] = c.UID
 		return true
 	})
@@ -277,7 +279,8 @@ func (e *Engine) onClusterPolicyDelete(gen uint64, obj any) {
 		return
 	}
 	e.clusterChange(gen, func() bool {
-		e.state.DeleteClusterPolicy(name)
+		e.inc.DeleteClusterPolicy(name)
+		e.policiesChanged = true
 		delete(e.cluster.uids, name)
 		return true
 	})
@@ -290,7 +293,7 @@ func (e *Engine) onNode(gen uint64, obj any) {
 	}
 	e.clusterChange(gen, func() bool {
 		e.cluster.nodes[n.Name] = true
-		return e.state.SetNode(policy.FromNode(n))
+		return e.inc.SetNode(policy.FromNode(n))
 	})
 }
 
@@ -301,7 +304,7 @@ func (e *Engine) onNodeDelete(gen uint64, obj any) {
 	}
 	e.clusterChange(gen, func() bool {
 		delete(e.cluster.nodes, name)
-		return e.state.DeleteNode(name)
+		return e.inc.DeleteNode(name)
 	})
 }
 

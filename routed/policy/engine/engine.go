@@ -34,6 +34,9 @@ type Writer interface {
 	// partial write fails), else what changed since the last write; one
 	// transaction either way.
 	Apply(want policy.Ruleset) error
+	// ApplyDelta writes a change of the last Ruleset written (or
+	// applied): only what d touches, in one transaction.
+	ApplyDelta(d policy.Delta) error
 	// Resync reads the table back and writes it whole when it differs
 	// from want; it says whether it did.
 	Resync(want policy.Ruleset) (repaired bool, err error)
@@ -144,13 +147,31 @@ type Engine struct {
 	now        func() time.Time
 	applied    chan struct{} // closed and replaced after each successful write
 
-	mu        sync.Mutex
-	state     *policy.State
+	mu    sync.Mutex
+	state *policy.State
+	// inc compiles the state change by change (every change of state
+	// goes through it); written: something was written since the start
+	// or the last failure (else the next write is whole); podIDs the pod
+	// entries in the kernel; globals the Ruleset's own fields written
+	// last; policiesChanged: refused policies to report again
+	inc             *policy.Incremental
+	written         bool
+	everWritten     bool
+	podIDs          map[string]bool
+	globals         policy.Delta
+	policiesChanged bool
+	// check: the next write is followed by the cross-check of the
+	// incremental compile with a whole one; mismatch: that found them
+	// different, the next write is a Reset and the whole Ruleset
+	check, mismatch bool
+	// portsAll: the links changed, every local pod's ports are read
+	// again; portsOf: the pods whose ports to read again
+	portsAll  bool
+	portsOf   map[string]bool
 	overrides map[string]override // pod key -> addresses a plugin reported
 	cidrs     []netip.Prefix
 	gen       uint64 // bumped by every change
 	doneGen   uint64 // the last generation in the kernel
-	last      *policy.Ruleset
 	refused   map[string]string
 	// links are the node's host-side pod interfaces (local.go), vethNames
 	// the names derived from Pod objects (a cache), storeHolders and
@@ -189,14 +210,18 @@ func New(cfg Config, lw ListWatches, w Writer, m *Metrics, log *slog.Logger) *En
 	if cfg.ClusterPolicyPoll <= 0 {
 		cfg.ClusterPolicyPoll = 5 * time.Second
 	}
+	st := policy.NewState()
 	return &Engine{
 		cfg: cfg, lw: lw, w: w, m: m, log: log,
+		inc:         policy.NewIncremental(st, cfg.NodeName, nil),
+		podIDs:      map[string]bool{},
+		portsOf:     map[string]bool{},
 		kick:        make(chan struct{}, 1),
 		revokeKick:  make(chan struct{}, 1),
 		checkKick:   make(chan struct{}, 1),
 		now:         time.Now,
 		applied:     make(chan struct{}),
-		state:       policy.NewState(),
+		state:       st,
 		overrides:   map[string]override{},
 		refused:     map[string]string{},
 		links:       map[string]portLink{},
@@ -217,11 +242,17 @@ func (e *Engine) SetLocalPodCIDRs(cidrs []netip.Prefix) {
 		return
 	}
 	e.cidrs = slices.Clone(cidrs)
+	e.inc.SetLocalPodCIDRs(cidrs)
 	e.changedLocked()
 }
 
 func (e *Engine) changedLocked() {
 	e.gen++
+	e.kickLocked()
+}
+
+// kickLocked wakes the write loop without a change (a cross-check).
+func (e *Engine) kickLocked() {
 	select {
 	case e.kick <- struct{}{}:
 	default:
@@ -404,32 +435,41 @@ func (e *Engine) refreshLocal() {
 	defer e.mu.Unlock()
 	changed := false
 	if err == nil && !maps.Equal(links, e.links) {
-		e.links, changed = links, true
+		e.links, e.portsAll, changed = links, true, true
 	}
-	if !maps.Equal(holders, e.storeHolders) {
-		e.storeHolders, changed = holders, true
+	holdersChanged := !maps.Equal(holders, e.storeHolders)
+	if holdersChanged {
+		e.storeHolders = holders
 	}
 	for a, at := range e.waitAt {
 		if e.now().Sub(at) >= e.cfg.OverrideTTL {
 			delete(e.waitAt, a)
 			delete(e.waitHolders, a)
-			changed = true
+			holdersChanged = true
 		}
+	}
+	if holdersChanged && e.inc.SetHolders(e.holdersLocked()) {
+		changed = true
 	}
 	if changed {
 		e.changedLocked()
 	}
 }
 
-// resync repairs the table from the last Ruleset written.
+// resync repairs the table from the last Ruleset written, and asks the
+// write loop for the cross-check of the incremental compile.
 func (e *Engine) resync() {
 	e.mu.Lock()
-	last := e.last
+	last, ok := e.writtenLocked()
+	if ok {
+		e.check = true
+		e.kickLocked()
+	}
 	e.mu.Unlock()
-	if last == nil {
+	if !ok {
 		return
 	}
-	repaired, err := e.w.Resync(*last)
+	repaired, err := e.w.Resync(last)
 	if err != nil {
 		e.m.Errors.Inc()
 		e.log.Warn("NetworkPolicy table resync failed", "err", err)
@@ -441,44 +481,146 @@ func (e *Engine) resync() {
 	}
 }
 
-// sync compiles the current state and writes what changed.
+// writtenLocked is the Ruleset in the kernel (false: nothing written
+// yet). Callers hold e.mu.
+func (e *Engine) writtenLocked() (policy.Ruleset, bool) {
+	if !e.written {
+		return policy.Ruleset{}, false
+	}
+	rs := e.inc.Ruleset()
+	rs.BridgeUnfiltered = e.bridgeOff
+	return rs, true
+}
+
+// sync writes what changed since the last write: the incremental
+// compile's Delta in one small transaction; the whole Ruleset the first
+// time, after a failed write and after a cross-check found the
+// incremental compile wrong.
 func (e *Engine) sync() error {
 	start := e.now()
 	e.mu.Lock()
 	gen := e.gen
-	e.state.SetLocalPorts(e.localPortsLocked())
-	e.state.SetHolders(e.holdersLocked())
-	rs := e.state.Compile(e.cfg.NodeName, e.cidrs)
-	rs.BridgeUnfiltered = e.bridgeOff
-	prev := e.last
-	refused := e.state.Refused()
-	clashes := e.state.Clashes()
-	cRefused, cPolicies := e.state.RefusedClusterPolicies(), e.state.ClusterPolicies()
+	e.localPortsLocked()
+	mismatch := e.mismatch
+	if mismatch {
+		e.inc.Reset()
+		e.mismatch = false
+	}
+	d := e.inc.Flush()
+	d.BridgeUnfiltered = e.bridgeOff
+	whole := !e.written || mismatch
+	var rs policy.Ruleset
+	if whole {
+		rs = e.inc.Ruleset()
+		rs.BridgeUnfiltered = e.bridgeOff
+	}
+	var refused, cRefused map[string]error
+	if e.policiesChanged {
+		refused, cRefused = e.state.Refused(), e.state.RefusedClusterPolicies()
+		e.policiesChanged = false
+	}
+	cPolicies := e.state.ClusterPolicies()
+	clashes := e.inc.Clashes()
+	pods, chains := e.inc.Counts()
+	// a connection may do less only when a policy chain or the entry of
+	// a pod already in the kernel changed (a new pod's address was
+	// unknown, so dropped, until now)
+	revoke := len(d.Policies)+len(d.GonePolicies)+len(d.GonePods) > 0
+	for _, p := range d.Pods {
+		revoke = revoke || e.podIDs[p.ID]
+	}
+	noop := !whole && d.Empty() && sameGlobals(e.globals, d)
 	e.mu.Unlock()
-	e.report(refused)
-	e.reportClusterRefused(cRefused)
+	if refused != nil {
+		e.report(refused)
+		e.reportClusterRefused(cRefused)
+	}
 	e.m.ClusterPolicies.Set(float64(cPolicies))
 	e.reportClashes(clashes)
-	if prev != nil && prev.Equal(rs) {
-		e.done(gen, prev)
+	if noop {
+		e.done(gen)
+		e.startCheck()
 		return nil
 	}
-	if err := e.w.Apply(rs); err != nil {
+	var err error
+	if whole {
+		err = e.w.Apply(rs)
+	} else {
+		err = e.w.ApplyDelta(d)
+	}
+	e.mu.Lock()
+	if err != nil {
+		e.written = false // the next write is whole
+		e.mu.Unlock()
 		return fmt.Errorf("write table: %w", err)
 	}
+	firstWrite := !e.everWritten
+	e.written, e.everWritten = true, true
+	for _, id := range d.GonePods {
+		delete(e.podIDs, id)
+	}
+	for _, p := range d.Pods {
+		e.podIDs[p.ID] = true
+	}
+	if whole {
+		clear(e.podIDs)
+		for _, p := range rs.Pods {
+			e.podIDs[p.ID] = true
+		}
+	}
+	e.globals = d
+	e.mu.Unlock()
 	e.m.ApplySeconds.Observe(e.now().Sub(start).Seconds())
-	e.m.IsolatedPods.Set(float64(len(rs.Pods)))
-	e.m.Policies.Set(float64(len(rs.Policies)))
-	e.done(gen, &rs)
-	// a change of which addresses are known only adds or removes whole
-	// pods; what a connection may do changes only with the chains
-	if prev != nil && !prev.ChainsEqual(rs) {
+	e.m.IsolatedPods.Set(float64(pods))
+	e.m.Policies.Set(float64(chains))
+	e.done(gen)
+	// (the first write after the start judges nothing: the connections
+	// are the previous engine's table's)
+	if revoke && !whole || whole && !firstWrite {
 		select {
 		case e.revokeKick <- struct{}{}:
 		default: // one is pending: it will judge by the newest Ruleset
 		}
 	}
+	e.startCheck()
 	return nil
+}
+
+// startCheck starts the cross-check a resync asked for, with the state
+// and the Ruleset just written.
+func (e *Engine) startCheck() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if !e.check || !e.written || e.gen != e.doneGen {
+		return // a change pending: after its write
+	}
+	e.check = false
+	go e.crossCheck(e.state.Snapshot(), e.inc.Ruleset(), e.inc.LocalPodCIDRs())
+}
+
+// sameGlobals tells whether d's own fields are those last written.
+func sameGlobals(a, b policy.Delta) bool {
+	return slices.Equal(a.LocalPodCIDRs, b.LocalPodCIDRs) && slices.Equal(a.Known, b.Known) &&
+		slices.Equal(a.Ports, b.Ports) && slices.Equal(a.BridgePorts, b.BridgePorts) && a.BridgeUnfiltered == b.BridgeUnfiltered
+}
+
+// crossCheck compiles snap whole (beside the write loop: the snapshot is
+// the engine's state when incRS was written) and compares: a difference
+// is a bug of the incremental compile, logged and counted, and the next
+// write is the whole compile's.
+func (e *Engine) crossCheck(snap *policy.State, incRS policy.Ruleset, cidrs []netip.Prefix) {
+	full := snap.Compile(e.cfg.NodeName, cidrs)
+	if full.Equal(incRS) {
+		return
+	}
+	e.m.Mismatches.Inc()
+	e.log.Error("the incremental NetworkPolicy compile differs from the whole one (a bug): writing the whole compile",
+		"incremental", fmt.Sprintf("%d pods, %d chains", len(incRS.Pods), len(incRS.Policies)),
+		"whole", fmt.Sprintf("%d pods, %d chains", len(full.Pods), len(full.Policies)))
+	e.mu.Lock()
+	e.mismatch = true
+	e.changedLocked()
+	e.mu.Unlock()
 }
 
 // revoker deletes the conntrack entries of the connections the Ruleset in
@@ -495,12 +637,12 @@ func (e *Engine) revoker(ctx context.Context) {
 		case <-e.revokeKick:
 		}
 		e.mu.Lock()
-		rs := e.last
+		rs, ok := e.writtenLocked()
 		e.mu.Unlock()
-		if rs == nil {
+		if !ok {
 			continue
 		}
-		n, err := e.w.Revoke(policy.NewMatcher(*rs).Allows)
+		n, err := e.w.Revoke(policy.NewMatcher(rs).Allows)
 		if err != nil {
 			e.log.Warn("cannot revoke the connections the new policy refuses", "err", err)
 		}
@@ -511,9 +653,8 @@ func (e *Engine) revoker(ctx context.Context) {
 	}
 }
 
-func (e *Engine) done(gen uint64, rs *policy.Ruleset) {
+func (e *Engine) done(gen uint64) {
 	e.mu.Lock()
-	e.last = rs
 	if gen > e.doneGen {
 		e.doneGen = gen
 	}

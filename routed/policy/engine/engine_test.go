@@ -49,6 +49,21 @@ func (f *fakeWriter) Apply(want policy.Ruleset) error {
 	return nil
 }
 
+func (f *fakeWriter) ApplyDelta(d policy.Delta) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.failNext; err != nil {
+		f.failNext = nil
+		return err
+	}
+	var last policy.Ruleset
+	if len(f.applied) > 0 {
+		last = f.applied[len(f.applied)-1]
+	}
+	f.applied = append(f.applied, last.With(d))
+	return nil
+}
+
 func (f *fakeWriter) Resync(policy.Ruleset) (bool, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()

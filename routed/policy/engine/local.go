@@ -79,13 +79,48 @@ func lookupLink(name string) (portLink, bool) {
 	return portOf(l)
 }
 
-// localPortsLocked maps this node's pods to their host-side interfaces.
+// localPortsLocked gives the incremental compile the host-side
+// interfaces of the pods whose ports may have changed: every local pod's
+// when the links changed, else those of the pods that came or changed.
 // Callers hold e.mu.
-func (e *Engine) localPortsLocked() map[string][]policy.LocalPort {
-	out := portsOf(e.state, e.cfg.NodeName, e.links, e.vethNames)
-	if len(e.vethNames) > 4*len(out)+1024 {
-		e.vethNames = map[string]string{} // forget pods long gone
+func (e *Engine) localPortsLocked() {
+	if e.portsAll {
+		e.inc.SetLocalPorts(portsOf(e.state, e.cfg.NodeName, e.links, e.vethNames))
+		e.portsAll = false
+		clear(e.portsOf)
+		if len(e.vethNames) > 4*len(e.links)+1024 {
+			e.vethNames = map[string]string{} // forget pods long gone
+		}
+		return
 	}
+	for key := range e.portsOf {
+		e.inc.SetPodPorts(key, podPorts(key, e.links, e.vethNames))
+	}
+	clear(e.portsOf)
+}
+
+// podPorts are pod key's interfaces among links; names caches the
+// derived names (pod key and interface name -> veth name).
+func podPorts(key string, links map[string]portLink, names map[string]string) []policy.LocalPort {
+	ns, name, _ := strings.Cut(key, "/")
+	var out []policy.LocalPort
+	seen := map[string]bool{}
+	for _, l := range links {
+		if seen[l.ifName] {
+			continue
+		}
+		seen[l.ifName] = true
+		ck := key + "\x00" + l.ifName
+		veth, ok := names[ck]
+		if !ok {
+			veth = contract.HostVethName(ns, name, "", l.ifName)
+			names[ck] = veth
+		}
+		if pl, ok := links[veth]; ok && pl.ifName == l.ifName {
+			out = append(out, policy.LocalPort{Name: veth, Bridged: pl.bridged})
+		}
+	}
+	slices.SortFunc(out, func(a, b policy.LocalPort) int { return strings.Compare(a.Name, b.Name) })
 	return out
 }
 

@@ -16,7 +16,10 @@ type Metrics struct {
 	// WaitSeconds: how long the engine took to answer a plugin's ADD-time
 	// wait (from the request to the answer: the pod's policy in the
 	// kernel), the engine's share of a CNI ADD.
-	WaitSeconds  prometheus.Histogram
+	WaitSeconds prometheus.Histogram
+	// Mismatches: resync cross-checks that found the incremental compile
+	// different from the whole one (a bug; the whole one is written).
+	Mismatches   prometheus.Counter
 	Errors       prometheus.Counter
 	Repairs      prometheus.Counter
 	Revoked      prometheus.Counter
@@ -65,6 +68,10 @@ func NewMetrics(reg prometheus.Registerer, repairs *prometheus.CounterVec) *Metr
 			Name:    "podnet_policy_wait_seconds",
 			Help:    "Time the engine took to answer a plugin's ADD-time wait: from the request to the pod's policy in the kernel (the engine's share of a CNI ADD).",
 			Buckets: []float64{.0001, .00025, .0005, .00075, .001, .0015, .002, .003, .005, .0075, .01, .025, .05, .1, .25, .5, 1, 3},
+		}),
+		Mismatches: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "podnet_policy_incremental_mismatch_total",
+			Help: "Resync cross-checks that found the incremental compile different from a whole compile (a bug: it is logged and the whole compile is written).",
 		}),
 		Errors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "podnet_policy_errors_total", Help: "NetworkPolicy table writes that failed (each is retried in full).",
@@ -124,7 +131,7 @@ func NewMetrics(reg prometheus.Registerer, repairs *prometheus.CounterVec) *Metr
 		Help: "Packets between podnet-bridge pods of the node dropped because bridge netfilter cannot be turned on; as read at the last resync.",
 	}, func() float64 { return float64(m.unfiltered.Load()) })
 	reg.MustRegister(link, unfiltered)
-	reg.MustRegister(unknown, m.ApplySeconds, m.WaitSeconds, m.Errors, m.Revoked, m.IsolatedPods, m.Policies, m.Refused, m.AddressClashes, m.BridgeUnfiltered, m.drops.vec,
+	reg.MustRegister(unknown, m.ApplySeconds, m.WaitSeconds, m.Mismatches, m.Errors, m.Revoked, m.IsolatedPods, m.Policies, m.Refused, m.AddressClashes, m.BridgeUnfiltered, m.drops.vec,
 		m.clusterDrops.vec, m.ClusterPolicies, m.ClusterRefused, m.ClusterWatching)
 	return m
 }
@@ -196,9 +203,9 @@ func (e *Engine) readCounters() {
 		return
 	}
 	e.mu.Lock()
-	last := e.last
+	last, ok := e.writtenLocked()
 	e.mu.Unlock()
-	if last == nil {
+	if !ok {
 		return
 	}
 	pols := map[string]policy.PolicyChain{}
@@ -221,7 +228,7 @@ func (e *Engine) readCounters() {
 		}
 	}
 	e.m.drops.forgetAllBut(seen)
-	e.readClusterCounters(last, counts)
+	e.readClusterCounters(&last, counts)
 }
 
 // readClusterCounters turns the ClusterNetworkPolicy Deny rules' counters

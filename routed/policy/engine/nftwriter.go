@@ -22,6 +22,8 @@ type NFTWriter struct {
 
 func (n NFTWriter) Apply(want policy.Ruleset) error { _, err := n.W.Apply(want); return err }
 
+func (n NFTWriter) ApplyDelta(d policy.Delta) error { _, err := n.W.ApplyDelta(d); return err }
+
 func (n NFTWriter) Resync(want policy.Ruleset) (bool, error) { return n.W.Resync(want) }
 
 func (n NFTWriter) Delete() error { return n.W.Delete() }

@@ -36,7 +36,10 @@ func (e *Engine) setPodLocked(obj *corev1.Pod) {
 			p.IPs = slices.Clone(o.ips)
 		}
 	}
-	if e.state.SetPod(p) {
+	if p.Node == e.cfg.NodeName {
+		e.portsOf[key] = true // its port may be known already
+	}
+	if e.inc.SetPod(p) {
 		e.changedLocked()
 	}
 }
@@ -92,33 +95,33 @@ func (e *Engine) onPodDelete(obj any) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	delete(e.overrides, ns+"/"+name)
-	if e.state.DeletePod(ns, name) {
+	if e.inc.DeletePod(ns, name) {
 		e.changedLocked()
 	}
 }
 
 func (e *Engine) onNamespace(obj any) {
 	if ns, ok := obj.(*corev1.Namespace); ok {
-		e.change(func() { e.state.SetNamespace(policy.FromNamespace(ns)) })
+		e.change(func() { e.inc.SetNamespace(policy.FromNamespace(ns)) })
 	}
 }
 
 func (e *Engine) onNamespaceDelete(obj any) {
 	if _, name, ok := metaOf(obj); ok {
-		e.change(func() { e.state.DeleteNamespace(name) })
+		e.change(func() { e.inc.DeleteNamespace(name) })
 	}
 }
 
 func (e *Engine) onPolicy(obj any) {
 	if np, ok := obj.(*networkingv1.NetworkPolicy); ok {
 		// a refused policy is kept (it fails closed); report() logs why
-		e.change(func() { _ = e.state.SetPolicy(np) })
+		e.change(func() { _ = e.inc.SetPolicy(np); e.policiesChanged = true })
 	}
 }
 
 func (e *Engine) onPolicyDelete(obj any) {
 	if ns, name, ok := metaOf(obj); ok {
-		e.change(func() { e.state.DeletePolicy(ns, name) })
+		e.change(func() { e.inc.DeletePolicy(ns, name); e.policiesChanged = true })
 	}
 }
 

@@ -62,11 +62,15 @@ func (e *Engine) wait(ctx context.Context, req policysock.Request) error {
 	changed := false
 	for _, a := range req.IPs {
 		a = a.Unmap()
-		changed = changed || e.waitHolders[a] != key
+		if e.waitHolders[a] != key {
+			e.inc.SetHolder(a, key)
+			changed = true
+		}
 		e.waitHolders[a], e.waitAt[a] = key, e.now()
 	}
 	if old, known := e.links[req.HostVeth]; linked && (!known || old != link) {
 		e.links[req.HostVeth] = link
+		e.portsOf[key] = true
 		changed = true
 	}
 	if changed {
