@@ -1,7 +1,9 @@
 package nft
 
 // The incremental write: the difference between the table the kernel
-// holds (the last tableDef written) and the next one, in one transaction.
+// holds and the next one, in one transaction. The two tables compared
+// are whole ones, or (the Writer's) only what one change touches
+// (store.go): the order of the transaction is the same.
 
 import (
 	"bytes"
@@ -15,22 +17,20 @@ import (
 	"github.com/podnet/podnet/internal/nftutil"
 )
 
-// writeDiff writes the difference between w.last and def in one
-// transaction (tableDiff.queue has its order) and reads back what it
-// changed.
-func (w *Writer) writeDiff(def *tableDef) (Stats, error) {
-	old := w.last
+// writeChange writes a change of the store (the touched objects as they
+// were and as they are) in one transaction (tableDiff.queue has its
+// order) and reads back what it changed. Callers hold w.mu.
+func (w *Writer) writeChange(ch *change) (Stats, error) {
 	c, err := w.nft()
 	if err != nil {
 		return Stats{}, err
 	}
-	d := newTableDiff(old, def)
+	d := newTableDiff(ch.old, ch.def)
 	st, err := d.queue(c)
 	if err != nil {
 		return st, err
 	}
-	if st.Elements+st.Chains+st.Sets == 0 && slices.Equal(old.counters, def.counters) {
-		w.last = def
+	if st.Elements+st.Chains+st.Sets == 0 && slices.Equal(ch.old.counters, ch.def.counters) {
 		return st, nil
 	}
 	g0, err := nftutil.Generation(w.conn.Netlink())
@@ -42,7 +42,7 @@ func (w *Writer) writeDiff(def *tableDef) (Stats, error) {
 		return st, fmt.Errorf("update nftables table %s: %w", TableName, err)
 	}
 	p := d.patch()
-	return st, w.readBack(def, g0, &p)
+	return st, w.readBack(g0, &p)
 }
 
 // tableDiff is what changes from old to def, indexed by name.
