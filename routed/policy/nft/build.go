@@ -7,6 +7,7 @@ package nft
 import (
 	"bytes"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"strings"
@@ -499,7 +500,8 @@ func podChain(p policy.PodChains, d policy.Direction, addrs []netip.Addr, isolat
 }
 
 // sets adds the counters' last one and the table's own sets and maps:
-// local pod CIDRs, known addresses, the verdict maps, the ports.
+// local pod CIDRs, known addresses, judged addresses, the verdict maps,
+// the ports.
 func (b *builder) sets(rs policy.Ruleset) error {
 	def := b.def
 	slices.SortFunc(b.known, netip.Addr.Compare)
@@ -507,10 +509,19 @@ func (b *builder) sets(rs policy.Ruleset) error {
 	def.counters = append(def.counters, CounterUnknown)
 	slices.Sort(def.counters)
 	local := policy.PrefixRanges(rs.LocalPodCIDRs)
+	var judged []netip.Addr // the verdict maps' addresses
+	for _, d := range []policy.Direction{policy.Ingress, policy.Egress} {
+		for _, v6 := range []bool{false, true} {
+			judged = slices.AppendSeq(judged, maps.Keys(b.taken[mapName(d, v6)]))
+		}
+	}
+	slices.SortFunc(judged, netip.Addr.Compare)
+	judged = slices.Compact(judged)
 	for _, v6 := range []bool{false, true} {
 		def.sets = append(def.sets,
 			setDef{name: famName(setLocal, v6), kind: kindInterval, v6: v6, elems: rangeElements(local, v6)},
 			setDef{name: famName(setKnown, v6), kind: kindAddrs, v6: v6, elems: nftutil.AddrElements(known, v6)},
+			setDef{name: famName(setJudged, v6), kind: kindAddrs, v6: v6, elems: nftutil.AddrElements(judged, v6)},
 		)
 	}
 	for _, d := range []policy.Direction{policy.Ingress, policy.Egress} {

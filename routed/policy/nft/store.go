@@ -49,9 +49,11 @@ type store struct {
 	// them
 	local      []netip.Prefix
 	localElems [2][]nftables.SetElement
-	knownIn    []netip.Addr
-	knownList  []netip.Addr // sortedAddrs(knownIn)
-	ports      []string
+	// knownList is Known, canonical (sortedAddrs): a delta's Known (a
+	// thousand addresses at 500 pods) is compared with it in one pass
+	// (knownChanges)
+	knownList []netip.Addr
+	ports     []string
 	portElems  []nftables.SetElement
 	bports     []string
 	bportElems []nftables.SetElement
@@ -108,7 +110,8 @@ type change struct {
 
 // ruleset is the Ruleset the store holds (in no particular order).
 func (s *store) ruleset() policy.Ruleset {
-	rs := policy.Ruleset{LocalPodCIDRs: s.local, Known: s.knownIn, Ports: s.ports, BridgePorts: s.bports, BridgeUnfiltered: s.unfiltered}
+	rs := policy.Ruleset{LocalPodCIDRs: s.local, Ports: s.ports, BridgePorts: s.bports, BridgeUnfiltered: s.unfiltered}
+	rs.Known = s.knownList
 	for _, p := range s.pods {
 		rs.Pods = append(rs.Pods, p.pc)
 	}
@@ -289,11 +292,12 @@ func (s *store) apply(d policy.Delta) (*change, error) {
 		}
 	}
 	localChanged := !slices.Equal(d.LocalPodCIDRs, s.local)
-	knownChanged := !slices.Equal(d.Known, s.knownIn)
+	knownDel, knownAdd, knownList := knownChanges(s.knownList, d.Known)
+	knownChanged := len(knownDel)+len(knownAdd) > 0
 
 	// from here on nothing fails: the store changes
 	c := &changer{s: s, ch: &change{old: &tableDef{pods: map[string]CounterKey{}}, def: &tableDef{pods: map[string]CounterKey{}}},
-		known: map[netip.Addr]bool{}, vmaps: map[vmapKey]string{}, pmaps: map[pmapKey]string{},
+		known: map[netip.Addr]bool{}, judged: map[netip.Addr]bool{}, vmaps: map[vmapKey]string{}, pmaps: map[pmapKey]string{},
 		bridge: map[pmapKey]bool{}, tiers: map[string]*chainDef{}, rebuild: map[string]bool{}}
 	ch := c.ch
 	ch.changed = len(pods)+len(gonePods)+len(pols)+len(gonePols) > 0 || portsChanged || bportsChanged ||
@@ -330,15 +334,13 @@ func (s *store) apply(d policy.Delta) (*change, error) {
 	}
 	c.finishTiers()
 	if knownChanged {
-		list := canonicalAddrs(d.Known)
-		del, add := sortedChanges(s.knownList, list, netip.Addr.Compare)
-		for _, a := range del {
+		for _, a := range knownDel {
 			c.addKnown(a, -1)
 		}
-		for _, a := range add {
+		for _, a := range knownAdd {
 			c.addKnown(a, 1)
 		}
-		s.knownIn, s.knownList = slices.Clone(d.Known), list
+		s.knownList = knownList
 	}
 	global := map[string][2][]nftables.SetElement{} // old and new touched elements, by set name
 	if localChanged {
@@ -379,7 +381,8 @@ func globalSets(elems func(name string) []nftables.SetElement) []setDef {
 	for _, v6 := range []bool{false, true} {
 		out = append(out,
 			setDef{name: famName(setLocal, v6), kind: kindInterval, v6: v6, elems: elems(famName(setLocal, v6))},
-			setDef{name: famName(setKnown, v6), kind: kindAddrs, v6: v6, elems: elems(famName(setKnown, v6))})
+			setDef{name: famName(setKnown, v6), kind: kindAddrs, v6: v6, elems: elems(famName(setKnown, v6))},
+			setDef{name: famName(setJudged, v6), kind: kindAddrs, v6: v6, elems: elems(famName(setJudged, v6))})
 	}
 	for _, d := range []policy.Direction{policy.Ingress, policy.Egress} {
 		for _, v6 := range []bool{false, true} {
@@ -415,6 +418,7 @@ type changer struct {
 	s      *store
 	ch     *change
 	known  map[netip.Addr]bool
+	judged map[netip.Addr]bool
 	vmaps  map[vmapKey]string
 	pmaps  map[pmapKey]string
 	bridge map[pmapKey]bool
@@ -475,6 +479,9 @@ func (c *changer) pod(p *builtPod, n int) {
 			k := vmapKey{i, a}
 			if _, ok := c.vmaps[k]; !ok {
 				c.vmaps[k] = first(s.vmaps[i][a])
+			}
+			if _, ok := c.judged[a]; !ok {
+				c.judged[a] = s.isJudged(a)
 			}
 			if l := owners(s.vmaps[i][a], id, n > 0); len(l) > 0 {
 				s.vmaps[i][a] = l
@@ -640,6 +647,12 @@ func (c *changer) finishElements(global map[string][2][]nftables.SetElement) {
 			put(name, 1, nftables.SetElement{Key: a.AsSlice()})
 		}
 	}
+	for a, before := range c.judged {
+		name := famName(setJudged, a.Is6())
+		if after := s.isJudged(a); before != after {
+			put(name, map[bool]int{true: 0, false: 1}[before], nftables.SetElement{Key: a.AsSlice()})
+		}
+	}
 	dirs := [2]policy.Direction{policy.Ingress, policy.Egress}
 	for k, before := range c.vmaps {
 		after, name := first(s.vmaps[k.d][k.a]), mapName(dirs[k.d], k.a.Is6())
@@ -672,15 +685,59 @@ func (c *changer) finishElements(global map[string][2][]nftables.SetElement) {
 	}
 }
 
-// canonicalAddrs is sortedAddrs(in), without sorting what is sorted
-// already (the compiler sorts Known).
-func canonicalAddrs(in []netip.Addr) []netip.Addr {
-	for i, a := range in {
-		if !a.IsValid() || a.Is4In6() || a.Zone() != "" || (i > 0 && in[i-1].Compare(a) >= 0) {
-			return sortedAddrs(in)
+// isJudged tells whether a is in a verdict map (the judged sets).
+func (s *store) isJudged(a netip.Addr) bool { return len(s.vmaps[0][a])+len(s.vmaps[1][a]) > 0 }
+
+// knownChanges compares Known (in, as a delta has it) with the stored
+// list (canonical: sortedAddrs'): del are the stored addresses in lacks,
+// add those of in not stored, and list is in made canonical when they
+// differ. When in is the stored list (most deltas keep Known or change
+// it by a pod's addresses) it costs one comparison of three words per
+// address and allocates nothing: only around an address that differs is
+// in's order checked (the stored ones are sorted, and so are those of in
+// equal to them).
+func knownChanges(stored, in []netip.Addr) (del, add, list []netip.Addr) {
+	ok := func(a netip.Addr) bool { return a.IsValid() && !a.Is4In6() && a.Zone() == "" }
+	i, j := 0, 0
+	sorted := true
+	for i < len(stored) && j < len(in) {
+		if stored[i] == in[j] {
+			i++
+			j++
+			continue
+		}
+		a := in[j]
+		if !ok(a) || (j > 0 && in[j-1].Compare(a) >= 0) || (j+1 < len(in) && a.Compare(in[j+1]) >= 0) {
+			sorted = false
+			break
+		}
+		if c := stored[i].Compare(a); c < 0 {
+			del = append(del, stored[i])
+			i++
+		} else {
+			add = append(add, a)
+			j++
 		}
 	}
-	return slices.Clone(in)
+	if sorted {
+		for k := j; k < len(in); k++ {
+			if !ok(in[k]) || (k > 0 && in[k-1].Compare(in[k]) >= 0) {
+				sorted = false
+				break
+			}
+		}
+	}
+	if !sorted {
+		list = sortedAddrs(in)
+		del, add = sortedChanges(stored, list, netip.Addr.Compare)
+		return del, add, list
+	}
+	del = append(del, stored[i:]...)
+	add = append(add, in[j:]...)
+	if len(del)+len(add) > 0 {
+		list = slices.Clone(in)
+	}
+	return del, add, list
 }
 
 // sortedChanges compares two sorted lists without duplicates: del are
@@ -710,6 +767,13 @@ func (s *store) assemble() *tableDef {
 	def.counters = append(slices.Collect(maps.Keys(s.counters)), CounterUnknown)
 	slices.Sort(def.counters)
 	known := slices.SortedFunc(maps.Keys(s.known), netip.Addr.Compare)
+	judged := slices.SortedFunc(maps.Keys(s.vmaps[0]), netip.Addr.Compare)
+	for a := range s.vmaps[1] {
+		if len(s.vmaps[0][a]) == 0 {
+			judged = append(judged, a)
+		}
+	}
+	slices.SortFunc(judged, netip.Addr.Compare)
 	dirs := [2]policy.Direction{policy.Ingress, policy.Egress}
 	def.sets = globalSets(func(name string) []nftables.SetElement {
 		for i, v6 := range []bool{false, true} {
@@ -718,6 +782,8 @@ func (s *store) assemble() *tableDef {
 				return s.localElems[i]
 			case famName(setKnown, v6):
 				return nftutil.AddrElements(known, v6)
+			case famName(setJudged, v6):
+				return nftutil.AddrElements(judged, v6)
 			}
 		}
 		if name == setPorts {
