@@ -52,8 +52,8 @@ type store struct {
 	// knownList is Known, canonical (sortedAddrs): a delta's Known (a
 	// thousand addresses at 500 pods) is compared with it in one pass
 	// (knownChanges)
-	knownList []netip.Addr
-	ports     []string
+	knownList  []netip.Addr
+	ports      []string
 	portElems  []nftables.SetElement
 	bports     []string
 	bportElems []nftables.SetElement
