@@ -19,7 +19,8 @@ import (
 
 // writeChange writes a change of the store (the touched objects as they
 // were and as they are) in one transaction (tableDiff.queue has its
-// order) and reads back what it changed. Callers hold w.mu.
+// order), and leaves the read-back of what it changed to settle. Callers
+// hold w.mu and have settled the write before.
 func (w *Writer) writeChange(ch *change) (Stats, error) {
 	c, err := w.nft()
 	if err != nil {
@@ -33,16 +34,15 @@ func (w *Writer) writeChange(ch *change) (Stats, error) {
 	if st.Elements+st.Chains+st.Sets == 0 && slices.Equal(ch.old.counters, ch.def.counters) {
 		return st, nil
 	}
-	g0, err := nftutil.Generation(w.conn.Netlink())
-	if err != nil {
-		return st, err
-	}
 	w.seq++
+	w.ours++
 	if err := c.Flush(); err != nil {
 		return st, fmt.Errorf("update nftables table %s: %w", TableName, err)
 	}
-	p := d.patch()
-	return st, w.readBack(g0, &p)
+	if p := d.patch(); len(p.Counters)+len(p.Sets)+len(p.Chains)+len(p.Gone)+len(p.Rules) > 0 {
+		w.unread = &p
+	}
+	return st, nil
 }
 
 // tableDiff is what changes from old to def, indexed by name.

@@ -78,6 +78,14 @@ type Writer struct {
 	// written is the table's structure read back after the last write
 	// (nil: not known).
 	written *structure
+	// unread is what the last incremental write changed, not read back
+	// into written yet (nil: nothing): the read-back (a dozen requests)
+	// waits for a goroutine started after the write, or the Writer's
+	// next use, so that the write's caller (a pod's ADD waiting for its
+	// policy) does not wait for it. ours counts the Writer's commits
+	// since gen was read.
+	unread *nftutil.Patch
+	ours   uint32
 	// gen is the nftables generation at which the kernel's table was
 	// last known to be last/written (right after a write of the Writer's
 	// alone, or a resync that found it so); 0: not known. A resync that
@@ -156,7 +164,7 @@ func (w *Writer) closeConn() { w.conn.Close() }
 // fail forgets what the kernel holds after a failed write: the next
 // write is whole. The store stays: it is what the Writer was last given.
 func (w *Writer) fail() {
-	w.ok, w.written, w.gen = false, nil, 0
+	w.ok, w.written, w.gen, w.unread, w.ours = false, nil, 0, nil, 0
 	w.bridgeLast, w.bridgeWritten = nil, nil
 	w.closeConn()
 }
@@ -204,6 +212,7 @@ func (w *Writer) def() *tableDef {
 func (w *Writer) Apply(want policy.Ruleset) (Stats, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	w.settle()
 	st := w.store()
 	d, err := st.deltaTo(want)
 	if err != nil {
@@ -236,6 +245,7 @@ func (w *Writer) Apply(want policy.Ruleset) (Stats, error) {
 func (w *Writer) ApplyDelta(d policy.Delta) (Stats, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	w.settle()
 	ch, err := w.store().apply(d)
 	if err != nil {
 		return Stats{}, fmt.Errorf("policy delta: %w", err)
@@ -271,7 +281,66 @@ func (w *Writer) write(ch *change) (Stats, error) {
 		w.fail()
 		return Stats{Full: true}, w.writeFull(w.def())
 	}
+	if w.unread != nil {
+		go w.settleLocked()
+	}
 	return st, nil
+}
+
+// settleLocked is settle for a goroutine of its own.
+func (w *Writer) settleLocked() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.settle()
+}
+
+// settle reads back what the last incremental write changed (w.unread)
+// into w.written. It reads on the socket the write used, never on a new
+// one: it may run on any thread, and a socket dialed there would be of
+// that thread's network namespace. When that socket is gone or the
+// reading fails, the kernel's table is not known any more (the next write
+// is whole). Callers hold w.mu.
+func (w *Writer) settle() {
+	if w.unread == nil {
+		return
+	}
+	p := *w.unread
+	w.unread = nil
+	nl := w.conn.Netlink()
+	if nl == nil {
+		w.fail()
+		return
+	}
+	if err := w.readPatch(nl, p); err != nil {
+		w.log().Info("nft table: read-back failed: the next write is whole", "table", "inet "+TableName, "err", err)
+		w.fail()
+	}
+}
+
+// readPatch reads back the objects an incremental write changed (p) on
+// top of what was read before.
+func (w *Writer) readPatch(nl *netlink.Conn, p nftutil.Patch) error {
+	g1, err := nftutil.Generation(nl)
+	if err != nil {
+		return fmt.Errorf("read back nftables table %s: %w", TableName, err)
+	}
+	// known: the kernel's table was w.written at w.gen, and the only
+	// commits since are the Writer's own
+	known := w.gen != 0 && g1 == w.gen+w.ours
+	// only the objects p names are read (old nil: StructurePatch walks
+	// no line of the rest)
+	fresh, err := nftutil.StructurePatch(nl, byte(nftables.TableFamilyINet), TableName, nil, p)
+	if err != nil {
+		return fmt.Errorf("read back nftables table %s: %w", TableName, err)
+	}
+	w.written.patch(p, fresh)
+	w.gen, w.ours = 0, 0
+	// the kernel's table is known to be what was written and read when
+	// nothing else committed since it last was, nor during the reading
+	if g2, err := nftutil.Generation(nl); err == nil && known && g2 == g1 {
+		w.gen = g1
+	}
+	return nil
 }
 
 // ApplyFull writes the whole table for want in one transaction (delete
@@ -279,6 +348,7 @@ func (w *Writer) write(ch *change) (Stats, error) {
 func (w *Writer) ApplyFull(want policy.Ruleset) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	w.unread = nil // written whole, read whole
 	if err := w.take(want); err != nil {
 		return err
 	}
@@ -324,6 +394,7 @@ func (w *Writer) take(want policy.Ruleset) error {
 // (it returns false; the next one reads again).
 func (w *Writer) Resync(want policy.Ruleset) (repaired bool, err error) {
 	w.mu.Lock()
+	w.settle()
 	w.store() // (with other options, the table is not known any more)
 	if !w.ok || w.bridgeLast == nil {
 		defer w.mu.Unlock()
@@ -337,7 +408,9 @@ func (w *Writer) Resync(want policy.Ruleset) (repaired bool, err error) {
 		return false, w.writeFull(w.def())
 	}
 	if _, err := w.nft(); err == nil {
-		if g, err := nftutil.Generation(w.conn.Netlink()); err == nil && g != 0 && g == w.gen {
+		// (the commits since gen, if any, are the Writer's own: settled,
+		// their structure is read)
+		if g, err := nftutil.Generation(w.conn.Netlink()); err == nil && w.gen != 0 && g == w.gen+w.ours {
 			w.mu.Unlock()
 			return false, nil
 		}
@@ -359,7 +432,7 @@ func (w *Writer) Resync(want policy.Ruleset) (repaired bool, err error) {
 		diff = err.Error()
 	}
 	if diff == "" {
-		w.gen = gen
+		w.gen, w.ours = gen, 0 // (no write came meanwhile: seq)
 		return false, nil
 	}
 	return w.repair(def, diff)
@@ -420,6 +493,7 @@ func (w *Writer) Verify(want policy.Ruleset) (string, error) {
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	w.settle()
 	if !w.ok {
 		return "nothing written yet", nil
 	}
@@ -474,41 +548,28 @@ func (w *Writer) writeFullOnce(def *tableDef) error {
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("write nftables table %s: %w", TableName, err)
 	}
-	w.written = nil
-	return w.readBack(g0, nil)
+	w.written, w.unread = nil, nil
+	return w.readBack(g0)
 }
 
-// readBack reads the table's structure after a write made at generation
-// g0 (read just before it): all of it after a full write (p nil), else
-// only what the write changed (p), on top of what was read before; the
-// kernel holds the store's table then.
-func (w *Writer) readBack(g0 uint32, p *nftutil.Patch) error {
-	g1, err := nftutil.Generation(w.conn.Netlink())
+// readBack reads the whole table's structure after a whole write made at
+// generation g0 (read just before it); the kernel holds the store's table
+// then.
+func (w *Writer) readBack(g0 uint32) error {
+	nl := w.conn.Netlink()
+	g1, err := nftutil.Generation(nl)
 	if err != nil {
 		return fmt.Errorf("read back nftables table %s: %w", TableName, err)
 	}
-	// alone: the write was the only transaction; known: before it, the
-	// kernel's table was known to be w.written, at g0
-	alone, known := g1 == g0+1, w.gen != 0 && w.gen == g0 && w.written != nil
-	if p == nil || w.written == nil {
-		lines, err := nftutil.ReadBack(w.conn.Netlink(), nftables.TableFamilyINet, TableName, nil, nil)
-		if err != nil {
-			return err
-		}
-		w.written, known = newStructure(lines), true
-	} else {
-		// only the objects p names are read (old nil: StructurePatch
-		// walks no line of the rest)
-		fresh, err := nftutil.StructurePatch(w.conn.Netlink(), byte(nftables.TableFamilyINet), TableName, nil, *p)
-		if err != nil {
-			return fmt.Errorf("read back nftables table %s: %w", TableName, err)
-		}
-		w.written.patch(*p, fresh)
+	lines, err := nftutil.ReadBack(nl, nftables.TableFamilyINet, TableName, nil, nil)
+	if err != nil {
+		return err
 	}
-	w.ok, w.gen = true, 0
+	w.written, w.ok, w.gen, w.ours = newStructure(lines), true, 0, 0
 	// the kernel's table is known to be what was written and read when
-	// nothing else committed since it last was, nor during the reading
-	if g2, err := nftutil.Generation(w.conn.Netlink()); err == nil && alone && known && g2 == g1 {
+	// the write was the only transaction and nothing committed during
+	// the reading
+	if g2, err := nftutil.Generation(nl); err == nil && g1 == g0+1 && g2 == g1 {
 		w.gen = g1
 	}
 	return nil
@@ -574,7 +635,7 @@ func (w *Writer) BridgeCounters() (unknown, link, unfiltered uint64, err error) 
 func (w *Writer) Delete() error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.ok, w.written = false, nil
+	w.ok, w.written, w.unread = false, nil, nil
 	w.bridgeLast, w.bridgeWritten = nil, nil
 	c, err := w.nft()
 	if err != nil {
