@@ -142,17 +142,35 @@ func BenchmarkApplyScale(b *testing.B) {
 
 // podChange makes the change of one new pod on a scaleRuleset node: an
 // isolated pod jumping to two existing policies (one per direction), its
-// addresses added to the peers of three policies, Known updated; and the
-// way back to the Ruleset it started from.
+// addresses added to the peer sets of three policies, Known updated; and
+// the way back to the Ruleset it started from.
 type podChange struct {
 	base, rs policy.Ruleset
 	n        int
 	added    []string
 	changed  map[int]bool // policies whose peers changed
+	// peered are the policies whose first rule has peer sets (and port
+	// sets, or any port) of both families: a peer added is elements only
+	peered []int
 }
 
 func newPodChange(rs policy.Ruleset) *podChange {
-	return &podChange{base: rs, rs: rs, changed: map[int]bool{}}
+	c := &podChange{base: rs, rs: rs, changed: map[int]bool{}}
+	both := func(v6s []bool) bool { return slices.Contains(v6s, false) && slices.Contains(v6s, true) }
+	for j, p := range rs.Policies {
+		r := p.Rules[0]
+		var peers, ports []bool
+		for _, x := range r.Peers {
+			peers = append(peers, x.From.Is6())
+		}
+		for _, x := range r.Ports {
+			ports = append(ports, x.Addrs.From.Is6())
+		}
+		if !r.AnyPeer && both(peers) && (r.AnyPort || both(ports)) {
+			c.peered = append(c.peered, j)
+		}
+	}
+	return c
 }
 
 // add is the Delta that adds pod n and the Ruleset it makes.
@@ -171,11 +189,11 @@ func (c *podChange) add() (policy.Delta, policy.Ruleset) {
 		known = slices.Insert(known, j, x)
 	}
 	d.Known = known
-	for _, j := range []int{(i * 3) % len(c.rs.Policies), (i*3 + 1) % len(c.rs.Policies), (i*3 + 2) % len(c.rs.Policies)} {
+	for m := range 3 {
+		j := c.peered[(i*3+m)%len(c.peered)]
 		pol := c.rs.Policies[j]
 		pol.Rules = slices.Clone(pol.Rules)
 		r := pol.Rules[0]
-		r.AnyPeer = false
 		r.Peers = append(slices.Clone(r.Peers), one(a), one(b))
 		pol.Rules[0] = r.Canonical()
 		d.Policies = append(d.Policies, pol)

@@ -290,6 +290,17 @@ func chainIndex(chains []chainDef) map[string]chainDef {
 // defDiff says how two table contents differ ("" when they do not).
 func defDiff(a, b *tableDef) string {
 	if !slices.Equal(a.counters, b.counters) {
+		ac, bc := nameSet(a.counters), nameSet(b.counters)
+		for _, n := range a.counters {
+			if !bc[n] {
+				return "counter " + n + " only in the first"
+			}
+		}
+		for _, n := range b.counters {
+			if !ac[n] {
+				return "counter " + n + " only in the second"
+			}
+		}
 		return "counters"
 	}
 	as, bs := setIndex(a.sets), setIndex(b.sets)
