@@ -86,6 +86,8 @@ type Writer struct {
 	// since gen was read.
 	unread *nftutil.Patch
 	ours   uint32
+	// settling: a goroutine waits to settle (one is enough)
+	settling bool
 	// gen is the nftables generation at which the kernel's table was
 	// last known to be last/written (right after a write of the Writer's
 	// alone, or a resync that found it so); 0: not known. A resync that
@@ -281,7 +283,8 @@ func (w *Writer) write(ch *change) (Stats, error) {
 		w.fail()
 		return Stats{Full: true}, w.writeFull(w.def())
 	}
-	if w.unread != nil {
+	if w.unread != nil && !w.settling {
+		w.settling = true
 		go w.settleLocked()
 	}
 	return st, nil
@@ -291,6 +294,7 @@ func (w *Writer) write(ch *change) (Stats, error) {
 func (w *Writer) settleLocked() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	w.settling = false
 	w.settle()
 }
 
