@@ -4,7 +4,9 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
+	"slices"
 	"testing"
+	"time"
 
 	"github.com/google/nftables"
 
@@ -65,6 +67,59 @@ func BenchmarkApplyScale(b *testing.B) {
 			nettest.Do(b, node, func() error { _, err := w.Apply(next); return err })
 		}
 	})
+	// one-pod-delta: the change a new pod's ADD waits for, through
+	// ApplyDelta; one-pod-full: the same through Apply
+	for _, delta := range []bool{true, false} {
+		name := map[bool]string{true: "one-pod-delta", false: "one-pod-full"}[delta]
+		b.Run(name, func(b *testing.B) {
+			nettest.Do(b, node, func() error { return w.ApplyFull(rs) })
+			c := newPodChange(rs)
+			// in the node netns throughout: the loop measures the writer,
+			// not a setns per operation. ns/op counts everything (the way
+			// back every 100 pods, the read-back of a write, which a call
+			// right after the write does itself); p50 and p99 are the
+			// calls that add a pod, what its ADD waits for.
+			var took []time.Duration
+			nettest.Do(b, node, func() error {
+				for b.Loop() {
+					var err error
+					d, next := c.add()
+					start := time.Now()
+					if delta {
+						_, err = w.ApplyDelta(d)
+					} else {
+						_, err = w.Apply(next)
+					}
+					took = append(took, time.Since(start))
+					if err != nil {
+						return err
+					}
+					if c.n%100 == 0 { // back to rs: the table stays of its size
+						d, next := c.reset()
+						if delta {
+							_, err = w.ApplyDelta(d)
+						} else {
+							_, err = w.Apply(next)
+						}
+						if err != nil {
+							return err
+						}
+					}
+				}
+				return nil
+			})
+			slices.Sort(took)
+			b.ReportMetric(float64(took[len(took)/2].Microseconds())/1000, "p50-ms")
+			b.ReportMetric(float64(took[len(took)*99/100].Microseconds())/1000, "p99-ms")
+			nettest.Do(b, node, func() error {
+				d, err := w.Verify(c.rs)
+				if err == nil && d != "" {
+					err = fmt.Errorf("Verify after %s: %s", name, d)
+				}
+				return err
+			})
+		})
+	}
 	b.Run("resync", func(b *testing.B) {
 		nettest.Do(b, node, func() error { return w.ApplyFull(rs) })
 		for b.Loop() {
@@ -94,4 +149,80 @@ func BenchmarkApplyScale(b *testing.B) {
 			})
 		}
 	})
+}
+
+// podChange makes the change of one new pod on a scaleRuleset node: an
+// isolated pod jumping to two existing policies (one per direction), its
+// addresses added to the peer sets of three policies, Known updated; and
+// the way back to the Ruleset it started from.
+type podChange struct {
+	base, rs policy.Ruleset
+	n        int
+	added    []string
+	changed  map[int]bool // policies whose peers changed
+	// peered are the policies whose first rule has peer sets (and port
+	// sets, or any port) of both families: a peer added is elements only
+	peered []int
+}
+
+func newPodChange(rs policy.Ruleset) *podChange {
+	c := &podChange{base: rs, rs: rs, changed: map[int]bool{}}
+	both := func(v6s []bool) bool { return slices.Contains(v6s, false) && slices.Contains(v6s, true) }
+	for j, p := range rs.Policies {
+		r := p.Rules[0]
+		var peers, ports []bool
+		for _, x := range r.Peers {
+			peers = append(peers, x.From.Is6())
+		}
+		for _, x := range r.Ports {
+			ports = append(ports, x.Addrs.From.Is6())
+		}
+		if !r.AnyPeer && both(peers) && (r.AnyPort || both(ports)) {
+			c.peered = append(c.peered, j)
+		}
+	}
+	return c
+}
+
+// add is the Delta that adds pod n and the Ruleset it makes.
+func (c *podChange) add() (policy.Delta, policy.Ruleset) {
+	i := c.n
+	c.n++
+	a := netip.AddrFrom4([4]byte{10, 65, byte(i >> 8), byte(i)})
+	b := netip.AddrFrom16([16]byte{0xfd, 0x65, 14: byte(i >> 8), 15: byte(i)})
+	k := (i * 2) % len(c.rs.Policies) // an ingress and an egress policy
+	p := policy.PodChains{ID: fmt.Sprintf("new%d", i), Namespace: "bench", Name: fmt.Sprintf("new%d", i), Addrs: []netip.Addr{a, b},
+		IngressIsolated: true, Ingress: []string{c.rs.Policies[k].ID}, EgressIsolated: true, Egress: []string{c.rs.Policies[k+1].ID}}
+	d := policy.Delta{LocalPodCIDRs: c.rs.LocalPodCIDRs, Ports: c.rs.Ports, BridgePorts: c.rs.BridgePorts, Pods: []policy.PodChains{p}}
+	known := slices.Clone(c.rs.Known)
+	for _, x := range []netip.Addr{a, b} {
+		j, _ := slices.BinarySearchFunc(known, x, netip.Addr.Compare)
+		known = slices.Insert(known, j, x)
+	}
+	d.Known = known
+	for m := range 3 {
+		j := c.peered[(i*3+m)%len(c.peered)]
+		pol := c.rs.Policies[j]
+		pol.Rules = slices.Clone(pol.Rules)
+		r := pol.Rules[0]
+		r.Peers = append(slices.Clone(r.Peers), one(a), one(b))
+		pol.Rules[0] = r.Canonical()
+		d.Policies = append(d.Policies, pol)
+		c.changed[j] = true
+	}
+	c.added = append(c.added, p.ID)
+	c.rs = c.rs.With(d)
+	return d, c.rs
+}
+
+// reset is the Delta back to the Ruleset it started from.
+func (c *podChange) reset() (policy.Delta, policy.Ruleset) {
+	rs := c.base
+	d := policy.Delta{LocalPodCIDRs: rs.LocalPodCIDRs, Known: rs.Known, Ports: rs.Ports, BridgePorts: rs.BridgePorts, GonePods: c.added}
+	for j := range c.changed {
+		d.Policies = append(d.Policies, rs.Policies[j])
+	}
+	c.added, c.changed = nil, map[int]bool{}
+	c.rs = c.rs.With(d)
+	return d, c.rs
 }

@@ -669,8 +669,8 @@ func TestLargeRuleset(t *testing.T) {
 		return err
 	})
 	t.Logf("one pod added: %+v in %v", st, time.Since(start))
-	if st.Full || st.Chains != 1 || st.Elements != 4 {
-		t.Errorf("one pod added: %+v, want 1 chain and 4 elements (2 known, 2 map)", st)
+	if st.Full || st.Chains != 1 || st.Elements != 6 {
+		t.Errorf("one pod added: %+v, want 1 chain and 6 elements (2 known, 2 judged, 2 map)", st)
 	}
 	start = time.Now()
 	nettest.Do(t, node, func() error {

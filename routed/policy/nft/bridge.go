@@ -130,6 +130,7 @@ func (w *Writer) writeBridge(c *nftables.Conn, b *bridgeDef, whole bool) error {
 			}
 		}
 	}
+	w.ours++ // (a failed one too: a generation check then fails, which only costs a read)
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("write nftables table bridge %s: %w", TableName, err)
 	}

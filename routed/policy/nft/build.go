@@ -7,6 +7,7 @@ package nft
 import (
 	"bytes"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"strings"
@@ -113,19 +114,44 @@ type buildOptions struct {
 	logRate  uint64
 }
 
-// buildCache keeps what build made of each policy chain, for the next
-// build: a policy chain equal to the one built before (policy.PolicyChain
-// Equal, the same options) is not built again. At 1,000 policies that is
-// most of build's time, and a change touches a few of them.
-type buildCache struct {
-	opt  buildOptions
-	pols map[string]builtPolicy
+// builtPolicy is what build makes of one policy chain: its chain (a
+// NetworkPolicy's is written as such; a ClusterNetworkPolicy's rules go
+// inline into tier chains), its sets, and its Deny rules' counters (a
+// ClusterNetworkPolicy's). The Writer's store keeps one per policy: a
+// policy chain equal to the one built before (policy.PolicyChain Equal,
+// the same options) is not built again. At 1,000 policies that is most of
+// a whole build's time, and a change touches a few of them.
+type builtPolicy struct {
+	pc       policy.PolicyChain // a deep copy: the caller's may change
+	chain    chainDef
+	sets     []setDef
+	counters []string // as eachCounter lists them
 }
 
-type builtPolicy struct {
-	pc    policy.PolicyChain // a deep copy: the caller's may change
+// builtPod is what build makes of one pod: its addresses as the table
+// holds them and its chains, one per direction it is judged in.
+type builtPod struct {
+	pc     policy.PodChains // a deep copy
+	addrs  []netip.Addr     // sortedAddrs(pc.Addrs)
+	chains []builtPodChain  // ingress first
+	// pols are the policy chains its chains refer to (jump to, or hold
+	// the rules of through a tier chain), each once
+	pols []string
+}
+
+// builtPodChain is one of a pod's chains and the tier chains it jumps to.
+type builtPodChain struct {
+	d     policy.Direction
 	chain chainDef
-	sets  []setDef
+	jumps []string // the NetworkPolicy chains it jumps to
+	tiers []tierRef
+}
+
+// tierRef is a tier chain a pod chain jumps to: its name and what makes
+// it (tierChainDef).
+type tierRef struct {
+	name string
+	tierChain
 }
 
 // clonePolicyChain is a deep copy of p.
@@ -134,6 +160,16 @@ func clonePolicyChain(p policy.PolicyChain) policy.PolicyChain {
 	for i := range p.Rules {
 		p.Rules[i].Peers = slices.Clone(p.Rules[i].Peers)
 		p.Rules[i].Ports = slices.Clone(p.Rules[i].Ports)
+	}
+	return p
+}
+
+// clonePodChains is a deep copy of p.
+func clonePodChains(p policy.PodChains) policy.PodChains {
+	p.Addrs, p.Ports, p.BridgePorts = slices.Clone(p.Addrs), slices.Clone(p.Ports), slices.Clone(p.BridgePorts)
+	p.Ingress, p.Egress = slices.Clone(p.Ingress), slices.Clone(p.Egress)
+	for i := range 2 {
+		p.Admin[i], p.Baseline[i] = slices.Clone(p.Admin[i]), slices.Clone(p.Baseline[i])
 	}
 	return p
 }
@@ -258,11 +294,12 @@ type tierChain struct {
 	ids  []string
 }
 
-// build is the content of the table for rs. It fails on a Ruleset that
-// cannot be written: a pod jumping to a policy chain it does not hold, a
-// name nft refuses. cache (nil: none) is read, and replaced by what this
-// build made when it succeeds.
-func build(rs policy.Ruleset, opt buildOptions, cache *buildCache) (*tableDef, error) {
+// build is the content of the table for rs, made whole. It fails on a
+// Ruleset that cannot be written: a pod jumping to a policy chain it does
+// not hold, a name nft refuses. The Writer keeps what it wrote per object
+// (store.go) and assembles the same content from that; build is the
+// reference it is tested against, and what Verify and Check compare with.
+func build(rs policy.Ruleset, opt buildOptions) (*tableDef, error) {
 	b := &builder{def: &tableDef{pods: map[string]CounterKey{}}, opt: opt, polIDs: map[string]policy.Tier{},
 		known: sortedAddrs(rs.Known), vmaps: map[string][]nftables.SetElement{},
 		portVmaps: map[string][]nftables.SetElement{}, taken: map[string]map[netip.Addr]bool{},
@@ -294,34 +331,91 @@ func build(rs policy.Ruleset, opt buildOptions, cache *buildCache) (*tableDef, e
 	if err := b.sets(rs); err != nil {
 		return nil, err
 	}
-	built := map[string]builtPolicy{}
+	built := map[string]*builtPolicy{}
 	for _, p := range pols {
-		built[p.ID] = b.policy(p, cache)
+		bp := buildPolicy(p, opt)
+		built[p.ID] = &bp
+		b.def.sets = append(b.def.sets, bp.sets...)
+		if p.Tier == policy.TierNetworkPolicy {
+			b.polChains = append(b.polChains, bp.chain)
+		}
+		b.addCounters(bp)
 	}
 	def := b.def
 	slices.Sort(def.counters) // with the ClusterNetworkPolicies' ones
 	def.chains = slices.Concat(baseChains(), b.polChains, b.tierChains(built), b.podChains)
-	for _, c := range def.chains {
-		if len(c.chain.Name) >= unix.NFT_NAME_MAXLEN {
-			return nil, fmt.Errorf("chain name %q too long", c.chain.Name)
-		}
-	}
-	for _, s := range def.sets {
-		if len(s.name) >= unix.NFT_NAME_MAXLEN {
-			return nil, fmt.Errorf("set name %q too long", s.name)
-		}
-	}
-	if cache != nil {
-		cache.opt, cache.pols = opt, built
+	if err := checkNames(def.counters, def.sets, def.chains); err != nil {
+		return nil, err
 	}
 	return def, nil
+}
+
+// checkNames refuses names nft cannot take (NFT_NAME_MAXLEN with its
+// terminating zero).
+func checkNames(counters []string, sets []setDef, chains []chainDef) error {
+	for _, c := range chains {
+		if len(c.chain.Name) >= unix.NFT_NAME_MAXLEN {
+			return fmt.Errorf("chain name %q too long", c.chain.Name)
+		}
+	}
+	for _, s := range sets {
+		if len(s.name) >= unix.NFT_NAME_MAXLEN {
+			return fmt.Errorf("set name %q too long", s.name)
+		}
+	}
+	for _, n := range counters {
+		if len(n) >= unix.NFT_NAME_MAXLEN {
+			return fmt.Errorf("counter name %q too long", n)
+		}
+	}
+	return nil
 }
 
 // pod adds p's chains (one per direction it is isolated in or jumps
 // from), their counters and the verdict maps' elements that lead there.
 func (b *builder) pod(p policy.PodChains) error {
-	addrs := sortedAddrs(p.Addrs)
-	b.known = append(b.known, addrs...) // a compiled pod is known
+	bp, err := buildPod(p, b.opt, func(id string) (policy.Tier, bool) { t, ok := b.polIDs[id]; return t, ok })
+	if err != nil {
+		return err
+	}
+	b.known = append(b.known, bp.addrs...) // a compiled pod is known
+	for _, c := range bp.chains {
+		name := c.chain.chain.Name
+		b.podChains = append(b.podChains, c.chain)
+		b.def.counters = append(b.def.counters, name)
+		b.def.pods[name] = CounterKey{PodID: p.ID, Direction: c.d}
+		for _, t := range c.tiers {
+			if _, ok := b.tiers[t.name]; !ok {
+				b.tiers[t.name] = t.tierChain
+			}
+		}
+		for _, port := range p.Ports {
+			m := portMapName(c.d)
+			b.portVmaps[m] = append(b.portVmaps[m], nftables.SetElement{Key: ifnameKey(port), VerdictData: jumpTo(name)})
+		}
+		for _, a := range bp.addrs {
+			m := mapName(c.d, a.Is6())
+			if b.taken[m] == nil {
+				b.taken[m] = map[netip.Addr]bool{}
+			}
+			if b.taken[m][a] {
+				continue // two pods with one address: the first (the lower ID) keeps it
+			}
+			b.taken[m][a] = true
+			b.vmaps[m] = append(b.vmaps[m], nftables.SetElement{Key: a.AsSlice(), VerdictData: jumpTo(name)})
+		}
+	}
+	return nil
+}
+
+func jumpTo(chain string) *expr.Verdict { return &expr.Verdict{Kind: expr.VerdictJump, Chain: chain} }
+
+// buildPod is what the table holds of p: its chains, one per direction it
+// is judged in. tierOf tells the tier of a policy chain the table holds
+// (ok false: none of that ID); a jump to one it lacks, or of another tier,
+// is an error.
+func buildPod(p policy.PodChains, opt buildOptions, tierOf func(string) (policy.Tier, bool)) (builtPod, error) {
+	bp := builtPod{pc: clonePodChains(p), addrs: sortedAddrs(p.Addrs)}
 	for _, d := range []policy.Direction{policy.Ingress, policy.Egress} {
 		isolated, jumps := p.IngressIsolated, p.Ingress
 		if d == policy.Egress {
@@ -330,42 +424,33 @@ func (b *builder) pod(p policy.PodChains) error {
 		if !p.Judged(d) {
 			continue
 		}
-		c, err := b.podChain(p, d, addrs, isolated || len(jumps) > 0, jumps)
+		c, err := podChain(p, d, bp.addrs, isolated || len(jumps) > 0, jumps, opt, tierOf)
 		if err != nil {
-			return err
+			return builtPod{}, err
 		}
-		name := c.chain.Name
-		b.podChains = append(b.podChains, c)
-		b.def.counters = append(b.def.counters, name)
-		b.def.pods[name] = CounterKey{PodID: p.ID, Direction: d}
-		for _, port := range p.Ports {
-			m := portMapName(d)
-			b.portVmaps[m] = append(b.portVmaps[m], nftables.SetElement{Key: ifnameKey(port),
-				VerdictData: &expr.Verdict{Kind: expr.VerdictJump, Chain: name}})
+		if len(c.chain.chain.Name) >= unix.NFT_NAME_MAXLEN {
+			return builtPod{}, fmt.Errorf("chain name %q too long", c.chain.chain.Name)
 		}
-		for _, a := range addrs {
-			m := mapName(d, a.Is6())
-			if b.taken[m] == nil {
-				b.taken[m] = map[netip.Addr]bool{}
-			}
-			if b.taken[m][a] {
-				continue // two pods with one address: the first keeps it
-			}
-			b.taken[m][a] = true
-			b.vmaps[m] = append(b.vmaps[m], nftables.SetElement{Key: a.AsSlice(),
-				VerdictData: &expr.Verdict{Kind: expr.VerdictJump, Chain: name}})
+		bp.chains = append(bp.chains, c)
+		bp.pols = append(bp.pols, c.jumps...)
+		for _, t := range c.tiers {
+			bp.pols = append(bp.pols, t.ids...)
 		}
 	}
-	return nil
+	slices.Sort(bp.pols)
+	bp.pols = slices.Compact(bp.pols)
+	return bp, nil
 }
 
 // podChain is p's chain for direction d: its own addresses accepted, the
 // Admin tier's chain; then, isolated, a jump to each policy chain and the
 // drop (logged with LogDrops) counted; else the Baseline tier's chain
 // and accept.
-func (b *builder) podChain(p policy.PodChains, d policy.Direction, addrs []netip.Addr, isolated bool, jumps []string) (chainDef, error) {
+func podChain(p policy.PodChains, d policy.Direction, addrs []netip.Addr, isolated bool, jumps []string, opt buildOptions, tierOf func(string) (policy.Tier, bool)) (builtPodChain, error) {
 	name := PodChain(p.ID, d)
-	c := chainDef{chain: nftables.Chain{Name: name}}
+	out := builtPodChain{d: d}
+	c := &out.chain
+	c.chain = nftables.Chain{Name: name}
 	var sig strings.Builder
 	fmt.Fprintf(&sig, "pod %s %v %v", d, addrs, p.Ports)
 	// a pod cannot block itself (a Service hairpin): its own address as
@@ -378,43 +463,45 @@ func (b *builder) podChain(p policy.PodChains, d policy.Direction, addrs []netip
 		}))
 	}
 	i := policy.DirIndex(d)
-	if err := b.tierJump(&c, &sig, p, policy.TierAdmin, d, p.Admin[i]); err != nil {
-		return chainDef{}, err
+	if err := out.tierJump(&sig, p, policy.TierAdmin, d, p.Admin[i], tierOf); err != nil {
+		return builtPodChain{}, err
 	}
 	if !isolated {
-		if err := b.tierJump(&c, &sig, p, policy.TierBaseline, d, p.Baseline[i]); err != nil {
-			return chainDef{}, err
+		if err := out.tierJump(&sig, p, policy.TierBaseline, d, p.Baseline[i], tierOf); err != nil {
+			return builtPodChain{}, err
 		}
 		c.sig = sig.String() + " accept"
 		c.rules = append(c.rules, []expr.Any{&expr.Verdict{Kind: expr.VerdictAccept}})
-		return c, nil
+		return out, nil
 	}
 	seen := map[string]bool{}
 	for _, j := range jumps {
-		if t, ok := b.polIDs[j]; !ok || t != policy.TierNetworkPolicy {
-			return chainDef{}, fmt.Errorf("pod %s/%s jumps to NetworkPolicy chain %q, which the ruleset lacks", p.Namespace, p.Name, j)
+		if t, ok := tierOf(j); !ok || t != policy.TierNetworkPolicy {
+			return builtPodChain{}, fmt.Errorf("pod %s/%s jumps to NetworkPolicy chain %q, which the ruleset lacks", p.Namespace, p.Name, j)
 		}
 		if seen[j] {
 			continue
 		}
 		seen[j] = true
-		c.rules = append(c.rules, []expr.Any{&expr.Verdict{Kind: expr.VerdictJump, Chain: PolicyChain(j)}})
+		out.jumps = append(out.jumps, j)
+		c.rules = append(c.rules, []expr.Any{jumpTo(PolicyChain(j))})
 		sig.WriteString(" " + j)
 	}
-	if b.opt.logDrops {
-		c.rules = append(c.rules, dropLog(p, d, b.opt.logRate))
-		fmt.Fprintf(&sig, " log %d %s/%s", b.opt.logRate, p.Namespace, p.Name)
+	if opt.logDrops {
+		c.rules = append(c.rules, dropLog(p, d, opt.logRate))
+		fmt.Fprintf(&sig, " log %d %s/%s", opt.logRate, p.Namespace, p.Name)
 	}
 	c.sig = sig.String()
 	c.rules = append(c.rules, []expr.Any{
 		&expr.Objref{Type: int(nftables.ObjTypeCounter), Name: name},
 		&expr.Verdict{Kind: expr.VerdictDrop},
 	})
-	return c, nil
+	return out, nil
 }
 
 // sets adds the counters' last one and the table's own sets and maps:
-// local pod CIDRs, known addresses, the verdict maps, the ports.
+// local pod CIDRs, known addresses, judged addresses, the verdict maps,
+// the ports.
 func (b *builder) sets(rs policy.Ruleset) error {
 	def := b.def
 	slices.SortFunc(b.known, netip.Addr.Compare)
@@ -422,10 +509,19 @@ func (b *builder) sets(rs policy.Ruleset) error {
 	def.counters = append(def.counters, CounterUnknown)
 	slices.Sort(def.counters)
 	local := policy.PrefixRanges(rs.LocalPodCIDRs)
+	var judged []netip.Addr // the verdict maps' addresses
+	for _, d := range []policy.Direction{policy.Ingress, policy.Egress} {
+		for _, v6 := range []bool{false, true} {
+			judged = slices.AppendSeq(judged, maps.Keys(b.taken[mapName(d, v6)]))
+		}
+	}
+	slices.SortFunc(judged, netip.Addr.Compare)
+	judged = slices.Compact(judged)
 	for _, v6 := range []bool{false, true} {
 		def.sets = append(def.sets,
 			setDef{name: famName(setLocal, v6), kind: kindInterval, v6: v6, elems: rangeElements(local, v6)},
 			setDef{name: famName(setKnown, v6), kind: kindAddrs, v6: v6, elems: nftutil.AddrElements(known, v6)},
+			setDef{name: famName(setJudged, v6), kind: kindAddrs, v6: v6, elems: nftutil.AddrElements(judged, v6)},
 		)
 	}
 	for _, d := range []policy.Direction{policy.Ingress, policy.Egress} {
@@ -442,59 +538,70 @@ func (b *builder) sets(rs policy.Ruleset) error {
 	for _, d := range []policy.Direction{policy.Ingress, policy.Egress} {
 		m := portMapName(d)
 		elems := b.portVmaps[m]
-		slices.SortFunc(elems, func(a, b nftables.SetElement) int { return bytes.Compare(a.Key, b.Key) })
+		// stable, and the pods were walked by ID: of two pods with one
+		// port, the lower ID keeps it, as with an address
+		slices.SortStableFunc(elems, func(a, b nftables.SetElement) int { return bytes.Compare(a.Key, b.Key) })
 		elems = slices.CompactFunc(elems, func(a, b nftables.SetElement) bool { return bytes.Equal(a.Key, b.Key) })
 		def.sets = append(def.sets, setDef{name: m, kind: kindIfVmap, elems: elems})
 	}
 	return nil
 }
 
-// policy adds p's chain and sets, from cache when p is the one built
-// before, and returns what it added. A ClusterNetworkPolicy's chain is not
-// written as such: its rules go inline into the tier chains (tierChains),
-// and its Deny rules count in its counter.
-func (b *builder) policy(p policy.PolicyChain, cache *buildCache) builtPolicy {
-	if cache != nil && cache.opt == b.opt {
-		if c, ok := cache.pols[p.ID]; ok && c.pc.Equal(p) {
-			b.def.sets = append(b.def.sets, c.sets...)
-			b.addPolicy(p, c.chain)
-			return c
-		}
-	}
-	firstSet := len(b.def.sets)
+// buildPolicy is p's chain, sets and counters. A ClusterNetworkPolicy's
+// chain is not written as such: its rules go inline into the tier chains
+// (tierChainDef), and its Deny rules count in their counters.
+func buildPolicy(p policy.PolicyChain, opt buildOptions) builtPolicy {
+	bp := builtPolicy{pc: clonePolicyChain(p)}
 	c := chainDef{chain: nftables.Chain{Name: PolicyChain(p.ID)}}
 	var sig strings.Builder
 	fmt.Fprintf(&sig, "policy %s %s", p.Direction, p.Tier)
+	bp.eachCounter(func(name string, _ CounterKey) { bp.counters = append(bp.counters, name) })
 	for i, r := range p.Rules {
 		if r.AnyPeer && r.AnyPort {
-			c.rules = append(c.rules, b.verdict(p, i))
+			c.rules = append(c.rules, verdict(p, i))
 			fmt.Fprintf(&sig, " r%d:any:%s", i, r.Action)
 			continue
 		}
 		for _, v6 := range []bool{false, true} {
-			if rule := b.ruleOf(p, i, v6); rule != nil {
+			if rule := ruleOf(p, i, v6, &bp.sets); rule != nil {
 				c.rules = append(c.rules, rule)
 				fmt.Fprintf(&sig, " r%d:%t/%t/%t:%s", i, v6, r.AnyPeer, r.AnyPort, r.Action)
 			}
 		}
 	}
 	c.sig = sig.String()
-	b.addPolicy(p, c)
-	return builtPolicy{pc: clonePolicyChain(p), chain: c, sets: slices.Clone(b.def.sets[firstSet:])}
+	bp.chain = c
+	return bp
 }
 
-// addPolicy adds a built policy chain: a NetworkPolicy's as a chain, a
-// ClusterNetworkPolicy's Deny rules' counters.
-func (b *builder) addPolicy(p policy.PolicyChain, c chainDef) {
-	if p.Tier == policy.TierNetworkPolicy {
-		b.polChains = append(b.polChains, c)
+// checkNames refuses a policy chain whose names nft cannot take: its
+// chain (a NetworkPolicy's, the one written), sets and counters.
+func (bp *builtPolicy) checkNames() error {
+	var chains []chainDef
+	if bp.pc.Tier == policy.TierNetworkPolicy {
+		chains = []chainDef{bp.chain}
+	}
+	return checkNames(bp.counters, bp.sets, chains)
+}
+
+// addCounters adds a built policy chain's counters (a
+// ClusterNetworkPolicy's Deny rules').
+func (b *builder) addCounters(bp builtPolicy) {
+	bp.eachCounter(func(name string, k CounterKey) {
+		b.def.counters = append(b.def.counters, name)
+		b.def.pods[name] = k
+	})
+}
+
+// eachCounter calls f with each of bp's counters (a ClusterNetworkPolicy's
+// Deny rules') and its key.
+func (bp *builtPolicy) eachCounter(f func(name string, k CounterKey)) {
+	if bp.pc.Tier == policy.TierNetworkPolicy {
 		return
 	}
-	for i, r := range p.Rules {
+	for i, r := range bp.pc.Rules {
 		if r.Action == policy.ActionDeny {
-			name := CNPCounter(p.ID, i)
-			b.def.counters = append(b.def.counters, name)
-			b.def.pods[name] = CounterKey{PolicyID: p.ID, Rule: i, Direction: p.Direction}
+			f(CNPCounter(bp.pc.ID, i), CounterKey{PolicyID: bp.pc.ID, Rule: i, Direction: bp.pc.Direction})
 		}
 	}
 }
@@ -502,7 +609,7 @@ func (b *builder) addPolicy(p policy.PolicyChain, c chainDef) {
 // verdict is what rule i of p does when it matches: a NetworkPolicy's
 // and an Accept rule accept, a Deny rule counts (its own counter) and
 // drops, a Pass rule returns from the tier chain (the next tier judges).
-func (b *builder) verdict(p policy.PolicyChain, i int) []expr.Any {
+func verdict(p policy.PolicyChain, i int) []expr.Any {
 	if p.Tier == policy.TierNetworkPolicy {
 		return []expr.Any{&expr.Verdict{Kind: expr.VerdictAccept}}
 	}
@@ -518,29 +625,27 @@ func (b *builder) verdict(p policy.PolicyChain, i int) []expr.Any {
 	return []expr.Any{&expr.Verdict{Kind: expr.VerdictAccept}}
 }
 
-// tierJump adds to pod chain c the jump to the tier chain of ids (none
-// for an empty list) and records the chain for tierChains.
-func (b *builder) tierJump(c *chainDef, sig *strings.Builder, p policy.PodChains, t policy.Tier, d policy.Direction, ids []string) error {
+// tierJump adds to the pod chain the jump to the tier chain of ids (none
+// for an empty list) and records the tier chain.
+func (c *builtPodChain) tierJump(sig *strings.Builder, p policy.PodChains, t policy.Tier, d policy.Direction, ids []string, tierOf func(string) (policy.Tier, bool)) error {
 	if len(ids) == 0 {
 		return nil
 	}
 	for _, id := range ids {
-		if pt, ok := b.polIDs[id]; !ok || pt != t {
+		if pt, ok := tierOf(id); !ok || pt != t {
 			return fmt.Errorf("pod %s/%s jumps to %s policy chain %q, which the ruleset lacks", p.Namespace, p.Name, t, id)
 		}
 	}
 	name := TierChain(t, d, ids)
-	if _, ok := b.tiers[name]; !ok {
-		b.tiers[name] = tierChain{tier: t, ids: slices.Clone(ids)}
-	}
-	c.rules = append(c.rules, []expr.Any{&expr.Verdict{Kind: expr.VerdictJump, Chain: name}})
+	c.tiers = append(c.tiers, tierRef{name: name, tierChain: tierChain{tier: t, ids: slices.Clone(ids)}})
+	c.chain.rules = append(c.chain.rules, []expr.Any{jumpTo(name)})
 	sig.WriteString(" " + name)
 	return nil
 }
 
 // tierChains are the tier chains the pod chains jump to, sorted by name:
 // the rules of their policies, in order.
-func (b *builder) tierChains(built map[string]builtPolicy) []chainDef {
+func (b *builder) tierChains(built map[string]*builtPolicy) []chainDef {
 	names := make([]string, 0, len(b.tiers))
 	for n := range b.tiers {
 		names = append(names, n)
@@ -548,28 +653,33 @@ func (b *builder) tierChains(built map[string]builtPolicy) []chainDef {
 	slices.Sort(names)
 	out := make([]chainDef, 0, len(names))
 	for _, n := range names {
-		t := b.tiers[n]
-		c := chainDef{chain: nftables.Chain{Name: n}}
-		var sig strings.Builder
-		sig.WriteString("tier " + string(t.tier))
-		for _, id := range t.ids {
-			bp := built[id]
-			c.rules = append(c.rules, bp.chain.rules...)
-			sig.WriteString(" " + id + "{" + bp.chain.sig + "}")
-		}
-		c.sig = sig.String()
-		out = append(out, c)
+		out = append(out, tierChainDef(n, b.tiers[n], func(id string) *builtPolicy { return built[id] }))
 	}
 	return out
 }
 
-// ruleOf is rule i of p for the family v6 says, its sets added; nil: a
-// family whose peers or ports set would be empty can match nothing, so it
-// gets no rule and no sets (an IPv4-only cluster's policies get no IPv6
-// rules, which halves the sets to write and to read back). The rule's
-// ranges are canonical by contract (policy.Rule: merged peers, disjoint
-// ports) and taken as they are.
-func (b *builder) ruleOf(p policy.PolicyChain, i int, v6 bool) []expr.Any {
+// tierChainDef is tier chain name of t: the rules of its policies (pol
+// finds them built), in order.
+func tierChainDef(name string, t tierChain, pol func(string) *builtPolicy) chainDef {
+	c := chainDef{chain: nftables.Chain{Name: name}}
+	var sig strings.Builder
+	sig.WriteString("tier " + string(t.tier))
+	for _, id := range t.ids {
+		bp := pol(id)
+		c.rules = append(c.rules, bp.chain.rules...)
+		sig.WriteString(" " + id + "{" + bp.chain.sig + "}")
+	}
+	c.sig = sig.String()
+	return c
+}
+
+// ruleOf is rule i of p for the family v6 says, its sets added to sets;
+// nil: a family whose peers or ports set would be empty can match
+// nothing, so it gets no rule and no sets (an IPv4-only cluster's
+// policies get no IPv6 rules, which halves the sets to write and to read
+// back). The rule's ranges are canonical by contract (policy.Rule: merged
+// peers, disjoint ports) and taken as they are.
+func ruleOf(p policy.PolicyChain, i int, v6 bool, sets *[]setDef) []expr.Any {
 	r := p.Rules[i]
 	var peerElems, portElems []nftables.SetElement
 	if !r.AnyPeer {
@@ -585,16 +695,16 @@ func (b *builder) ruleOf(p policy.PolicyChain, i int, v6 bool) []expr.Any {
 	rule := nfproto(v6)
 	if !r.AnyPeer {
 		name := ruleSetName(p.ID, i, "peers", v6)
-		b.def.sets = append(b.def.sets, setDef{name: name, kind: kindInterval, v6: v6, elems: peerElems})
+		*sets = append(*sets, setDef{name: name, kind: kindInterval, v6: v6, elems: peerElems})
 		rule = append(rule,
 			loadAddr(v6, p.Direction == policy.Ingress, unix.NFT_REG_1),
 			&expr.Lookup{SourceRegister: unix.NFT_REG_1, SetName: name})
 	}
 	if !r.AnyPort {
 		name := ruleSetName(p.ID, i, "ports", v6)
-		b.def.sets = append(b.def.sets, setDef{name: name, kind: kindPorts, v6: v6, elems: portElems})
+		*sets = append(*sets, setDef{name: name, kind: kindPorts, v6: v6, elems: portElems})
 		rule = append(rule, loadPortKey(v6)...)
 		rule = append(rule, &expr.Lookup{SourceRegister: unix.NFT_REG_1, SetName: name})
 	}
-	return append(rule, b.verdict(p, i)...)
+	return append(rule, verdict(p, i)...)
 }

@@ -27,7 +27,7 @@ func TestBuildTrustsRanges(t *testing.T) {
 		Pods:     []policy.PodChains{{ID: "p", Addrs: []netip.Addr{v4}, IngressIsolated: true, Ingress: []string{"a"}}},
 		Policies: []policy.PolicyChain{{ID: "a", Direction: policy.Ingress, Rules: []policy.Rule{{Peers: peers, Ports: ports}}}},
 	}
-	def, err := build(rs, buildOptions{}, nil)
+	def, err := build(rs, buildOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -65,7 +65,7 @@ func TestEmptyFamilyNoRule(t *testing.T) {
 			{ID: "d", Direction: policy.Ingress, Rules: []policy.Rule{{Peers: []policy.Range{{From: addr4(1), To: addr4(1)}, {From: v6, To: v6}}, AnyPort: true}}},
 		},
 	}
-	def, err := build(rs, buildOptions{}, nil)
+	def, err := build(rs, buildOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,7 +115,7 @@ func TestBuildRefusesCrossedTiers(t *testing.T) {
 		"Admin list of a NetworkPolicy": {pod(policy.PodChains{Admin: [2][]string{{"np"}}}), false},
 		"Baseline list of an Admin":     {pod(policy.PodChains{Baseline: [2][]string{{"adm"}}}), false},
 	} {
-		_, err := build(c.rs, buildOptions{}, nil)
+		_, err := build(c.rs, buildOptions{})
 		if (err == nil) != c.ok {
 			t.Errorf("%s: build error %v, want ok %v", name, err, c.ok)
 		}

@@ -19,7 +19,7 @@ import (
 // network namespace of its own, which goes when Check returns.
 func Check(want policy.Ruleset, logDrops bool, logRate uint64) (string, error) {
 	w := &Writer{LogDrops: logDrops, LogRate: logRate}
-	def, err := build(want, w.buildOptions(), nil)
+	def, err := build(want, w.buildOptions())
 	if err != nil {
 		return "", fmt.Errorf("policy ruleset: %w", err)
 	}
@@ -43,7 +43,7 @@ func Check(want policy.Ruleset, logDrops bool, logRate uint64) (string, error) {
 		if err := w.ApplyFull(want); err != nil {
 			return err
 		}
-		written = w.written
+		written = w.written.all()
 		return nil
 	}); err != nil {
 		return "", fmt.Errorf("render the table for comparison: %w", err)

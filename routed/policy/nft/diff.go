@@ -1,7 +1,9 @@
 package nft
 
 // The incremental write: the difference between the table the kernel
-// holds (the last tableDef written) and the next one, in one transaction.
+// holds and the next one, in one transaction. The two tables compared
+// are whole ones, or (the Writer's) only what one change touches
+// (store.go): the order of the transaction is the same.
 
 import (
 	"bytes"
@@ -15,34 +17,32 @@ import (
 	"github.com/podnet/podnet/internal/nftutil"
 )
 
-// writeDiff writes the difference between w.last and def in one
-// transaction (tableDiff.queue has its order) and reads back what it
-// changed.
-func (w *Writer) writeDiff(def *tableDef) (Stats, error) {
-	old := w.last
+// writeChange writes a change of the store (the touched objects as they
+// were and as they are) in one transaction (tableDiff.queue has its
+// order), and leaves the read-back of what it changed to settle. Callers
+// hold w.mu and have settled the write before.
+func (w *Writer) writeChange(ch *change) (Stats, error) {
 	c, err := w.nft()
 	if err != nil {
 		return Stats{}, err
 	}
-	d := newTableDiff(old, def)
+	d := newTableDiff(ch.old, ch.def)
 	st, err := d.queue(c)
 	if err != nil {
 		return st, err
 	}
-	if st.Elements+st.Chains+st.Sets == 0 && slices.Equal(old.counters, def.counters) {
-		w.last = def
+	if st.Elements+st.Chains+st.Sets == 0 && slices.Equal(ch.old.counters, ch.def.counters) {
 		return st, nil
 	}
-	g0, err := nftutil.Generation(w.conn.Netlink())
-	if err != nil {
-		return st, err
-	}
 	w.seq++
+	w.ours++
 	if err := c.Flush(); err != nil {
 		return st, fmt.Errorf("update nftables table %s: %w", TableName, err)
 	}
-	p := d.patch()
-	return st, w.readBack(def, g0, &p)
+	if p := d.patch(); len(p.Counters)+len(p.Sets)+len(p.Chains)+len(p.Gone)+len(p.Rules) > 0 {
+		w.unread = &p
+	}
+	return st, nil
 }
 
 // tableDiff is what changes from old to def, indexed by name.
@@ -290,6 +290,17 @@ func chainIndex(chains []chainDef) map[string]chainDef {
 // defDiff says how two table contents differ ("" when they do not).
 func defDiff(a, b *tableDef) string {
 	if !slices.Equal(a.counters, b.counters) {
+		ac, bc := nameSet(a.counters), nameSet(b.counters)
+		for _, n := range a.counters {
+			if !bc[n] {
+				return "counter " + n + " only in the first"
+			}
+		}
+		for _, n := range b.counters {
+			if !ac[n] {
+				return "counter " + n + " only in the second"
+			}
+		}
 		return "counters"
 	}
 	as, bs := setIndex(a.sets), setIndex(b.sets)

@@ -24,6 +24,7 @@ import (
 //	  counter pod-<ID>-in, pod-<ID>-eg        each pod chain's drops
 //	  set local4, local6 (interval)           LocalPodCIDRs
 //	  set known4, known6                      Known (and every address of Pods)
+//	  set judged4, judged6                    the addresses in the verdict maps below
 //	  map ingress4, ingress6, egress4, egress6 { ipv4_addr|ipv6_addr : verdict }
 //	                                          local pod address : jump pod-<ID>-in|eg
 //	  set pol-<ID>-r<N>-peers4|6 (interval)   a rule's peers
@@ -31,7 +32,7 @@ import (
 //	                                          a rule's (daddr . l4proto . dport)
 //	  chain egress-fwd { type filter hook forward priority filter - 1; policy accept;
 //	    ct state established,related accept
-//	    meta l4proto tcp ct state new tcp flags & (fin|syn|rst|ack) != syn ip saddr|daddr @ingress4|@egress4 drop
+//	    meta l4proto tcp ct state new tcp flags & (fin|syn|rst|ack) != syn ip saddr|daddr @judged4 drop
 //	                                          (egress, and ip6: no mid-stream pickup for isolated pods, see baseRules)
 //	    meta nfproto ipv6 meta l4proto icmpv6 icmpv6 type 133-136 accept   (neighbor discovery)
 //	    meta nfproto ipv4 ip saddr @local4 ip saddr != @known4 counter unknown_dropped drop   (and ip6)
@@ -72,6 +73,9 @@ const (
 
 	setLocal = "local"
 	setKnown = "known"
+	// setJudged holds the addresses of the pods judged in a direction
+	// (the verdict maps' keys) for the base chains' mid-stream rule
+	setJudged = "judged"
 	// setPorts holds the routed host veths of the pods the engine knows;
 	// mapIngressPorts and mapEgressPorts jump from an isolated pod's host
 	// veth to its chain.

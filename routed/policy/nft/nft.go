@@ -6,7 +6,10 @@
 // the first write (and a repair) deletes and creates the whole table,
 // later ones write the difference from the last Ruleset written (diff.go:
 // set and map elements added and deleted, chains created, flushed and
-// rewritten, or deleted only when their rules change). The Ruleset's
+// rewritten, or deleted only when their rules change). The Writer keeps
+// what it built per object (store.go), so that a change (ApplyDelta, or
+// Apply of a whole Ruleset, compared entry by entry with the stored one)
+// builds, compares and reads back only what it touches. The Ruleset's
 // ranges are canonical by contract (policy.Rule) and written as they
 // are. Resync reads the table back by content (structure and elements,
 // nftutil.Differs) so that it repairs a table someone deleted or edited.
@@ -61,12 +64,30 @@ type Writer struct {
 	LogRate  uint64
 
 	mu sync.Mutex
-	// last is what the kernel holds (the last write); nil: not known
-	// (nothing written, a write failed, Verify found it changed), so the
-	// next Apply writes the whole table.
+	// st is what the Writer built for the table, per object: the last
+	// Ruleset it was given (nil: none yet), whether or not the kernel
+	// took it.
+	st *store
+	// ok: the kernel holds st's table, as last written; false: not known
+	// (nothing written, a write failed), so the next write is whole.
+	ok bool
+	// last is st's whole table, assembled when needed (a whole write, a
+	// resync, Verify: store.assemble), nil when st changed since: a
+	// change costs what it touches, not the table.
 	last *tableDef
-	// written is the table's structure read back after the last write.
-	written []string
+	// written is the table's structure read back after the last write
+	// (nil: not known).
+	written *structure
+	// unread is what the last incremental write changed, not read back
+	// into written yet (nil: nothing): the read-back (a dozen requests)
+	// waits for a goroutine started after the write, or the Writer's
+	// next use, so that the write's caller (a pod's ADD waiting for its
+	// policy) does not wait for it. ours counts the Writer's commits
+	// since gen was read.
+	unread *nftutil.Patch
+	ours   uint32
+	// settling: a goroutine waits to settle (one is enough)
+	settling bool
 	// gen is the nftables generation at which the kernel's table was
 	// last known to be last/written (right after a write of the Writer's
 	// alone, or a resync that found it so); 0: not known. A resync that
@@ -76,9 +97,6 @@ type Writer struct {
 	// discards what it found when a write came meanwhile.
 	seq  uint64
 	conn nftutil.Conn
-
-	// cache is build's: the policy chains built for the last Ruleset
-	cache buildCache
 
 	// bridgeLast is what the bridge table holds (nil: not known) and
 	// bridgeWritten its structure read back after it was last written
@@ -92,7 +110,7 @@ type Writer struct {
 	rconn nftutil.Conn
 }
 
-// Stats describes one Apply.
+// Stats describes one Apply or ApplyDelta.
 type Stats struct {
 	Full     bool // the whole table was written
 	Elements int  // set and map elements added or deleted (incremental)
@@ -146,47 +164,187 @@ func (w *Writer) Close() {
 func (w *Writer) closeConn() { w.conn.Close() }
 
 // fail forgets what the kernel holds after a failed write: the next
-// Apply writes everything.
+// write is whole. The store stays: it is what the Writer was last given.
 func (w *Writer) fail() {
-	w.last, w.written, w.gen = nil, nil, 0
+	w.ok, w.written, w.gen, w.unread, w.ours = false, nil, 0, nil, 0
 	w.bridgeLast, w.bridgeWritten = nil, nil
 	w.closeConn()
 }
 
+// store is w.st, made at its first use, and made again with the
+// Writer's options when they changed (LogDrops, LogRate): every pod chain
+// changes then, and the table is written whole. Callers hold w.mu.
+func (w *Writer) store() *store {
+	opt := w.buildOptions()
+	if w.st == nil {
+		w.st = newStore(opt)
+	}
+	if w.st.opt != opt {
+		rs := w.st.ruleset()
+		w.st = newStore(opt)
+		d, err := w.st.deltaTo(rs)
+		if err == nil {
+			_, err = w.st.apply(d)
+		}
+		if err != nil { // it was written with the other options: cannot be
+			w.log().Error("nft table: the stored ruleset does not build with the new options", "err", err)
+			w.st = newStore(opt)
+		}
+		w.ok, w.last = false, nil
+	}
+	return w.st
+}
+
+// def is the store's whole table, assembled once per change of the
+// store. Callers hold w.mu.
+func (w *Writer) def() *tableDef {
+	if w.last == nil {
+		w.last = w.store().assemble()
+	}
+	return w.last
+}
+
 // Apply makes the table want's in one transaction: the whole table the
-// first time (or after a failure), else the difference from the last
-// Ruleset written. When that difference fails (the kernel's table is not
-// what was written: a set or chain deleted behind the Writer's back), it
-// writes the whole table in a second transaction.
+// first time (or after a failure), else what differs from the last
+// Ruleset the Writer was given: want is compared with it entry by entry
+// (a pod or policy chain equal to the stored one is not built again) and
+// the difference goes the way of ApplyDelta. When that write fails (the
+// kernel's table is not what was written: a set or chain deleted behind
+// the Writer's back), it writes the whole table in a second transaction.
 func (w *Writer) Apply(want policy.Ruleset) (Stats, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	def, err := build(want, w.buildOptions(), &w.cache)
+	w.settle()
+	st := w.store()
+	d, err := st.deltaTo(want)
 	if err != nil {
 		return Stats{}, fmt.Errorf("policy ruleset: %w", err)
 	}
-	bdef, err := buildBridge(want)
+	ch, err := st.apply(d)
 	if err != nil {
 		return Stats{}, fmt.Errorf("policy ruleset: %w", err)
+	}
+	return w.write(ch)
+}
+
+// ApplyDelta changes the table by d (the Ruleset last given to Apply or
+// ApplyDelta, changed as policy.Ruleset.With changes it) in one
+// transaction that writes only what d touches: the chains, sets, counters
+// and elements of the pods and policy chains d names, the tier chains
+// those refer to, and the elements of the table's own sets and maps that
+// differ (Known's and Ports' by comparison with the last ones, which
+// costs O(Known) only when they changed). The bridge table, when its
+// content changes, goes in a transaction of its own before.
+//
+// What build refuses, ApplyDelta refuses, writing nothing and keeping
+// the Ruleset as it was: a pod referring to a policy chain the Ruleset
+// would not hold (d's, or one that stays) or of another tier, an ID twice
+// in d, a name nft cannot take. A write that fails in the kernel is
+// written whole in a second transaction, like Apply's. After an error
+// from the kernel, the Writer holds d (the next write is whole): a caller
+// that is not sure which Ruleset the Writer holds gives Apply the whole
+// one, which writes what differs.
+func (w *Writer) ApplyDelta(d policy.Delta) (Stats, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.settle()
+	ch, err := w.store().apply(d)
+	if err != nil {
+		return Stats{}, fmt.Errorf("policy delta: %w", err)
+	}
+	return w.write(ch)
+}
+
+// write puts a change of the store in the kernel: the bridge table when
+// its content changed, then the inet table's change (diff.go), or the
+// whole table when the kernel's is not known or the change fails there.
+// Callers hold w.mu.
+func (w *Writer) write(ch *change) (Stats, error) {
+	if ch.changed {
+		w.last = nil
 	}
 	// the bridge table first, in a transaction of its own before the
 	// inet table's: the inet write's read-back still sees its own
 	// transaction alone
-	if err := w.applyBridge(bdef); err != nil {
-		return Stats{}, err
+	if ch.bridge || w.bridgeLast == nil {
+		if err := w.applyBridge(w.st.bridgeDef()); err != nil {
+			w.fail() // the inet table's change is not written either
+			return Stats{}, err
+		}
 	}
-	if w.last == nil {
-		return Stats{Full: true}, w.writeFull(def)
+	if !w.ok {
+		return Stats{Full: true}, w.writeFull(w.def())
 	}
-	st, err := w.writeDiff(def)
+	st, err := w.writeChange(ch)
 	if err != nil {
 		// the kernel's table is not what the Writer thinks (a set or
 		// chain deleted behind its back): the whole table, now
 		w.log().Info("nft table: incremental write failed, writing it whole", "table", "inet "+TableName, "err", err)
 		w.fail()
-		return Stats{Full: true}, w.writeFull(def)
+		return Stats{Full: true}, w.writeFull(w.def())
+	}
+	if w.unread != nil && !w.settling {
+		w.settling = true
+		go w.settleLocked()
 	}
 	return st, nil
+}
+
+// settleLocked is settle for a goroutine of its own.
+func (w *Writer) settleLocked() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.settling = false
+	w.settle()
+}
+
+// settle reads back what the last incremental write changed (w.unread)
+// into w.written. It reads on the socket the write used, never on a new
+// one: it may run on any thread, and a socket dialed there would be of
+// that thread's network namespace. When that socket is gone or the
+// reading fails, the kernel's table is not known any more (the next write
+// is whole). Callers hold w.mu.
+func (w *Writer) settle() {
+	if w.unread == nil {
+		return
+	}
+	p := *w.unread
+	w.unread = nil
+	nl := w.conn.Netlink()
+	if nl == nil {
+		w.fail()
+		return
+	}
+	if err := w.readPatch(nl, p); err != nil {
+		w.log().Info("nft table: read-back failed: the next write is whole", "table", "inet "+TableName, "err", err)
+		w.fail()
+	}
+}
+
+// readPatch reads back the objects an incremental write changed (p) on
+// top of what was read before.
+func (w *Writer) readPatch(nl *netlink.Conn, p nftutil.Patch) error {
+	g1, err := nftutil.Generation(nl)
+	if err != nil {
+		return fmt.Errorf("read back nftables table %s: %w", TableName, err)
+	}
+	// known: the kernel's table was w.written at w.gen, and the only
+	// commits since are the Writer's own
+	known := w.gen != 0 && g1 == w.gen+w.ours
+	// only the objects p names are read (old nil: StructurePatch walks
+	// no line of the rest)
+	fresh, err := nftutil.StructurePatch(nl, byte(nftables.TableFamilyINet), TableName, nil, p)
+	if err != nil {
+		return fmt.Errorf("read back nftables table %s: %w", TableName, err)
+	}
+	w.written.patch(p, fresh)
+	w.gen, w.ours = 0, 0
+	// the kernel's table is known to be what was written and read when
+	// nothing else committed since it last was, nor during the reading
+	if g2, err := nftutil.Generation(nl); err == nil && known && g2 == g1 {
+		w.gen = g1
+	}
+	return nil
 }
 
 // ApplyFull writes the whole table for want in one transaction (delete
@@ -194,19 +352,34 @@ func (w *Writer) Apply(want policy.Ruleset) (Stats, error) {
 func (w *Writer) ApplyFull(want policy.Ruleset) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	def, err := build(want, w.buildOptions(), &w.cache)
-	if err != nil {
-		return fmt.Errorf("policy ruleset: %w", err)
-	}
-	bdef, err := buildBridge(want)
-	if err != nil {
-		return fmt.Errorf("policy ruleset: %w", err)
-	}
-	w.bridgeLast = nil
-	if err := w.applyBridge(bdef); err != nil {
+	w.unread = nil // written whole, read whole
+	if err := w.take(want); err != nil {
 		return err
 	}
-	return w.writeFull(def)
+	w.bridgeLast = nil
+	if err := w.applyBridge(w.st.bridgeDef()); err != nil {
+		w.fail()
+		return err
+	}
+	return w.writeFull(w.def())
+}
+
+// take makes want the store's Ruleset, writing nothing. Callers hold
+// w.mu.
+func (w *Writer) take(want policy.Ruleset) error {
+	st := w.store()
+	d, err := st.deltaTo(want)
+	if err != nil {
+		return fmt.Errorf("policy ruleset: %w", err)
+	}
+	ch, err := st.apply(d)
+	if err != nil {
+		return fmt.Errorf("policy ruleset: %w", err)
+	}
+	if ch.changed {
+		w.last = nil
+	}
+	return nil
 }
 
 // Resync verifies the kernel's table against the last Ruleset written
@@ -225,28 +398,28 @@ func (w *Writer) ApplyFull(want policy.Ruleset) error {
 // (it returns false; the next one reads again).
 func (w *Writer) Resync(want policy.Ruleset) (repaired bool, err error) {
 	w.mu.Lock()
-	if w.last == nil || w.bridgeLast == nil {
+	w.settle()
+	w.store() // (with other options, the table is not known any more)
+	if !w.ok || w.bridgeLast == nil {
 		defer w.mu.Unlock()
-		def, err := build(want, w.buildOptions(), &w.cache)
-		if err != nil {
-			return false, fmt.Errorf("policy ruleset: %w", err)
-		}
-		bdef, err := buildBridge(want)
-		if err != nil {
-			return false, fmt.Errorf("policy ruleset: %w", err)
-		}
-		if err := w.applyBridge(bdef); err != nil {
+		if err := w.take(want); err != nil {
 			return false, err
 		}
-		return false, w.writeFull(def)
+		if err := w.applyBridge(w.st.bridgeDef()); err != nil {
+			w.fail()
+			return false, err
+		}
+		return false, w.writeFull(w.def())
 	}
 	if _, err := w.nft(); err == nil {
-		if g, err := nftutil.Generation(w.conn.Netlink()); err == nil && g != 0 && g == w.gen {
+		// (the commits since gen, if any, are the Writer's own: settled,
+		// their structure is read)
+		if g, err := nftutil.Generation(w.conn.Netlink()); err == nil && w.gen != 0 && g == w.gen+w.ours {
 			w.mu.Unlock()
 			return false, nil
 		}
 	}
-	seq, def, written := w.seq, w.last, w.written
+	seq, def, written := w.seq, w.def(), w.written.all()
 	bdef, bwritten := w.bridgeLast, w.bridgeWritten
 	w.mu.Unlock()
 
@@ -263,7 +436,7 @@ func (w *Writer) Resync(want policy.Ruleset) (repaired bool, err error) {
 		diff = err.Error()
 	}
 	if diff == "" {
-		w.gen = gen
+		w.gen, w.ours = gen, 0 // (no write came meanwhile: seq)
 		return false, nil
 	}
 	return w.repair(def, diff)
@@ -318,23 +491,24 @@ func (w *Writer) check(def *tableDef, written []string, bdef *bridgeDef, bwritte
 // read back after the last write, or a set's or map's elements are not
 // want's. Nothing written yet is a difference.
 func (w *Writer) Verify(want policy.Ruleset) (string, error) {
-	def, err := build(want, w.buildOptions(), nil)
+	def, err := build(want, w.buildOptions())
 	if err != nil {
 		return "", fmt.Errorf("policy ruleset: %w", err)
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.last == nil {
+	w.settle()
+	if !w.ok {
 		return "nothing written yet", nil
 	}
-	if d := defDiff(w.last, def); d != "" {
+	if d := defDiff(w.def(), def); d != "" {
 		return "not the ruleset last written: " + d, nil
 	}
 	c, err := w.nft()
 	if err != nil {
 		return "", err
 	}
-	diff, err := differs(c, w.conn.Netlink(), def, w.written)
+	diff, err := differs(c, w.conn.Netlink(), def, w.written.all())
 	if err != nil {
 		w.closeConn()
 	}
@@ -378,32 +552,28 @@ func (w *Writer) writeFullOnce(def *tableDef) error {
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("write nftables table %s: %w", TableName, err)
 	}
-	w.written = nil
-	return w.readBack(def, g0, nil)
+	w.written, w.unread = nil, nil
+	return w.readBack(g0)
 }
 
-// readBack reads the table's structure after a write made at generation
-// g0 (read just before it): all of it after a full write (p nil), else
-// only what the write changed (p), on top of what was read before.
-func (w *Writer) readBack(def *tableDef, g0 uint32, p *nftutil.Patch) error {
-	g1, err := nftutil.Generation(w.conn.Netlink())
+// readBack reads the whole table's structure after a whole write made at
+// generation g0 (read just before it); the kernel holds the store's table
+// then.
+func (w *Writer) readBack(g0 uint32) error {
+	nl := w.conn.Netlink()
+	g1, err := nftutil.Generation(nl)
 	if err != nil {
 		return fmt.Errorf("read back nftables table %s: %w", TableName, err)
 	}
-	// alone: the write was the only transaction; known: before it, the
-	// kernel's table was known to be w.written, at g0
-	alone, known := g1 == g0+1, w.gen != 0 && w.gen == g0 && w.written != nil
-	if p == nil || w.written == nil {
-		p, known = nil, true
-	}
-	written, err := nftutil.ReadBack(w.conn.Netlink(), nftables.TableFamilyINet, TableName, w.written, p)
+	lines, err := nftutil.ReadBack(nl, nftables.TableFamilyINet, TableName, nil, nil)
 	if err != nil {
 		return err
 	}
-	w.last, w.written, w.gen = def, written, 0
+	w.written, w.ok, w.gen, w.ours = newStructure(lines), true, 0, 0
 	// the kernel's table is known to be what was written and read when
-	// nothing else committed since it last was, nor during the reading
-	if g2, err := nftutil.Generation(w.conn.Netlink()); err == nil && alone && known && g2 == g1 {
+	// the write was the only transaction and nothing committed during
+	// the reading
+	if g2, err := nftutil.Generation(nl); err == nil && g1 == g0+1 && g2 == g1 {
 		w.gen = g1
 	}
 	return nil
@@ -421,11 +591,11 @@ func readCounters(c *nftables.Conn) (map[string]expr.Counter, error) {
 func (w *Writer) DropCounters() (pods map[CounterKey]uint64, unknownDropped uint64, err error) {
 	w.mu.Lock()
 	pods = map[CounterKey]uint64{}
-	if w.last == nil {
+	if !w.ok {
 		w.mu.Unlock()
 		return pods, 0, nil
 	}
-	keys := maps.Clone(w.last.pods)
+	keys := maps.Clone(w.st.counters)
 	w.mu.Unlock()
 	// read on the resync socket: writes go on meanwhile
 	w.rmu.Lock()
@@ -465,11 +635,11 @@ func (w *Writer) BridgeCounters() (unknown, link, unfiltered uint64, err error) 
 }
 
 // Delete removes the table (the engine turned off); a missing table is
-// fine. The next Apply writes it whole.
+// fine. The next write is whole.
 func (w *Writer) Delete() error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.last, w.written = nil, nil
+	w.ok, w.written, w.unread = false, nil, nil
 	w.bridgeLast, w.bridgeWritten = nil, nil
 	c, err := w.nft()
 	if err != nil {
