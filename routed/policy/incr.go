@@ -114,20 +114,30 @@ type chainState struct {
 
 // addrRangeSet is a counted set of addresses kept as merged ranges: an
 // address comes or goes at the cost of a binary search and a copy, not a
-// sort.
+// sort. Only the counts above one are kept apart (extra: count - 1), so
+// that a rule of one peer costs its ranges and nothing per address.
 type addrRangeSet struct {
-	n      map[netip.Addr]int
+	extra  map[netip.Addr]int
 	ranges []Range
 }
 
+// find is the index of the first range that does not end before a, and
+// whether it holds a.
+func (s *addrRangeSet) find(a netip.Addr) (int, bool) {
+	i, _ := slices.BinarySearchFunc(s.ranges, a, func(r Range, a netip.Addr) int { return r.To.Compare(a) })
+	return i, i < len(s.ranges) && s.ranges[i].Contains(a)
+}
+
 func (s *addrRangeSet) add(a netip.Addr) {
-	s.n[a]++
-	if s.n[a] > 1 {
+	i, in := s.find(a)
+	if in {
+		if s.extra == nil {
+			s.extra = map[netip.Addr]int{}
+		}
+		s.extra[a]++
 		return
 	}
 	rs := s.ranges
-	// the first range that does not end before a
-	i, _ := slices.BinarySearchFunc(rs, a, func(r Range, a netip.Addr) int { return r.To.Compare(a) })
 	joinsPrev := i > 0 && rs[i-1].To.Is4() == a.Is4() && !lastOfFamily(rs[i-1].To) && rs[i-1].To.Next() == a
 	joinsNext := i < len(rs) && rs[i].From.Is4() == a.Is4() && !lastOfFamily(a) && a.Next() == rs[i].From
 	switch {
@@ -144,19 +154,19 @@ func (s *addrRangeSet) add(a netip.Addr) {
 }
 
 func (s *addrRangeSet) drop(a netip.Addr) {
-	if s.n[a] == 0 {
+	i, in := s.find(a)
+	if !in {
 		return
 	}
-	s.n[a]--
-	if s.n[a] > 0 {
+	if n := s.extra[a]; n > 0 {
+		if n == 1 {
+			delete(s.extra, a)
+		} else {
+			s.extra[a] = n - 1
+		}
 		return
 	}
-	delete(s.n, a)
 	rs := s.ranges
-	i, found := slices.BinarySearchFunc(rs, a, func(r Range, a netip.Addr) int { return r.To.Compare(a) })
-	if !found && (i == len(rs) || rs[i].From.Compare(a) > 0) {
-		return
-	}
 	r := rs[i]
 	switch {
 	case r.From == a && r.To == a:
@@ -173,10 +183,15 @@ func (s *addrRangeSet) drop(a netip.Addr) {
 
 // addrRangeSetOf is the set of addrs (each counted as often as listed).
 func addrRangeSetOf(addrs []netip.Addr) *addrRangeSet {
-	s := &addrRangeSet{n: make(map[netip.Addr]int, len(addrs))}
+	s := &addrRangeSet{}
 	slices.SortFunc(addrs, netip.Addr.Compare)
-	for _, a := range addrs {
-		s.n[a]++
+	for i := 1; i < len(addrs); i++ {
+		if addrs[i] == addrs[i-1] {
+			if s.extra == nil {
+				s.extra = map[netip.Addr]int{}
+			}
+			s.extra[addrs[i]]++
+		}
 	}
 	s.ranges = addrRanges(slices.Compact(addrs))
 	return s

@@ -2,6 +2,7 @@ package policy
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"net/netip"
 	"slices"
 	"strings"
@@ -339,5 +340,41 @@ func TestIncrementalIDCollision(t *testing.T) {
 	st.last = want
 	for i := range 50 {
 		st.check(fmt.Sprintf("whole step %d: %s", i, st.step()))
+	}
+}
+
+// TestAddrRangeSet: random adds and drops (of both families, at the
+// family's edges, counted more than once) keep the ranges of the
+// addresses counted at least once, merged.
+func TestAddrRangeSet(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 3))
+	pool := []netip.Addr{netip.MustParseAddr("0.0.0.0"), netip.MustParseAddr("255.255.255.255"),
+		netip.MustParseAddr("::"), netip.MustParseAddr("ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff")}
+	for i := range 12 {
+		pool = append(pool, netip.AddrFrom4([4]byte{10, 0, 0, byte(i)}), netip.AddrFrom16([16]byte{0xfd, 15: byte(i)}))
+	}
+	s := addrRangeSetOf(nil)
+	count := map[netip.Addr]int{}
+	for step := range 20000 {
+		a := pool[r.IntN(len(pool))]
+		if r.IntN(2) == 0 {
+			s.add(a)
+			count[a]++
+		} else {
+			s.drop(a)
+			if count[a] > 0 {
+				count[a]--
+			}
+		}
+		var in []netip.Addr
+		for x, n := range count {
+			if n > 0 {
+				in = append(in, x)
+			}
+		}
+		slices.SortFunc(in, netip.Addr.Compare)
+		if want := addrRanges(in); !slices.Equal(s.ranges, want) {
+			t.Fatalf("step %d: ranges %v, want %v", step, s.ranges, want)
+		}
 	}
 }
