@@ -237,15 +237,19 @@ func TestPolicyBench(t *testing.T) {
 	id := make([]byte, 3)
 	_, _ = rand.Read(id)
 	c, err := cluster.Up(ctx, cluster.Config{
-		Name:          "pnpolb-" + hex.EncodeToString(id),
-		WorkDir:       t.TempDir(),
-		RepoRoot:      nettest.RepoRoot(t),
-		BinDir:        nettest.BinDir(t, "podnet", "podnet-ipam", "podnet-routed"),
-		KapiDir:       kapi.BinDir(t),
-		Encap:         "vxlan",
-		Nodes:         2,
-		NetworkPolicy: true,
-		Logf:          t.Logf,
+		Name:     "pnpolb-" + hex.EncodeToString(id),
+		WorkDir:  t.TempDir(),
+		RepoRoot: nettest.RepoRoot(t),
+		BinDir:   nettest.BinDir(t, "podnet", "podnet-ipam", "podnet-routed"),
+		KapiDir:  kapi.BinDir(t),
+		Encap:    "vxlan",
+		Nodes:    2,
+		// /23: the fake pods of node 1 in its upper /24 (excluded from
+		// its IPAM), the lower one for the pods the stage attaches,
+		// 100 at once among them (add_test.go)
+		NodeCIDRMaskSize: 23,
+		NetworkPolicy:    true,
+		Logf:             t.Logf,
 	})
 	if err != nil {
 		t.Fatalf("cluster up: %v", err)
@@ -261,6 +265,9 @@ func TestPolicyBench(t *testing.T) {
 		}
 	})
 	n1, n2 := c.Nodes[0], c.Nodes[1]
+	if err := n1.ExcludeAddrs(fakeLocalCIDR(t, n1).String()); err != nil {
+		t.Fatal(err)
+	}
 	// ClusterNetworkPolicy's CRD from the start (the engines watch it
 	// within 5 s; no ClusterNetworkPolicy exists before the admin phase,
 	// so the pods' chains have no tier jumps until then)
@@ -438,12 +445,23 @@ func sel(kv ...string) *metav1.LabelSelector {
 
 var tiers = []string{"frontend", "backend", "db"}
 
+// fakeLocalCIDR is the upper half of node 1's PodCIDR (a /23), where its
+// fake pods have their addresses: excluded from its IPAM, which would
+// otherwise hand them out again (it goes round its range).
+func fakeLocalCIDR(t *testing.T, n1 *cluster.Node) netip.Prefix {
+	a := n1.PodCIDR.Addr().As4()
+	if n1.PodCIDR.Bits() != 23 || !n1.PodCIDR.Addr().Is4() {
+		t.Fatalf("node 1 PodCIDR %s: the bench assumes an IPv4 /23", n1.PodCIDR)
+	}
+	return netip.PrefixFrom(netip.AddrFrom4([4]byte{a[0], a[1], a[2] + 1, 0}), 24)
+}
+
 // createFakePods makes the namespaces bns-0..9 and 996 Pod objects in
 // them (labels app=a<i%200>, tier, version; named ports http and
 // metrics), with
-// status.podIPs: 200 on node 1 from the top of its PodCIDR (the IPAM
-// hands out from the bottom), the rest on nodes fake-0..19 from
-// 10.250.0.0/16.
+// status.podIPs: 200 on node 1 at .50-.249 of the upper /24 of its
+// PodCIDR (fakeLocalCIDR, which its IPAM never hands out), the rest on
+// nodes fake-0..19 from 10.250.0.0/16.
 func createFakePods(t *testing.T, c *cluster.Cluster, n1 *cluster.Node) {
 	ctx := context.Background()
 	for i := range fakeNSCount {
@@ -455,10 +473,7 @@ func createFakePods(t *testing.T, c *cluster.Cluster, n1 *cluster.Node) {
 			t.Fatal(err)
 		}
 	}
-	base := n1.PodCIDR.Addr().As4()
-	if n1.PodCIDR.Bits() != 24 {
-		t.Fatalf("node 1 PodCIDR %s: the bench assumes a /24", n1.PodCIDR)
-	}
+	base := fakeLocalCIDR(t, n1).Addr().As4()
 	parallel(t, fakeLocal+fakeRemote, 16, func(i int) error {
 		var node, ip string
 		if i < fakeLocal {
