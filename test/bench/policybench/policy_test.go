@@ -30,7 +30,10 @@
 // verdict) and the incremental writes' time, and the full write after a
 // restart of node 1's podnet-routed; revocation (an established stream's
 // first line that gets no echo after the allowing policy is deleted) at
-// the first count. It asserts nothing; the numbers go to
+// the first count. At 0 policies and at each count, CNI ADD with the
+// engine on next to ptp + host-local in node 1's netns, sequential and
+// concurrent, and many pods at once at the last count (add_test.go, issue
+// 34). It asserts nothing; the numbers go to
 // $PODNET_BENCH_OUT/policy.json for bench/report.
 package policybench
 
@@ -183,6 +186,10 @@ type result struct {
 	// CNP: the last count of policies again with ClusterNetworkPolicies
 	// beside them (PODNET_BENCH_POLICY_CNPS, 0: none)
 	CNP *cnpScale `json:"cnp,omitempty"`
+	// AddCompare: ADD with the engine on next to ptp + host-local at 0
+	// policies and at each count, and many pods at once at the last
+	// (issue 34, add_test.go)
+	AddCompare *addCompare `json:"add_compare,omitempty"`
 }
 
 func envInt(name string, def int) int {
@@ -321,6 +328,11 @@ func TestPolicyBench(t *testing.T) {
 		srvAddr: srvAddr, probeAddr: probeAddr, conns: conns, iperfS: iperfS, reps: reps,
 		attaches: envInt("PODNET_BENCH_POLICY_ATTACHES", 20)}
 	res.AttachZeroMs = b.attach("attach, no policy")
+	ab, addCmp := newAddBench(b)
+	if ab != nil {
+		res.AddCompare = addCmp
+		addCmp.Levels = append(addCmp.Levels, ab.level(0))
+	}
 	for ci, count := range counts {
 		pols := policies(count)
 		sc := scale{Policies: len(pols)}
@@ -365,6 +377,12 @@ func TestPolicyBench(t *testing.T) {
 			sc.IncrementalApplyMeanMs = (applyAfter[0] - applyBefore[0]) / dc * 1000
 		}
 		sc.AttachMs = b.attach(fmt.Sprintf("attach, %d policies", len(pols)))
+		if ab != nil {
+			addCmp.Levels = append(addCmp.Levels, ab.level(len(pols)))
+			if ci == len(counts)-1 {
+				addCmp.Burst = ab.burstRuns(len(pols))
+			}
+		}
 
 		// Revocation (the first count only).
 		if ci == 0 {
