@@ -157,6 +157,9 @@ func (r *report) addSection(d *policyData) {
 			podnet, ref []float64
 			wait        *histDelta
 		}{{"sequential", l.PodnetSeqMs, l.RefSeqMs, l.WaitSeq}, {fmt.Sprintf("%d concurrent", a.Workers), l.PodnetConcMs, l.RefConcMs, l.WaitConc}} {
+			if len(m.podnet) == 0 || len(m.ref) == 0 {
+				continue
+			}
 			r.f("| %d | %s | %d | %s / %s | %s / %s | %.2f× | %.2f× | %s | %s | %s | %.0f of %d |\n", l.Policies, m.mode, len(m.podnet),
 				fmtMs(median(m.podnet)), fmtMs(pct(m.podnet, 99)), fmtMs(median(m.ref)), fmtMs(pct(m.ref, 99)),
 				median(m.podnet)/median(m.ref), pct(m.podnet, 99)/pct(m.ref, 99),
@@ -170,6 +173,9 @@ func (r *report) addSection(d *policyData) {
 		}
 	}
 	r.f("\n")
+	if a.Pods == 0 {
+		r.f("(No sequential or concurrent phases: PODNET_BENCH_POLICY_ADD_PODS=0.)\n\n")
+	}
 
 	// targets: p50 at every level and mode, p99 and the engine's wait at
 	// the last level
@@ -178,12 +184,15 @@ func (r *report) addSection(d *policyData) {
 			mode        string
 			podnet, ref []float64
 		}{{"sequential", l.PodnetSeqMs, l.RefSeqMs}, {fmt.Sprintf("%d concurrent", a.Workers), l.PodnetConcMs, l.RefConcMs}} {
+			if len(m.podnet) == 0 || len(m.ref) == 0 {
+				continue
+			}
 			ra := median(m.podnet) / median(m.ref)
 			r.targets = append(r.targets, target{fmt.Sprintf("ADD with the engine on (issue 34) at %d policies, %s: p50 ≤ 0.5× ptp+host-local's in the same node netns", l.Policies, m.mode),
 				fmt.Sprintf("%.2f× (%s vs %s ms; %d pods each)", ra, fmtMs(median(m.podnet)), fmtMs(median(m.ref)), len(m.podnet)), met(ra <= 0.5), gapRatio(ra, 0.5)})
 		}
 	}
-	if len(a.Levels) > 1 {
+	if len(a.Levels) > 1 && len(a.Levels[len(a.Levels)-1].PodnetSeqMs) > 0 && len(a.Levels[len(a.Levels)-1].RefSeqMs) > 0 {
 		l := a.Levels[len(a.Levels)-1]
 		for _, m := range []struct {
 			mode        string
