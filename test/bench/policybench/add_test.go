@@ -245,6 +245,7 @@ type addBench struct {
 	pods, workers, chunk, burst, reps int
 	status                            bool
 	seq                               int
+	repairs0                          float64 // podFilterRepairs when the phase began
 	mu                                sync.Mutex
 	errs                              []string
 }
@@ -470,6 +471,7 @@ func (a *addBench) scrape() *hist {
 // a.chunk, workers in flight, then every pod DELeted and the node checked.
 func (a *addBench) phase(workers int) (podnetMs, refMs []float64, wait *histDelta, errs, leaks []string) {
 	base := a.baseState()
+	a.repairs0 = a.podFilterRepairs()
 	pp, rp := a.newPods(a.podnet, a.pods), a.newPods(a.ref, a.pods)
 	h0 := a.scrape()
 	for k := 0; k*a.chunk < a.pods; k++ {
@@ -559,6 +561,7 @@ func (a *addBench) burstRuns(policies int) *addBurst {
 func (a *addBench) burstRun(s *addStack) burstRun {
 	r := burstRun{Stack: s.name}
 	base := a.baseState()
+	a.repairs0 = a.podFilterRepairs()
 	pods := a.newPods(s, a.burst)
 	a.quiet()
 	h0 := a.scrape()
@@ -733,10 +736,42 @@ func (a *addBench) leaks(base []string, podnet []*addPod) []string {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+	// Pod filter elements left: how often podnet-routed's repair wrote
+	// the filter whole meanwhile, and whether its leak reconcile (every
+	// minute) prunes them.
+	var left []string
+	for _, l := range diff {
+		if rest, ok := strings.CutPrefix(l, "left: "); ok && strings.HasPrefix(rest, "pod filter ") {
+			left = append(left, rest)
+		}
+	}
+	if len(left) > 0 {
+		note := fmt.Sprintf("podnet-routed repaired the pod filter %.0f times since the phase began", a.podFilterRepairs()-a.repairs0)
+		start := time.Now()
+		for time.Since(start) < 75*time.Second && slices.ContainsFunc(a.nodeState(), func(l string) bool { return slices.Contains(left, l) }) {
+			time.Sleep(time.Second)
+		}
+		if slices.ContainsFunc(a.nodeState(), func(l string) bool { return slices.Contains(left, l) }) {
+			note += "; still there 75 s later"
+		} else {
+			note += fmt.Sprintf("; gone about %.0f s after the DELs (podnet-routed's leak reconcile prunes elements of gone veths)", time.Since(start).Seconds()+20)
+		}
+		diff = append(diff, "("+note+")")
+	}
 	if len(diff) > 10 {
 		diff = append(diff[:10], fmt.Sprintf("(and %d more)", len(diff)-10))
 	}
 	return diff
+}
+
+// podFilterRepairs is node 1's podnet_repairs_total{object="pod-filter"}.
+func (a *addBench) podFilterRepairs() float64 {
+	body, err := a.b.n1.MetricsText()
+	if err != nil {
+		return 0
+	}
+	v, _ := cluster.Metric(body, "podnet_repairs_total", `object="pod-filter"`)
+	return v
 }
 
 // mapAddrs are the keys of the verdict map m of n's policy table.
