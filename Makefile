@@ -173,7 +173,7 @@ clean:
 # nothing (not part of `make test`). About 10 minutes on 2 cores;
 # BENCH_QUICK=1 is a one-minute smoke run of the same pipeline;
 # STAGES=policy (or any comma-separated list of bench.sh's stages) runs
-# only those, NetworkPolicy's stage (issue 24) in about 12 minutes.
+# only those, NetworkPolicy's stage (issues 24, 33, 34) in about 25 minutes.
 bench: build cni-tools kapi
 	BENCH_STAGES="$${BENCH_STAGES:-$(STAGES)}" scripts/bench.sh
 

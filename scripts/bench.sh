@@ -28,7 +28,11 @@
 #             incremental and the full write (restart); revocation at 100;
 #             then the last count again with 100 ClusterNetworkPolicies
 #             beside it (issue 33: 0 vs both, Admin Deny enforcement and
-#             revocation, attach; about 20 min)       -> bench/results/policy.json
+#             revocation, attach); at 0 policies and at each count, CNI
+#             ADD with the engine on next to ptp + host-local in node 1's
+#             netns, 100 pods each sequential and 8 concurrent, and 100
+#             pods at once at the last count (issue 34; about 25 min)
+#                                                     -> bench/results/policy.json
 #   ipam      scripts/bench-ipam.sh: podnet-ipam vs host-local alone
 #                                                     -> bench/results/ipam.md
 #   report    bench/report (its own module, gonum.org/v1/plot)
@@ -48,6 +52,8 @@
 # BENCH_POLICY_ROUNDS (10: 4 flips each, at each count), BENCH_POLICY_REVOKES (10),
 # BENCH_POLICY_COUNTS (100,1000), BENCH_POLICY_REPS (8: pairs of 0 vs n policies, alternating),
 # BENCH_POLICY_CNPS (100 ClusterNetworkPolicies beside the last count; 0: no admin phase),
+# BENCH_POLICY_ADD_PODS (100 per stack, mode and count of policies; 0: none),
+# BENCH_POLICY_BURST (100 pods at once at the last count; 0: none),
 # BENCH_STAGES (routed,datapath,cni,reconcile,policy,ipam; `make bench
 # STAGES=policy` runs one stage: the report is rebuilt from every
 # results file there, and meta.json, which describes the last full run,
@@ -69,6 +75,7 @@ if [ "${BENCH_QUICK:-0}" = 1 ]; then
 	: "${BENCH_PODS:=30}" "${BENCH_REPS:=1}" "${BENCH_OCCUPANCY:=100}" "${BENCH_ROUTED_SCALES:=20,100}"
 	: "${BENCH_ROUTED_SAMPLES:=10}" "${BENCH_IPERF_SECONDS:=1}" "${BENCH_IPERF_REPS:=1}" "${BENCH_RECONCILE_REPS:=2}"
 	: "${BENCH_POLICY_ROUNDS:=2}" "${BENCH_POLICY_REVOKES:=2}" "${BENCH_POLICY_COUNTS:=100}" "${BENCH_POLICY_CNPS:=20}"
+	: "${BENCH_POLICY_ADD_PODS:=20}" "${BENCH_POLICY_BURST:=20}"
 	export PODNET_BENCH_POLICY_CONNS=${PODNET_BENCH_POLICY_CONNS:-50} PODNET_BENCH_POLICY_IPERF_SECONDS=${PODNET_BENCH_POLICY_IPERF_SECONDS:-1} PODNET_BENCH_POLICY_REPS=${BENCH_POLICY_REPS:-1}
 	export BENCH_PAIRS=${BENCH_PAIRS:-20} BENCH_PAIRS_FULL=${BENCH_PAIRS_FULL:-0} BENCH_GO_TIME=${BENCH_GO_TIME:-200x} BENCH_GO_COUNT=${BENCH_GO_COUNT:-1}
 fi
@@ -137,6 +144,7 @@ export PODNET_BENCH_RECONCILE_N=${BENCH_RECONCILE_N:-250} PODNET_BENCH_RECONCILE
 export PODNET_BENCH_POLICY_ROUNDS=${BENCH_POLICY_ROUNDS:-10} PODNET_BENCH_POLICY_REVOKES=${BENCH_POLICY_REVOKES:-10}
 export PODNET_BENCH_POLICY_COUNTS=${BENCH_POLICY_COUNTS:-100,1000} PODNET_BENCH_POLICY_REPS=${BENCH_POLICY_REPS:-${PODNET_BENCH_POLICY_REPS:-8}}
 export PODNET_BENCH_POLICY_CNPS=${BENCH_POLICY_CNPS:-100}
+export PODNET_BENCH_POLICY_ADD_PODS=${BENCH_POLICY_ADD_PODS:-100} PODNET_BENCH_POLICY_BURST=${BENCH_POLICY_BURST:-100}
 export PODNET_BENCH_COMMIT=$rev
 
 run_stage routed "$tmp/routedbench.test" -test.run '^TestRoutedScale$' -test.v -test.count=1 -test.timeout=30m

@@ -47,6 +47,7 @@ type policyData struct {
 	Scales                 []policyScale `json:"scales"`
 	AttachZeroMs           []float64     `json:"attach_zero_ms"`
 	CNP                    *policyCNP    `json:"cnp"`
+	AddCompare             *addCompare   `json:"add_compare"`
 }
 
 // policyPhase is one run of the 0 vs n policies comparison.
@@ -234,6 +235,7 @@ func (r *report) policySection(d *policyData, err error) {
 		}
 		r.f("\n")
 	}
+	r.addSection(d)
 
 	// 0 vs n policies
 	conns := 0

@@ -62,6 +62,7 @@ type Node struct {
 	apiFwd     *nettest.Forwarder
 	kubeconfig string
 	podSeq     int
+	exclude    []string // the IPAM's exclude (ExcludeAddrs)
 }
 
 // AddNode adds a node as a cluster admin would add a machine: netns on the

@@ -58,7 +58,8 @@ func conflist(path string) ([]byte, error) {
 // and IPAM dataDir, so that nodes sharing this machine's filesystem keep
 // their files apart, and in a dual-stack cluster a second range,
 // usePodCidrIPv6; in an IPv6-only cluster its usePodCidr reads
-// usePodCidrIPv6 (the node has no IPv4 PodCIDR). Nothing else changes.
+// usePodCidrIPv6 (the node has no IPv4 PodCIDR), and the IPAM's exclude
+// (ExcludeAddrs). Nothing else changes.
 func (n *Node) NodeConflist() ([]byte, error) {
 	var conf map[string]any
 	if err := json.Unmarshal(n.c.conflist, &conf); err != nil {
@@ -78,6 +79,9 @@ func (n *Node) NodeConflist() ([]byte, error) {
 			return nil, errors.New("conflist: podnet plugin without ipam")
 		}
 		ipam["dataDir"] = n.DataDir
+		if len(n.exclude) > 0 {
+			ipam["exclude"] = n.exclude
+		}
 		ranges, _ := ipam["ranges"].([]any)
 		switch {
 		case n.c.Cfg.IPv6Only():
@@ -103,6 +107,15 @@ func (n *Node) NodeConflist() ([]byte, error) {
 		return nil, errors.New("conflist: no podnet or podnet-bridge plugin")
 	}
 	return json.MarshalIndent(conf, "", "  ")
+}
+
+// ExcludeAddrs keeps the node's IPAM from handing out cidrs (addresses or
+// CIDRs: podnet-ipam's exclude) from the node's next pod on: for a test
+// that gives Pod objects without a sandbox addresses of the node's
+// PodCIDR, which the IPAM would otherwise hand out again.
+func (n *Node) ExcludeAddrs(cidrs ...string) error {
+	n.exclude = slices.Clone(cidrs)
+	return n.initCNI()
 }
 
 func (n *Node) initCNI() error {

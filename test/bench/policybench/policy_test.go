@@ -30,7 +30,10 @@
 // verdict) and the incremental writes' time, and the full write after a
 // restart of node 1's podnet-routed; revocation (an established stream's
 // first line that gets no echo after the allowing policy is deleted) at
-// the first count. It asserts nothing; the numbers go to
+// the first count. At 0 policies and at each count, CNI ADD with the
+// engine on next to ptp + host-local in node 1's netns, sequential and
+// concurrent, and many pods at once at the last count (add_test.go, issue
+// 34). It asserts nothing; the numbers go to
 // $PODNET_BENCH_OUT/policy.json for bench/report.
 package policybench
 
@@ -183,6 +186,10 @@ type result struct {
 	// CNP: the last count of policies again with ClusterNetworkPolicies
 	// beside them (PODNET_BENCH_POLICY_CNPS, 0: none)
 	CNP *cnpScale `json:"cnp,omitempty"`
+	// AddCompare: ADD with the engine on next to ptp + host-local at 0
+	// policies and at each count, and many pods at once at the last
+	// (issue 34, add_test.go)
+	AddCompare *addCompare `json:"add_compare,omitempty"`
 }
 
 func envInt(name string, def int) int {
@@ -237,15 +244,19 @@ func TestPolicyBench(t *testing.T) {
 	id := make([]byte, 3)
 	_, _ = rand.Read(id)
 	c, err := cluster.Up(ctx, cluster.Config{
-		Name:          "pnpolb-" + hex.EncodeToString(id),
-		WorkDir:       t.TempDir(),
-		RepoRoot:      nettest.RepoRoot(t),
-		BinDir:        nettest.BinDir(t, "podnet", "podnet-ipam", "podnet-routed"),
-		KapiDir:       kapi.BinDir(t),
-		Encap:         "vxlan",
-		Nodes:         2,
-		NetworkPolicy: true,
-		Logf:          t.Logf,
+		Name:     "pnpolb-" + hex.EncodeToString(id),
+		WorkDir:  t.TempDir(),
+		RepoRoot: nettest.RepoRoot(t),
+		BinDir:   nettest.BinDir(t, "podnet", "podnet-ipam", "podnet-routed"),
+		KapiDir:  kapi.BinDir(t),
+		Encap:    "vxlan",
+		Nodes:    2,
+		// /23: the fake pods of node 1 in its upper /24 (excluded from
+		// its IPAM), the lower one for the pods the stage attaches,
+		// 100 at once among them (add_test.go)
+		NodeCIDRMaskSize: 23,
+		NetworkPolicy:    true,
+		Logf:             t.Logf,
 	})
 	if err != nil {
 		t.Fatalf("cluster up: %v", err)
@@ -261,6 +272,9 @@ func TestPolicyBench(t *testing.T) {
 		}
 	})
 	n1, n2 := c.Nodes[0], c.Nodes[1]
+	if err := n1.ExcludeAddrs(fakeLocalCIDR(t, n1).String()); err != nil {
+		t.Fatal(err)
+	}
 	// ClusterNetworkPolicy's CRD from the start (the engines watch it
 	// within 5 s; no ClusterNetworkPolicy exists before the admin phase,
 	// so the pods' chains have no tier jumps until then)
@@ -314,6 +328,11 @@ func TestPolicyBench(t *testing.T) {
 		srvAddr: srvAddr, probeAddr: probeAddr, conns: conns, iperfS: iperfS, reps: reps,
 		attaches: envInt("PODNET_BENCH_POLICY_ATTACHES", 20)}
 	res.AttachZeroMs = b.attach("attach, no policy")
+	ab, addCmp := newAddBench(b)
+	if ab != nil {
+		res.AddCompare = addCmp
+		addCmp.Levels = append(addCmp.Levels, ab.level(0))
+	}
 	for ci, count := range counts {
 		pols := policies(count)
 		sc := scale{Policies: len(pols)}
@@ -358,6 +377,12 @@ func TestPolicyBench(t *testing.T) {
 			sc.IncrementalApplyMeanMs = (applyAfter[0] - applyBefore[0]) / dc * 1000
 		}
 		sc.AttachMs = b.attach(fmt.Sprintf("attach, %d policies", len(pols)))
+		if ab != nil {
+			addCmp.Levels = append(addCmp.Levels, ab.level(len(pols)))
+			if ci == len(counts)-1 {
+				addCmp.Burst = ab.burstRuns(len(pols))
+			}
+		}
 
 		// Revocation (the first count only).
 		if ci == 0 {
@@ -438,12 +463,23 @@ func sel(kv ...string) *metav1.LabelSelector {
 
 var tiers = []string{"frontend", "backend", "db"}
 
+// fakeLocalCIDR is the upper half of node 1's PodCIDR (a /23), where its
+// fake pods have their addresses: excluded from its IPAM, which would
+// otherwise hand them out again (it goes round its range).
+func fakeLocalCIDR(t *testing.T, n1 *cluster.Node) netip.Prefix {
+	a := n1.PodCIDR.Addr().As4()
+	if n1.PodCIDR.Bits() != 23 || !n1.PodCIDR.Addr().Is4() {
+		t.Fatalf("node 1 PodCIDR %s: the bench assumes an IPv4 /23", n1.PodCIDR)
+	}
+	return netip.PrefixFrom(netip.AddrFrom4([4]byte{a[0], a[1], a[2] + 1, 0}), 24)
+}
+
 // createFakePods makes the namespaces bns-0..9 and 996 Pod objects in
 // them (labels app=a<i%200>, tier, version; named ports http and
 // metrics), with
-// status.podIPs: 200 on node 1 from the top of its PodCIDR (the IPAM
-// hands out from the bottom), the rest on nodes fake-0..19 from
-// 10.250.0.0/16.
+// status.podIPs: 200 on node 1 at .50-.249 of the upper /24 of its
+// PodCIDR (fakeLocalCIDR, which its IPAM never hands out), the rest on
+// nodes fake-0..19 from 10.250.0.0/16.
 func createFakePods(t *testing.T, c *cluster.Cluster, n1 *cluster.Node) {
 	ctx := context.Background()
 	for i := range fakeNSCount {
@@ -455,10 +491,7 @@ func createFakePods(t *testing.T, c *cluster.Cluster, n1 *cluster.Node) {
 			t.Fatal(err)
 		}
 	}
-	base := n1.PodCIDR.Addr().As4()
-	if n1.PodCIDR.Bits() != 24 {
-		t.Fatalf("node 1 PodCIDR %s: the bench assumes a /24", n1.PodCIDR)
-	}
+	base := fakeLocalCIDR(t, n1).Addr().As4()
 	parallel(t, fakeLocal+fakeRemote, 16, func(i int) error {
 		var node, ip string
 		if i < fakeLocal {
