@@ -24,7 +24,6 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/podnet/podnet/internal/policysock"
-	"github.com/podnet/podnet/internal/sysctl"
 	"github.com/podnet/podnet/routed/policy"
 )
 
@@ -384,45 +383,6 @@ func (e *Engine) CheckNow() {
 	}
 }
 
-// bridgeNetfilter keeps bridged IPv4 and IPv6 traffic going through the
-// inet hooks (kubeadm's preflight wants the same settings).
-//
-// Where they cannot be turned on (no br_netfilter module, a read-only
-// /proc/sys), bridged traffic would skip the policy table: the engine then
-// fails closed, the bridge table drops IP between two pod ports
-// (Ruleset.BridgeUnfiltered), the podnet_policy_bridge_unfiltered gauge is
-// 1, and the node gets a Warning Event. Traffic through the node (to other
-// nodes, to the node itself) is routed and still judged.
-func (e *Engine) bridgeNetfilter() {
-	w := sysctl.Writer{Root: e.cfg.ProcSys, Log: e.log}
-	changed, failed := w.Set([]sysctl.Setting{
-		{Name: "net/bridge/bridge-nf-call-iptables", Value: "1"},
-		{Name: "net/bridge/bridge-nf-call-ip6tables", Value: "1"},
-	})
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if len(changed) > 0 && e.sysctlsSet {
-		e.m.Repairs.Add(float64(len(changed))) // someone turned them off
-	}
-	e.sysctlsSet = true
-	off := len(failed) > 0
-	if off == e.bridgeOff {
-		return
-	}
-	e.bridgeOff = off
-	e.m.BridgeUnfiltered.Set(map[bool]float64{false: 0, true: 1}[off])
-	e.changedLocked()
-	if !off {
-		e.log.Info("bridge netfilter is on again: bridged pod traffic is judged by policy again")
-		return
-	}
-	e.log.Error("cannot turn bridge netfilter on (is br_netfilter loaded?): IP between podnet-bridge pods of this node is dropped until it is", "err", failed[0])
-	if e.cfg.NodeEvent != nil {
-		e.cfg.NodeEvent(corev1.EventTypeWarning, EventBridgeUnfiltered,
-			"bridge netfilter (br_netfilter, net.bridge.bridge-nf-call-iptables/ip6tables) cannot be turned on: IP traffic between podnet-bridge pods of this node is dropped, since NetworkPolicy could not judge it: "+failed[0].Error())
-	}
-}
-
 // refreshLocal reads the node's host-side pod interfaces and the IPAM
 // stores' holders again (at start and every resync).
 func (e *Engine) refreshLocal() {
@@ -479,17 +439,6 @@ func (e *Engine) resync() {
 		e.m.Repairs.Inc()
 		e.log.Warn("NetworkPolicy table was changed behind podnet-routed's back: written whole again")
 	}
-}
-
-// writtenLocked is the Ruleset in the kernel (false: nothing written
-// yet). Callers hold e.mu.
-func (e *Engine) writtenLocked() (policy.Ruleset, bool) {
-	if !e.written {
-		return policy.Ruleset{}, false
-	}
-	rs := e.inc.Ruleset()
-	rs.BridgeUnfiltered = e.bridgeOff
-	return rs, true
 }
 
 // sync writes what changed since the last write: the incremental
@@ -554,21 +503,7 @@ func (e *Engine) sync() error {
 		e.mu.Unlock()
 		return fmt.Errorf("write table: %w", err)
 	}
-	firstWrite := !e.everWritten
-	e.written, e.everWritten = true, true
-	for _, id := range d.GonePods {
-		delete(e.podIDs, id)
-	}
-	for _, p := range d.Pods {
-		e.podIDs[p.ID] = true
-	}
-	if whole {
-		clear(e.podIDs)
-		for _, p := range rs.Pods {
-			e.podIDs[p.ID] = true
-		}
-	}
-	e.globals = d
+	firstWrite := e.wroteLocked(d, rs, whole)
 	e.mu.Unlock()
 	e.m.ApplySeconds.Observe(e.now().Sub(start).Seconds())
 	e.m.IsolatedPods.Set(float64(pods))
@@ -586,41 +521,25 @@ func (e *Engine) sync() error {
 	return nil
 }
 
-// startCheck starts the cross-check a resync asked for, with the state
-// and the Ruleset just written.
-func (e *Engine) startCheck() {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if !e.check || !e.written || e.gen != e.doneGen {
-		return // a change pending: after its write
+// wroteLocked records that d (or rs, whole) is in the kernel; it says
+// whether that was the first write since the start. Callers hold e.mu.
+func (e *Engine) wroteLocked(d policy.Delta, rs policy.Ruleset, whole bool) (first bool) {
+	first = !e.everWritten
+	e.written, e.everWritten = true, true
+	for _, id := range d.GonePods {
+		delete(e.podIDs, id)
 	}
-	e.check = false
-	go e.crossCheck(e.state.Snapshot(), e.inc.Ruleset(), e.inc.LocalPodCIDRs())
-}
-
-// sameGlobals tells whether d's own fields are those last written.
-func sameGlobals(a, b policy.Delta) bool {
-	return slices.Equal(a.LocalPodCIDRs, b.LocalPodCIDRs) && slices.Equal(a.Known, b.Known) &&
-		slices.Equal(a.Ports, b.Ports) && slices.Equal(a.BridgePorts, b.BridgePorts) && a.BridgeUnfiltered == b.BridgeUnfiltered
-}
-
-// crossCheck compiles snap whole (beside the write loop: the snapshot is
-// the engine's state when incRS was written) and compares: a difference
-// is a bug of the incremental compile, logged and counted, and the next
-// write is the whole compile's.
-func (e *Engine) crossCheck(snap *policy.State, incRS policy.Ruleset, cidrs []netip.Prefix) {
-	full := snap.Compile(e.cfg.NodeName, cidrs)
-	if full.Equal(incRS) {
-		return
+	for _, p := range d.Pods {
+		e.podIDs[p.ID] = true
 	}
-	e.m.Mismatches.Inc()
-	e.log.Error("the incremental NetworkPolicy compile differs from the whole one (a bug): writing the whole compile",
-		"incremental", fmt.Sprintf("%d pods, %d chains", len(incRS.Pods), len(incRS.Policies)),
-		"whole", fmt.Sprintf("%d pods, %d chains", len(full.Pods), len(full.Policies)))
-	e.mu.Lock()
-	e.mismatch = true
-	e.changedLocked()
-	e.mu.Unlock()
+	if whole {
+		clear(e.podIDs)
+		for _, p := range rs.Pods {
+			e.podIDs[p.ID] = true
+		}
+	}
+	e.globals = d
+	return first
 }
 
 // revoker deletes the conntrack entries of the connections the Ruleset in
@@ -628,7 +547,7 @@ func (e *Engine) crossCheck(snap *policy.State, incRS policy.Ruleset, cidrs []ne
 // the write loop: the conntrack table's scan (tens of milliseconds with
 // many connections) never delays the next change, nor a new pod's ADD.
 // Changes that come during a scan make one more scan, by the newest
-// Ruleset (e.last, what the kernel holds).
+// Ruleset (what the kernel holds).
 func (e *Engine) revoker(ctx context.Context) {
 	for {
 		select {
