@@ -59,6 +59,47 @@ func (s *State) SetHolders(h map[netip.Addr]string) bool {
 	return true
 }
 
+// setHolder is SetHolders for one address, in place: pod key holds a
+// (key "" holds nothing).
+func (s *State) setHolder(a netip.Addr, key string) bool {
+	if s.holders[a] == key {
+		return false
+	}
+	if s.ix != nil {
+		for _, c := range s.ix.clashes {
+			if c.Addr == a {
+				s.ix = nil
+				break
+			}
+		}
+	}
+	if key == "" {
+		delete(s.holders, a)
+		return true
+	}
+	if s.holders == nil {
+		s.holders = map[netip.Addr]string{}
+	}
+	s.holders[a] = key
+	return true
+}
+
+// setPodPorts is SetLocalPorts for one pod, in place.
+func (s *State) setPodPorts(key string, ps []LocalPort) bool {
+	if slices.Equal(s.ports[key], ps) {
+		return false
+	}
+	if len(ps) == 0 {
+		delete(s.ports, key)
+		return true
+	}
+	if s.ports == nil {
+		s.ports = map[string][]LocalPort{}
+	}
+	s.ports[key] = slices.Clone(ps)
+	return true
+}
+
 // SetLocalPorts tells the State this node's host-side pod interfaces, by
 // pod (namespace/name). It reports whether that changed anything.
 func (s *State) SetLocalPorts(p map[string][]LocalPort) bool {

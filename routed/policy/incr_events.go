@@ -318,32 +318,20 @@ func (c *Incremental) SetHolders(h map[netip.Addr]string) bool {
 // (a plugin's ADD-time wait said so); a contested address is decided
 // again.
 func (c *Incremental) SetHolder(a netip.Addr, key string) {
-	if c.s.holders[a] == key {
+	old := c.s.holders[a]
+	if !c.s.setHolder(a, key) {
 		return
 	}
-	h := maps.Clone(c.s.holders)
-	if h == nil {
-		h = map[netip.Addr]string{}
+	if _, ok := c.contested[a]; ok && old != key {
+		c.refresh(c.reown(a))
 	}
-	h[a] = key
-	c.SetHolders(h)
 }
 
 // SetPodPorts sets pod key's host-side interfaces on this node.
 func (c *Incremental) SetPodPorts(key string, ps []LocalPort) {
-	if slices.Equal(c.s.ports[key], ps) {
-		return
+	if c.s.setPodPorts(key, ps) {
+		c.portsChanged(key)
 	}
-	m := maps.Clone(c.s.ports)
-	if m == nil {
-		m = map[string][]LocalPort{}
-	}
-	if len(ps) == 0 {
-		delete(m, key)
-	} else {
-		m[key] = slices.Clone(ps)
-	}
-	c.SetLocalPorts(m)
 }
 
 // SetLocalPorts sets this node's host-side pod interfaces by pod

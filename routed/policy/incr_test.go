@@ -154,6 +154,17 @@ func (st *incSteps) randomPod() Pod {
 	return p
 }
 
+// contested are the contested addresses, sorted.
+func (st *incSteps) contested() []netip.Addr {
+	return slices.SortedFunc(func(yield func(netip.Addr) bool) {
+		for a := range st.inc.contested {
+			if !yield(a) {
+				return
+			}
+		}
+	}, netip.Addr.Compare)
+}
+
 // step makes one random change.
 func (st *incSteps) step() string {
 	g, inc := st.g, st.inc
@@ -230,6 +241,20 @@ func (st *incSteps) step() string {
 		} else {
 			inc.SetNode(FromNode(n))
 		}
+	case op < 90: // one holder, as a plugin's wait sets it
+		a := st.addr(0, g.r.IntN(2) == 0)
+		if cs := st.contested(); len(cs) > 0 && g.r.IntN(2) == 0 {
+			a = cs[g.r.IntN(len(cs))]
+		}
+		key := ""
+		if ks := st.podKeys(); len(ks) > 0 && g.r.IntN(4) > 0 {
+			key = ks[g.r.IntN(len(ks))]
+		}
+		if ks := inc.claims[a]; len(ks) > 0 && g.r.IntN(2) == 0 {
+			key = ks[g.r.IntN(len(ks))]
+		}
+		what = "holder " + a.String() + " " + key
+		inc.SetHolder(a, key)
 	case op < 93:
 		h := map[netip.Addr]string{}
 		keys := st.podKeys()
@@ -239,20 +264,23 @@ func (st *incSteps) step() string {
 			}
 		}
 		// and the holder of a contested address, one of its claimants
-		contested := slices.SortedFunc(func(yield func(netip.Addr) bool) {
-			for a := range inc.contested {
-				if !yield(a) {
-					return
-				}
-			}
-		}, netip.Addr.Compare)
-		for _, a := range contested {
+		for _, a := range st.contested() {
 			if ks := inc.claims[a]; g.r.IntN(2) == 0 {
 				h[a] = ks[g.r.IntN(len(ks))]
 			}
 		}
 		what = "holders"
 		inc.SetHolders(h)
+	case op < 95: // one pod's ports, as a plugin's wait sets them
+		if keys := st.podKeys(); len(keys) > 0 {
+			k := keys[g.r.IntN(len(keys))]
+			var ps []LocalPort
+			if g.r.IntN(3) > 0 {
+				ps = []LocalPort{{Name: "pw" + k[len(k)-2:], Bridged: g.r.IntN(3) == 0}}
+			}
+			what = "podports " + k
+			inc.SetPodPorts(k, ps)
+		}
 	case op < 98:
 		ports := map[string][]LocalPort{}
 		for _, k := range st.podKeys() {
