@@ -123,6 +123,15 @@ type Config struct {
 	// NodeEvent, when set, posts an Event on this node's Node (bridged
 	// traffic that cannot be filtered, and so is dropped).
 	NodeEvent func(typ, reason, message string)
+	// RevokeGap is the least time between the starts of two conntrack
+	// scans (default 200ms): changes that keep coming (pods deleted one
+	// after another) make one scan per gap, not one after another, which
+	// on a small node took a core from the pods starting beside them. A
+	// change after a quiet gap is scanned for at once.
+	RevokeGap time.Duration
+	// RevokeGoneGap is the same when only deleted pods' connections can
+	// lose their allowance (default 2s).
+	RevokeGoneGap time.Duration
 }
 
 // EventBridgeUnfiltered is the reason of the Node Event that says bridged
@@ -153,10 +162,13 @@ type Engine struct {
 	// or the last failure (else the next write is whole); podIDs the pod
 	// entries in the kernel; globals the Ruleset's own fields written
 	// last; policiesChanged: refused policies to report again
-	inc             *policy.Incremental
-	written         bool
-	everWritten     bool
-	podIDs          map[string]bool
+	inc         *policy.Incremental
+	written     bool
+	everWritten bool
+	podIDs      map[string]bool
+	pols        map[string]policy.PolicyChain
+	// revokeUrgent: a pending scan is for a live connection (RevokeGap)
+	revokeUrgent    bool
 	globals         policy.Delta
 	policiesChanged bool
 	// check: the next write is followed by the cross-check of the
@@ -197,6 +209,12 @@ type Engine struct {
 
 // New builds an engine; Run starts it.
 func New(cfg Config, lw ListWatches, w Writer, m *Metrics, log *slog.Logger) *Engine {
+	if cfg.RevokeGap <= 0 {
+		cfg.RevokeGap = 200 * time.Millisecond
+	}
+	if cfg.RevokeGoneGap <= 0 {
+		cfg.RevokeGoneGap = 2 * time.Second
+	}
 	if cfg.Resync <= 0 {
 		cfg.Resync = 30 * time.Second
 	}
@@ -214,6 +232,7 @@ func New(cfg Config, lw ListWatches, w Writer, m *Metrics, log *slog.Logger) *En
 		cfg: cfg, lw: lw, w: w, m: m, log: log,
 		inc:         policy.NewIncremental(st, cfg.NodeName, nil),
 		podIDs:      map[string]bool{},
+		pols:        map[string]policy.PolicyChain{},
 		portsOf:     map[string]bool{},
 		kick:        make(chan struct{}, 1),
 		revokeKick:  make(chan struct{}, 1),
@@ -471,13 +490,7 @@ func (e *Engine) sync() error {
 	cPolicies := e.state.ClusterPolicies()
 	clashes := e.inc.Clashes()
 	pods, chains := e.inc.Counts()
-	// a connection may do less only when a policy chain or the entry of
-	// a pod already in the kernel changed (a new pod's address was
-	// unknown, so dropped, until now)
-	revoke := len(d.Policies)+len(d.GonePolicies)+len(d.GonePods) > 0
-	for _, p := range d.Pods {
-		revoke = revoke || e.podIDs[p.ID]
-	}
+	revoke, urgent := e.narrowsLocked(d)
 	noop := !whole && d.Empty() && sameGlobals(e.globals, d)
 	e.mu.Unlock()
 	if refused != nil {
@@ -512,6 +525,9 @@ func (e *Engine) sync() error {
 	// (the first write after the start judges nothing: the connections
 	// are the previous engine's table's)
 	if revoke && !whole || whole && !firstWrite {
+		e.mu.Lock()
+		e.revokeUrgent = e.revokeUrgent || urgent || whole
+		e.mu.Unlock()
 		select {
 		case e.revokeKick <- struct{}{}:
 		default: // one is pending: it will judge by the newest Ruleset
@@ -532,44 +548,24 @@ func (e *Engine) wroteLocked(d policy.Delta, rs policy.Ruleset, whole bool) (fir
 	for _, p := range d.Pods {
 		e.podIDs[p.ID] = true
 	}
+	for _, id := range d.GonePolicies {
+		delete(e.pols, id)
+	}
+	for _, p := range d.Policies {
+		e.pols[p.ID] = p
+	}
 	if whole {
 		clear(e.podIDs)
 		for _, p := range rs.Pods {
 			e.podIDs[p.ID] = true
 		}
+		clear(e.pols)
+		for _, p := range rs.Policies {
+			e.pols[p.ID] = p
+		}
 	}
 	e.globals = d
 	return first
-}
-
-// revoker deletes the conntrack entries of the connections the Ruleset in
-// the kernel no longer allows, after each change of the chains, beside
-// the write loop: the conntrack table's scan (tens of milliseconds with
-// many connections) never delays the next change, nor a new pod's ADD.
-// Changes that come during a scan make one more scan, by the newest
-// Ruleset (what the kernel holds).
-func (e *Engine) revoker(ctx context.Context) {
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-e.revokeKick:
-		}
-		e.mu.Lock()
-		rs, ok := e.writtenLocked()
-		e.mu.Unlock()
-		if !ok {
-			continue
-		}
-		n, err := e.w.Revoke(policy.NewMatcher(rs).Allows)
-		if err != nil {
-			e.log.Warn("cannot revoke the connections the new policy refuses", "err", err)
-		}
-		e.m.Revoked.Add(float64(n))
-		if n > 0 {
-			e.log.Info("connections revoked", "count", n)
-		}
-	}
 }
 
 func (e *Engine) done(gen uint64) {

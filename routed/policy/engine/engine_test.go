@@ -410,3 +410,45 @@ func eventually(t *testing.T, what string, f func() error) {
 	}
 	t.Fatalf("%s: %v", what, err)
 }
+
+// TestEngineScansOnlyWhenNarrowed: a new pod that becomes a peer of a
+// policy widens its chain, and a new pod's own entry narrows nothing: no
+// conntrack scan follows. A peer that leaves the policy's peers does
+// narrow it: one scan follows.
+func TestEngineScansOnlyWhenNarrowed(t *testing.T) {
+	r := newRig(t)
+	r.pods.Add(pod("db-0", "10.244.1.5", map[string]string{"app": "db"}))
+	r.pods.Add(pod("web-0", "10.244.1.6", map[string]string{"app": "web"}))
+	r.until("both pods known", func(rs policy.Ruleset) bool { return known(rs, "10.244.1.5") && known(rs, "10.244.1.6") })
+	allow := denyIngress()
+	allow.Spec.Ingress = []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{{
+		PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}}}}}}
+	r.pols.Add(allow)
+	r.until("db-0 isolated, web-0 its peer", func(rs policy.Ruleset) bool {
+		return len(rs.Pods) == 1 && rs.Allows(netip.MustParseAddr("10.244.1.6"), netip.MustParseAddr("10.244.1.5"), policy.ProtoTCP, 5432)
+	})
+	r.revocations(1) // db-0's entry came with the policy: one scan
+	r.pods.Add(pod("web-1", "10.244.1.7", map[string]string{"app": "web"}))
+	r.pods.Add(pod("db-1", "10.244.1.8", map[string]string{"app": "db"}))
+	r.until("web-1 a peer, db-1 isolated", func(rs policy.Ruleset) bool {
+		return len(rs.Pods) == 2 && rs.Allows(netip.MustParseAddr("10.244.1.7"), netip.MustParseAddr("10.244.1.8"), policy.ProtoTCP, 5432)
+	})
+	time.Sleep(300 * time.Millisecond)
+	if got := r.revocations(1); len(got) != 1 {
+		t.Fatalf("%d scans after a new peer and a new isolated pod, want none after the first", len(got))
+	}
+	r.pods.Modify(pod("web-0", "10.244.1.6", map[string]string{"app": "other"}))
+	r.until("web-0 no longer a peer", func(rs policy.Ruleset) bool {
+		return !rs.Allows(netip.MustParseAddr("10.244.1.6"), netip.MustParseAddr("10.244.1.5"), policy.ProtoTCP, 5432)
+	})
+	if got := r.revocations(2); got[1] {
+		t.Fatalf("the scan after web-0 left the peers allowed web-0 -> db-0: %v", got)
+	}
+	// a deleted peer: a scan follows, RevokeGoneGap after the last one
+	start := time.Now()
+	r.pods.Delete(pod("web-1", "10.244.1.7", nil))
+	r.revocations(3)
+	if took := time.Since(start); took < time.Second {
+		t.Fatalf("the scan for a deleted peer came %v after the last one, want RevokeGoneGap (2s)", took)
+	}
+}
