@@ -1,11 +1,14 @@
 package nft
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net/netip"
 
-	vnl "github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
+	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
 
@@ -21,13 +24,24 @@ type Allowed func(src, dst netip.Addr, proto uint8, dport uint16) bool
 // until its entry goes. The next packet of such a TCP connection is then
 // picked up as new (nf_conntrack_tcp_loose) and judged, and dropped.
 // Entries allowed keeps are not touched: the table is dumped once per
-// family and only the revoked entries are deleted, one request each.
+// family over one socket, each entry's original tuple read where it lies
+// in the message (nothing else of it is decoded), and only the revoked
+// entries are deleted, each by its own message sent back. A node's table
+// holds tens of thousands of entries (TIME_WAIT alone): a generic
+// decoder of every attribute took a core while pods were deleted one
+// after another.
 func Revoke(allowed Allowed) (int, error) {
+	s, err := nl.GetNetlinkSocketAt(netns.None(), netns.None(), unix.NETLINK_NETFILTER)
+	if err != nil {
+		return 0, fmt.Errorf("revoke conntrack entries: netlink socket: %w", err)
+	}
+	defer s.Close()
+	sockets := map[int]*nl.SocketHandle{unix.NETLINK_NETFILTER: {Socket: s}}
 	deleted := 0
 	var errs []error
-	for _, fam := range []vnl.InetFamily{unix.AF_INET, unix.AF_INET6} {
-		n, err := vnl.ConntrackDeleteFilters(vnl.ConntrackTable, fam, revoked{allowed})
-		deleted += int(n)
+	for _, fam := range []uint8{unix.AF_INET, unix.AF_INET6} {
+		n, err := revokeFamily(sockets, fam, allowed)
+		deleted += n
 		if err != nil {
 			errs = append(errs, fmt.Errorf("revoke conntrack entries (family %d): %w", fam, err))
 		}
@@ -35,19 +49,111 @@ func Revoke(allowed Allowed) (int, error) {
 	return deleted, errors.Join(errs...)
 }
 
-// revoked matches the entries allowed no longer allows.
-type revoked struct{ allowed Allowed }
+func ctRequest(sockets map[int]*nl.SocketHandle, fam uint8, op, flags int) *nl.NetlinkRequest {
+	req := nl.NewNetlinkRequest((unix.NFNL_SUBSYS_CTNETLINK<<8)|op, flags)
+	req.Sockets = sockets
+	req.AddData(&nl.Nfgenmsg{NfgenFamily: fam, Version: nl.NFNETLINK_V0})
+	return req
+}
 
-func (r revoked) MatchConntrackFlow(f *vnl.ConntrackFlow) bool {
-	src, ok1 := netip.AddrFromSlice(f.Forward.SrcIP)
-	dst, ok2 := netip.AddrFromSlice(f.Forward.DstIP)
-	if !ok1 || !ok2 {
-		return false
+func revokeFamily(sockets map[int]*nl.SocketHandle, fam uint8, allowed Allowed) (int, error) {
+	var doomed [][]byte
+	err := ctRequest(sockets, fam, nl.IPCTNL_MSG_CT_GET, unix.NLM_F_DUMP).ExecuteIter(unix.NETLINK_NETFILTER, 0, func(msg []byte) bool {
+		if len(msg) < 4 {
+			return true
+		}
+		t, ok := origTuple(msg[4:])
+		if ok && !allowed(t.src, t.dst, t.proto, t.dport) {
+			doomed = append(doomed, append([]byte(nil), msg[4:]...))
+		}
+		return true
+	})
+	var errs []error
+	if err != nil {
+		if !errors.Is(err, nl.ErrDumpInterrupted) {
+			return 0, fmt.Errorf("dump: %w", err)
+		}
+		errs = append(errs, fmt.Errorf("dump: %w (the entries read are judged)", err))
 	}
-	port := uint16(0)
-	switch f.Forward.Protocol {
+	deleted, failed := 0, 0
+	for _, raw := range doomed {
+		req := ctRequest(sockets, fam, nl.IPCTNL_MSG_CT_DELETE, unix.NLM_F_ACK)
+		req.AddRawData(raw)
+		if _, err := req.Execute(unix.NETLINK_NETFILTER, 0); err == nil || errors.Is(err, fs.ErrNotExist) {
+			deleted++ // gone already: its connection ended meanwhile
+		} else {
+			failed++
+		}
+	}
+	if failed > 0 {
+		errs = append(errs, fmt.Errorf("%d of %d entries not deleted", failed, len(doomed)))
+	}
+	return deleted, errors.Join(errs...)
+}
+
+// ctTuple is an entry's original direction as Allowed judges it.
+type ctTuple struct {
+	src, dst netip.Addr
+	proto    uint8
+	dport    uint16
+}
+
+// attrs walks the netlink attributes in b, calling f with each one's
+// type (flags masked off) and payload; a malformed one ends the walk.
+func attrs(b []byte, f func(typ uint16, val []byte)) {
+	for len(b) >= unix.SizeofNlAttr {
+		l := int(binary.NativeEndian.Uint16(b))
+		if l < unix.SizeofNlAttr || l > len(b) {
+			return
+		}
+		f(binary.NativeEndian.Uint16(b[2:])&nl.NLA_TYPE_MASK, b[unix.SizeofNlAttr:l])
+		next := (l + unix.NLA_ALIGNTO - 1) &^ (unix.NLA_ALIGNTO - 1)
+		if next > len(b) {
+			return
+		}
+		b = b[next:]
+	}
+}
+
+// origTuple reads CTA_TUPLE_ORIG of a conntrack message's attributes:
+// ok false when it lacks the addresses or the protocol.
+func origTuple(msg []byte) (t ctTuple, ok bool) {
+	var hasProto bool
+	attrs(msg, func(typ uint16, val []byte) {
+		if typ != nl.CTA_TUPLE_ORIG {
+			return
+		}
+		attrs(val, func(typ uint16, val []byte) {
+			switch typ {
+			case nl.CTA_TUPLE_IP:
+				attrs(val, func(typ uint16, val []byte) {
+					a, valid := netip.AddrFromSlice(val)
+					if !valid {
+						return
+					}
+					switch typ {
+					case nl.CTA_IP_V4_SRC, nl.CTA_IP_V6_SRC:
+						t.src = a.Unmap()
+					case nl.CTA_IP_V4_DST, nl.CTA_IP_V6_DST:
+						t.dst = a.Unmap()
+					}
+				})
+			case nl.CTA_TUPLE_PROTO:
+				attrs(val, func(typ uint16, val []byte) {
+					switch {
+					case typ == nl.CTA_PROTO_NUM && len(val) == 1:
+						t.proto, hasProto = val[0], true
+					case typ == nl.CTA_PROTO_DST_PORT && len(val) == 2:
+						t.dport = binary.BigEndian.Uint16(val)
+					}
+				})
+			}
+		})
+	})
+	switch t.proto {
 	case unix.IPPROTO_TCP, unix.IPPROTO_UDP, unix.IPPROTO_SCTP, unix.IPPROTO_UDPLITE, unix.IPPROTO_DCCP:
-		port = f.Forward.DstPort
+	default:
+		t.dport = 0 // ICMP's "port" attributes are its id, type and code
 	}
-	return !r.allowed(src.Unmap(), dst.Unmap(), f.Forward.Protocol, port)
+	return t, hasProto && t.src.IsValid() && t.dst.IsValid()
 }
