@@ -8,7 +8,7 @@ type Change int
 const (
 	// Widened: it can only allow more (or is the same).
 	Widened Change = iota
-	// LostGone: beyond widening, it lost only single addresses that no
+	// LostGone: beyond widening, it lost only addresses (a few) that no
 	// pod holds any more (a deleted pod that was a peer, or whose named
 	// port a rule resolved): only connections of gone pods can lose
 	// their allowance.
@@ -86,7 +86,7 @@ func portsEqual(a, b []PortRange) bool {
 }
 
 // peersCover: whether every peer of o is a peer of n (Widened), or
-// those that are not are single addresses gone (LostGone).
+// those that are not are addresses gone (LostGone).
 func peersCover(o, n Rule, gone func(netip.Addr) bool) Change {
 	if n.AnyPeer {
 		return Widened
@@ -100,7 +100,7 @@ func peersCover(o, n Rule, gone func(netip.Addr) bool) Change {
 			continue
 		}
 		for _, left := range rangeMinus(r, n.Peers) {
-			if left.From != left.To || !gone(left.From) {
+			if !allGone(left, gone) {
 				return Narrowed
 			}
 			out = LostGone
@@ -109,7 +109,20 @@ func peersCover(o, n Rule, gone func(netip.Addr) bool) Change {
 	return out
 }
 
-// rangeMinus is r without the ranges of sorted rs.
+// allGone: r is a few addresses (pods deleted together), each gone.
+func allGone(r Range, gone func(netip.Addr) bool) bool {
+	n := 0
+	for a := r.From; ; a = a.Next() {
+		if n++; n > 256 || !gone(a) {
+			return false
+		}
+		if a == r.To {
+			return true
+		}
+	}
+}
+
+// rangeMinus is r without the ranges of rs.
 func rangeMinus(r Range, rs []Range) []Range {
 	left := []Range{r}
 	for _, c := range rs {
@@ -146,8 +159,11 @@ func rangeCovered(r Range, rs []Range) bool {
 }
 
 // portsCover: whether every (address, protocol, port) of o is one of
-// n's (Widened), or those that are not are of single addresses gone
-// (LostGone: a gone pod's named port).
+// n's (Widened), or those that are not are of addresses gone
+// (LostGone: a gone pod's named port). An element of o is covered by the
+// elements of n of its protocol whose ports hold all of its ports, and
+// whose addresses together hold its addresses: merged port sets split
+// address ranges where a named port adds a port for one pod.
 func portsCover(o, n Rule, gone func(netip.Addr) bool) Change {
 	if n.AnyPort {
 		return Widened
@@ -156,22 +172,20 @@ func portsCover(o, n Rule, gone func(netip.Addr) bool) Change {
 		return Narrowed
 	}
 	out := Widened
+	var addrs []Range
 	for _, p := range o.Ports {
-		covered := false
+		addrs = addrs[:0]
 		for _, c := range n.Ports {
-			if c.Proto == p.Proto && c.PortFrom <= p.PortFrom && p.PortTo <= c.PortTo &&
-				c.Addrs.From.Is4() == p.Addrs.From.Is4() && c.Addrs.From.Compare(p.Addrs.From) <= 0 && p.Addrs.To.Compare(c.Addrs.To) <= 0 {
-				covered = true
-				break
+			if c.Proto == p.Proto && c.PortFrom <= p.PortFrom && p.PortTo <= c.PortTo {
+				addrs = append(addrs, c.Addrs)
 			}
 		}
-		if covered {
-			continue
+		for _, left := range rangeMinus(p.Addrs, addrs) {
+			if !allGone(left, gone) {
+				return Narrowed
+			}
+			out = LostGone
 		}
-		if p.Addrs.From != p.Addrs.To || !gone(p.Addrs.From) {
-			return Narrowed
-		}
-		out = LostGone
 	}
 	return out
 }

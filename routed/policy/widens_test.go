@@ -141,3 +141,38 @@ func TestWidens(t *testing.T) {
 		t.Fatal("chains of two IDs widen")
 	}
 }
+
+// TestComparePortsSplit: merged port sets split an address range where a
+// named port adds a port for one pod; the split halves still cover it.
+func TestComparePortsSplit(t *testing.T) {
+	a := func(last byte) netip.Addr { return netip.AddrFrom4([4]byte{10, 244, 0, last}) }
+	pr := func(from, to byte) PortRange {
+		return PortRange{Addrs: Range{From: a(from), To: a(to)}, Proto: ProtoTCP, PortFrom: 5201, PortTo: 5201}
+	}
+	chain := func(ports ...PortRange) PolicyChain {
+		return PolicyChain{ID: "p", Rules: []Rule{{AnyPeer: true, Ports: ports}}}
+	}
+	old := chain(pr(3, 64))
+	gone39 := func(x netip.Addr) bool { return x == a(39) }
+	for _, c := range []struct {
+		new  PolicyChain
+		gone func(netip.Addr) bool
+		want Change
+	}{
+		{chain(pr(3, 39), pr(40, 64)), gone39, Widened},
+		{chain(pr(3, 38), pr(40, 64)), gone39, LostGone},
+		{chain(pr(3, 38), pr(40, 64)), func(netip.Addr) bool { return false }, Narrowed},
+		{chain(pr(3, 37), pr(40, 64)), gone39, Narrowed},
+		{chain(pr(3, 37), pr(40, 64)), func(x netip.Addr) bool { return x == a(38) || x == a(39) }, LostGone},
+		{chain(pr(40, 64)), func(netip.Addr) bool { return true }, LostGone},
+	} {
+		if got := Compare(old, c.new, c.gone); got != c.want {
+			t.Errorf("Compare(%v, %v) = %d, want %d", old.Rules[0].Ports, c.new.Rules[0].Ports, got, c.want)
+		}
+	}
+	// more than a few addresses gone at once is no pod deletion
+	wide := chain(PortRange{Addrs: Range{From: a(0), To: netip.MustParseAddr("10.244.3.255")}, Proto: ProtoTCP, PortFrom: 5201, PortTo: 5201})
+	if got := Compare(wide, chain(), func(netip.Addr) bool { return true }); got != Narrowed {
+		t.Errorf("1,024 addresses lost: Compare = %d, want Narrowed", got)
+	}
+}

@@ -154,6 +154,9 @@ type Engine struct {
 	checkKick  chan struct{}
 	now        func() time.Time
 	applied    chan struct{} // closed and replaced after each successful write
+	// podAdded is closed and replaced when the Pod informer adds a pod
+	// (a plugin's wait for a pod the informer has not seen yet)
+	podAdded chan struct{}
 
 	mu    sync.Mutex
 	state *policy.State
@@ -239,6 +242,7 @@ func New(cfg Config, lw ListWatches, w Writer, m *Metrics, log *slog.Logger) *En
 		checkKick:   make(chan struct{}, 1),
 		now:         time.Now,
 		applied:     make(chan struct{}),
+		podAdded:    make(chan struct{}),
 		state:       st,
 		overrides:   map[string]override{},
 		refused:     map[string]string{},

@@ -452,3 +452,30 @@ func TestEngineScansOnlyWhenNarrowed(t *testing.T) {
 		t.Fatalf("the scan for a deleted peer came %v after the last one, want RevokeGoneGap (2s)", took)
 	}
 }
+
+// TestEngineWaitsForThePodObject: a plugin's wait that comes before the
+// informer has seen the Pod object is answered once the pod arrives (its
+// arrival wakes the wait), with the addresses the plugin reported.
+func TestEngineWaitsForThePodObject(t *testing.T) {
+	r := newRig(t)
+	r.pods.Add(pod("first", "10.244.1.3", nil))
+	r.until("first write", func(rs policy.Ruleset) bool { return known(rs, "10.244.1.3") })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		done <- policysock.Wait(ctx, r.sock, policysock.Request{Namespace: "shop", Name: "late", IPs: []netip.Addr{netip.MustParseAddr("10.244.1.11")}})
+	}()
+	select {
+	case err := <-done:
+		t.Fatalf("the wait ended before the pod existed: %v", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	r.pods.Add(pod("late", "", map[string]string{"app": "late"}))
+	if err := <-done; err != nil {
+		t.Fatalf("Wait: %v", err)
+	}
+	if rs, _ := r.w.last(); !known(rs, "10.244.1.11") {
+		t.Fatal("answered before the late pod's address was written")
+	}
+}

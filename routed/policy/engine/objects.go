@@ -73,6 +73,8 @@ func (e *Engine) onPod(obj any) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.setPodLocked(pod)
+	close(e.podAdded)
+	e.podAdded = make(chan struct{})
 }
 
 // onPodUpdate skips the updates that change nothing the model reads (most

@@ -7,7 +7,6 @@ package engine
 import (
 	"context"
 	"fmt"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 
@@ -29,6 +28,9 @@ func (e *Engine) handleWait(ctx context.Context, req policysock.Request) error {
 func (e *Engine) wait(ctx context.Context, req policysock.Request) error {
 	key := req.Namespace + "/" + req.Name
 	for {
+		e.mu.Lock()
+		added := e.podAdded // taken before the look: an add after it closes it
+		e.mu.Unlock()
 		obj, ok, err := e.podInf.GetStore().GetByKey(key)
 		if err != nil {
 			return fmt.Errorf("pod %s: %w", key, err)
@@ -41,14 +43,15 @@ func (e *Engine) wait(ctx context.Context, req policysock.Request) error {
 			break
 		}
 		// the informer has not seen the pod yet: it is on its way (the
-		// kubelet got it from the same API server)
+		// kubelet got it from the same API server); the next pod the
+		// informer adds wakes this
 		select {
 		case <-ctx.Done():
 			e.mu.Lock()
 			e.overrides[key] = override{ips: req.IPs, at: e.now()}
 			e.mu.Unlock()
 			return fmt.Errorf("pod %s is not known to the API server's watch yet; it stays isolated until it is", key)
-		case <-time.After(20 * time.Millisecond):
+		case <-added:
 		}
 	}
 	link, linked := portLink{}, false

@@ -601,6 +601,21 @@ func (a *addBench) burstRun(s *addStack) burstRun {
 // addresses, routes (every table), permanent neighbours, the plugins' pod
 // filter, podnet-ipam's reservations, host-local's.
 func (a *addBench) nodeState() []string {
+	// a dump that ran while the kernel changed what it lists (a detached
+	// veth dying with its netns) is read again
+	for range 20 {
+		out, err := a.nodeStateOnce()
+		if !errors.Is(err, netlink.ErrDumpInterrupted) {
+			a.b.must(err)
+			return out
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	a.b.t.Fatal("node 1's netlink dumps were interrupted 20 times in a row")
+	return nil
+}
+
+func (a *addBench) nodeStateOnce() ([]string, error) {
 	n1 := a.b.n1
 	var out []string
 	err := n1.NS.Do(func() error {
@@ -642,14 +657,20 @@ func (a *addBench) nodeState() []string {
 		}
 		return nil
 	})
-	a.b.must(err)
+	if err != nil {
+		return nil, err
+	}
 	pf, err := nettest.PodFilterElements(n1.NS.NetNS)
-	a.b.must(err)
+	if err != nil {
+		return nil, err
+	}
 	for _, e := range pf {
 		out = append(out, "pod filter "+e)
 	}
 	res, err := n1.Reservations()
-	a.b.must(err)
+	if err != nil {
+		return nil, err
+	}
 	for _, r := range res {
 		out = append(out, "podnet-ipam "+r)
 	}
@@ -668,9 +689,8 @@ func (a *addBench) nodeState() []string {
 		out = append(out, "host-local "+rel)
 		return nil
 	})
-	a.b.must(err)
 	slices.Sort(out)
-	return out
+	return out, err
 }
 
 // dying is a link line of nodeState for a veth that is down: the host end
