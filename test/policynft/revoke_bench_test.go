@@ -24,8 +24,8 @@ func BenchmarkRevokeScan(b *testing.B) {
 	nettest.Do(b, node, func() error {
 		for i := range entries {
 			f := &vnl.ConntrackFlow{FamilyType: unix.AF_INET, TimeOut: 600,
-				Forward: vnl.IPTuple{Protocol: unix.IPPROTO_TCP, SrcIP: net.IPv4(10, 244, byte(i>>8), byte(i)), DstIP: net.IPv4(10, 245, 0, 1), SrcPort: uint16(10000 + i%50000), DstPort: 8080},
-				Reverse: vnl.IPTuple{Protocol: unix.IPPROTO_TCP, DstIP: net.IPv4(10, 244, byte(i>>8), byte(i)), SrcIP: net.IPv4(10, 245, 0, 1), DstPort: uint16(10000 + i%50000), SrcPort: 8080},
+				Forward:   vnl.IPTuple{Protocol: unix.IPPROTO_TCP, SrcIP: net.IPv4(10, 244, byte(i>>8), byte(i)), DstIP: net.IPv4(10, 245, 0, 1), SrcPort: uint16(10000 + i%50000), DstPort: 8080},
+				Reverse:   vnl.IPTuple{Protocol: unix.IPPROTO_TCP, DstIP: net.IPv4(10, 244, byte(i>>8), byte(i)), SrcIP: net.IPv4(10, 245, 0, 1), DstPort: uint16(10000 + i%50000), SrcPort: 8080},
 				ProtoInfo: &vnl.ProtoInfoTCP{State: 3}}
 			if err := vnl.ConntrackCreate(vnl.ConntrackTable, unix.AF_INET, f); err != nil {
 				return err
