@@ -475,8 +475,20 @@ drainAll:
 	st := procStatus(d.Cmd.Process.Pid)
 	sr.RSSAnonKiB, sr.RSSFileKiB = st["RssAnon:"], st["RssFile:"]
 	sr.CPUS = cpuSeconds(d.Cmd.Process.Pid)
+	keep := os.Getenv("PODNET_BENCH_KEEP_LOGS") // a directory
+	keepFile := func(what string, b []byte) {
+		if keep != "" {
+			_ = os.WriteFile(filepath.Join(keep, fmt.Sprintf("podnet-routed-%d-%s.%s", sr.Nodes, sr.Mode, what)), b, 0o644)
+		}
+	}
+	if keep != "" { // where the resident memory is, mapping by mapping
+		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps", d.Cmd.Process.Pid)); err == nil {
+			keepFile("smaps", b)
+		}
+	}
 	if body, err := httpGet(node, addr, "/metrics"); err == nil {
 		sr.MetricRoutes, _ = metric(body, "podnet_routes_programmed")
+		keepFile("metrics", []byte(body))
 	}
 	reqAfter, watching := apiNodeRequests(t, client)
 	sr.APIRequests = map[string]int{}
@@ -499,10 +511,8 @@ drainAll:
 	t.Logf("%d Nodes %s: %d updates under %d other changes, median %.1f ms, %d timeouts; RSS %d KiB (peak %d KiB), CPU %.2fs; podnet_routes_programmed %v; no-op full apply: %d applies, %d route messages; API requests on nodes %v, %d watches open",
 		sr.Nodes, sr.Mode, len(sr.UpdateMs), sr.Churned, median(sr.UpdateMs), sr.UpdateTimeouts, sr.RSSKiB, sr.HWMKiB, sr.CPUS, sr.MetricRoutes, sr.NoopApplies, sr.NoopRouteMsgs, sr.APIRequests, sr.APIWatchesOpen)
 	_ = d.Stop(10 * time.Second)
-	if keep := os.Getenv("PODNET_BENCH_KEEP_LOGS"); keep != "" { // a directory
-		if b, err := os.ReadFile(logPath); err == nil {
-			_ = os.WriteFile(filepath.Join(keep, fmt.Sprintf("podnet-routed-%d-%s.log", sr.Nodes, sr.Mode)), b, 0o644)
-		}
+	if b, err := os.ReadFile(logPath); err == nil {
+		keepFile("log", b)
 	}
 }
 
