@@ -4,11 +4,6 @@
 GO       ?= go
 GOFLAGS  ?=
 LDFLAGS  := -s -w
-# grpcnotrace: gRPC (podnet-routed's CRI client) leaves golang.org/x/net/trace
-# out, and with it text/template, whose reflect.Value.Method calls make the
-# linker keep every exported method of every type in the binary:
-# podnet-routed 29.6 -> 24.2 MB, 2 MiB fewer of its pages resident.
-TAGS     := grpcnotrace
 export CGO_ENABLED := 0
 
 # binary name -> main package
@@ -27,7 +22,7 @@ build: $(addprefix bin/,$(BINS))
 
 bin/%: FORCE
 	@mkdir -p bin
-	$(GO) build $(GOFLAGS) -tags '$(TAGS)' -trimpath -ldflags '$(LDFLAGS)' -o $@ $(PKG_$*)
+	$(GO) build $(GOFLAGS) -trimpath -ldflags '$(LDFLAGS)' -o $@ $(PKG_$*)
 
 # Installs what the tests need on a fresh machine: Debian packages (once) and
 # the pinned reference CNI plugins + cnitool (cached under ~/.cache/podnet).
