@@ -211,6 +211,11 @@ func (d *Daemon) Run(ctx context.Context) error {
 
 	resync := time.NewTicker(d.cfg.ResyncInterval)
 	defer resync.Stop()
+	// The first apply, like every resync, reads the table and every Node
+	// again: it covers whatever was recorded before it began (the
+	// ServiceCIDR informer's first list always is), which would
+	// otherwise make a second full apply right after it.
+	d.takePending()
 	d.reconcile(nodes, reasonInitialSync)
 	for {
 		select {
@@ -222,6 +227,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 				d.reconcile(nodes, why)
 			}
 		case <-resync.C:
+			d.takePending()
 			d.reconcile(nodes, reasonResync)
 		}
 	}
