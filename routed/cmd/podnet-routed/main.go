@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"strings"
 	"syscall"
 	"time"
@@ -48,6 +49,9 @@ func run(argv []string) error {
 		return fmt.Errorf("--log-level: %w", err)
 	}
 	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	if p, ok := o.gcPercentToSet(); ok {
+		debug.SetGCPercent(p)
+	}
 	switch {
 	case o.explainPolicy:
 		return explainPolicy(o)
