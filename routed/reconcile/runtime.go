@@ -45,8 +45,9 @@ type Runtime struct {
 }
 
 // NewRuntime returns the CRI client of endpoint ("unix:///run/...", or a
-// plain path). The connection is made on first use, and again after it
-// fails: a runtime that was down is asked again at once when it is back.
+// plain path). Each call has a connection of its own (one a minute): a
+// runtime that restarted is asked at once, never through a connection it
+// closed.
 func NewRuntime(endpoint string) (*Runtime, error) {
 	path, err := SocketPath(endpoint)
 	if err != nil {
@@ -55,7 +56,8 @@ func NewRuntime(endpoint string) (*Runtime, error) {
 	var protos http.Protocols
 	protos.SetUnencryptedHTTP2(true) // gRPC: HTTP/2 with prior knowledge
 	tr := &http.Transport{
-		Protocols: &protos,
+		Protocols:         &protos,
+		DisableKeepAlives: true,
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			var d net.Dialer
 			return d.DialContext(ctx, "unix", path)

@@ -26,6 +26,7 @@ type fakeCRI struct {
 	items atomic.Pointer[[]*cri.PodSandbox]
 	err   atomic.Pointer[error]
 	calls atomic.Int64
+	conns atomic.Int64 // connections accepted
 }
 
 func (f *fakeCRI) ListPodSandbox(_ context.Context, req *cri.ListPodSandboxRequest) (*cri.ListPodSandboxResponse, error) {
@@ -39,6 +40,20 @@ func (f *fakeCRI) ListPodSandbox(_ context.Context, req *cri.ListPodSandboxReque
 	return &cri.ListPodSandboxResponse{Items: *f.items.Load()}, nil
 }
 
+// countingListener counts the connections accepted.
+type countingListener struct {
+	net.Listener
+	n *atomic.Int64
+}
+
+func (l countingListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err == nil {
+		l.n.Add(1)
+	}
+	return c, err
+}
+
 // serveCRI serves f on a unix socket at path until the test ends (or
 // stop is called).
 func serveCRI(t *testing.T, path string, f *fakeCRI) (stop func()) {
@@ -49,7 +64,7 @@ func serveCRI(t *testing.T, path string, f *fakeCRI) (stop func()) {
 	}
 	srv := grpc.NewServer()
 	cri.RegisterRuntimeServiceServer(srv, f)
-	go func() { _ = srv.Serve(l) }()
+	go func() { _ = srv.Serve(countingListener{l, &f.conns}) }()
 	t.Cleanup(srv.Stop)
 	return srv.Stop
 }
@@ -116,6 +131,11 @@ func TestRuntimeSandboxes(t *testing.T) {
 		t.Fatalf("an error status: %v", err)
 	}
 	f.err.Store(nil)
+
+	// a connection per call: none left open to a runtime that restarts
+	if c, n := f.conns.Load(), f.calls.Load(); c != n {
+		t.Fatalf("%d connections for %d calls", c, n)
+	}
 
 	// the runtime goes away and comes back: asked again at once
 	stop()
