@@ -121,6 +121,9 @@ type Daemon struct {
 	repairs repairState
 	// readyDetails, when set, adds lines to /readyz's answer.
 	readyDetails func() []string
+	// afterInitialSync, when set, is called once the first full apply
+	// returned (podnet-routed's --gc-percent)
+	afterInitialSync func()
 
 	// the pod filter's repair (repair.go): one at a time (the resync and
 	// the nftables monitor), and the refused records already logged
@@ -157,6 +160,13 @@ func New(cfg Config, nodes cache.ListerWatcher, log *slog.Logger) *Daemon {
 // of its own Node. Set it before Run.
 func (d *Daemon) OnLocalPodCIDRs(f func([]netip.Prefix)) *Daemon {
 	d.onSelf = f
+	return d
+}
+
+// AfterInitialSync calls f once, when the first full apply (every Node
+// decoded and routed) has returned. Set it before Run.
+func (d *Daemon) AfterInitialSync(f func()) *Daemon {
+	d.afterInitialSync = f
 	return d
 }
 
@@ -217,6 +227,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 	// otherwise make a second full apply right after it.
 	d.takePending()
 	d.reconcile(nodes, reasonInitialSync)
+	if d.afterInitialSync != nil {
+		d.afterInitialSync()
+	}
 	for {
 		select {
 		case <-ctx.Done():
