@@ -137,6 +137,7 @@ type routedScale struct {
 	RSSKiB          int       `json:"rss_kib"`
 	HWMKiB          int       `json:"hwm_kib"`
 	RSSAfterSyncKiB int       `json:"rss_after_sync_kib"`
+	RSSChurnKiB     int       `json:"rss_churn_kib"` // before the no-op full apply (0: not measured)
 	// issue 14
 	Mode           string         `json:"mode"`
 	UpdateDaemonMs []float64      `json:"update_daemon_ms"`

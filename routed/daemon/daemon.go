@@ -24,9 +24,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/labels"
-	listersv1 "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 
@@ -124,6 +121,9 @@ type Daemon struct {
 	repairs repairState
 	// readyDetails, when set, adds lines to /readyz's answer.
 	readyDetails func() []string
+	// afterInitialSync, when set, is called once the first full apply
+	// returned (podnet-routed's --gc-percent)
+	afterInitialSync func()
 
 	// the pod filter's repair (repair.go): one at a time (the resync and
 	// the nftables monitor), and the refused records already logged
@@ -163,6 +163,13 @@ func (d *Daemon) OnLocalPodCIDRs(f func([]netip.Prefix)) *Daemon {
 	return d
 }
 
+// AfterInitialSync calls f once, when the first full apply (every Node
+// decoded and routed) has returned. Set it before Run.
+func (d *Daemon) AfterInitialSync(f func()) *Daemon {
+	d.afterInitialSync = f
+	return d
+}
+
 // WithAPI makes the daemon probe the API server through core when its
 // watch is quiet, post Events about the Nodes it refuses through events
 // (kube.CoreClient, each with a rate limiter of its own, so that a burst of
@@ -199,7 +206,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if err := d.watchServiceCIDRs(ctx); err != nil {
 		return err
 	}
-	lister, err := d.syncNodes(ctx)
+	nodes, err := d.syncNodes(ctx)
 	if err != nil {
 		return err
 	}
@@ -214,7 +221,15 @@ func (d *Daemon) Run(ctx context.Context) error {
 
 	resync := time.NewTicker(d.cfg.ResyncInterval)
 	defer resync.Stop()
-	d.reconcile(lister, reasonInitialSync)
+	// The first apply, like every resync, reads the table and every Node
+	// again: it covers whatever was recorded before it began (the
+	// ServiceCIDR informer's first list always is), which would
+	// otherwise make a second full apply right after it.
+	d.takePending()
+	d.reconcile(nodes, reasonInitialSync)
+	if d.afterInitialSync != nil {
+		d.afterInitialSync()
+	}
 	for {
 		select {
 		case <-ctx.Done():
@@ -222,26 +237,27 @@ func (d *Daemon) Run(ctx context.Context) error {
 			return nil
 		case <-d.kick:
 			if why := d.takePending(); why != reasonNone {
-				d.reconcile(lister, why)
+				d.reconcile(nodes, why)
 			}
 		case <-resync.C:
-			d.reconcile(lister, reasonResync)
+			d.takePending()
+			d.reconcile(nodes, reasonResync)
 		}
 	}
 }
 
-// reconcile computes the desired state from the lister and applies it.
+// reconcile computes the desired state from the Nodes and applies it.
 // A failure that concerns one remote Node (its route cannot be written)
 // is logged and counted, and retried by the next full apply, but leaves
 // the node ready: only this node's own part (its devices, blackhole and
 // node.json) decides readiness.
-func (d *Daemon) reconcile(lister listersv1.NodeLister, why reason) {
+func (d *Daemon) reconcile(nodes nodeStore, why reason) {
 	start := time.Now()
 	var own, remote error
 	if why == reasonNode {
-		own, remote = d.applyNodes(lister)
+		own, remote = d.applyNodes(nodes)
 	} else {
-		own, remote = d.apply(lister, why)
+		own, remote = d.apply(nodes, why)
 	}
 	d.metrics.ApplySeconds.Observe(time.Since(start).Seconds())
 	if own != nil || remote != nil {
@@ -271,35 +287,34 @@ func (d *Daemon) reconcile(lister listersv1.NodeLister, why reason) {
 // are written, from the routes cache. Whatever the plan cannot patch one
 // Node at a time (this node, a Node in a conflict, no plan yet) falls
 // back to the full apply.
-func (d *Daemon) applyNodes(lister listersv1.NodeLister) (own, remote error) {
+func (d *Daemon) applyNodes(nodes nodeStore) (own, remote error) {
 	names := d.takeDirty()
 	if d.plan == nil {
-		return d.apply(lister, reasonNode)
+		return d.apply(nodes, reasonNode)
 	}
 	var delta desired.Delta
 	notes, noted := map[string]string{}, make([]string, 0, len(names))
 	for name := range names {
 		var n *desired.Node
-		obj, err := lister.Get(name)
+		r, err := nodes.get(name)
 		noted = append(noted, name)
 		switch {
-		case err == nil:
-			dn := desired.FromNode(obj)
+		case err != nil:
+			return nil, fmt.Errorf("get node %s from the informer: %w", name, err)
+		case r != nil:
+			dn := r.Node
 			n = &dn
 			if why := desired.MissingFamily(d.cfg.ClusterCIDRs, dn); why != "" {
 				notes[name] = why
 			}
-		case apierrors.IsNotFound(err): // deleted
-		default:
-			return nil, fmt.Errorf("get node %s from the informer: %w", name, err)
-		}
+		} // nil: deleted
 		dd, ok := d.plan.Update(name, n)
 		if !ok {
-			return d.apply(lister, reasonNode)
+			return d.apply(nodes, reasonNode)
 		}
 		delta.Merge(dd)
 	}
-	d.refusals.sync(d.plan.Refused(), d.plan.TakeRefusalChanges(), nodeExists(lister))
+	d.refusals.sync(d.plan.Refused(), d.plan.TakeRefusalChanges(), nodes.exists)
 	d.familyNotes.sync(notes, noted)
 	d.metrics.RoutesDesired.Set(float64(d.plan.Routes()))
 	d.metrics.NodesSkipped.Set(float64(d.plan.Skipped()))
@@ -329,17 +344,14 @@ func (d *Daemon) applyNodes(lister listersv1.NodeLister) (own, remote error) {
 // VXLANRecord.) While this node's own Node cannot be used, the nft table
 // keeps its last PodCIDRs (its pods are still there) and the peers keep
 // following the other Nodes.
-func (d *Daemon) apply(lister listersv1.NodeLister, why reason) (own, remote error) {
+func (d *Daemon) apply(store nodeStore, why reason) (own, remote error) {
 	d.plan = nil
 	// every Node is read below: what changed until now is covered
 	d.takeDirty()
-	objs, err := lister.List(labels.Everything())
-	if err != nil {
-		return fmt.Errorf("list nodes: %w", err), nil
-	}
-	nodes, notes := make([]desired.Node, 0, len(objs)), map[string]string{}
-	for _, o := range objs {
-		n := desired.FromNode(o)
+	recs := store.list()
+	nodes, notes := make([]desired.Node, 0, len(recs)), map[string]string{}
+	for _, r := range recs {
+		n := r.Node
 		nodes = append(nodes, n)
 		if why := desired.MissingFamily(d.cfg.ClusterCIDRs, n); why != "" {
 			notes[n.Name] = why
@@ -362,7 +374,7 @@ func (d *Daemon) apply(lister listersv1.NodeLister, why reason) (own, remote err
 	plan, st := desired.NewPlan(cfg, local, nodes, dataplane.OnLink)
 	d.plan = plan
 	d.plan.TakeRefusalChanges()
-	d.refusals.sync(st.Refused, nil, nodeExists(lister))
+	d.refusals.sync(st.Refused, nil, store.exists)
 	d.metrics.NodesSkipped.Set(float64(len(st.Skipped)))
 	for _, s := range st.Skipped {
 		d.log.Debug("node skipped", "node", s.Node, "reason", s.Reason)
@@ -408,14 +420,6 @@ func (d *Daemon) apply(lister listersv1.NodeLister, why reason) (own, remote err
 		d.plan = nil // the next Node event applies everything again
 	}
 	return errors.Join(errs...), res.Remote()
-}
-
-// nodeExists tells whether the informer holds Node name.
-func nodeExists(lister listersv1.NodeLister) func(string) bool {
-	return func(name string) bool {
-		_, err := lister.Get(name)
-		return err == nil
-	}
 }
 
 // Cleanup removes everything podnet-routed created: podnet routes, the

@@ -8,7 +8,6 @@ import (
 	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
-	listersv1 "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/podnet/podnet/routed/desired"
@@ -36,16 +35,13 @@ func (d *Daemon) NodeInformer() (cache.SharedIndexInformer, error) {
 			d.nodeInfErr = fmt.Errorf("node watch error handler: %w", err)
 			return
 		}
-		// keep only what FromNode reads (and the labels, when asked): the
-		// informer's store then holds a few hundred bytes per Node
-		// instead of the whole object (managedFields, images, conditions)
+		// the store keeps each Node as routing reads it, parsed
+		// (desired.Record: a few hundred bytes per Node instead of the
+		// object), with the labels and addresses when asked
+		transform := desired.Transform(d.nodeLabels)
 		if err := inf.SetTransform(func(obj any) (any, error) {
 			d.watchEvent()
-			slim, err := desired.SlimNode(obj)
-			if n, ok := obj.(*corev1.Node); ok && d.nodeLabels && err == nil {
-				slim.(*corev1.Node).Labels = n.Labels
-			}
-			return slim, err
+			return transform(obj)
 		}); err != nil {
 			d.nodeInfErr = fmt.Errorf("node informer transform: %w", err)
 			return
@@ -55,36 +51,66 @@ func (d *Daemon) NodeInformer() (cache.SharedIndexInformer, error) {
 	return d.nodeInf, d.nodeInfErr
 }
 
-// syncNodes starts the Node informer and waits until it has synced (nil
-// lister: ctx ended first). Every Node change routing reads kicks the
-// loop (nodeChanged); every list and watch event is contact with the
-// API server.
-func (d *Daemon) syncNodes(ctx context.Context) (listersv1.NodeLister, error) {
-	informer, err := d.NodeInformer()
-	if err != nil {
+// nodeStore is the Node informer's store: every Node's desired.Record.
+type nodeStore struct{ cache.Indexer }
+
+// list is every Node.
+func (s nodeStore) list() []*desired.Record {
+	objs := s.List()
+	out := make([]*desired.Record, 0, len(objs))
+	for _, o := range objs {
+		if r, ok := o.(*desired.Record); ok {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// get is Node name (nil: there is none).
+func (s nodeStore) get(name string) (*desired.Record, error) {
+	obj, ok, err := s.GetByKey(name)
+	if err != nil || !ok {
 		return nil, err
 	}
-	lister := listersv1.NewNodeLister(informer.GetIndexer())
+	r, _ := obj.(*desired.Record)
+	return r, nil
+}
+
+// exists tells whether the store holds Node name.
+func (s nodeStore) exists(name string) bool {
+	r, err := s.get(name)
+	return err == nil && r != nil
+}
+
+// syncNodes starts the Node informer and waits until it has synced (the
+// error is ctx's when it ended first). Every Node change routing reads kicks the
+// loop (nodeChanged); every list and watch event is contact with the
+// API server.
+func (d *Daemon) syncNodes(ctx context.Context) (nodeStore, error) {
+	informer, err := d.NodeInformer()
+	if err != nil {
+		return nodeStore{}, err
+	}
 	if _, err := informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: d.nodeChanged,
 		UpdateFunc: func(old, cur any) {
-			o, ok1 := old.(*corev1.Node)
-			c, ok2 := cur.(*corev1.Node)
-			if ok1 && ok2 && desired.FromNode(o).Equal(desired.FromNode(c)) {
+			o, ok1 := old.(*desired.Record)
+			c, ok2 := cur.(*desired.Record)
+			if ok1 && ok2 && o.Node.Equal(c.Node) {
 				return // nothing routing reads changed (a status heartbeat)
 			}
 			d.nodeChanged(cur)
 		},
 		DeleteFunc: d.nodeChanged,
 	}); err != nil {
-		return nil, fmt.Errorf("node event handler: %w", err)
+		return nodeStore{}, fmt.Errorf("node event handler: %w", err)
 	}
 	go informer.Run(ctx.Done())
 	d.log.Info("waiting for the node informer to sync")
 	if !cache.WaitForCacheSync(ctx.Done(), informer.HasSynced) {
-		return nil, ctx.Err()
+		return nodeStore{}, ctx.Err()
 	}
 	d.synced.Store(true)
 	d.log.Info("node informer synced")
-	return lister, nil
+	return nodeStore{informer.GetIndexer()}, nil
 }

@@ -3,18 +3,22 @@ package daemon
 import (
 	"io"
 	"log/slog"
+	"net/netip"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	fcache "k8s.io/client-go/tools/cache/testing"
+
+	"github.com/podnet/podnet/routed/desired"
 )
 
 // TestNodeInformerLabels: the daemon's Node informer is one object, made
 // once; it keeps the labels only when asked (WithNodeLabels: the policy
-// engine shares it for ClusterNetworkPolicy's nodes peers), and never
-// what neither reads.
+// engine shares it for ClusterNetworkPolicy's nodes peers, with the
+// addresses as they are), and never what neither reads: each Node is a
+// desired.Record.
 func TestNodeInformerLabels(t *testing.T) {
 	for _, labels := range []bool{false, true} {
 		src := fcache.NewFakeControllerSource()
@@ -46,12 +50,15 @@ func TestNodeInformerLabels(t *testing.T) {
 		if err != nil || !ok {
 			t.Fatalf("labels %v: n1 not in the store: %v", labels, err)
 		}
-		n := obj.(*corev1.Node)
+		n := obj.(*desired.Record)
+		if n.Name != "n1" || n.IP != netip.MustParseAddr("192.168.0.1") {
+			t.Errorf("labels %v: the store keeps %+v", labels, n)
+		}
 		if got := n.Labels["kubernetes.io/os"] == "linux"; got != labels {
 			t.Errorf("WithNodeLabels %v: labels %v", labels, n.Labels)
 		}
-		if len(n.Status.Addresses) != 1 || len(n.Annotations) != 0 || len(n.Status.Images) != 0 {
-			t.Errorf("labels %v: the store keeps %+v", labels, n)
+		if got := len(n.Addresses) == 1; got != labels {
+			t.Errorf("WithNodeLabels %v: addresses %v", labels, n.Addresses)
 		}
 	}
 }

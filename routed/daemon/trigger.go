@@ -6,8 +6,9 @@ package daemon
 import (
 	"log/slog"
 
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/podnet/podnet/routed/desired"
 )
 
 // reason is why the loop applies. The reasons trigger records are ordered
@@ -52,7 +53,7 @@ func (r reason) LogValue() slog.Value { return slog.StringValue(r.String()) }
 func (d *Daemon) nodeChanged(obj any) {
 	name := ""
 	switch o := obj.(type) {
-	case *corev1.Node:
+	case *desired.Record:
 		name = o.Name
 	case cache.DeletedFinalStateUnknown:
 		name = o.Key // Nodes are cluster-scoped: the key is the name

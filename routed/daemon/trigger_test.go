@@ -8,9 +8,9 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/podnet/podnet/routed/desired"
 )
 
 // The reasons log as they always have: a "trigger" string.
@@ -32,7 +32,7 @@ func TestReasonLogs(t *testing.T) {
 // deleted route back).
 func TestTriggersCoalesce(t *testing.T) {
 	d := &Daemon{kick: make(chan struct{}, 1)}
-	d.nodeChanged(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "b"}})
+	d.nodeChanged(&desired.Record{Node: desired.Node{Name: "b"}})
 	d.trigger(reasonRepair)
 	d.nodeChanged(cache.DeletedFinalStateUnknown{Key: "c"})
 	if len(d.kick) != 1 {

@@ -173,9 +173,10 @@ func TestFromNode(t *testing.T) {
 	}
 }
 
-// TestSlimNode: the informer keeps only what FromNode reads, and FromNode
-// sees the same Node through it.
-func TestSlimNode(t *testing.T) {
+// TestRecord: the informer keeps a Node as FromNode reads it, with the
+// name and resourceVersion the informer needs, and the labels and
+// addresses only when asked (peers); a tombstone passes the transform.
+func TestRecord(t *testing.T) {
 	full := &corev1.Node{
 		ObjectMeta: metav1.ObjectMeta{
 			Name: "n1", UID: "u1", ResourceVersion: "42",
@@ -185,27 +186,42 @@ func TestSlimNode(t *testing.T) {
 		},
 		Spec: corev1.NodeSpec{PodCIDR: "10.244.1.0/24", PodCIDRs: []string{"10.244.1.0/24", "fd00:1::/64"}},
 		Status: corev1.NodeStatus{
-			Addresses:  []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "192.0.2.1"}},
+			Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "192.0.2.1"},
+				{Type: corev1.NodeExternalIP, Address: "192.0.2.7"}, {Type: corev1.NodeHostName, Address: "n1.example"}},
 			Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}},
 			Images:     []corev1.ContainerImage{{Names: []string{"registry.k8s.io/pause:3.10"}, SizeBytes: 1 << 20}},
 		},
 	}
-	obj, err := SlimNode(full)
-	if err != nil {
-		t.Fatal(err)
-	}
-	slim := obj.(*corev1.Node)
-	if !reflect.DeepEqual(FromNode(slim), FromNode(full)) {
-		t.Errorf("FromNode(slim) = %+v, FromNode(full) = %+v", FromNode(slim), FromNode(full))
-	}
-	if slim.Name != "n1" || slim.UID != "u1" || slim.ResourceVersion != "42" {
-		t.Errorf("identity lost: %+v", slim.ObjectMeta)
-	}
-	if len(slim.ManagedFields) > 0 || len(slim.Labels) > 0 || len(slim.Status.Images) > 0 || len(slim.Status.Conditions) > 0 || len(slim.Annotations) != 1 {
-		t.Errorf("slim node keeps more than routed reads: %+v", slim)
+	for _, peers := range []bool{false, true} {
+		obj, err := Transform(peers)(full)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := obj.(*Record)
+		if !reflect.DeepEqual(r.Node, FromNode(full)) {
+			t.Errorf("peers %v: record %+v, FromNode %+v", peers, r.Node, FromNode(full))
+		}
+		if r.Node.IP != netip.MustParseAddr("192.0.2.7") {
+			t.Errorf("peers %v: the annotation is not applied: %v", peers, r.Node.IP)
+		}
+		m := r.GetObjectMeta()
+		if m.GetName() != "n1" || m.GetNamespace() != "" || m.GetResourceVersion() != "42" {
+			t.Errorf("peers %v: identity lost: %+v", peers, m)
+		}
+		if key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(r); err != nil || key != "n1" {
+			t.Errorf("peers %v: key %q %v", peers, key, err)
+		}
+		name, labels, addrs := r.NodeFields()
+		wantAddrs := []string{"192.0.2.1", "192.0.2.7", "n1.example"}
+		if peers && (name != "n1" || !reflect.DeepEqual(labels, full.Labels) || !reflect.DeepEqual(addrs, wantAddrs)) {
+			t.Errorf("peers: NodeFields %q %v %v", name, labels, addrs)
+		}
+		if !peers && (labels != nil || addrs != nil) {
+			t.Errorf("no peers: the record keeps labels %v and addresses %v", labels, addrs)
+		}
 	}
 	tomb := cache.DeletedFinalStateUnknown{Key: "n1", Obj: full}
-	if got, err := SlimNode(tomb); err != nil || !reflect.DeepEqual(got, tomb) {
+	if got, err := Transform(false)(tomb); err != nil || !reflect.DeepEqual(got, tomb) {
 		t.Errorf("tombstone: %v %v", got, err)
 	}
 }

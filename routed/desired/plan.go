@@ -87,6 +87,9 @@ func NewPlan(cfg Config, local Local, nodes []Node, onLink OnLink) (*Plan, State
 		refusalChanges: map[string]bool{},
 	}
 	p.v = Validate(cfg, local, nodes)
+	// the plan keeps the verdicts, not a copy of every valid Node (which
+	// Update would not keep current anyway)
+	p.v.Valid = nil
 	st := compute(cfg, routable(cfg, p.v, nodes), onLink, p.put)
 	for _, r := range st.Routes {
 		if r.Kind == Blackhole {

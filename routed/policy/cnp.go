@@ -67,9 +67,19 @@ type Node struct {
 // FromNode converts an informer's Node. Pure. Addresses that are no IP
 // (a Hostname entry) are left out.
 func FromNode(n *corev1.Node) Node {
-	out := Node{Name: n.Name, Labels: maps.Clone(n.Labels)}
+	addrs := make([]string, 0, len(n.Status.Addresses))
 	for _, a := range n.Status.Addresses {
-		if ip, err := netip.ParseAddr(strings.TrimSpace(a.Address)); err == nil && ip.Zone() == "" {
+		addrs = append(addrs, a.Address)
+	}
+	return NodeOf(n.Name, n.Labels, addrs)
+}
+
+// NodeOf is the Node of these fields: a Node's name, labels and the
+// addresses of its status.addresses (FromNode). Pure.
+func NodeOf(name string, labels map[string]string, addresses []string) Node {
+	out := Node{Name: name, Labels: maps.Clone(labels)}
+	for _, a := range addresses {
+		if ip, err := netip.ParseAddr(strings.TrimSpace(a)); err == nil && ip.Zone() == "" {
 			out.IPs = append(out.IPs, ip.Unmap())
 		}
 	}

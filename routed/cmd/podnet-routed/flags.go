@@ -28,7 +28,8 @@ type options struct {
 	logLevel, criSocket, ipamDataDirs, procSys              string
 	crossSubnet, masquerade, cleanup, netpol, explainPolicy bool
 	apiTimeout, resync, reconcileInterval, reconcileGrace   time.Duration
-	mtu, vni, port                                          int
+	mtu, vni, port, gcPercent                               int
+	gcPercentGiven                                          bool // --gc-percent was on the command line
 	policyLogDrops                                          uint64
 	args                                                    []string // what follows the flags (--explain-policy's flow)
 }
@@ -63,11 +64,22 @@ func parseFlags(argv []string) (*options, error) {
 	fs.BoolVar(&o.netpol, "network-policy", envOr("NETWORK_POLICY", "false") == "true", "enforce networking.k8s.io/v1 NetworkPolicy on this node (table inet podnet-policy; needs list/watch on pods, namespaces and networkpolicies); false removes the table (env NETWORK_POLICY; conf/k8s/podnet.yaml turns it on)")
 	fs.Uint64Var(&o.policyLogDrops, "policy-log-drops", 0, "log the new connections NetworkPolicy drops to the kernel log, at most this many a second per pod and direction, prefixed \"podnet-policy drop <namespace>/<pod> <direction>: \" (0: off)")
 	fs.BoolVar(&o.explainPolicy, "explain-policy", false, "print which NetworkPolicies allow or refuse the flow given as arguments, SRC DST PORT[/tcp|udp|sctp], and why, then exit")
+	fs.IntVar(&o.gcPercent, "gc-percent", 50, "after the initial sync, how much the Go heap may grow, in percent of what the last collection left live, before the next collection (GOGC; Go's default, which the initial sync keeps, is 100; negative: never): the live heap is long-lived state (the Nodes, their routes) and Node events leave little garbage, so collections stay rare and less memory is held for the growth; the environment's GOGC is kept throughout unless this flag is given; GOMEMLIMIT, when set, adds Go's soft memory limit")
 	if err := fs.Parse(argv); err != nil {
 		return nil, err
 	}
+	fs.Visit(func(f *flag.Flag) { o.gcPercentGiven = o.gcPercentGiven || f.Name == "gc-percent" })
 	o.args = fs.Args()
 	return o, nil
+}
+
+// gcPercentToSet is the GOGC to set (ok false: keep the environment's GOGC,
+// which the runtime applied already).
+func (o *options) gcPercentToSet() (percent int, ok bool) {
+	if !o.gcPercentGiven && os.Getenv("GOGC") != "" {
+		return 0, false
+	}
+	return o.gcPercent, true
 }
 
 // daemonConfig checks the daemon's flags and makes its configuration

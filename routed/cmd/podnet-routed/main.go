@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"strings"
 	"syscall"
 	"time"
@@ -72,6 +73,11 @@ func run(argv []string) error {
 	defer stop()
 	cfg.APIServers = kube.APIServerAddrs(ctx, cl.rest)
 	d := daemon.New(cfg, kube.NodesListWatch(cl.core), log).WithAPI(cl.core, cl.events, cl.serviceCIDRs)
+	if p, ok := o.gcPercentToSet(); ok {
+		// the initial sync decodes and routes every Node in one burst of
+		// garbage, at Go's default
+		d.AfterInitialSync(func() { debug.SetGCPercent(p) })
+	}
 	if o.netpol {
 		if err := startPolicy(ctx, stop, o, cl, d, dataDirs, log); err != nil {
 			return err

@@ -56,3 +56,29 @@ func TestEncapFamilies(t *testing.T) {
 		}
 	}
 }
+
+// --gc-percent is 50 unless the environment's GOGC says otherwise; the
+// flag given wins over both.
+func TestGCPercent(t *testing.T) {
+	for _, tc := range []struct {
+		env  string
+		args []string
+		want int
+		ok   bool
+	}{
+		{"", nil, 50, true},
+		{"", []string{"--gc-percent=100"}, 100, true},
+		{"200", nil, 0, false},
+		{"off", []string{"--gc-percent=30"}, 30, true},
+		{"", []string{"--gc-percent=-1"}, -1, true},
+	} {
+		t.Setenv("GOGC", tc.env)
+		o, err := parseFlags(tc.args)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, ok := o.gcPercentToSet(); got != tc.want || ok != tc.ok {
+			t.Errorf("GOGC=%q %v: %d %v, want %d %v", tc.env, tc.args, got, ok, tc.want, tc.ok)
+		}
+	}
+}

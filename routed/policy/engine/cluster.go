@@ -286,14 +286,26 @@ func (e *Engine) onClusterPolicyDelete(gen uint64, obj any) {
 	})
 }
 
+// nodeFields is a Node as another informer keeps it (podnet-routed's
+// daemon keeps a desired.Record): its name, labels and the addresses of
+// its status.addresses.
+type nodeFields interface {
+	NodeFields() (name string, labels map[string]string, addresses []string)
+}
+
 func (e *Engine) onNode(gen uint64, obj any) {
-	n, ok := obj.(*corev1.Node)
-	if !ok {
+	var n policy.Node
+	switch o := obj.(type) {
+	case *corev1.Node:
+		n = policy.FromNode(o)
+	case nodeFields:
+		n = policy.NodeOf(o.NodeFields())
+	default:
 		return
 	}
 	e.clusterChange(gen, func() bool {
 		e.cluster.nodes[n.Name] = true
-		return e.inc.SetNode(policy.FromNode(n))
+		return e.inc.SetNode(n)
 	})
 }
 
@@ -319,6 +331,9 @@ func clusterName(obj any) (string, bool) {
 		return o.Name, true
 	case *corev1.Node:
 		return o.Name, true
+	case nodeFields:
+		name, _, _ := o.NodeFields()
+		return name, true
 	}
 	return "", false
 }

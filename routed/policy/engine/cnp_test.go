@@ -26,6 +26,7 @@ import (
 	cnpv1 "sigs.k8s.io/network-policy-api/apis/v1beta1"
 
 	"github.com/podnet/podnet/internal/policysock"
+	"github.com/podnet/podnet/routed/desired"
 	"github.com/podnet/podnet/routed/policy"
 )
 
@@ -91,7 +92,8 @@ func newCNPRig(t *testing.T, served, gated bool, before func(*cnpRig)) *cnpRig {
 
 // newCNPRigNodes is newCNPRig; with shared, the engine hears a Node
 // informer it does not run (ListWatches.NodeInformer, as podnet-routed's
-// daemon's) instead of watching r.nodes itself.
+// daemon's, which keeps each Node as a desired.Record) instead of
+// watching r.nodes itself.
 func newCNPRigNodes(t *testing.T, served, gated bool, before func(*cnpRig), shared bool) *cnpRig {
 	r := &cnpRig{
 		rig:  &rig{t: t, pods: fcache.NewFakeControllerSource(), nss: fcache.NewFakeControllerSource(), pols: fcache.NewFakeControllerSource(), w: &fakeWriter{}, ev: &fakeEvents{}},
@@ -108,6 +110,9 @@ func newCNPRigNodes(t *testing.T, served, gated bool, before func(*cnpRig), shar
 	lws := ListWatches{Pods: r.pods, Namespaces: r.nss, Policies: r.pols, ClusterPolicies: r.gate, Nodes: r.nodes}
 	if shared {
 		lws.Nodes, lws.NodeInformer = nil, cache.NewSharedIndexInformer(r.nodes, &corev1.Node{}, 0, cache.Indexers{})
+		if err := lws.NodeInformer.SetTransform(desired.Transform(true)); err != nil {
+			t.Fatal(err)
+		}
 		stop := make(chan struct{})
 		go lws.NodeInformer.Run(stop)
 		t.Cleanup(func() { close(stop) })

@@ -80,7 +80,8 @@ type ListWatches struct {
 	// the API server serves them (their CRD is installed); nil: always.
 	// NodeInformer is a Node informer someone else runs (podnet-routed's
 	// daemon: one watch per resource), with the Nodes' labels and
-	// addresses; the engine hears it while ClusterNetworkPolicies are
+	// addresses (each a *corev1.Node, or what keeps them otherwise:
+	// NodeFields, as desired.Record does); the engine hears it while ClusterNetworkPolicies are
 	// watched, for their nodes peers. Without it, Nodes lists and watches
 	// Nodes for the same, an informer of the engine's own (nil both: a
 	// nodes peer matches no node).

@@ -23,7 +23,8 @@ package routedbench
 //   - a full apply with nothing to change (a link change makes the daemon
 //     dump and recompute everything): the podnet route messages it causes
 //     (want 0).
-//   - memory and CPU: VmRSS and VmHWM, user + system seconds.
+//   - memory and CPU: VmRSS (after the no-op full apply, and before it,
+//     after the updates) and VmHWM, user + system seconds.
 //   - the API server's requests on Nodes by verb while the daemon ran (its
 //     /metrics): one LIST and one WATCH, no per-Node GET.
 
@@ -77,6 +78,8 @@ type scaleResult struct {
 	RSSFileKiB      int            `json:"rss_file_kib"`       // and file pages (the binary)
 	HWMKiB          int            `json:"hwm_kib"`            // peak RSS
 	RSSAfterSyncKiB int            `json:"rss_after_sync_kib"` // right after convergence
+	RSSChurnKiB     int            `json:"rss_churn_kib"`      // after the updates, before the no-op full apply (whose FreeOSMemory returns the heap's garbage)
+	RSSChurnAnonKiB int            `json:"rss_churn_anon_kib"` // of RSSChurnKiB: anonymous memory
 	FDBs            int            `json:"fdbs,omitempty"`     // vxlan: FDB entries expected (and seen)
 	CPUSyncS        float64        `json:"cpu_sync_s"`         // CPU seconds until convergence
 	CPUS            float64        `json:"cpu_s"`              // CPU seconds at the end
@@ -424,6 +427,10 @@ func measureScale(t *testing.T, api *kapi.Server, bin, kubeconfig string, client
 	}
 	close(stopChurn)
 	sr.Churned = <-churnDone
+	// the heap as Node events grow it (as far as GOGC lets it), before a
+	// full apply gives the garbage back
+	sr.RSSChurnKiB, _ = memKiB(d.Cmd.Process.Pid)
+	sr.RSSChurnAnonKiB = procStatus(d.Cmd.Process.Pid)["RssAnon:"]
 	nw.stop()
 
 	// A full apply with nothing to change: a link (not a pod's) coming up
@@ -475,8 +482,20 @@ drainAll:
 	st := procStatus(d.Cmd.Process.Pid)
 	sr.RSSAnonKiB, sr.RSSFileKiB = st["RssAnon:"], st["RssFile:"]
 	sr.CPUS = cpuSeconds(d.Cmd.Process.Pid)
+	keep := os.Getenv("PODNET_BENCH_KEEP_LOGS") // a directory
+	keepFile := func(what string, b []byte) {
+		if keep != "" {
+			_ = os.WriteFile(filepath.Join(keep, fmt.Sprintf("podnet-routed-%d-%s.%s", sr.Nodes, sr.Mode, what)), b, 0o644)
+		}
+	}
+	if keep != "" { // where the resident memory is, mapping by mapping
+		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps", d.Cmd.Process.Pid)); err == nil {
+			keepFile("smaps", b)
+		}
+	}
 	if body, err := httpGet(node, addr, "/metrics"); err == nil {
 		sr.MetricRoutes, _ = metric(body, "podnet_routes_programmed")
+		keepFile("metrics", []byte(body))
 	}
 	reqAfter, watching := apiNodeRequests(t, client)
 	sr.APIRequests = map[string]int{}
@@ -499,10 +518,8 @@ drainAll:
 	t.Logf("%d Nodes %s: %d updates under %d other changes, median %.1f ms, %d timeouts; RSS %d KiB (peak %d KiB), CPU %.2fs; podnet_routes_programmed %v; no-op full apply: %d applies, %d route messages; API requests on nodes %v, %d watches open",
 		sr.Nodes, sr.Mode, len(sr.UpdateMs), sr.Churned, median(sr.UpdateMs), sr.UpdateTimeouts, sr.RSSKiB, sr.HWMKiB, sr.CPUS, sr.MetricRoutes, sr.NoopApplies, sr.NoopRouteMsgs, sr.APIRequests, sr.APIWatchesOpen)
 	_ = d.Stop(10 * time.Second)
-	if keep := os.Getenv("PODNET_BENCH_KEEP_LOGS"); keep != "" { // a directory
-		if b, err := os.ReadFile(logPath); err == nil {
-			_ = os.WriteFile(filepath.Join(keep, fmt.Sprintf("podnet-routed-%d-%s.log", sr.Nodes, sr.Mode)), b, 0o644)
-		}
+	if b, err := os.ReadFile(logPath); err == nil {
+		keepFile("log", b)
 	}
 }
 
