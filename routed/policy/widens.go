@@ -1,6 +1,9 @@
 package policy
 
-import "net/netip"
+import (
+	"net/netip"
+	"slices"
+)
 
 // Change is how a policy chain changed, for the connections it judged.
 type Change int
@@ -58,31 +61,7 @@ func Compare(old, new PolicyChain, gone func(netip.Addr) bool) Change {
 }
 
 func ruleEqual(a, b Rule) bool {
-	return a.AnyPeer == b.AnyPeer && a.AnyPort == b.AnyPort && rangesEqual(a.Peers, b.Peers) && portsEqual(a.Ports, b.Ports)
-}
-
-func rangesEqual(a, b []Range) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
-}
-
-func portsEqual(a, b []PortRange) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
+	return a.AnyPeer == b.AnyPeer && a.AnyPort == b.AnyPort && slices.Equal(a.Peers, b.Peers) && slices.Equal(a.Ports, b.Ports)
 }
 
 // peersCover: whether every peer of o is a peer of n (Widened), or
