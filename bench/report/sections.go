@@ -378,14 +378,26 @@ func (r *report) routedTargets(d *routedData) {
 		})
 		r.targets = append(r.targets, target{"RSS ≤ 40 MiB at 5,000 Nodes", fmt.Sprintf("%.1f MiB", rss), met(rss <= 40), gapM})
 	}
-	writes, applies, api := 0, 0, true
+	// client-go 0.36 lists by streaming: the initial state comes as the
+	// first events of the one WATCH (sendInitialEvents), and no LIST is
+	// made; an API server without it gets the one LIST
+	writes, applies, api, lists := 0, 0, true, map[int]bool{}
 	for _, s := range d.Scales {
 		writes += s.NoopRouteMsgs + s.NoopFDBMsgs
 		applies += s.NoopApplies
-		api = api && s.APIRequests["LIST"] == 1 && s.APIRequests["GET"] == 0 && s.APIWatchesOpen == 1
+		api = api && s.APIRequests["LIST"] <= 1 && s.APIRequests["GET"] == 0 && s.APIWatchesOpen == 1
+		lists[s.APIRequests["LIST"]] = true
+	}
+	apiGot := "see the table"
+	if api && len(lists) == 1 && lists[0] {
+		apiGot = "0 LIST (the initial list streamed over the WATCH), 1 WATCH, 0 GET at every scale"
+	} else if api && len(lists) == 1 {
+		apiGot = "1 LIST, 1 WATCH, 0 GET at every scale"
+	} else if api {
+		apiGot = "at most 1 LIST, 1 WATCH, 0 GET at every scale"
 	}
 	r.targets = append(r.targets, target{"netlink writes in a full apply with nothing changed: 0", fmt.Sprintf("%d kernel messages in %d no-op applies", writes, applies), met(writes == 0 && applies > 0), "—"})
-	r.targets = append(r.targets, target{"podnet-routed's API requests: one LIST and one WATCH of Nodes, no per-Node GET", map[bool]string{true: "1 LIST, 1 WATCH at every scale", false: "see the table"}[api], met(api), "—"})
+	r.targets = append(r.targets, target{"podnet-routed's API requests: one WATCH of Nodes and at most one LIST (none when the initial list streams over the WATCH), no per-Node GET", apiGot, met(api), "—"})
 }
 
 func gapSecs(got, want float64) string {
