@@ -65,7 +65,8 @@ func ruleEqual(a, b Rule) bool {
 }
 
 // peersCover: whether every peer of o is a peer of n (Widened), or
-// those that are not are addresses gone (LostGone).
+// those that are not are addresses gone (LostGone). Peers are merged and
+// sorted: one linear subtraction.
 func peersCover(o, n Rule, gone func(netip.Addr) bool) Change {
 	if n.AnyPeer {
 		return Widened
@@ -73,76 +74,15 @@ func peersCover(o, n Rule, gone func(netip.Addr) bool) Change {
 	if o.AnyPeer {
 		return Narrowed
 	}
-	out := Widened
-	for _, r := range o.Peers {
-		if rangeCovered(r, n.Peers) {
-			continue
-		}
-		for _, left := range rangeMinus(r, n.Peers) {
-			if !allGone(left, gone) {
-				return Narrowed
-			}
-			out = LostGone
-		}
-	}
-	return out
-}
-
-// allGone: r is a few addresses (pods deleted together), each gone.
-func allGone(r Range, gone func(netip.Addr) bool) bool {
-	n := 0
-	for a := r.From; ; a = a.Next() {
-		if n++; n > 256 || !gone(a) {
-			return false
-		}
-		if a == r.To {
-			return true
-		}
-	}
-}
-
-// rangeMinus is r without the ranges of rs.
-func rangeMinus(r Range, rs []Range) []Range {
-	left := []Range{r}
-	for _, c := range rs {
-		if c.From.Is4() != r.From.Is4() {
-			continue
-		}
-		var next []Range
-		for _, l := range left {
-			if c.To.Less(l.From) || l.To.Less(c.From) {
-				next = append(next, l)
-				continue
-			}
-			if l.From.Less(c.From) {
-				next = append(next, Range{From: l.From, To: c.From.Prev()})
-			}
-			if c.To.Less(l.To) {
-				next = append(next, Range{From: c.To.Next(), To: l.To})
-			}
-		}
-		left = next
-	}
-	return left
-}
-
-// rangeCovered: r lies in one range of sorted, merged rs (merged ranges
-// never touch, so a range covered by several would be covered by one).
-func rangeCovered(r Range, rs []Range) bool {
-	for _, c := range rs {
-		if c.From.Is4() == r.From.Is4() && c.From.Compare(r.From) <= 0 && r.To.Compare(c.To) <= 0 {
-			return true
-		}
-	}
-	return false
+	return lost(subtractRanges(o.Peers, n.Peers), gone)
 }
 
 // portsCover: whether every (address, protocol, port) of o is one of
-// n's (Widened), or those that are not are of addresses gone
-// (LostGone: a gone pod's named port). An element of o is covered by the
-// elements of n of its protocol whose ports hold all of its ports, and
-// whose addresses together hold its addresses: merged port sets split
-// address ranges where a named port adds a port for one pod.
+// n's (Widened), or those that are not are of addresses gone (LostGone:
+// a gone pod's named port). The addresses o has for a protocol and port
+// range must lie in those of n's elements of that protocol whose ports
+// hold that range: merged port sets split address ranges where a named
+// port adds a port for one pod, so the halves are taken together.
 func portsCover(o, n Rule, gone func(netip.Addr) bool) Change {
 	if n.AnyPort {
 		return Widened
@@ -150,21 +90,48 @@ func portsCover(o, n Rule, gone func(netip.Addr) bool) Change {
 	if o.AnyPort {
 		return Narrowed
 	}
-	out := Widened
-	var addrs []Range
+	type key struct {
+		proto    uint8
+		from, to uint16
+	}
+	olds := map[key][]Range{}
 	for _, p := range o.Ports {
-		addrs = addrs[:0]
+		k := key{p.Proto, p.PortFrom, p.PortTo}
+		olds[k] = append(olds[k], p.Addrs)
+	}
+	out := Widened
+	for k, addrs := range olds {
+		var cover []Range
 		for _, c := range n.Ports {
-			if c.Proto == p.Proto && c.PortFrom <= p.PortFrom && p.PortTo <= c.PortTo {
-				addrs = append(addrs, c.Addrs)
+			if c.Proto == k.proto && c.PortFrom <= k.from && k.to <= c.PortTo {
+				cover = append(cover, c.Addrs)
 			}
 		}
-		for _, left := range rangeMinus(p.Addrs, addrs) {
-			if !allGone(left, gone) {
-				return Narrowed
-			}
-			out = LostGone
+		out = max(out, lost(subtractRanges(mergeRanges(addrs), mergeRanges(cover)), gone))
+		if out == Narrowed {
+			return Narrowed
 		}
 	}
 	return out
+}
+
+// lost is what losing the addresses left means: nothing (Widened), only
+// a few addresses that are all gone (LostGone: pods deleted together),
+// or more (Narrowed).
+func lost(left []Range, gone func(netip.Addr) bool) Change {
+	if len(left) == 0 {
+		return Widened
+	}
+	n := 0
+	for _, r := range left {
+		for a := r.From; ; a = a.Next() {
+			if n++; n > 256 || !gone(a) {
+				return Narrowed
+			}
+			if a == r.To {
+				break
+			}
+		}
+	}
+	return LostGone
 }

@@ -38,6 +38,7 @@ func randRule(r *rand.Rand) Rule {
 		rule.Ports = append(rule.Ports, PortRange{Addrs: Range{From: netip.AddrFrom4([4]byte{10, 0, 0, 0}), To: netip.AddrFrom4([4]byte{10, 0, 0, 30})},
 			Proto: []uint8{ProtoTCP, ProtoUDP}[r.IntN(2)], PortFrom: lo, PortTo: lo + uint16(r.IntN(3))})
 	}
+	rule.Peers = mergeRanges(rule.Peers) // as a compile makes them
 	return rule
 }
 
@@ -65,7 +66,7 @@ func mutate(r *rand.Rand, c PolicyChain) PolicyChain {
 			rule.Peers = rule.Peers[1:]
 		} else if len(rule.Peers) > 0 { // one address of a range goes
 			j := r.IntN(len(rule.Peers))
-			rule.Peers = append(rule.Peers[:j:j], rangeMinus(rule.Peers[j], []Range{{From: rule.Peers[j].To, To: rule.Peers[j].To}})...)
+			rule.Peers = append(rule.Peers[:j:j], subtractRanges([]Range{rule.Peers[j]}, []Range{{From: rule.Peers[j].To, To: rule.Peers[j].To}})...)
 			rule.Peers = append(rule.Peers, c.Rules[i].Peers[j+1:]...)
 		}
 	case 3:
@@ -76,6 +77,7 @@ func mutate(r *rand.Rand, c PolicyChain) PolicyChain {
 		out.Rules = append(out.Rules[:i:i], out.Rules[i+1:]...)
 		return out
 	}
+	rule.Peers = mergeRanges(rule.Peers)
 	out.Rules[i] = rule
 	return out
 }
