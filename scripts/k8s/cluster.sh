@@ -271,6 +271,7 @@ up() {
 	case $MODE in vxlan | none) ;; ipip) die "MODE=ipip needs the ipip module, which this kernel lacks: IPIP is tested in a VM (make ipipvm)" ;; *) die "MODE=$MODE: want vxlan or none" ;; esac
 	case $NODES in 2 | 3) ;; *) die "NODES=$NODES: want 2 or 3" ;; esac
 	case $FAMILY in ipv4 | dual | ipv6) ;; *) die "FAMILY=$FAMILY: want ipv4, dual or ipv6" ;; esac
+	clear_leftovers
 	[ ! -e "/run/netns/$CP_NS" ] || die "a cluster is already up (netns $CP_NS): make cluster-down first"
 	local t0=$SECONDS t=$SECONDS
 	phase() { log "$1: $((SECONDS - t))s"; t=$SECONDS; }

@@ -127,6 +127,7 @@ suite() {
 
 t0=$SECONDS
 started=0
+clear_leftovers
 if [ ! -e "/run/netns/$CP_NS" ]; then
 	"$K8S_SCRIPTS/cluster.sh" up >/dev/null
 	started=1

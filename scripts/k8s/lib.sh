@@ -107,6 +107,31 @@ kc() {
 	nsenter --net="/run/netns/$CP_NS" "$K8S/kubectl" --kubeconfig "$PKI/admin.kubeconfig" "$@"
 }
 
+# cluster_alive: whether the cluster of $CLUSTER_DIR is up and answering:
+# its control-plane netns, a live kube-apiserver process and /readyz. A
+# netns alone is not enough: a run killed mid-way (a CI job cancelled, a
+# session ended) leaves the netns and pid files of processes long gone.
+cluster_alive() {
+	[ -e "/run/netns/$CP_NS" ] && [ -f "$RUN/kube-apiserver.pid" ] || return 1
+	kill -0 "$(cat "$RUN/kube-apiserver.pid")" 2>/dev/null || return 1
+	nsenter --net="/run/netns/$CP_NS" curl -sf -m 5 --cacert "$PKI/ca.crt" --cert "$PKI/admin.crt" \
+		--key "$PKI/admin.key" https://127.0.0.1:6443/readyz >/dev/null 2>&1
+}
+
+# clear_leftovers: removes a dead cluster's leftovers (cluster_alive says
+# no, but its netns are still there) so that `up` can start afresh.
+clear_leftovers() {
+	[ -e "/run/netns/$CP_NS" ] || return 0
+	cluster_alive && return 0
+	log "a cluster's leftovers under $CLUSTER_DIR without a live API server (a run killed mid-way): removing them"
+	"$K8S_SCRIPTS/cluster.sh" down || log "the leftovers' teardown reported a difference (above); going on"
+	local ns
+	for ns in "$CP_NS" "$NSP"-n1 "$NSP"-n2 "$NSP"-n3; do
+		[ -e "/run/netns/$ns" ] && ip netns del "$ns" 2>/dev/null
+	done
+	return 0
+}
+
 # on_node N CMD...: CMD in node N's network, mount and UTS namespaces.
 on_node() {
 	local n=$1
