@@ -14,7 +14,7 @@ PKG_podnet-routed := ./routed/cmd/podnet-routed
 
 BINS := podnet podnet-bridge podnet-ipam podnet-routed
 
-.PHONY: all build test unit integration lint deps cni-tools kapi k8s clean FORCE bench image
+.PHONY: all build test unit integration lint deps cni-tools kapi k8s clean FORCE bench bench-attach-ab image
 
 all: build
 
@@ -176,6 +176,14 @@ clean:
 # only those, NetworkPolicy's stage (issues 24, 33, 34) in about 25 minutes.
 bench: build cni-tools kapi
 	BENCH_STAGES="$${BENCH_STAGES:-$(STAGES)}" scripts/bench.sh
+
+# The policy stage's attach step of commit REV beside the working tree,
+# taking turns on this machine (scripts/bench-attach-ab.sh): writes
+# bench/results/attach-ab.md, which the report shows. ROUNDS=2 runs of each.
+bench-attach-ab: cni-tools kapi
+	@[ -n "$(REV)" ] || { echo "usage: make bench-attach-ab REV=<commit> [ROUNDS=2]" >&2; exit 2; }
+	scripts/bench-attach-ab.sh $(REV) $(or $(ROUNDS),2)
+	go run -C bench/report . -in ../results -out ../REPORT.md -plots ../plots
 
 # ---- shipping: installer, image (conf/k8s/podnet.yaml, scripts/install.sh,
 # README "Operating podnet on a cluster").

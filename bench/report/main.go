@@ -48,6 +48,9 @@ type report struct {
 	outDir  string
 	plots   string
 	notes   []string
+	// attachAB is scripts/bench-attach-ab.sh's table (attach-ab.md in
+	// the results), put after the policy stage's attach table
+	attachAB string
 }
 
 func (r *report) f(format string, args ...any) { fmt.Fprintf(&r.b, format, args...) }
@@ -88,6 +91,9 @@ func main() {
 
 	var body report
 	body.outDir, body.plots = r.outDir, r.plots
+	if ab, err := os.ReadFile(filepath.Join(absIn, "attach-ab.md")); err == nil {
+		body.attachAB = strings.TrimSpace(string(ab))
+	}
 	if cniErr == nil {
 		body.cniSection(&cni)
 		var before stepsBefore

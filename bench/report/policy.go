@@ -234,6 +234,9 @@ func (r *report) policySection(d *policyData, err error) {
 			}
 		}
 		r.f("\n")
+		if r.attachAB != "" {
+			r.f("%s\n\n", r.attachAB)
+		}
 	}
 	r.addSection(d)
 
