@@ -224,7 +224,9 @@ func (c *clusterSteps) step() string {
 // that whole compile (Verify reads it back whole).
 func TestIncrementalKernel(t *testing.T) {
 	node := nettest.NewNetNS(t)
-	w := &nft.Writer{}
+	// tier chains of more than 2 rules cut in segments: every change of
+	// a tier chain's policies rewrites its segments and guard sets
+	w := &nft.Writer{TierSegment: 2}
 	t.Cleanup(w.Close)
 	c := newClusterSteps(1)
 	steps := 2000

@@ -3,6 +3,7 @@ package policynft
 import (
 	"fmt"
 	"net/netip"
+	"strings"
 	"testing"
 
 	"github.com/containernetworking/plugins/pkg/ns"
@@ -148,6 +149,29 @@ func TestTierTraffic(t *testing.T) {
 	if t.Failed() {
 		t.Fatal("the network does not work without the policy table")
 	}
+	// the tier chains as written (none long enough to be cut), then cut
+	// in segments of 2 and 3 rules (every tier chain of more is): the
+	// verdicts, the counters and the repairs are the same
+	for _, seg := range []int{0, 2, 3} {
+		parent := e.t
+		t.Run(fmt.Sprintf("segment=%d", seg), func(t *testing.T) {
+			e.t = t
+			if seg != 0 { // a new Writer and no table
+				e.nft("delete", "table", "inet", nft.TableName)
+				e.w = &nft.Writer{TierSegment: seg}
+				parent.Cleanup(e.w.Close)
+			}
+			tierRun(t, e, rs, checks, seg)
+		})
+		e.t = parent
+	}
+}
+
+// tierRun writes rs with a Writer that cuts tier chains in segments of
+// seg rules (0: the default), runs the checks, reads the drop counters,
+// breaks the table in ways that skip or lose tier rules and runs the
+// checks again after each resync.
+func tierRun(t *testing.T, e *env, rs policy.Ruleset, checks []check, seg int) {
 	if st := e.apply(rs); !st.Full {
 		t.Errorf("first Apply: %+v, want a full write", st)
 	}
@@ -173,13 +197,21 @@ func TestTierTraffic(t *testing.T) {
 	t.Logf("drops %v", drops)
 
 	// The tier chains are repaired whole like the rest: a tier chain
-	// flushed (its rules gone: Pass, Deny and Accept with them) and then
-	// the table deleted are each put back by the resync, and the verdicts
-	// hold again.
-	for _, breakIt := range [][]string{
-		{"flush", "chain", "inet", nft.TableName, nft.TierChain(policy.TierAdmin, policy.Ingress, []string{"A1", "A2"})},
-		{"delete", "table", "inet", nft.TableName},
-	} {
+	// flushed (its rules gone: Pass, Deny and Accept with them), a
+	// segment chain flushed and a segment's guard set emptied (every
+	// packet then skips the segment's rules), and then the table
+	// deleted are each put back by the resync, and the verdicts hold
+	// again.
+	a1a2 := nft.TierChain(policy.TierAdmin, policy.Ingress, []string{"A1", "A2"})
+	breaks := [][]string{{"flush", "chain", "inet", nft.TableName, a1a2}}
+	if seg == 2 { // A1's Deny (s1), A1's Pass inline, A2's Deny (s2) and Accept (s3)
+		breaks = append(breaks,
+			[]string{"flush", "chain", "inet", nft.TableName, a1a2 + "-s3"},
+			[]string{"flush", "set", "inet", nft.TableName, a1a2 + "-s3-g4"},
+			[]string{"flush", "set", "inet", nft.TableName, a1a2 + "-s1-g6"})
+	}
+	breaks = append(breaks, []string{"delete", "table", "inet", nft.TableName})
+	for _, breakIt := range breaks {
 		e.nft(breakIt...)
 		e.do(func() error {
 			repaired, err := e.w.Resync(e.withPorts(rs))
@@ -189,5 +221,70 @@ func TestTierTraffic(t *testing.T) {
 			return err
 		})
 		runChecks(t, checks)
+	}
+}
+
+// TestLongTierChain: an Admin tier of 32 ClusterNetworkPolicies in front
+// of a pod (64 rules, both families), cut in segments of two rules: a
+// Pass near its end still leaves the whole tier (the Deny after it is
+// not judged), and a Deny of the peer among the unrelated rules still
+// drops.
+func TestLongTierChain(t *testing.T) {
+	e := newEnv(t, "a", "b")
+	e.w = &nft.Writer{TierSegment: 2}
+	t.Cleanup(e.w.Close)
+	a, b := e.pods["a"], e.pods["b"]
+	for _, port := range []int{8081, 8082, 8083} {
+		server(t, a.ns, port)
+	}
+	tcp := func(p uint16) []policy.PortRange { return port(policy.ProtoTCP, p, p) }
+	rs := policy.Ruleset{
+		LocalPodCIDRs: localCIDRs,
+		Known:         []netip.Addr{a.v4, a.v6, b.v4, b.v6},
+		Pods: []policy.PodChains{
+			{ID: "a", Namespace: "default", Name: "a", Addrs: []netip.Addr{a.v4, a.v6},
+				IngressIsolated: true, Ingress: []string{"a-in"}},
+			{ID: "b", Namespace: "default", Name: "b", Addrs: []netip.Addr{b.v4, b.v6}},
+		},
+		Policies: []policy.PolicyChain{
+			{ID: "a-in", Namespace: "default", Name: "a-in", Direction: policy.Ingress, Rules: []policy.Rule{
+				{Peers: both(b), Ports: port(policy.ProtoTCP, 8081, 8082)},
+			}},
+		},
+	}
+	var admin []string
+	for i := range 32 {
+		id := fmt.Sprintf("L%02d", i)
+		r := policy.Rule{Action: policy.ActionDeny, Peers: extRanges, Ports: tcp(1)}
+		switch i {
+		case 10: // a Deny of b among the unrelated ones
+			r = policy.Rule{Action: policy.ActionDeny, Peers: both(b), Ports: tcp(8082)}
+		case 29:
+			r = policy.Rule{Action: policy.ActionPass, Peers: both(b), Ports: tcp(8081)}
+		case 30: // after the Pass: never judged for 8081
+			r = policy.Rule{Action: policy.ActionDeny, Peers: both(b), Ports: tcp(8081)}
+		}
+		admin = append(admin, id)
+		rs.Policies = append(rs.Policies, policy.PolicyChain{ID: id, Name: id, Direction: policy.Ingress,
+			Tier: policy.TierAdmin, Priority: int32(i), Rules: []policy.Rule{r.Canonical()}})
+	}
+	rs.Pods[0].Admin[0] = admin
+	rs.Policies[0].Rules[0] = rs.Policies[0].Rules[0].Canonical()
+	e.apply(rs)
+	var checks []check
+	for _, v6 := range []bool{false, true} {
+		dst := a.addr(v6)
+		checks = append(checks,
+			check{what: fmt.Sprintf("v6=%t b->a 8081: Pass near the end, the NetworkPolicy allows", v6), allow: true,
+				try: func() error { return flow(b.ns, "tcp", dst, 8081) }},
+			check{what: fmt.Sprintf("v6=%t b->a 8082: the Admin Deny among unrelated rules", v6), allow: false,
+				try: func() error { return flow(b.ns, "tcp", dst, 8082) }},
+			check{what: fmt.Sprintf("v6=%t b->a 8083: no Admin rule, the NetworkPolicy isolates", v6), allow: false,
+				try: func() error { return flow(b.ns, "tcp", dst, 8083) }})
+	}
+	runChecks(t, checks)
+	chains := strings.Count(e.nft("list", "table", "inet", nft.TableName), "\n\tchain adm-")
+	if chains < 32 {
+		t.Errorf("%d Admin tier chains in the table, want the tier cut in segments (at least 32)", chains)
 	}
 }

@@ -112,6 +112,16 @@ type CounterKey struct {
 type buildOptions struct {
 	logDrops bool
 	logRate  uint64
+	// segment is the rules of a tier chain's segment (0: segmentRules)
+	segment int
+}
+
+// segmentRules is o's rules per tier chain segment.
+func (o buildOptions) segmentRules() int {
+	if o.segment > 0 {
+		return o.segment
+	}
+	return segmentRules
 }
 
 // builtPolicy is what build makes of one policy chain: its chain (a
@@ -124,6 +134,7 @@ type buildOptions struct {
 type builtPolicy struct {
 	pc       policy.PolicyChain // a deep copy: the caller's may change
 	chain    chainDef
+	meta     []ruleMeta // of each of chain.rules
 	sets     []setDef
 	counters []string // as eachCounter lists them
 }
@@ -291,7 +302,21 @@ type builder struct {
 // (return) leaves the whole tier.
 type tierChain struct {
 	tier policy.Tier
+	dir  policy.Direction
 	ids  []string
+}
+
+// ingress tells whether the tier chain judges ingress (its peer is the
+// packet's source).
+func (t tierChain) ingress() bool { return t.dir == policy.Ingress }
+
+// ruleMeta is what a tier chain's segments need to know of one rule of a
+// policy chain (builtPolicy.chain.rules, one each): its family (both for
+// a rule that matches any peer and any port) and its peers.
+type ruleMeta struct {
+	v6, anyFamily, anyPeer bool
+	pass                   bool // a ClusterNetworkPolicy's Pass rule
+	peers                  []policy.Range
 }
 
 // build is the content of the table for rs, made whole. It fails on a
@@ -343,7 +368,9 @@ func build(rs policy.Ruleset, opt buildOptions) (*tableDef, error) {
 	}
 	def := b.def
 	slices.Sort(def.counters) // with the ClusterNetworkPolicies' ones
-	def.chains = slices.Concat(baseChains(), b.polChains, b.tierChains(built), b.podChains)
+	tierChains, tierSets := b.tierChains(built)
+	def.sets = append(def.sets, tierSets...)
+	def.chains = slices.Concat(baseChains(), b.polChains, tierChains, b.podChains)
 	if err := checkNames(def.counters, def.sets, def.chains); err != nil {
 		return nil, err
 	}

@@ -27,12 +27,15 @@ func buildPolicy(p policy.PolicyChain, opt buildOptions) builtPolicy {
 	for i, r := range p.Rules {
 		if r.AnyPeer && r.AnyPort {
 			c.rules = append(c.rules, verdict(p, i))
+			bp.meta = append(bp.meta, ruleMeta{anyFamily: true, anyPeer: true, pass: r.Action == policy.ActionPass && p.Tier != policy.TierNetworkPolicy})
 			fmt.Fprintf(&sig, " r%d:any:%s", i, r.Action)
 			continue
 		}
 		for _, v6 := range []bool{false, true} {
 			if rule := ruleOf(p, i, v6, &bp.sets); rule != nil {
 				c.rules = append(c.rules, rule)
+				bp.meta = append(bp.meta, ruleMeta{v6: v6, anyPeer: r.AnyPeer, peers: bp.pc.Rules[i].Peers,
+					pass: r.Action == policy.ActionPass && p.Tier != policy.TierNetworkPolicy})
 				fmt.Fprintf(&sig, " r%d:%t/%t/%t:%s", i, v6, r.AnyPeer, r.AnyPort, r.Action)
 			}
 		}
@@ -105,40 +108,168 @@ func (c *builtPodChain) tierJump(sig *strings.Builder, p policy.PodChains, t pol
 		}
 	}
 	name := TierChain(t, d, ids)
-	c.tiers = append(c.tiers, tierRef{name: name, tierChain: tierChain{tier: t, ids: slices.Clone(ids)}})
+	c.tiers = append(c.tiers, tierRef{name: name, tierChain: tierChain{tier: t, dir: d, ids: slices.Clone(ids)}})
 	c.chain.rules = append(c.chain.rules, []expr.Any{jumpTo(name)})
 	sig.WriteString(" " + name)
 	return nil
 }
 
-// tierChains are the tier chains the pod chains jump to, sorted by name:
-// the rules of their policies, in order.
-func (b *builder) tierChains(built map[string]*builtPolicy) []chainDef {
+// tierChains are the tier chains the pod chains jump to, sorted by name,
+// and their guard sets: the rules of their policies, in order.
+func (b *builder) tierChains(built map[string]*builtPolicy) ([]chainDef, []setDef) {
 	names := make([]string, 0, len(b.tiers))
 	for n := range b.tiers {
 		names = append(names, n)
 	}
 	slices.Sort(names)
-	out := make([]chainDef, 0, len(names))
+	var chains []chainDef
+	var sets []setDef
 	for _, n := range names {
-		out = append(out, tierChainDef(n, b.tiers[n], func(id string) *builtPolicy { return built[id] }))
+		t := tierChainDef(n, b.tiers[n], b.opt.segmentRules(), func(id string) *builtPolicy { return built[id] })
+		chains = append(chains, t.chains...)
+		sets = append(sets, t.sets...)
 	}
+	return chains, sets
+}
+
+// tierDef is what a tier chain is made of in the table: its chain (the
+// first), the segment chains it goes on to, and their guard sets.
+type tierDef struct {
+	chains []chainDef
+	sets   []setDef
+}
+
+// segmentRules is how many rules a tier chain's segment holds at most. A
+// tier chain holds the rules of every ClusterNetworkPolicy that selects
+// its pods, in priority order, and a connection's first packet walks them
+// until one decides. Past segmentRules rules, each run of Accept and Deny
+// rules is cut in segments: a chain of its own that the tier chain jumps
+// to only when the packet's peer is in one of its rules' peers (one
+// lookup in the union of their peers, per family), so that rules whose
+// peers cannot match cost one lookup per segment instead of two per rule.
+// Accept and Deny decide for good inside a segment; a segment that does
+// not decide returns to the tier chain, which goes on. Pass rules stay in
+// the tier chain itself: their return must leave the tier, and from a
+// segment it would only leave the segment.
+const segmentRules = 8
+
+// tierChainDef is tier chain name of t: the rules of its policies (pol
+// finds them built), in order, their runs of Accept and Deny rules cut in
+// guarded segments of at most per rules when the chain has more than per
+// rules (per is segmentRules unless a test says otherwise).
+func tierChainDef(name string, t tierChain, per int, pol func(string) *builtPolicy) tierDef {
+	var sig strings.Builder
+	sig.WriteString("tier " + string(t.tier))
+	var rules [][]expr.Any
+	var meta []ruleMeta
+	for _, id := range t.ids {
+		bp := pol(id)
+		rules = append(rules, bp.chain.rules...)
+		meta = append(meta, bp.meta...)
+		sig.WriteString(" " + id + "{" + bp.chain.sig + "}")
+	}
+	main := chainDef{chain: nftables.Chain{Name: name}}
+	if len(rules) <= per {
+		main.rules, main.sig = rules, sig.String()
+		return tierDef{chains: []chainDef{main}}
+	}
+	var out tierDef
+	segs := 0
+	// flush puts rules[lo:hi] (no Pass among them) in the main chain, a
+	// lone rule as it is, more in guarded segments of at most per rules
+	flush := func(lo, hi int) {
+		for lo < hi {
+			end := min(lo+per, hi)
+			if end-lo == 1 {
+				main.rules = append(main.rules, rules[lo])
+				sig.WriteString(" .")
+				lo = end
+				continue
+			}
+			segs++
+			seg := chainDef{chain: nftables.Chain{Name: fmt.Sprintf("%s-s%d", name, segs)}, rules: rules[lo:end],
+				sig: fmt.Sprintf("%s segment %d [%d,%d)", sig.String(), segs, lo, end)} // sig so far: the tier's policies
+			for _, v6 := range []bool{false, true} {
+				guard, set := segmentGuard(seg.chain.Name, meta[lo:end], v6, t.ingress())
+				if guard != nil {
+					main.rules = append(main.rules, guard)
+				}
+				if set != nil {
+					out.sets = append(out.sets, *set)
+				}
+			}
+			fmt.Fprintf(&sig, " s%d[%d,%d)", segs, lo, end)
+			out.chains = append(out.chains, seg)
+			lo = end
+		}
+	}
+	run := 0
+	for i, m := range meta {
+		if m.pass {
+			flush(run, i)
+			main.rules = append(main.rules, rules[i])
+			sig.WriteString(" pass")
+			run = i + 1
+		}
+	}
+	flush(run, len(rules))
+	main.sig = sig.String()
+	out.chains = append([]chainDef{main}, out.chains...)
 	return out
 }
 
-// tierChainDef is tier chain name of t: the rules of its policies (pol
-// finds them built), in order.
-func tierChainDef(name string, t tierChain, pol func(string) *builtPolicy) chainDef {
-	c := chainDef{chain: nftables.Chain{Name: name}}
-	var sig strings.Builder
-	sig.WriteString("tier " + string(t.tier))
-	for _, id := range t.ids {
-		bp := pol(id)
-		c.rules = append(c.rules, bp.chain.rules...)
-		sig.WriteString(" " + id + "{" + bp.chain.sig + "}")
+// segmentGuard is the tier chain's rule that jumps to segment seg (its
+// rules' meta) with a packet of family v6 whose peer is in one of the
+// rules' peers, and the set it looks up: no set when a rule of the
+// segment matches any peer of that family (the rule jumps for every
+// packet of the family), no rule when no rule of the segment is of that
+// family.
+func segmentGuard(seg string, meta []ruleMeta, v6, ingress bool) ([]expr.Any, *setDef) {
+	var peers []policy.Range
+	of := false
+	for _, m := range meta {
+		if !m.anyFamily && m.v6 != v6 {
+			continue
+		}
+		of = true
+		if m.anyPeer {
+			return append(nfproto(v6), jumpTo(seg)), nil
+		}
+		for _, r := range m.peers {
+			if r.From.Is6() == v6 {
+				peers = append(peers, r)
+			}
+		}
 	}
-	c.sig = sig.String()
-	return c
+	if !of || len(peers) == 0 {
+		return nil, nil
+	}
+	set := setDef{name: famName(seg+"-g", v6), kind: kindInterval, v6: v6, elems: rangeElements(mergeRanges(peers), v6)}
+	return append(nfproto(v6),
+		loadAddr(v6, ingress, unix.NFT_REG_1),
+		&expr.Lookup{SourceRegister: unix.NFT_REG_1, SetName: set.name},
+		jumpTo(seg)), &set
+}
+
+// mergeRanges is rs (one family) sorted, overlapping and adjacent ranges
+// merged.
+func mergeRanges(rs []policy.Range) []policy.Range {
+	rs = slices.Clone(rs)
+	slices.SortFunc(rs, func(a, b policy.Range) int { return a.From.Compare(b.From) })
+	out := rs[:0]
+	for _, r := range rs {
+		if k := len(out) - 1; k >= 0 {
+			last := &out[k]
+			if next := last.To.Next(); !next.IsValid() || r.From.Compare(next) <= 0 {
+				if r.To.Compare(last.To) > 0 {
+					last.To = r.To
+				}
+				continue
+			}
+		}
+		out = append(out, r)
+	}
+	return out
 }
 
 // ruleOf is rule i of p for the family v6 says, its sets added to sets;

@@ -39,7 +39,7 @@ type changer struct {
 	vmaps  map[vmapKey]string
 	pmaps  map[pmapKey]string
 	bridge map[pmapKey]bool
-	tiers  map[string]*chainDef
+	tiers  map[string]*tierDef
 	// rebuild: tier chains one of whose policies changed
 	rebuild map[string]bool
 }
@@ -57,9 +57,9 @@ func (c *changer) touchTier(name string) {
 	if _, ok := c.tiers[name]; ok {
 		return
 	}
-	var before *chainDef
+	var before *tierDef
 	if t, ok := c.s.tiers[name]; ok && t.refs > 0 {
-		before = &t.chain
+		before = &t.def
 	}
 	c.tiers[name] = before
 }
@@ -214,7 +214,8 @@ func (c *changer) finishTiers() {
 	for _, name := range slices.Sorted(maps.Keys(c.tiers)) {
 		before, t := c.tiers[name], s.tiers[name]
 		if before != nil {
-			c.ch.old.chains = append(c.ch.old.chains, *before)
+			c.ch.old.chains = append(c.ch.old.chains, before.chains...)
+			c.ch.old.sets = append(c.ch.old.sets, before.sets...)
 		}
 		if t == nil {
 			continue
@@ -231,7 +232,7 @@ func (c *changer) finishTiers() {
 			continue
 		}
 		if before == nil || c.rebuild[name] {
-			t.chain = tierChainDef(name, t.tierChain, func(id string) *builtPolicy { return s.pols[id] })
+			t.def = tierChainDef(name, t.tierChain, s.opt.segmentRules(), func(id string) *builtPolicy { return s.pols[id] })
 		}
 		if before == nil {
 			for _, id := range t.ids {
@@ -241,7 +242,8 @@ func (c *changer) finishTiers() {
 				s.polTiers[id][name] = struct{}{}
 			}
 		}
-		c.ch.def.chains = append(c.ch.def.chains, t.chain)
+		c.ch.def.chains = append(c.ch.def.chains, t.def.chains...)
+		c.ch.def.sets = append(c.ch.def.sets, t.def.sets...)
 	}
 }
 

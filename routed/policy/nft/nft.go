@@ -60,6 +60,8 @@ type Writer struct {
 	// Set it before the first write.
 	LogDrops bool
 	LogRate  uint64
+	// TierSegment: rules per tier chain segment (0: 8); tests cut small.
+	TierSegment int
 
 	mu sync.Mutex
 	// st is what the Writer built for the table, per object: the last
@@ -117,7 +119,7 @@ type Stats struct {
 }
 
 func (w *Writer) buildOptions() buildOptions {
-	o := buildOptions{logDrops: w.LogDrops, logRate: w.LogRate}
+	o := buildOptions{logDrops: w.LogDrops, logRate: w.LogRate, segment: w.TierSegment}
 	if o.logRate == 0 {
 		o.logRate = 10
 	}

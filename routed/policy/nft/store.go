@@ -79,8 +79,8 @@ type store struct {
 // storedTier is a tier chain some pod chain jumps to (refs of them).
 type storedTier struct {
 	tierChain
-	refs  int
-	chain chainDef
+	refs int
+	def  tierDef
 }
 
 func newStore(opt buildOptions) *store {
@@ -349,7 +349,7 @@ func (s *store) commit(p *applyPlan, b *builtPlan, d policy.Delta) *change {
 	// from here on nothing fails: the store changes
 	c := &changer{s: s, ch: &change{old: &tableDef{pods: map[string]CounterKey{}}, def: &tableDef{pods: map[string]CounterKey{}}},
 		known: map[netip.Addr]bool{}, judged: map[netip.Addr]bool{}, vmaps: map[vmapKey]string{}, pmaps: map[pmapKey]string{},
-		bridge: map[pmapKey]bool{}, tiers: map[string]*chainDef{}, rebuild: map[string]bool{}}
+		bridge: map[pmapKey]bool{}, tiers: map[string]*tierDef{}, rebuild: map[string]bool{}}
 	ch := c.ch
 	ch.changed = len(pods)+len(gonePods)+len(pols)+len(gonePols) > 0 || b.portsChanged || b.bportsChanged ||
 		b.localChanged || b.knownChanged || d.BridgeUnfiltered != s.unfiltered
@@ -512,7 +512,8 @@ func (s *store) assemble() *tableDef {
 		}
 	}
 	for _, name := range slices.Sorted(maps.Keys(s.tiers)) {
-		def.chains = append(def.chains, s.tiers[name].chain)
+		def.chains = append(def.chains, s.tiers[name].def.chains...)
+		def.sets = append(def.sets, s.tiers[name].def.sets...)
 	}
 	for _, id := range slices.Sorted(maps.Keys(s.pods)) {
 		for _, c := range s.pods[id].chains {
