@@ -401,3 +401,24 @@ func (f *Forwarder) Close() error {
 	f.wg.Wait()
 	return err
 }
+
+// IperfGbps is the receiver's throughput in Gbit/s of an `iperf3 -c -J`
+// report; an error when out is not one or reports an error (iperf3 -J
+// puts its errors in the JSON and exits 1).
+func IperfGbps(out []byte) (float64, error) {
+	var j struct {
+		End struct {
+			Received struct {
+				BPS float64 `json:"bits_per_second"`
+			} `json:"sum_received"`
+		} `json:"end"`
+		Error string `json:"error"`
+	}
+	if err := json.Unmarshal(out, &j); err != nil {
+		return 0, fmt.Errorf("iperf3 report: %w", err)
+	}
+	if j.Error != "" {
+		return 0, fmt.Errorf("iperf3: %s", j.Error)
+	}
+	return j.End.Received.BPS / 1e9, nil
+}

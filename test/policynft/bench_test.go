@@ -251,13 +251,6 @@ func BenchmarkConnectArms(b *testing.B) {
 			got[a.name] = append(got[a.name], sample{us[len(us)/2], cpu})
 		}
 	}
-	medianOf := func(xs []float64) float64 {
-		s := slices.Sorted(slices.Values(xs))
-		if len(s)%2 == 1 {
-			return s[len(s)/2]
-		}
-		return (s[len(s)/2-1] + s[len(s)/2]) / 2
-	}
 	for _, a := range arms {
 		var lat, cpu, latR, cpuR []float64
 		for i, s := range got[a.name] {
@@ -269,6 +262,15 @@ func BenchmarkConnectArms(b *testing.B) {
 			a.name, medianOf(lat), medianOf(latR), medianOf(cpu), medianOf(cpuR), fmtRatios(cpuR))
 		b.ReportMetric(medianOf(cpuR), a.name+"-cpu÷open")
 	}
+}
+
+// medianOf is the median of xs.
+func medianOf(xs []float64) float64 {
+	s := slices.Sorted(slices.Values(xs))
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
 // cpuTime is this process's CPU time so far (user + system).

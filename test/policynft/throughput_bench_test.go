@@ -2,8 +2,6 @@ package policynft
 
 import (
 	"context"
-	"encoding/json"
-	"fmt"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -38,30 +36,7 @@ func BenchmarkThroughputArms(b *testing.B) {
 	iso := connRuleset(e, 1000, false)
 	open := iso
 	open.Pods = slices.DeleteFunc(slices.Clone(iso.Pods), func(p policy.PodChains) bool { return p.ID == "a" })
-	tiers := iso
-	tiers.Pods = slices.Clone(iso.Pods)
-	tiers.Policies = slices.Clone(iso.Policies)
-	for i := range 100 {
-		tier := policy.TierAdmin
-		if i%2 == 1 {
-			tier = policy.TierBaseline
-		}
-		for d, dir := range []policy.Direction{policy.Ingress, policy.Egress} {
-			tiers.Policies = append(tiers.Policies, tierPolicy(i, tier, dir, 0))
-			for j := range tiers.Pods {
-				p := &tiers.Pods[j]
-				if p.ID != "a" && p.ID != "b" {
-					continue
-				}
-				id := fmt.Sprintf("c%d-%s", i, dir)
-				if tier == policy.TierAdmin {
-					p.Admin[d] = append(slices.Clone(p.Admin[d]), id)
-				} else {
-					p.Baseline[d] = append(slices.Clone(p.Baseline[d]), id)
-				}
-			}
-		}
-	}
+	tiers := withTiers(iso, 100, func(p policy.PodChains) bool { return p.ID == "a" || p.ID == "b" })
 	arms := []struct {
 		name string
 		rs   *policy.Ruleset
@@ -71,15 +46,10 @@ func BenchmarkThroughputArms(b *testing.B) {
 		defer cancel()
 		for try := 0; ; try++ {
 			out, err := nettest.ExecIn(ctx, pb.ns, "iperf3", "-c", pa.v4.String(), "-p", "8080", "-t", strconv.Itoa(secs), "-J")
-			var j struct {
-				End struct {
-					Received struct {
-						BPS float64 `json:"bits_per_second"`
-					} `json:"sum_received"`
-				} `json:"end"`
-			}
-			if err == nil && json.Unmarshal([]byte(out), &j) == nil && j.End.Received.BPS > 0 {
-				return j.End.Received.BPS / 1e9
+			if gbps, perr := nettest.IperfGbps([]byte(out)); err == nil && perr == nil && gbps > 0 {
+				return gbps
+			} else if err == nil {
+				err = perr
 			}
 			if try == 20 {
 				b.Fatalf("iperf3: %v\n%s", err, out)
@@ -99,19 +69,12 @@ func BenchmarkThroughputArms(b *testing.B) {
 			got[a.name] = append(got[a.name], iperf())
 		}
 	}
-	median := func(xs []float64) float64 {
-		s := slices.Sorted(slices.Values(xs))
-		if len(s)%2 == 1 {
-			return s[len(s)/2]
-		}
-		return (s[len(s)/2-1] + s[len(s)/2]) / 2
-	}
 	for _, a := range arms {
 		var ratios []float64
 		for i, g := range got[a.name] {
 			ratios = append(ratios, g/got["no-table"][i])
 		}
-		b.Logf("%-9s %5.2f Gbit/s (÷no-table, median of the rounds %.3f): %s", a.name, median(got[a.name]), median(ratios), fmtRatios(ratios))
-		b.ReportMetric(median(ratios), a.name+"÷no-table")
+		b.Logf("%-9s %5.2f Gbit/s (÷no-table, median of the rounds %.3f): %s", a.name, medianOf(got[a.name]), medianOf(ratios), fmtRatios(ratios))
+		b.ReportMetric(medianOf(ratios), a.name+"÷no-table")
 	}
 }

@@ -15,25 +15,31 @@ import (
 // rules each, Admin and Baseline alternating, both directions) selecting
 // every pod.
 func tierScaleRuleset(pods, policies, cnps int) policy.Ruleset {
-	rs := scaleRuleset(1, pods, policies)
+	return withTiers(scaleRuleset(1, pods, policies), cnps, func(policy.PodChains) bool { return true })
+}
+
+// withTiers is rs with cnps ClusterNetworkPolicies (tierPolicy: Admin and
+// Baseline alternating, both directions) selecting the pods sel says.
+func withTiers(rs policy.Ruleset, cnps int, sel func(policy.PodChains) bool) policy.Ruleset {
+	rs.Policies = slices.Clone(rs.Policies)
+	rs.Pods = slices.Clone(rs.Pods)
 	for i := range cnps {
 		tier := policy.TierAdmin
 		if i%2 == 1 {
 			tier = policy.TierBaseline
 		}
-		for _, d := range []policy.Direction{policy.Ingress, policy.Egress} {
-			rs.Policies = append(rs.Policies, tierPolicy(i, tier, d, 0))
-		}
-	}
-	for j := range rs.Pods {
-		p := &rs.Pods[j]
-		for i := range cnps {
-			for d, dir := range []policy.Direction{policy.Ingress, policy.Egress} {
+		for d, dir := range []policy.Direction{policy.Ingress, policy.Egress} {
+			rs.Policies = append(rs.Policies, tierPolicy(i, tier, dir, 0))
+			for j := range rs.Pods {
+				p := &rs.Pods[j]
+				if !sel(*p) {
+					continue
+				}
 				id := fmt.Sprintf("c%d-%s", i, dir)
-				if i%2 == 0 {
-					p.Admin[d] = append(p.Admin[d], id)
+				if tier == policy.TierAdmin {
+					p.Admin[d] = append(slices.Clone(p.Admin[d]), id)
 				} else {
-					p.Baseline[d] = append(p.Baseline[d], id)
+					p.Baseline[d] = append(slices.Clone(p.Baseline[d]), id)
 				}
 			}
 		}

@@ -954,14 +954,6 @@ func connRate(from *cluster.NetNS, to netip.AddrPort, d time.Duration, workers i
 // and returns the receiver-side Gbit/s.
 func iperf(t *testing.T, n ns.NetNS, ip string, port, dur int) float64 {
 	t.Helper()
-	var j struct {
-		End struct {
-			Received struct {
-				BPS float64 `json:"bits_per_second"`
-			} `json:"sum_received"`
-		} `json:"end"`
-		Error string `json:"error"`
-	}
 	var out []byte
 	for try := 0; ; try++ {
 		_ = n.Do(func(ns.NetNS) error {
@@ -970,17 +962,15 @@ func iperf(t *testing.T, n ns.NetNS, ip string, port, dur int) float64 {
 			out, _ = exec.CommandContext(ctx, "iperf3", "-c", ip, "-A", "1", "-p", strconv.Itoa(port), "-t", strconv.Itoa(dur), "-O", "1", "-J").Output()
 			return nil
 		})
-		j.Error = ""
-		err := json.Unmarshal(out, &j)
-		if err == nil && j.Error == "" {
-			break
+		gbps, err := nettest.IperfGbps(out)
+		if err == nil {
+			return gbps
 		}
 		if try == 30 {
-			t.Fatalf("iperf3 -c %s (%v): %s\n%s", ip, err, j.Error, out)
+			t.Fatalf("iperf3 -c %s: %v\n%s", ip, err, out)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	return j.End.Received.BPS / 1e9
 }
 
 // tableStats is `nft list table inet podnet-policy` on n: lines, bytes,
