@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/google/nftables"
+	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
@@ -101,7 +102,7 @@ func (b *bridgeDef) equal(o *bridgeDef) bool {
 // spec is the bridge table as data.
 func (b *bridgeDef) spec() *nftutil.Table {
 	set := func(name string, elems []nftables.SetElement) nftutil.Set {
-		return nftutil.Set{Def: nftables.Set{Name: name, KeyType: nftables.TypeIFName}, Elems: elems}
+		return nftutil.Set{Def: nftables.Set{Name: name, KeyType: nftables.TypeIFName, KeyByteOrder: binaryutil.NativeEndian}, Elems: elems}
 	}
 	return &nftutil.Table{
 		Family:   nftables.TableFamilyBridge,

@@ -13,6 +13,7 @@ import (
 	"strings"
 
 	"github.com/google/nftables"
+	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
 
@@ -59,9 +60,11 @@ func (d setDef) set(t *nftables.Table) *nftables.Set {
 	case kindVmap:
 		s.IsMap, s.DataType = true, nftables.TypeVerdict
 	case kindIfnames:
-		s.KeyType = nftables.TypeIFName
+		// host byte order, as nft declares ifname sets: without it `nft
+		// list` shows every name as ""
+		s.KeyType, s.KeyByteOrder = nftables.TypeIFName, binaryutil.NativeEndian
 	case kindIfVmap:
-		s.KeyType = nftables.TypeIFName
+		s.KeyType, s.KeyByteOrder = nftables.TypeIFName, binaryutil.NativeEndian
 		s.IsMap, s.DataType = true, nftables.TypeVerdict
 	}
 	return s
