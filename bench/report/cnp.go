@@ -33,6 +33,51 @@ type policyCNP struct {
 	IncrementalApplyMeanMs float64   `json:"incremental_apply_mean_ms"`
 	Repairs                float64   `json:"repairs"`
 	AttachMs               []float64 `json:"attach_ms"`
+	Swap                   *cnpSwap  `json:"swap"`
+}
+
+// cnpSwap is policy.json's cnp.swap: the same two arms by table swaps,
+// finely alternated (test/bench/policybench/swap_test.go).
+type cnpSwap struct {
+	Rounds     int       `json:"rounds"`
+	Conns      int       `json:"conns"`
+	IperfS     int       `json:"iperf_s"`
+	TableLines [2]int    `json:"table_lines"`
+	SwapMs     []float64 `json:"swap_ms"`
+	Runs       []struct {
+		OpenFirst bool    `json:"open_first"`
+		Open      swapRun `json:"open"`
+		Pol       swapRun `json:"pol"`
+	} `json:"runs"`
+	PooledOpen [3]float64 `json:"pooled_open"`
+	PooledPol  [3]float64 `json:"pooled_pol"`
+	Repairs    float64    `json:"repairs"`
+}
+
+type swapRun struct {
+	P50  float64 `json:"p50_ms"`
+	P99  float64 `json:"p99_ms"`
+	Gbps float64 `json:"gbps"`
+}
+
+// swapBars are the fresh-connection p99 (pooled, with ÷ without) and the
+// throughput (median of the rounds' with ÷ without) of s, and the
+// text of both.
+func swapBars(s *cnpSwap) (p99, gbps float64, p99Text, gbpsText string) {
+	var r99, rg, open, pol []float64
+	for _, r := range s.Runs {
+		r99 = append(r99, r.Pol.P99/r.Open.P99)
+		rg = append(rg, r.Pol.Gbps/r.Open.Gbps)
+		open, pol = append(open, r.Open.Gbps), append(pol, r.Pol.Gbps)
+	}
+	p99, gbps = s.PooledPol[1]/s.PooledOpen[1], median(rg)
+	if len(s.Runs) == 0 {
+		return math.NaN(), math.NaN(), "no rounds", "no rounds"
+	}
+	p99Text = fmt.Sprintf("%.2f× (pooled, %d connections an arm: %s vs %s ms; p50 %s vs %s, p99.9 %s vs %s); median of the rounds' p99 ratios %.2f× (%s)",
+		p99, s.Conns*len(s.Runs), fmtMs(s.PooledPol[1]), fmtMs(s.PooledOpen[1]), fmtMs(s.PooledPol[0]), fmtMs(s.PooledOpen[0]), fmtMs(s.PooledPol[2]), fmtMs(s.PooledOpen[2]), median(r99), fmtRatios(r99))
+	gbpsText = fmt.Sprintf("%.0f %% (median of %d rounds' ratios: %s); medians %.2f vs %.2f Gbit/s", gbps*100, len(rg), fmtRatios(rg), median(pol), median(open))
+	return p99, gbps, p99Text, gbpsText
 }
 
 // cnpSection is issue 33's must-show 3: ClusterNetworkPolicies beside the
@@ -104,16 +149,36 @@ func (r *report) cnpSection(d *policyData) {
 		{"revocation: an established connection stops ≤ 1 s after an Admin Deny is created (worst run)",
 			fmt.Sprintf("max %s ms, p50 %s ms (%d runs, %d still echoing)", fmtMs(maxOf(rev)), fmtMs(median(rev)), len(c.RevocationMs), revMiss),
 			met(worst <= 1), gapSecs(worst, 1)},
-		{"fresh-connection latency p99 with both ≤ 1.05× without any policy (median of the pairs)",
-			fmt.Sprintf("%.2f× (%s); p50 %.2f×", m99, fmtRatios(c99), median(c50)), met(m99 <= 1.05), gapRatio(m99, 1.05)},
-		{"pod↔pod throughput with both ≥ 95 % of without any policy (median of the pairs)",
-			fmt.Sprintf("%.0f %% (%s)", mg*100, fmtRatios(gr)), met(mg >= 0.95), gapPct(mg, 0.95)},
+	}
+	pairs99 := fmt.Sprintf("%.2f× (%s); p50 %.2f×", m99, fmtRatios(c99), median(c50))
+	pairsG := fmt.Sprintf("%.0f %% (%s)", mg*100, fmtRatios(gr))
+	if c.Swap != nil {
+		s99, sg, t99, tg := swapBars(c.Swap)
+		rows = append(rows,
+			target{"fresh-connection latency p99 with both ≤ 1.05× without any policy (table swaps)", t99, met(s99 <= 1.05), gapRatio(s99, 1.05)},
+			target{"pod↔pod throughput with both ≥ 95 % of without any policy (table swaps)", tg, met(sg >= 0.95), gapPct(sg, 0.95)})
+	} else {
+		rows = append(rows,
+			target{"fresh-connection latency p99 with both ≤ 1.05× without any policy (median of the pairs)", pairs99, met(m99 <= 1.05), gapRatio(m99, 1.05)},
+			target{"pod↔pod throughput with both ≥ 95 % of without any policy (median of the pairs)", pairsG, met(mg >= 0.95), gapPct(mg, 0.95)})
 	}
 	r.f("| bar (issue 33) | measured | status | gap |\n|---|---|---|---|\n")
 	for _, t := range rows {
 		r.f("| %s | %s | %s | %s |\n", t.Goal, t.Measured, t.Status, t.Gap)
 		t.Goal = fmt.Sprintf("ClusterNetworkPolicy (%d beside %d NetworkPolicies): %s", c.ClusterPolicies, c.Policies, t.Goal)
 		r.targets = append(r.targets, t)
+	}
+	if sw := c.Swap; sw != nil {
+		r.f("\n*Table swaps*: the pairs below switch arms through the API server (%d objects created or deleted and enforced, some 10 s a switch), so a pair's two runs are half a minute apart and this machine's drift moves their ratio by 0.6-2×. The bars above are judged on table swaps instead: with the policies in place, both nodes' podnet-routed stopped (SIGSTOP, so that neither repairs the swap), both nodes' tables are swapped between the one the engines wrote with every policy (node 1: %d lines) and the one they wrote with none (%d lines) — `nft list` of each loaded back with `nft -f`, one transaction a node, p50 %s ms — %d rounds, each a run of each arm back to back, the order alternating; a run is %d sequential fresh connections and %d s of one iperf3 stream. They leave out the engines' CPU, which the pairs measure (under 2 %% of a CPU). After the swaps the engines were started again and rewrote their table (%.0f repairs on node 1: nft encodes a table differently from the engine). The pairs' figures: fresh connection p99 %s; throughput %s.\n",
+			c.Policies+c.ClusterPolicies, sw.TableLines[1], sw.TableLines[0], fmtMs(median(sw.SwapMs)), len(sw.Runs), sw.Conns, sw.IperfS, sw.Repairs, pairs99, pairsG)
+		r.f("\n| round | first | without: p50 / p99 (ms) | Gbit/s | with both: p50 / p99 (ms) | Gbit/s |\n|---:|---|---|---:|---|---:|\n")
+		for i, x := range sw.Runs {
+			first := "with"
+			if x.OpenFirst {
+				first = "without"
+			}
+			r.f("| %d | %s | %s / %s | %.2f | %s / %s | %.2f |\n", i+1, first, fmtMs(x.Open.P50), fmtMs(x.Open.P99), x.Open.Gbps, fmtMs(x.Pol.P50), fmtMs(x.Pol.P99), x.Pol.Gbps)
+		}
 	}
 	r.f("\nNot bars: connection rate with both %.2f× without (%s); attach (CNI ADD on node 1 with the engine's wait) p50 %s ms, p99 %s ms (%d pods); podnet_repairs_total on node 1 %.0f.\n\n",
 		median(rr), fmtRatios(rr), fmtMs(median(c.AttachMs)), fmtMs(pct(c.AttachMs, 99)), len(c.AttachMs), c.Repairs)

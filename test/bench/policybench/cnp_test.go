@@ -42,6 +42,8 @@ type cnpScale struct {
 	CliAdmin [2]int `json:"cli_admin"`
 	// Phases: 0 policies vs Policies + ClusterPolicies, in pairs
 	Phases []phase `json:"phases"`
+	// Swap: the same two arms by table swaps, finely alternated
+	Swap *swapArms `json:"swap,omitempty"`
 	// Flips: quarantine-probe, an Admin Deny ClusterNetworkPolicy of
 	// probe-cli -> probe-srv, created (refused) and deleted (allowed)
 	// while allow-probe allows the flow
@@ -70,6 +72,7 @@ func (b *bench) cnpScale(pols []*networkingv1.NetworkPolicy, cnps []*cnpv1.Clust
 	t, ctx, n1 := b.t, b.ctx, b.n1
 	cs := &cnpScale{Policies: len(pols), ClusterPolicies: len(cnps)}
 	cs.Phases = b.phases(pols, cnps, &cs.SetupS)
+	cs.Swap = b.swap(len(pols), len(cnps), envInt("PODNET_BENCH_POLICY_SWAP_ROUNDS", 20), envInt("PODNET_BENCH_POLICY_SWAP_CONNS", 1000), envInt("PODNET_BENCH_POLICY_SWAP_IPERF_SECONDS", 2))
 	if body, err := n1.MetricsText(); err == nil {
 		cs.IsolatedPods, _ = cluster.Metric(body, "podnet_policy_isolated_pods")
 		cs.ClusterRefused, _ = cluster.Metric(body, "podnet_policy_cluster_refused")

@@ -33,6 +33,9 @@ type bench struct {
 	// the policies in the API server
 	inPlace     []*networkingv1.NetworkPolicy
 	cnpsInPlace []*cnpv1.ClusterNetworkPolicy
+	// open: both nodes' tables in the last run without any policy
+	// (swap_test.go)
+	open tables
 }
 
 func (b *bench) must(err error) {
@@ -146,6 +149,9 @@ func (b *bench) phases(pols []*networkingv1.NetworkPolicy, cnps []*cnpv1.Cluster
 			}
 			if !withPol && len(b.inPlace) > 0 {
 				b.deleteAll()
+			}
+			if !withPol {
+				b.open = b.dumpTables()
 			}
 			ph := phase{Policies: 0, Rep: rep, Load1: load1(), TimeWait: timeWait(t, cli.NS)}
 			if withPol {
