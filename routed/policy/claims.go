@@ -161,6 +161,10 @@ func claimOrder(a, b *Pod) int {
 	return strings.Compare(a.Key(), b.Key())
 }
 
+// Arriving tells whether pod key (namespace/name) is scheduled and has no
+// address yet (Pod.Arriving).
+func (s *State) Arriving(key string) bool { return arriving(s.pods[key]) }
+
 // LocalPods are the keys (namespace/name) of node's pods that are not
 // hostNetwork, sorted.
 func (s *State) LocalPods(node string) []string {

@@ -14,8 +14,9 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 )
 
-// TestCompileShape checks what a node's Ruleset holds: its own pods only,
-// chains only for policies selecting one of them, merged peers, stable IDs.
+// TestCompileShape checks what a node's Ruleset holds: its own pods only
+// (an arriving one with its chains and no address), chains only for
+// policies selecting one of them, merged peers, stable IDs.
 func TestCompileShape(t *testing.T) {
 	s := testState()
 	// three consecutive addresses on n2 become one range
@@ -39,10 +40,13 @@ func TestCompileShape(t *testing.T) {
 	if !slices.Equal(rs.LocalPodCIDRs, nodeCIDRs["n1"]) {
 		t.Errorf("LocalPodCIDRs = %v", rs.LocalPodCIDRs)
 	}
-	if len(rs.Pods) != 1 || rs.Pods[0].Namespace != "x" || rs.Pods[0].Name != "a" {
-		t.Fatalf("Pods = %+v, want x/a only", rs.Pods)
+	if len(rs.Pods) != 2 || rs.Pods[0].Namespace != "x" || rs.Pods[0].Name != "a" || rs.Pods[1].Name != "pending" {
+		t.Fatalf("Pods = %+v, want x/a and x/pending (arriving: its chains before its addresses)", rs.Pods)
 	}
 	pa := rs.Pods[0]
+	if pp := rs.Pods[1]; len(pp.Addrs) != 0 || !pp.IngressIsolated || pp.EgressIsolated || !slices.Equal(pp.Ingress, pa.Ingress) {
+		t.Errorf("x/pending (app=a, arriving) %+v: want x/a's chains and no address", pp)
+	}
 	if pa.ID != PodID("x", "a") || !pa.IngressIsolated || pa.EgressIsolated ||
 		!slices.Equal(pa.Ingress, []string{PolicyID("x", "nobody", Ingress), PolicyID("x", "to-a", Ingress)}) {
 		t.Errorf("x/a chains %+v", pa)

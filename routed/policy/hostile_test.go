@@ -70,7 +70,7 @@ func TestHostilePolicies(t *testing.T) {
 	}
 	rs := s.Compile("n1", nodeCIDRs["n1"])
 	checkRuleset(t, rs)
-	if len(rs.Pods) != 2 { // x/a, x/b on n1
+	if len(rs.Pods) != 3 { // x/a, x/b and the arriving x/pending on n1
 		t.Fatalf("pods %+v", rs.Pods)
 	}
 	for _, pc := range rs.Policies {

@@ -297,9 +297,15 @@ func (c *Incremental) refresh(keys []string) {
 	}
 }
 
-// entryOf is pod k's entry: the addresses it owns (nil: none, or no pod).
+// entryOf is pod k's entry: the addresses it owns (nil: none, or no pod),
+// none for a pod of this node arriving.
 func (c *Incremental) entryOf(k string) *entry {
 	p := c.s.pods[k]
+	if arriving(p) && p.Node == c.node {
+		// (a whole compile's index has every arriving pod: only this
+		// node's make anything of it)
+		return &entry{pod: p}
+	}
 	if !seen(p) {
 		return nil
 	}

@@ -137,7 +137,8 @@ func (st *incSteps) randomPod() Pod {
 	case x == 0:
 		p.HostNetwork = true
 		p.IPs = []netip.Addr{g.nodeIPs[n]}
-	case x == 1: // pending
+	case x == 1: // arriving (scheduled, no address yet), or finished
+		p.Finished = g.r.IntN(3) == 0
 	case x < 5:
 		p.IPs = []netip.Addr{st.addr(n, false)}
 	case x < 7:

@@ -65,14 +65,15 @@ func (s *State) index() *index {
 	return s.ix
 }
 
-// buildIndex indexes the pods with addresses in namespace/name order, and
-// every namespace.
+// buildIndex indexes the pods with addresses and the arriving ones (an
+// entry without addresses: a pod of the compiled node gets its chains
+// before its addresses) in namespace/name order, and every namespace.
 func (s *State) buildIndex() *index {
 	ix := &index{s: s, owner: map[netip.Addr]*entry{}, byNS: map[string]*nsIndex{},
 		named: map[namedKey][]addrPort{}, nsCache: map[string][]string{}, peerCache: map[string][]uint64{}}
 	keys := make([]string, 0, len(s.pods))
 	for k, p := range s.pods {
-		if !p.HostNetwork && len(p.IPs) > 0 {
+		if !p.HostNetwork && (len(p.IPs) > 0 || arriving(p)) {
 			keys = append(keys, k)
 		}
 	}
@@ -132,7 +133,7 @@ func (ix *index) addPod(p *Pod, winner map[netip.Addr]*Pod) {
 			e.ips = append(e.ips, a)
 		}
 	}
-	if len(e.ips) == 0 {
+	if len(e.ips) == 0 && !arriving(p) {
 		return
 	}
 	n := ix.byNS[p.Namespace]

@@ -34,7 +34,22 @@ type Pod struct {
 	// objects claiming one address gets it (see resolveClaims).
 	Terminating bool
 	Created     time.Time
+	// Finished: the pod Succeeded or Failed (it never gets an address
+	// again)
+	Finished bool
 }
+
+// arriving tells whether p is scheduled and has no address yet: its
+// sandbox not attached, or its status not reported. A pod of the compiled
+// node then gets its chains and its port's elements before its ADD (the
+// engine names its port before the link exists), so that the ADD's wait
+// adds only its addresses to the table.
+func arriving(p *Pod) bool {
+	return p != nil && !p.HostNetwork && len(p.IPs) == 0 && p.Node != "" && !p.Finished && !p.Terminating
+}
+
+// Arriving tells whether p is scheduled and has no address yet (arriving).
+func (p *Pod) Arriving() bool { return arriving(p) }
 
 // NamedPort is a container port with a name.
 type NamedPort struct {
@@ -79,7 +94,8 @@ func FromPod(p *corev1.Pod) Pod {
 		Terminating: p.DeletionTimestamp != nil,
 		Created:     p.CreationTimestamp.Time,
 	}
-	if p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed {
+	out.Finished = p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
+	if !out.Finished {
 		seen := map[netip.Addr]bool{}
 		add := func(s string) {
 			a, err := netip.ParseAddr(strings.TrimSpace(s))
@@ -172,7 +188,7 @@ func (s *State) SetPod(p Pod) bool {
 	p.IPs = cleanIPs(p.IPs)
 	old := s.pods[p.Key()]
 	s.pods[p.Key()] = &p
-	if !seen(old) && !seen(&p) {
+	if !indexed(old) && !indexed(&p) {
 		return false
 	}
 	s.ix = nil
@@ -185,15 +201,19 @@ func (s *State) DeletePod(namespace, name string) bool {
 	key := namespace + "/" + name
 	old := s.pods[key]
 	delete(s.pods, key)
-	if !seen(old) {
+	if !indexed(old) {
 		return false
 	}
 	s.ix = nil
 	return true
 }
 
-// seen says whether Compile and Explain see pod p (the index holds it).
+// seen says whether pod p claims addresses: Compile and Explain see
+// them.
 func seen(p *Pod) bool { return p != nil && !p.HostNetwork && len(p.IPs) > 0 }
+
+// indexed says whether the index holds pod p: seen, or arriving.
+func indexed(p *Pod) bool { return seen(p) || arriving(p) }
 
 // SetNamespace adds or replaces a namespace.
 func (s *State) SetNamespace(ns Namespace) {

@@ -8,19 +8,22 @@ import (
 )
 
 // TestUnseenPodChangesKeepTheIndex: SetPod and DeletePod of pods Compile
-// does not see (no address, hostNetwork) report no change and keep the
-// index; every other change reports one. Over random changes, the
+// does not see (not scheduled, finished, hostNetwork) report no change and
+// keep the index; every other change reports one, a pod scheduled without
+// an address (arriving) among them. Over random changes, the
 // compiles that reuse the index equal compiles from scratch.
 func TestUnseenPodChangesKeepTheIndex(t *testing.T) {
 	g := newGen(7, 3, 5, 200, 40)
 	s := g.s
 	before := s.Compile("n0", g.cidrs["n0"])
 	ix := s.ix
-	pending := Pod{Namespace: "ns0", Name: "new", Node: "n0", Labels: map[string]string{"app": "a"}}
+	pending := Pod{Namespace: "ns0", Name: "new", Labels: map[string]string{"app": "a"}}
 	host := Pod{Namespace: "ns0", Name: "host", Node: "n0", HostNetwork: true, IPs: []netip.Addr{g.nodeIPs[0]}, Labels: map[string]string{"app": "a"}}
 	for what, changed := range map[string]bool{
 		"a pending pod added":           s.SetPod(pending),
-		"a pending pod relabelled":      s.SetPod(Pod{Namespace: "ns0", Name: "new", Node: "n0", Labels: map[string]string{"app": "b"}}),
+		"a pending pod relabelled":      s.SetPod(Pod{Namespace: "ns0", Name: "new", Labels: map[string]string{"app": "b"}}),
+		"a finished pod added":          s.SetPod(Pod{Namespace: "ns0", Name: "done", Node: "n0", Finished: true, Labels: map[string]string{"app": "a"}}),
+		"a finished pod deleted":        s.DeletePod("ns0", "done"),
 		"a hostNetwork pod added":       s.SetPod(host),
 		"a hostNetwork pod deleted":     s.DeletePod("ns0", "host"),
 		"an unknown pod deleted":        s.DeletePod("ns0", "nobody"),
@@ -35,6 +38,13 @@ func TestUnseenPodChangesKeepTheIndex(t *testing.T) {
 	}
 	if after := s.Compile("n0", g.cidrs["n0"]); !after.Equal(before) {
 		t.Fatalf("the Ruleset changed")
+	}
+	pending.Node = "n0"
+	if !s.SetPod(pending) {
+		t.Errorf("the pending pod scheduled (arriving): no change reported")
+	}
+	if s.ix != nil {
+		t.Errorf("the index survived an arriving pod")
 	}
 	pending.IPs = []netip.Addr{netip.MustParseAddr("10.0.9.9")}
 	if !s.SetPod(pending) {

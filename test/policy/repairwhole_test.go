@@ -29,11 +29,14 @@ func (e *env) repairWhole(t *testing.T) {
 		nft  [][]string
 	}{
 		{"web's verdict map elements deleted", func() [][]string {
-			out := [][]string{{"delete", "element", "inet", "podnet-policy", "ingress4", "{ " + e.web.IP.String() + " }"}}
-			if !bridged {
-				out = append(out, []string{"delete", "element", "inet", "podnet-policy", "ingress-ports", `{ "` + webVeth + `" }`})
+			if bridged { // judged by its address
+				return [][]string{{"delete", "element", "inet", "podnet-policy", "ingress4", "{ " + e.web.IP.String() + " }"}}
 			}
-			return out
+			// judged by its port
+			return [][]string{
+				{"delete", "element", "inet", "podnet-policy", "ingress-ports", `{ "` + webVeth + `" }`},
+				{"delete", "element", "inet", "podnet-policy", "hairpin4", `{ "` + webVeth + `" . ` + e.web.IP.String() + " }"},
+			}
 		}()},
 		{"nft flush ruleset", [][]string{{"flush", "ruleset"}}},
 	}

@@ -344,8 +344,10 @@ func TestRepair(t *testing.T) {
 		{"rule added", []string{"add rule inet podnet-policy ingress-fwd accept"}, "added"},
 		{"base chain's policy changed", []string{"add chain inet podnet-policy ingress-fwd { type filter hook forward priority 0; policy drop; }"}, "chain ingress-fwd changed"},
 		{"element added", []string{"add element inet podnet-policy known4 { 10.64.1.77 }"}, "set known4: 1 element(s) not wanted"},
-		{"map element deleted", []string{"delete element inet podnet-policy ingress4 { 10.64.1.2 }"}, "set ingress4: 1 element(s) missing (0a400102:-3/pod-a-in)"},
-		{"map element changed", []string{"delete element inet podnet-policy ingress6 { fd64:1::2 }", "add element inet podnet-policy ingress6 { fd64:1::2 : accept }"}, "1 element(s) not wanted (fd640001000000000000000000000002:1/)"},
+		{"map element deleted", []string{`delete element inet podnet-policy ingress-ports { "pna" }`}, "set ingress-ports: 1 element(s) missing"},
+		{"map element changed", []string{`delete element inet podnet-policy ingress-ports { "pna" }`, `add element inet podnet-policy ingress-ports { "pna" : accept }`}, "1 element(s) not wanted (706e6100000000000000000000000000:1/)"},
+		{"element added to a map by address", []string{"add element inet podnet-policy ingress6 { fd64:1::2 : accept }"}, "1 element(s) not wanted (fd640001000000000000000000000002:1/)"},
+		{"hairpin element deleted", []string{`delete element inet podnet-policy hairpin4 { "pna" . 10.64.1.2 }`}, "set hairpin4: 1 element(s) missing"},
 		{"peer deleted", []string{"delete element inet podnet-policy pol-a-in-r0-peers6 { fd64:1::3 }"}, "set pol-a-in-r0-peers6: "},
 		{"counter deleted", []string{"flush chain inet podnet-policy pod-a-in", "delete counter inet podnet-policy pod-a-in"}, "object pod-a-in missing"},
 	} {

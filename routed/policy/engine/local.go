@@ -94,7 +94,11 @@ func (e *Engine) localPortsLocked() {
 		return
 	}
 	for key := range e.portsOf {
-		e.inc.SetPodPorts(key, podPorts(key, e.links, e.vethNames))
+		ps := podPorts(key, e.links, e.vethNames)
+		if len(ps) == 0 && e.state.Arriving(key) {
+			ps = arrivingPorts(key)
+		}
+		e.inc.SetPodPorts(key, ps)
 	}
 	clear(e.portsOf)
 }
@@ -149,7 +153,25 @@ func portsOf(st *policy.State, node string, links map[string]portLink, names map
 	for _, ps := range out {
 		slices.SortFunc(ps, func(a, b policy.LocalPort) int { return strings.Compare(a.Name, b.Name) })
 	}
+	for _, key := range st.LocalPods(node) {
+		if len(out[key]) == 0 && st.Arriving(key) {
+			out[key] = arrivingPorts(key)
+		}
+	}
 	return out
+}
+
+// arrivingPorts is the port of pod key before its ADD: the routed host veth
+// the plugins will name after it for the interface kubelet's runtimes
+// name eth0. The engine writes the pod's chains and port elements then,
+// so that the ADD's wait adds only the pod's addresses (plain set
+// elements; a verdict makes the kernel validate the whole table). A link
+// of that name is this pod's, whenever it appears; a pod attached
+// otherwise (another interface name, podnet-bridge's port) gets its
+// ports from its links at the wait.
+func arrivingPorts(key string) []policy.LocalPort {
+	ns, name, _ := strings.Cut(key, "/")
+	return []policy.LocalPort{{Name: contract.HostVethName(ns, name, "", "eth0")}}
 }
 
 // LocalView gives st what the engine's compile on this node adds to the

@@ -125,6 +125,17 @@ func baseRules(d policy.Direction) [][]expr.Any {
 	if !source {
 		ifname = expr.MetaKeyOIFNAME
 	}
+	// A pod cannot block itself (a Service hairpin): through the port of
+	// a pod judged by its ports, its own address as the peer passes
+	// (setHairpin).
+	for _, v6 := range []bool{false, true} {
+		rules = append(rules, nftutil.Join(nfproto(v6), []expr.Any{
+			&expr.Meta{Key: ifname, Register: unix.NFT_REG_1},
+			loadAddr(v6, !source, unix.NFT_REG_2),
+			&expr.Lookup{SourceRegister: unix.NFT_REG_1, SetName: famName(setHairpin, v6)},
+			&expr.Verdict{Kind: expr.VerdictAccept},
+		}))
+	}
 	rules = append(rules,
 		[]expr.Any{
 			&expr.Meta{Key: ifname, Register: unix.NFT_REG_1},

@@ -13,62 +13,12 @@ import (
 	"strings"
 
 	"github.com/google/nftables"
-	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
 
 	"github.com/podnet/podnet/internal/nftutil"
 	"github.com/podnet/podnet/routed/policy"
 )
-
-// setKind is the shape of a set.
-type setKind int
-
-const (
-	kindAddrs    setKind = iota // addresses
-	kindInterval                // address ranges
-	kindPorts                   // (address . protocol . port) ranges
-	kindVmap                    // address : verdict
-	kindIfnames                 // interface names
-	kindIfVmap                  // interface name : verdict
-)
-
-// isMap says whether sets of kind k are verdict maps (written after the
-// chains their jumps name).
-func (k setKind) isMap() bool { return k == kindVmap || k == kindIfVmap }
-
-// setDef is a named set (or verdict map) and its elements.
-type setDef struct {
-	name  string
-	kind  setKind
-	v6    bool
-	elems []nftables.SetElement
-}
-
-func (d setDef) set(t *nftables.Table) *nftables.Set {
-	addr := nftables.TypeIPAddr
-	if d.v6 {
-		addr = nftables.TypeIP6Addr
-	}
-	s := &nftables.Set{Table: t, Name: d.name, KeyType: addr}
-	switch d.kind {
-	case kindInterval:
-		s.Interval = true
-	case kindPorts:
-		s.Interval, s.Concatenation = true, true
-		s.KeyType = nftables.MustConcatSetType(addr, nftables.TypeInetProto, nftables.TypeInetService)
-	case kindVmap:
-		s.IsMap, s.DataType = true, nftables.TypeVerdict
-	case kindIfnames:
-		// host byte order, as nft declares ifname sets: without it `nft
-		// list` shows every name as ""
-		s.KeyType, s.KeyByteOrder = nftables.TypeIFName, binaryutil.NativeEndian
-	case kindIfVmap:
-		s.KeyType, s.KeyByteOrder = nftables.TypeIFName, binaryutil.NativeEndian
-		s.IsMap, s.DataType = true, nftables.TypeVerdict
-	}
-	return s
-}
 
 // chainDef is a chain (without Table) and its rules.
 type chainDef struct {
@@ -242,49 +192,6 @@ func sortedAddrs(in []netip.Addr) []netip.Addr {
 	return slices.Compact(out)
 }
 
-// rangeElements are an interval set's elements for ranges (merged and
-// sorted, as the policy model hands them) of the family v6 says: each
-// range's first address, and the address after its last flagged as the
-// interval's end (none at the top of the address space: the interval is
-// then open).
-func rangeElements(ranges []policy.Range, v6 bool) []nftables.SetElement {
-	var out []nftables.SetElement
-	for _, r := range ranges {
-		if r.From.Is6() != v6 {
-			continue
-		}
-		out = append(out, nftables.SetElement{Key: r.From.AsSlice()})
-		if end := r.To.Next(); end.IsValid() {
-			out = append(out, nftables.SetElement{Key: end.AsSlice(), IntervalEnd: true})
-		}
-	}
-	return out
-}
-
-// portElements are a ports set's elements (disjoint, as the policy model
-// hands them) of the
-// family v6 says: the key is the box's first corner, KeyEnd its last.
-func portElements(ports []policy.PortRange, v6 bool) []nftables.SetElement {
-	var out []nftables.SetElement
-	for _, p := range ports {
-		if p.Addrs.From.Is6() != v6 {
-			continue
-		}
-		out = append(out, nftables.SetElement{
-			Key:    portKey(p.Addrs.From, p.Proto, p.PortFrom),
-			KeyEnd: portKey(p.Addrs.To, p.Proto, p.PortTo),
-		})
-	}
-	return out
-}
-
-// portKey is addr . proto . port, each field padded to 4 bytes.
-func portKey(a netip.Addr, proto uint8, port uint16) []byte {
-	b := a.AsSlice()
-	b = append(b, proto, 0, 0, 0)
-	return append(b, byte(port>>8), byte(port), 0, 0)
-}
-
 // builder holds what build gathers on its way.
 type builder struct {
 	def    *tableDef
@@ -292,9 +199,12 @@ type builder struct {
 	polIDs map[string]policy.Tier
 	known  []netip.Addr
 	// vmaps and portVmaps are the verdict maps' elements by map name;
-	// taken, the addresses a map holds already
-	vmaps, portVmaps     map[string][]nftables.SetElement
-	taken                map[string]map[netip.Addr]bool
+	// taken, the addresses of the pods judged in a map's direction;
+	// dispatched, those the map holds already (byAddress)
+	vmaps, portVmaps  map[string][]nftables.SetElement
+	taken, dispatched map[string]map[netip.Addr]bool
+	// hairpin are the hairpin sets' elements, IPv4 and IPv6
+	hairpin              [2][]nftables.SetElement
 	podChains, polChains []chainDef
 	// tiers are the tier chains the pod chains jump to, by name
 	tiers map[string]tierChain
@@ -330,7 +240,7 @@ type ruleMeta struct {
 func build(rs policy.Ruleset, opt buildOptions) (*tableDef, error) {
 	b := &builder{def: &tableDef{pods: map[string]CounterKey{}}, opt: opt, polIDs: map[string]policy.Tier{},
 		known: sortedAddrs(rs.Known), vmaps: map[string][]nftables.SetElement{},
-		portVmaps: map[string][]nftables.SetElement{}, taken: map[string]map[netip.Addr]bool{},
+		portVmaps: map[string][]nftables.SetElement{}, taken: map[string]map[netip.Addr]bool{}, dispatched: map[string]map[netip.Addr]bool{},
 		tiers: map[string]tierChain{}}
 	pods := slices.Clone(rs.Pods)
 	slices.SortFunc(pods, func(a, b policy.PodChains) int { return strings.Compare(a.ID, b.ID) })
@@ -409,6 +319,13 @@ func (b *builder) pod(p policy.PodChains) error {
 		return err
 	}
 	b.known = append(b.known, bp.addrs...) // a compiled pod is known
+	if !byAddress(p) {
+		for _, port := range p.Ports {
+			for _, a := range bp.addrs {
+				b.hairpin[famIndex(a.Is6())] = append(b.hairpin[famIndex(a.Is6())], nftables.SetElement{Key: hairpinKey(port, a)})
+			}
+		}
+	}
 	for _, c := range bp.chains {
 		name := c.chain.chain.Name
 		b.podChains = append(b.podChains, c.chain)
@@ -428,10 +345,17 @@ func (b *builder) pod(p policy.PodChains) error {
 			if b.taken[m] == nil {
 				b.taken[m] = map[netip.Addr]bool{}
 			}
-			if b.taken[m][a] {
+			b.taken[m][a] = true // judged
+			if !byAddress(p) {
+				continue
+			}
+			if b.dispatched[m] == nil {
+				b.dispatched[m] = map[netip.Addr]bool{}
+			}
+			if b.dispatched[m][a] {
 				continue // two pods with one address: the first (the lower ID) keeps it
 			}
-			b.taken[m][a] = true
+			b.dispatched[m][a] = true
 			b.vmaps[m] = append(b.vmaps[m], nftables.SetElement{Key: a.AsSlice(), VerdictData: jumpTo(name)})
 		}
 	}
@@ -446,6 +370,14 @@ func jumpTo(chain string) *expr.Verdict { return &expr.Verdict{Kind: expr.Verdic
 // is an error.
 func buildPod(p policy.PodChains, opt buildOptions, tierOf func(string) (policy.Tier, bool)) (builtPod, error) {
 	bp := builtPod{pc: clonePodChains(p), addrs: sortedAddrs(p.Addrs)}
+	// a pod cannot block itself (a Service hairpin): the chain of a pod
+	// judged by its addresses accepts them as the peer first; the
+	// hairpin sets do it for a pod judged by its ports, before its chain,
+	// so that its chain does not change when it gets its addresses
+	var selfAddrs []netip.Addr
+	if byAddress(p) {
+		selfAddrs = bp.addrs
+	}
 	for _, d := range []policy.Direction{policy.Ingress, policy.Egress} {
 		isolated, jumps := p.IngressIsolated, p.Ingress
 		if d == policy.Egress {
@@ -454,7 +386,7 @@ func buildPod(p policy.PodChains, opt buildOptions, tierOf func(string) (policy.
 		if !p.Judged(d) {
 			continue
 		}
-		c, err := podChain(p, d, bp.addrs, isolated || len(jumps) > 0, jumps, opt, tierOf)
+		c, err := podChain(p, d, selfAddrs, isolated || len(jumps) > 0, jumps, opt, tierOf)
 		if err != nil {
 			return builtPod{}, err
 		}
@@ -483,8 +415,8 @@ func podChain(p policy.PodChains, d policy.Direction, addrs []netip.Addr, isolat
 	c.chain = nftables.Chain{Name: name}
 	var sig strings.Builder
 	fmt.Fprintf(&sig, "pod %s %v %v", d, addrs, p.Ports)
-	// a pod cannot block itself (a Service hairpin): its own address as
-	// the peer is accepted before any policy
+	// its own address as the peer first (buildPod: addrs is nil for a
+	// pod judged by its ports)
 	for _, a := range addrs {
 		c.rules = append(c.rules, nftutil.Join(nfproto(a.Is6()), []expr.Any{
 			loadAddr(a.Is6(), d == policy.Ingress, unix.NFT_REG_1),
@@ -530,8 +462,8 @@ func podChain(p policy.PodChains, d policy.Direction, addrs []netip.Addr, isolat
 }
 
 // sets adds the counters' last one and the table's own sets and maps:
-// local pod CIDRs, known addresses, judged addresses, the verdict maps,
-// the ports.
+// local pod CIDRs, known addresses, judged addresses, hairpins, the
+// verdict maps, the ports.
 func (b *builder) sets(rs policy.Ruleset) error {
 	def := b.def
 	slices.SortFunc(b.known, netip.Addr.Compare)
@@ -552,6 +484,7 @@ func (b *builder) sets(rs policy.Ruleset) error {
 			setDef{name: famName(setLocal, v6), kind: kindInterval, v6: v6, elems: rangeElements(local, v6)},
 			setDef{name: famName(setKnown, v6), kind: kindAddrs, v6: v6, elems: nftutil.AddrElements(known, v6)},
 			setDef{name: famName(setJudged, v6), kind: kindAddrs, v6: v6, elems: nftutil.AddrElements(judged, v6)},
+			setDef{name: famName(setHairpin, v6), kind: kindIfAddrs, v6: v6, elems: sortedElements(b.hairpin[famIndex(v6)])},
 		)
 	}
 	for _, d := range []policy.Direction{policy.Ingress, policy.Egress} {

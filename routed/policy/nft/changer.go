@@ -36,10 +36,12 @@ type changer struct {
 	ch     *change
 	known  map[netip.Addr]bool
 	judged map[netip.Addr]bool
-	vmaps  map[vmapKey]string
-	pmaps  map[pmapKey]string
-	bridge map[pmapKey]bool
-	tiers  map[string]*tierDef
+	// hairpin: by key, whether the hairpin sets held it
+	hairpin map[string]bool
+	vmaps   map[vmapKey]string
+	pmaps   map[pmapKey]string
+	bridge  map[pmapKey]bool
+	tiers   map[string]*tierDef
 	// rebuild: tier chains one of whose policies changed
 	rebuild map[string]bool
 }
@@ -50,6 +52,26 @@ func (c *changer) addKnown(a netip.Addr, n int) {
 	}
 	if c.s.known[a] += n; c.s.known[a] <= 0 {
 		delete(c.s.known, a)
+	}
+}
+
+// hairpins adds (n 1) or removes (n -1) p's hairpin elements: its ports
+// and addresses, when it is judged by its ports.
+func (c *changer) hairpins(p *builtPod, n int) {
+	if byAddress(p.pc) {
+		return
+	}
+	s := c.s
+	for _, port := range p.pc.Ports {
+		for _, a := range p.addrs {
+			k := string(hairpinKey(port, a))
+			if _, ok := c.hairpin[k]; !ok {
+				c.hairpin[k] = s.hairpin[k] > 0
+			}
+			if s.hairpin[k] += n; s.hairpin[k] <= 0 {
+				delete(s.hairpin, k)
+			}
+		}
 	}
 }
 
@@ -90,13 +112,10 @@ func (c *changer) pod(p *builtPod, n int) {
 	for _, a := range p.addrs {
 		c.addKnown(a, n)
 	}
+	c.hairpins(p, n)
 	for _, ch := range p.chains {
 		i := policy.DirIndex(ch.d)
 		for _, a := range p.addrs {
-			k := vmapKey{i, a}
-			if _, ok := c.vmaps[k]; !ok {
-				c.vmaps[k] = first(s.vmaps[i][a])
-			}
 			if _, ok := c.judged[a]; !ok {
 				c.judged[a] = s.isJudged(a)
 			}
@@ -104,6 +123,18 @@ func (c *changer) pod(p *builtPod, n int) {
 				s.vmaps[i][a] = l
 			} else {
 				delete(s.vmaps[i], a)
+			}
+			if !byAddress(p.pc) {
+				continue
+			}
+			k := vmapKey{i, a}
+			if _, ok := c.vmaps[k]; !ok {
+				c.vmaps[k] = first(s.avmaps[i][a])
+			}
+			if l := owners(s.avmaps[i][a], id, n > 0); len(l) > 0 {
+				s.avmaps[i][a] = l
+			} else {
+				delete(s.avmaps[i], a)
 			}
 		}
 		for _, port := range p.pc.Ports {
@@ -272,9 +303,14 @@ func (c *changer) finishElements(global map[string][2][]nftables.SetElement) {
 			put(name, map[bool]int{true: 0, false: 1}[before], nftables.SetElement{Key: a.AsSlice()})
 		}
 	}
+	for k, before := range c.hairpin {
+		if after := s.hairpin[k] > 0; before != after {
+			put(famName(setHairpin, hairpinV6(k)), map[bool]int{true: 0, false: 1}[before], nftables.SetElement{Key: []byte(k)})
+		}
+	}
 	dirs := [2]policy.Direction{policy.Ingress, policy.Egress}
 	for k, before := range c.vmaps {
-		after, name := first(s.vmaps[k.d][k.a]), mapName(dirs[k.d], k.a.Is6())
+		after, name := first(s.avmaps[k.d][k.a]), mapName(dirs[k.d], k.a.Is6())
 		if before == after {
 			continue
 		}

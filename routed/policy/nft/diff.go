@@ -17,6 +17,18 @@ import (
 	"github.com/podnet/podnet/internal/nftutil"
 )
 
+// Stats describes one Apply or ApplyDelta.
+type Stats struct {
+	Full     bool // the whole table was written
+	Elements int  // set and map elements added or deleted (incremental)
+	Chains   int  // chains created, rewritten or deleted (incremental)
+	Sets     int  // sets created or deleted (incremental)
+	// Verdicts: verdict map elements added (incremental). A transaction
+	// that adds one, or any rule (Chains), makes the kernel validate the
+	// whole table at its commit; one of set elements only does not.
+	Verdicts int
+}
+
 // writeChange writes a change of the store (the touched objects as they
 // were and as they are) in one transaction (tableDiff.queue has its
 // order), and leaves the read-back of what it changed to settle. Callers
@@ -137,6 +149,9 @@ func queueOps(c *nftables.Conn, t *nftables.Table, ops []elemOp, st *Stats) erro
 			return err
 		}
 		st.Elements += len(o.e)
+		if !o.del && o.d.kind.isMap() {
+			st.Verdicts += len(o.e)
+		}
 	}
 	return nil
 }
@@ -215,6 +230,9 @@ func (d *tableDiff) queueComing(c *nftables.Conn, t *nftables.Table, st *Stats) 
 		}
 		st.Sets++
 		st.Elements += len(s.elems)
+		if s.kind.isMap() {
+			st.Verdicts += len(s.elems)
+		}
 	}
 	chains := map[string]*nftables.Chain{}
 	for _, ch := range d.rewrite {

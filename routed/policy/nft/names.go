@@ -8,6 +8,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"net/netip"
 	"slices"
 	"strings"
 
@@ -24,9 +25,12 @@ import (
 //	  counter pod-<ID>-in, pod-<ID>-eg        each pod chain's drops
 //	  set local4, local6 (interval)           LocalPodCIDRs
 //	  set known4, known6                      Known (and every address of Pods)
-//	  set judged4, judged6                    the addresses in the verdict maps below
+//	  set judged4, judged6                    the addresses of the pods judged (with a pod chain)
+//	  set hairpin4, hairpin6 { ifname . ipv4_addr|ipv6_addr }
+//	                                          host veth . address of the pods judged by their ports
 //	  map ingress4, ingress6, egress4, egress6 { ipv4_addr|ipv6_addr : verdict }
-//	                                          local pod address : jump pod-<ID>-in|eg
+//	                                          address : jump pod-<ID>-in|eg of the pods judged by
+//	                                          their addresses (byAddress: bridged, or no port)
 //	  set pol-<ID>-r<N>-peers4|6 (interval)   a rule's peers
 //	  set pol-<ID>-r<N>-ports4|6 { ipv4_addr . inet_proto . inet_service } (interval)
 //	                                          a rule's (daddr . l4proto . dport)
@@ -35,6 +39,9 @@ import (
 //	    meta l4proto tcp ct state new tcp flags & (fin|syn|rst|ack) != syn ip saddr|daddr @judged4 drop
 //	                                          (egress, and ip6: no mid-stream pickup for isolated pods, see baseRules)
 //	    meta nfproto ipv6 meta l4proto icmpv6 icmpv6 type 133-136 accept   (neighbor discovery)
+//	    meta nfproto ipv4 iifname . ip daddr @hairpin4 accept                 (and ip6; a pod to itself)
+//	    iifname vmap @egress-ports                                             (a pod's routed host veth)
+//	    iifname "pn*" iifname != @ports counter unknown_dropped drop           (a host veth of no pod known)
 //	    meta nfproto ipv4 ip saddr @local4 ip saddr != @known4 counter unknown_dropped drop   (and ip6)
 //	    meta nfproto ipv4 ip saddr vmap @egress4                                              (and ip6)
 //	  }
@@ -76,6 +83,11 @@ const (
 	// setJudged holds the addresses of the pods judged in a direction
 	// (the verdict maps' keys) for the base chains' mid-stream rule
 	setJudged = "judged"
+	// setHairpin holds (host veth . address) of the pods judged by their
+	// ports (not byAddress): a packet through a pod's port whose peer is
+	// the pod itself (a Service hairpin) is accepted before its chain, as
+	// a pod cannot block itself
+	setHairpin = "hairpin"
 	// setPorts holds the routed host veths of the pods the engine knows;
 	// mapIngressPorts and mapEgressPorts jump from an isolated pod's host
 	// veth to its chain.
@@ -136,6 +148,31 @@ func portMapName(d policy.Direction) string {
 		return mapIngressPorts
 	}
 	return mapEgressPorts
+}
+
+// byAddress tells whether the verdict maps by address (ingress4, ...)
+// lead to p's chains. Not for a pod whose host veths are all routed:
+// every packet of it passes one of them, and the port maps lead there
+// first. So a new pod's addresses, which its ADD waits for, add no
+// verdict to the table: the kernel validates the whole table at each
+// commit that adds one, and its chains and port elements can be written
+// before (issue 34). A pod on podnet-bridge's bridge (br_netfilter shows
+// the inet table the bridge, not the port) or without a known port is
+// judged by its addresses.
+func byAddress(p policy.PodChains) bool { return len(p.Ports) == 0 || len(p.BridgePorts) > 0 }
+
+// hairpinKey is the hairpin sets' key of port and a.
+func hairpinKey(port string, a netip.Addr) []byte { return append(ifnameKey(port), a.AsSlice()...) }
+
+// hairpinV6 tells whether hairpin key k holds an IPv6 address.
+func hairpinV6(k string) bool { return len(k) == unix.IFNAMSIZ+16 }
+
+// famIndex is 0 for IPv4, 1 for IPv6.
+func famIndex(v6 bool) int {
+	if v6 {
+		return 1
+	}
+	return 0
 }
 
 // ifnameKey is an interface name as nftables keys it (meta iifname: 16

@@ -110,14 +110,6 @@ type Writer struct {
 	rconn nftutil.Conn
 }
 
-// Stats describes one Apply or ApplyDelta.
-type Stats struct {
-	Full     bool // the whole table was written
-	Elements int  // set and map elements added or deleted (incremental)
-	Chains   int  // chains created, rewritten or deleted (incremental)
-	Sets     int  // sets created or deleted (incremental)
-}
-
 func (w *Writer) buildOptions() buildOptions {
 	o := buildOptions{logDrops: w.LogDrops, logRate: w.LogRate, segment: w.TierSegment}
 	if o.logRate == 0 {

@@ -62,12 +62,19 @@ type store struct {
 	// pod holding it; the known sets hold those above 0.
 	known map[netip.Addr]int
 	// vmaps are, by direction (policy.DirIndex) and address, the pods
-	// judged there holding it, sorted by ID: the verdict map's element
-	// jumps to the first one's chain (build walks the pods by ID, and the
-	// first keeps an address). pmaps the same for the port maps, by
+	// judged there holding it, sorted by ID (the judged sets hold the
+	// addresses with any); in avmaps the verdict map's element jumps to
+	// the first one's chain (build walks the pods by ID, and the first
+	// keeps an address). pmaps the same for the port maps, by
 	// interface name key (ifnameKey).
 	vmaps [2]map[netip.Addr][]string
 	pmaps [2]map[string][]string
+	// avmaps are vmaps' pods judged by their addresses (byAddress): the
+	// verdict maps by address hold theirs
+	avmaps [2]map[netip.Addr][]string
+	// hairpin counts, by key (hairpinKey), the pods holding it: the
+	// hairpin sets hold those above 0
+	hairpin map[string]int
 	// bridgeIso counts, by direction and bridge port, the pods judged
 	// there holding it: the bridge table's isolated-in and isolated-eg.
 	bridgeIso [2]map[string]int
@@ -85,11 +92,12 @@ type storedTier struct {
 
 func newStore(opt buildOptions) *store {
 	s := &store{opt: opt, pods: map[string]*builtPod{}, pols: map[string]*builtPolicy{},
-		tiers: map[string]*storedTier{}, polPods: map[string]map[string]struct{}{},
+		tiers: map[string]*storedTier{}, polPods: map[string]map[string]struct{}{}, hairpin: map[string]int{},
 		polTiers: map[string]map[string]struct{}{}, known: map[netip.Addr]int{},
 		counters: map[string]CounterKey{}}
 	for i := range 2 {
 		s.vmaps[i] = map[netip.Addr][]string{}
+		s.avmaps[i] = map[netip.Addr][]string{}
 		s.pmaps[i] = map[string][]string{}
 		s.bridgeIso[i] = map[string]int{}
 	}
@@ -348,7 +356,7 @@ func (s *store) commit(p *applyPlan, b *builtPlan, d policy.Delta) *change {
 	builtPols, builtPods := b.builtPols, b.builtPods
 	// from here on nothing fails: the store changes
 	c := &changer{s: s, ch: &change{old: &tableDef{pods: map[string]CounterKey{}}, def: &tableDef{pods: map[string]CounterKey{}}},
-		known: map[netip.Addr]bool{}, judged: map[netip.Addr]bool{}, vmaps: map[vmapKey]string{}, pmaps: map[pmapKey]string{},
+		known: map[netip.Addr]bool{}, judged: map[netip.Addr]bool{}, hairpin: map[string]bool{}, vmaps: map[vmapKey]string{}, pmaps: map[pmapKey]string{},
 		bridge: map[pmapKey]bool{}, tiers: map[string]*tierDef{}, rebuild: map[string]bool{}}
 	ch := c.ch
 	ch.changed = len(pods)+len(gonePods)+len(pols)+len(gonePols) > 0 || b.portsChanged || b.bportsChanged ||
@@ -433,7 +441,8 @@ func globalSets(elems func(name string) []nftables.SetElement) []setDef {
 		out = append(out,
 			setDef{name: famName(setLocal, v6), kind: kindInterval, v6: v6, elems: elems(famName(setLocal, v6))},
 			setDef{name: famName(setKnown, v6), kind: kindAddrs, v6: v6, elems: elems(famName(setKnown, v6))},
-			setDef{name: famName(setJudged, v6), kind: kindAddrs, v6: v6, elems: elems(famName(setJudged, v6))})
+			setDef{name: famName(setJudged, v6), kind: kindAddrs, v6: v6, elems: elems(famName(setJudged, v6))},
+			setDef{name: famName(setHairpin, v6), kind: kindIfAddrs, v6: v6, elems: elems(famName(setHairpin, v6))})
 	}
 	for _, d := range []policy.Direction{policy.Ingress, policy.Egress} {
 		for _, v6 := range []bool{false, true} {
@@ -476,6 +485,14 @@ func (s *store) assemble() *tableDef {
 				return nftutil.AddrElements(known, v6)
 			case famName(setJudged, v6):
 				return nftutil.AddrElements(judged, v6)
+			case famName(setHairpin, v6):
+				var out []nftables.SetElement
+				for k := range s.hairpin {
+					if hairpinV6(k) == v6 {
+						out = append(out, nftables.SetElement{Key: []byte(k)})
+					}
+				}
+				return sortedElements(out)
 			}
 		}
 		if name == setPorts {
@@ -493,9 +510,9 @@ func (s *store) assemble() *tableDef {
 				if name != mapName(d, v6) {
 					continue
 				}
-				for _, a := range slices.SortedFunc(maps.Keys(s.vmaps[i]), netip.Addr.Compare) {
+				for _, a := range slices.SortedFunc(maps.Keys(s.avmaps[i]), netip.Addr.Compare) {
 					if a.Is6() == v6 {
-						out = append(out, nftables.SetElement{Key: a.AsSlice(), VerdictData: jumpTo(PodChain(s.vmaps[i][a][0], d))})
+						out = append(out, nftables.SetElement{Key: a.AsSlice(), VerdictData: jumpTo(PodChain(s.avmaps[i][a][0], d))})
 					}
 				}
 				return out

@@ -1,7 +1,9 @@
 package nft
 
 import (
+	"bytes"
 	"fmt"
+	"github.com/google/nftables"
 	"maps"
 	"math/rand/v2"
 	"net/netip"
@@ -342,7 +344,8 @@ func TestStoreRefuses(t *testing.T) {
 func TestStoreSharedAddress(t *testing.T) {
 	x := netip.MustParseAddr("10.64.1.2")
 	pod := func(id string) policy.PodChains {
-		return policy.PodChains{ID: id, Addrs: []netip.Addr{x}, Ports: []string{"pn0"}, IngressIsolated: true}
+		// bridged too: judged by its address (byAddress)
+		return policy.PodChains{ID: id, Addrs: []netip.Addr{x}, Ports: []string{"pn0"}, BridgePorts: []string{"pnbr0"}, IngressIsolated: true}
 	}
 	s := newStore(buildOptions{})
 	var rs policy.Ruleset
@@ -371,5 +374,80 @@ func TestStoreSharedAddress(t *testing.T) {
 	}
 	if o, p := owner("ingress4"), owner(mapIngressPorts); o != "pod-a-in" || p != "pod-a-in" {
 		t.Errorf("ingress4 jumps to %q, ingress-ports to %q; want pod-a-in", o, p)
+	}
+}
+
+// TestStoreRoutedByPort: a pod whose host veths are all routed is judged
+// by its port: its addresses are judged and in the hairpin set with its
+// port, not in the verdict maps by address, so that its addresses coming
+// add no verdict; a bridged pod is judged by its addresses.
+func TestStoreRoutedByPort(t *testing.T) {
+	x, y := netip.MustParseAddr("10.64.1.2"), netip.MustParseAddr("fd64::2")
+	s := newStore(buildOptions{})
+	elems := func(name string) []nftables.SetElement {
+		for _, set := range s.assemble().sets {
+			if set.name == name {
+				return set.elems
+			}
+		}
+		t.Fatalf("no set %s", name)
+		return nil
+	}
+	apply := func(d policy.Delta, rs *policy.Ruleset) change {
+		t.Helper()
+		ch, err := s.apply(d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		*rs = rs.With(d)
+		checkStore(t, 0, s, *rs)
+		return *ch
+	}
+	var rs policy.Ruleset
+	routed := policy.PodChains{ID: "a", Ports: []string{"pna"}, IngressIsolated: true, EgressIsolated: true}
+	apply(policy.Delta{Pods: []policy.PodChains{routed}}, &rs) // arriving: no address yet
+	if len(elems(mapIngressPorts)) != 1 || len(elems("hairpin4")) != 0 {
+		t.Fatalf("arriving pod: ingress-ports %v, hairpin4 %v", elems(mapIngressPorts), elems("hairpin4"))
+	}
+	routed.Addrs = []netip.Addr{x, y}
+	ch := apply(policy.Delta{Pods: []policy.PodChains{routed}}, &rs)
+	for _, m := range []string{"ingress4", "egress4", "ingress6", "egress6"} {
+		if e := elems(m); len(e) != 0 {
+			t.Errorf("%s holds %v for a pod judged by its port", m, e)
+		}
+	}
+	if e := elems("hairpin4"); len(e) != 1 || !bytes.Equal(e[0].Key, hairpinKey("pna", x)) {
+		t.Errorf("hairpin4 %v, want pna . %s", e, x)
+	}
+	if e := elems("hairpin6"); len(e) != 1 || !bytes.Equal(e[0].Key, hairpinKey("pna", y)) {
+		t.Errorf("hairpin6 %v, want pna . %s", e, y)
+	}
+	if e := elems("judged4"); len(e) != 1 {
+		t.Errorf("judged4 %v, want %s", e, x)
+	}
+	for _, set := range ch.def.sets {
+		if set.kind.isMap() && len(set.elems) > 0 {
+			t.Errorf("the addresses' change adds %d elements to verdict map %s", len(set.elems), set.name)
+		}
+	}
+	sigs := map[string]string{}
+	for _, c := range ch.old.chains {
+		sigs[c.chain.Name] = c.sig
+	}
+	for _, c := range ch.def.chains {
+		if sig, ok := sigs[c.chain.Name]; !ok || sig != c.sig {
+			t.Errorf("the addresses' change writes chain %s", c.chain.Name)
+		}
+	}
+	bridged := policy.PodChains{ID: "b", Addrs: []netip.Addr{netip.MustParseAddr("10.64.1.3")}, BridgePorts: []string{"pnb"}, IngressIsolated: true}
+	apply(policy.Delta{Pods: []policy.PodChains{bridged}}, &rs)
+	if e := elems("ingress4"); len(e) != 1 || e[0].VerdictData.Chain != "pod-b-in" {
+		t.Errorf("ingress4 %v, want 10.64.1.3 : jump pod-b-in (bridged)", e)
+	}
+	apply(policy.Delta{GonePods: []string{"a", "b"}}, &rs)
+	for _, m := range []string{"hairpin4", "hairpin6", "judged4", "ingress4", mapIngressPorts} {
+		if e := elems(m); len(e) != 0 {
+			t.Errorf("pods gone: %s holds %v", m, e)
+		}
 	}
 }

@@ -744,10 +744,10 @@ func (a *addBench) leaks(base []string, podnet []*addPod) []string {
 				diff = append(diff, "left: "+l)
 			}
 		}
-		for _, m := range []string{"ingress4", "egress4"} {
+		for _, m := range []string{"ingress4", "egress4", "judged4", "known4"} {
 			for _, ad := range mapAddrs(a.b.n1, m) {
 				if ips[ad] {
-					diff = append(diff, fmt.Sprintf("left: %s in the engine's %s map", ad, m))
+					diff = append(diff, fmt.Sprintf("left: %s in the engine's %s", ad, m))
 				}
 			}
 		}
@@ -794,15 +794,20 @@ func (a *addBench) podFilterRepairs() float64 {
 	return v
 }
 
-// mapAddrs are the keys of the verdict map m of n's policy table.
+// mapAddrs are the addresses in the set or verdict map m of n's policy
+// table.
 func mapAddrs(n *cluster.Node, m string) []string {
-	out, err := n.NS.Exec(context.Background(), "nft", "list", "map", "inet", "podnet-policy", m)
+	kind := "set"
+	if strings.HasPrefix(m, "ingress") || strings.HasPrefix(m, "egress") {
+		kind = "map"
+	}
+	out, err := n.NS.Exec(context.Background(), "nft", "list", kind, "inet", "podnet-policy", m)
 	if err != nil {
 		return nil
 	}
 	var addrs []string
-	for _, f := range strings.Split(strings.NewReplacer("{", ",", "}", ",", "\n", ",").Replace(out), ",") {
-		if k, _, ok := strings.Cut(strings.TrimSpace(f), " : "); ok {
+	for _, f := range strings.Split(strings.NewReplacer("{", ",", "}", ",", "\n", ",", "=", ",").Replace(out), ",") {
+		if k, _, _ := strings.Cut(strings.TrimSpace(f), " : "); k != "" {
 			if _, err := netip.ParseAddr(k); err == nil {
 				addrs = append(addrs, k)
 			}

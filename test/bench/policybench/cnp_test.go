@@ -5,7 +5,6 @@ package policybench
 import (
 	"context"
 	"fmt"
-	"net/netip"
 	"strings"
 	"testing"
 	"time"
@@ -78,8 +77,8 @@ func (b *bench) cnpScale(pols []*networkingv1.NetworkPolicy, cnps []*cnpv1.Clust
 		cs.ClusterRefused, _ = cluster.Metric(body, "podnet_policy_cluster_refused")
 	}
 	cs.TableLines, cs.TableBytes, cs.TableSets, cs.TableChains = tableStats(n1)
-	cs.SrvAdmin = adminWalk(t, n1, "ingress4", b.srv.IP, policy.Ingress)
-	cs.CliAdmin = adminWalk(t, b.n2, "egress4", b.cli.IP, policy.Egress)
+	cs.SrvAdmin = adminWalk(t, n1, b.srv, policy.Ingress)
+	cs.CliAdmin = adminWalk(t, b.n2, b.cli, policy.Egress)
 	t.Logf("%d policies + %d cluster policies: table %d lines, %d chains; refused %.0f; srv's first packet walks %d of the %d rules of its Admin chain (node 1 ingress), cli's %d of %d (node 2 egress)",
 		len(pols), len(cnps), cs.TableLines, cs.TableChains, cs.ClusterRefused, cs.SrvAdmin[0], cs.SrvAdmin[1], cs.CliAdmin[0], cs.CliAdmin[1])
 
@@ -126,14 +125,14 @@ func (b *bench) cnpScale(pols []*networkingv1.NetworkPolicy, cnps []*cnpv1.Clust
 	return cs
 }
 
-// adminWalk reads the Admin tier chain addr's pod chain in the verdict
-// map m of node's table jumps to, and returns the rules a packet walks
+// adminWalk reads the Admin tier chain p's pod chain for d on node jumps
+// to, and returns the rules a packet walks
 // up to and including pass-intra-cluster's Pass (all of them when it is
 // not there), and the chain's rules.
-func adminWalk(t *testing.T, n *cluster.Node, m string, addr netip.Addr, d policy.Direction) [2]int {
+func adminWalk(t *testing.T, n *cluster.Node, p *cluster.Pod, d policy.Direction) [2]int {
 	t.Helper()
 	ctx := context.Background()
-	out, err := n.NS.Exec(ctx, "nft", "list", "chain", "inet", "podnet-policy", podChainOf(t, n, m, addr))
+	out, err := n.NS.Exec(ctx, "nft", "list", "chain", "inet", "podnet-policy", podChainOf(p, d))
 	if err != nil {
 		t.Fatalf("%s: nft list chain: %v", n.Name, err)
 	}
@@ -144,7 +143,7 @@ func adminWalk(t *testing.T, n *cluster.Node, m string, addr netip.Addr, d polic
 		}
 	}
 	if adm == "" {
-		t.Fatalf("%s: %s's chain jumps to no Admin tier chain:\n%s", n.Name, addr, out)
+		t.Fatalf("%s: %s's chain jumps to no Admin tier chain:\n%s", n.Name, p.Name, out)
 	}
 	if out, err = n.NS.Exec(ctx, "nft", "list", "chain", "inet", "podnet-policy", adm); err != nil {
 		t.Fatalf("%s: nft list chain %s: %v", n.Name, adm, err)

@@ -63,6 +63,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/podnet/podnet/routed/policy"
+	"github.com/podnet/podnet/routed/policy/nft"
 	"github.com/podnet/podnet/test/cluster"
 	"github.com/podnet/podnet/test/kapi"
 	"github.com/podnet/podnet/test/nettest"
@@ -346,8 +347,8 @@ func TestPolicyBench(t *testing.T) {
 			sc.PolicyChains, _ = cluster.Metric(body, "podnet_policy_chains")
 		}
 		sc.TableLines, sc.TableBytes, sc.TableSets, sc.TableChains = tableStats(n1)
-		sc.SrvWalk = walk(t, n1, "ingress4", srv.IP, policy.PolicyID(nsBench, allowCli, policy.Ingress))
-		sc.CliWalk = walk(t, n2, "egress4", cli.IP, policy.PolicyID(nsBench, cliEgWeb, policy.Egress))
+		sc.SrvWalk = walk(t, n1, srv, policy.Ingress, policy.PolicyID(nsBench, allowCli, policy.Ingress))
+		sc.CliWalk = walk(t, n2, cli, policy.Egress, policy.PolicyID(nsBench, cliEgWeb, policy.Egress))
 		t.Logf("%d policies: table %d lines, %d sets, %d chains; srv's first packet walks %d of %d policy chains (node 1 ingress), cli's %d of %d (node 2 egress)",
 			len(pols), sc.TableLines, sc.TableSets, sc.TableChains, sc.SrvWalk[0], sc.SrvWalk[1], sc.CliWalk[0], sc.CliWalk[1])
 
@@ -1068,14 +1069,13 @@ func loadavg() string {
 	return strings.Join(f[:3], " ")
 }
 
-// walk reads the chain the verdict map m of node's table sends addr to
-// and returns how many of its policy chains a packet walks up to and
+// walk reads p's pod chain for direction d on node and returns how many of its policy chains a packet walks up to and
 // including pol-<allowing> (all of them when it is not there), and how
 // many it jumps to.
-func walk(t *testing.T, n *cluster.Node, m string, addr netip.Addr, allowing string) [2]int {
+func walk(t *testing.T, n *cluster.Node, p *cluster.Pod, d policy.Direction, allowing string) [2]int {
 	t.Helper()
 	ctx := context.Background()
-	chain := podChainOf(t, n, m, addr)
+	chain := podChainOf(p, d)
 	out, err := n.NS.Exec(ctx, "nft", "list", "chain", "inet", "podnet-policy", chain)
 	if err != nil {
 		t.Fatalf("%s: nft list chain %s: %v", n.Name, chain, err)
@@ -1093,23 +1093,10 @@ func walk(t *testing.T, n *cluster.Node, m string, addr netip.Addr, allowing str
 	return [2]int{i + 1, len(jumps)}
 }
 
-// podChainOf is the chain the verdict map m of n's table sends addr to.
-func podChainOf(t *testing.T, n *cluster.Node, m string, addr netip.Addr) string {
-	t.Helper()
-	out, err := n.NS.Exec(context.Background(), "nft", "list", "map", "inet", "podnet-policy", m)
-	if err != nil {
-		t.Fatalf("%s: nft list map %s: %v", n.Name, m, err)
-	}
-	chain := ""
-	for _, f := range strings.Split(strings.NewReplacer("{", ",", "}", ",", "\n", ",").Replace(out), ",") {
-		if k, v, ok := strings.Cut(strings.TrimSpace(f), " : jump "); ok && k == addr.String() {
-			chain = strings.TrimSpace(v)
-		}
-	}
-	if chain == "" {
-		t.Fatalf("%s: %s not in map %s:\n%s", n.Name, addr, m, out)
-	}
-	return chain
+// podChainOf is p's pod chain for direction d (its port leads there: a
+// routed pod is judged by its host veth, not by its addresses).
+func podChainOf(p *cluster.Pod, d policy.Direction) string {
+	return nft.PodChain(policy.PodID(p.Namespace, p.Name), d)
 }
 
 func load1() float64 {
