@@ -955,12 +955,18 @@ func connRate(from *cluster.NetNS, to netip.AddrPort, d time.Duration, workers i
 // and returns the receiver-side Gbit/s.
 func iperf(t *testing.T, n ns.NetNS, ip string, port, dur int) float64 {
 	t.Helper()
+	return iperfOmit(t, n, ip, port, dur, 1)
+}
+
+// iperfOmit is iperf with the first omit seconds not counted.
+func iperfOmit(t *testing.T, n ns.NetNS, ip string, port, dur, omit int) float64 {
+	t.Helper()
 	var out []byte
 	for try := 0; ; try++ {
 		_ = n.Do(func(ns.NetNS) error {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Duration(dur+20)*time.Second)
 			defer cancel()
-			out, _ = exec.CommandContext(ctx, "iperf3", "-c", ip, "-A", "1", "-p", strconv.Itoa(port), "-t", strconv.Itoa(dur), "-O", "1", "-J").Output()
+			out, _ = exec.CommandContext(ctx, "iperf3", "-c", ip, "-A", "1", "-p", strconv.Itoa(port), "-t", strconv.Itoa(dur), "-O", strconv.Itoa(omit), "-J").Output()
 			return nil
 		})
 		gbps, err := nettest.IperfGbps(out)

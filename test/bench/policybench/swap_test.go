@@ -21,19 +21,20 @@ import (
 // phases switch arms through the API server (1,000 objects created or
 // deleted and enforced, some 10 s a switch), so their pairs are half a
 // minute apart and this machine's drift moves a pair by 0.6-2x. Here
-// both nodes' tables are swapped instead, between the one the engines
-// wrote with every policy in place and the one they wrote with none
-// (`nft list` of each, loaded back in one `nft -f` transaction, 0.1-0.3 s),
-// with both podnet-routed stopped (SIGSTOP) so that neither repairs the
-// swap: Rounds rounds, each a run of each arm back to back, the order
-// alternating. What it leaves out: the engines' CPU, which the phases
-// measure (routed_cpu_ms, under 2 % of a CPU).
+// both nodes' engines are stopped (SIGSTOP, so that neither repairs what
+// follows), the tables they wrote with no policy (`nft list` of the
+// phases' last run without) are loaded beside theirs as podnet-open,
+// dormant (on no hook), and a swap makes one dormant and wakes the other
+// (one nft transaction a node, milliseconds): Rounds rounds, each a run
+// of each arm back to back, the order alternating. What it leaves out:
+// the engines' CPU, which the phases measure (routed_cpu_ms, under 2 % of
+// a CPU).
 type swapArms struct {
 	Policies        int `json:"policies"`
 	ClusterPolicies int `json:"cluster_policies"`
 	Rounds          int `json:"rounds"`
 	Conns           int `json:"conns"`   // sequential fresh connections per run
-	IperfS          int `json:"iperf_s"` // one iperf3 stream per run, after 1 s omitted
+	IperfS          int `json:"iperf_s"` // one iperf3 stream per run, nothing omitted
 	// TableLines: `nft list table inet podnet-policy` lines on node 1,
 	// without and with the policies
 	TableLines [2]int      `json:"table_lines"`
@@ -86,27 +87,72 @@ func (b *bench) dumpTables() tables {
 	return out
 }
 
-// loadTables replaces both nodes' policy tables by tb, one transaction a
-// node.
-func (b *bench) loadTables(tb tables, dir string) {
+// nodeNFT runs script with nft -f in each node's netns (its own
+// script: i is the node's index).
+func (b *bench) nodeNFT(dir string, script func(i int) string) {
 	for i, n := range []*cluster.Node{b.n1, b.n2} {
-		var sb strings.Builder
-		for _, fam := range slices.Sorted(func(yield func(string) bool) {
-			for k := range tb[i] {
-				if !yield(k) {
-					return
-				}
-			}
-		}) {
-			// (add first: delete of a table that is not there fails)
-			fmt.Fprintf(&sb, "add table %s podnet-policy\ndelete table %s podnet-policy\n%s\n", fam, fam, tb[i][fam])
-		}
 		f := filepath.Join(dir, n.Name+".nft")
-		b.must(os.WriteFile(f, []byte(sb.String()), 0o600))
+		b.must(os.WriteFile(f, []byte(script(i)), 0o600))
 		if out, err := n.NS.Exec(context.Background(), "nft", "-f", f); err != nil {
 			b.t.Fatalf("%s: nft -f: %v\n%s", n.Name, err, out)
 		}
 	}
+}
+
+// families are the table families of tb's node i, sorted.
+func (tb tables) families(i int) []string {
+	return slices.Sorted(func(yield func(string) bool) {
+		for k := range tb[i] {
+			if !yield(k) {
+				return
+			}
+		}
+	})
+}
+
+// installOpen loads b.open beside each node's policy tables as
+// podnet-open, dormant (its chains on no hook).
+func (b *bench) installOpen(dir string) {
+	b.nodeNFT(dir, func(i int) string {
+		var sb strings.Builder
+		for _, fam := range b.open.families(i) {
+			head := "table " + fam + " podnet-policy {"
+			body, ok := strings.CutPrefix(b.open[i][fam], head)
+			if !ok {
+				b.t.Fatalf("%s table listing starts %.40q, not %q", fam, b.open[i][fam], head)
+			}
+			fmt.Fprintf(&sb, "add table %s podnet-open\ndelete table %s podnet-open\ntable %s podnet-open {\n\tflags dormant\n%s\n", fam, fam, fam, body)
+		}
+		return sb.String()
+	})
+}
+
+// activate makes each node's podnet-open tables (open) or its policy
+// tables (not open) the ones on the hooks and the others dormant, one
+// transaction a node.
+func (b *bench) activate(open bool, dir string) {
+	on, off := "podnet-policy", "podnet-open"
+	if open {
+		on, off = off, on
+	}
+	b.nodeNFT(dir, func(i int) string {
+		var sb strings.Builder
+		for _, fam := range b.open.families(i) {
+			fmt.Fprintf(&sb, "add table %s %s { flags dormant; }\nadd table %s %s\n", fam, off, fam, on)
+		}
+		return sb.String()
+	})
+}
+
+// dropOpen deletes each node's podnet-open tables.
+func (b *bench) dropOpen(dir string) {
+	b.nodeNFT(dir, func(i int) string {
+		var sb strings.Builder
+		for _, fam := range b.open.families(i) {
+			fmt.Fprintf(&sb, "delete table %s podnet-open\n", fam)
+		}
+		return sb.String()
+	})
 }
 
 // signalRouted sends sig to both nodes' podnet-routed.
@@ -134,7 +180,7 @@ func (b *bench) settle() {
 
 // swap runs the arms with the policies in place and b.open (the tables
 // of the phases' last run without any) as the other; the policies' tables
-// are back and both engines running when it returns.
+// alone are on the hooks and both engines running when it returns.
 func (b *bench) swap(pols, cnps, rounds, conns, iperfS int) *swapArms {
 	t := b.t
 	if b.open[0] == nil || rounds <= 0 {
@@ -143,6 +189,11 @@ func (b *bench) swap(pols, cnps, rounds, conns, iperfS int) *swapArms {
 	sa := &swapArms{Policies: pols, ClusterPolicies: cnps, Rounds: rounds, Conns: conns, IperfS: iperfS}
 	withPol := b.dumpTables()
 	sa.TableLines = [2]int{strings.Count(b.open[0]["inet"], "\n"), strings.Count(withPol[0]["inet"], "\n")}
+	for i := range 2 {
+		if !slices.Equal(withPol.families(i), b.open.families(i)) {
+			t.Fatalf("node %d's policy tables are %v, without policies %v", i+1, withPol.families(i), b.open.families(i))
+		}
+	}
 	var repairs0 float64
 	if body, err := b.n1.MetricsText(); err == nil {
 		repairs0, _ = cluster.Metric(body, "podnet_repairs_total", `object="policy-table"`)
@@ -155,6 +206,7 @@ func (b *bench) swap(pols, cnps, rounds, conns, iperfS int) *swapArms {
 			b.signalRouted(syscall.SIGCONT)
 		}
 	}()
+	b.installOpen(dir)
 	var allOpen, allPol []float64
 	for r := range rounds {
 		round := swapRound{OpenFirst: r%2 == 0}
@@ -163,17 +215,17 @@ func (b *bench) swap(pols, cnps, rounds, conns, iperfS int) *swapArms {
 			order = []bool{false, true}
 		}
 		for _, open := range order {
-			tb, res, pool := withPol, &round.Pol, &allPol
+			res, pool := &round.Pol, &allPol
 			if open {
-				tb, res, pool = b.open, &round.Open, &allOpen
+				res, pool = &round.Open, &allOpen
 			}
 			start := time.Now()
-			b.loadTables(tb, dir)
+			b.activate(open, dir)
 			sa.SwapMs = append(sa.SwapMs, float64(time.Since(start).Microseconds())/1000)
 			lat := connectLatencies(t, b.cli.NS, b.srvAddr, conns)
 			*pool = append(*pool, lat...)
 			res.P50, res.P99 = roundMs([]float64{pct(lat, 50)})[0], roundMs([]float64{pct(lat, 99)})[0]
-			res.Gbps = iperf(t, b.cli.NS.NetNS, b.srv.IP.String(), iperfPort, iperfS)
+			res.Gbps = iperfOmit(t, b.cli.NS.NetNS, b.srv.IP.String(), iperfPort, iperfS, 0)
 		}
 		t.Logf("table swap, round %d: without %.2f / %.2f ms %.2f Gbit/s, with %d + %d %.2f / %.2f ms %.2f Gbit/s",
 			r+1, round.Open.P50, round.Open.P99, round.Open.Gbps, pols, cnps, round.Pol.P50, round.Pol.P99, round.Pol.Gbps)
@@ -182,7 +234,8 @@ func (b *bench) swap(pols, cnps, rounds, conns, iperfS int) *swapArms {
 	for i, q := range []float64{50, 99, 99.9} {
 		sa.PooledOpen[i], sa.PooledPol[i] = pct(allOpen, q), pct(allPol, q)
 	}
-	b.loadTables(withPol, dir)
+	b.activate(false, dir)
+	b.dropOpen(dir)
 	b.signalRouted(syscall.SIGCONT)
 	stopped = false
 	b.settle()
