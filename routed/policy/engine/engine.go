@@ -169,8 +169,12 @@ type Engine struct {
 	inc         *policy.Incremental
 	written     bool
 	everWritten bool
-	podIDs      map[string]bool
-	pols        map[string]policy.PolicyChain
+	podIDs      map[string]policy.PodChains
+	// scanLinks and lookupLink read the node's host-side pod
+	// interfaces (local.go; tests give their own)
+	scanLinks  func() (map[string]portLink, error)
+	lookupLink func(string) (portLink, bool)
+	pols       map[string]policy.PolicyChain
 	// revokeUrgent: a pending scan is for a live connection (RevokeGap)
 	revokeUrgent    bool
 	globals         policy.Delta
@@ -235,7 +239,9 @@ func New(cfg Config, lw ListWatches, w Writer, m *Metrics, log *slog.Logger) *En
 	return &Engine{
 		cfg: cfg, lw: lw, w: w, m: m, log: log,
 		inc:         policy.NewIncremental(st, cfg.NodeName, nil),
-		podIDs:      map[string]bool{},
+		podIDs:      map[string]policy.PodChains{},
+		scanLinks:   scanLinks,
+		lookupLink:  lookupLink,
 		pols:        map[string]policy.PolicyChain{},
 		portsOf:     map[string]bool{},
 		kick:        make(chan struct{}, 1),
@@ -410,7 +416,7 @@ func (e *Engine) CheckNow() {
 // refreshLocal reads the node's host-side pod interfaces and the IPAM
 // stores' holders again (at start and every resync).
 func (e *Engine) refreshLocal() {
-	links, err := scanLinks()
+	links, err := e.scanLinks()
 	if err != nil {
 		e.log.Warn("cannot list the node's links: the pods' ports stay as last known", "err", err)
 	}
@@ -551,7 +557,7 @@ func (e *Engine) wroteLocked(d policy.Delta, rs policy.Ruleset, whole bool) (fir
 		delete(e.podIDs, id)
 	}
 	for _, p := range d.Pods {
-		e.podIDs[p.ID] = true
+		e.podIDs[p.ID] = p
 	}
 	for _, id := range d.GonePolicies {
 		delete(e.pols, id)
@@ -562,7 +568,7 @@ func (e *Engine) wroteLocked(d policy.Delta, rs policy.Ruleset, whole bool) (fir
 	if whole {
 		clear(e.podIDs)
 		for _, p := range rs.Pods {
-			e.podIDs[p.ID] = true
+			e.podIDs[p.ID] = p
 		}
 		clear(e.pols)
 		for _, p := range rs.Policies {

@@ -152,13 +152,16 @@ type rig struct {
 
 const node = "node-a"
 
-func newRig(t *testing.T) *rig {
+func newRig(t *testing.T, before ...func(*Engine)) *rig {
 	r := &rig{t: t, pods: fcache.NewFakeControllerSource(), nss: fcache.NewFakeControllerSource(), pols: fcache.NewFakeControllerSource(), w: &fakeWriter{}, ev: &fakeEvents{}}
 	r.reg = prometheus.NewRegistry()
 	r.m = NewMetrics(r.reg, nil)
 	r.sock = filepath.Join(t.TempDir(), policysock.FileName)
 	r.e = New(Config{NodeName: node, Resync: 50 * time.Millisecond, SocketPath: r.sock, ProcSys: t.TempDir(), Events: r.ev},
 		ListWatches{Pods: r.pods, Namespaces: r.nss, Policies: r.pols}, r.w, r.m, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	for _, f := range before {
+		f(r.e)
+	}
 	r.e.SetLocalPodCIDRs([]netip.Prefix{netip.MustParsePrefix("10.244.1.0/24")})
 	r.nss.Add(&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop", Labels: map[string]string{"team": "a"}}})
 	ctx, cancel := context.WithCancel(context.Background())

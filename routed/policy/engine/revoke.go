@@ -88,8 +88,11 @@ func (e *Engine) narrowsLocked(d policy.Delta) (scan, urgent bool) {
 		return found
 	}
 	for _, p := range d.Pods {
-		if e.podIDs[p.ID] {
-			return true, true
+		if old, ok := e.podIDs[p.ID]; ok {
+			if !gainedOnly(old, p, func(a netip.Addr) bool { return known(e.globals.Known, a) }) {
+				return true, true
+			}
+			continue
 		}
 		// a pod judged for the first time narrows unless its addresses
 		// were unknown until now (a new pod's)
@@ -115,4 +118,24 @@ func (e *Engine) narrowsLocked(d policy.Delta) (scan, urgent bool) {
 		}
 	}
 	return scan, false
+}
+
+// gainedOnly tells whether pod entry p is old with addresses added that
+// no pod had (known says which were known) and nothing else changed: an
+// arriving pod getting its addresses at its ADD (its chains were written
+// before) narrows nothing, as a new pod does not.
+func gainedOnly(old, p policy.PodChains, known func(netip.Addr) bool) bool {
+	for _, a := range old.Addrs {
+		if !slices.Contains(p.Addrs, a) {
+			return false
+		}
+	}
+	for _, a := range p.Addrs {
+		if !slices.Contains(old.Addrs, a) && known(a) {
+			return false
+		}
+	}
+	q := p
+	q.Addrs = old.Addrs
+	return q.Equal(old)
 }

@@ -56,7 +56,7 @@ func (e *Engine) wait(ctx context.Context, req policysock.Request) error {
 	}
 	link, linked := portLink{}, false
 	if req.HostVeth != "" {
-		link, linked = lookupLink(req.HostVeth)
+		link, linked = e.lookupLink(req.HostVeth)
 	}
 	e.mu.Lock()
 	e.overrides[key] = override{ips: req.IPs, at: e.now()}
