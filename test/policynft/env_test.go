@@ -251,6 +251,23 @@ func (e *env) apply(rs policy.Ruleset) nft.Stats {
 	return st
 }
 
+// rotateArms runs rounds of the arms in turn, the order rotating every
+// round so that the machine's drift falls on every arm alike: arm i's
+// table written whole (nil: no table at all), then run(i) measures it.
+func (e *env) rotateArms(rounds int, tables []*policy.Ruleset, run func(i int)) {
+	for r := range rounds {
+		for k := range tables {
+			i := (k + r) % len(tables)
+			if rs := tables[i]; rs == nil {
+				e.do(e.w.Delete)
+			} else {
+				e.do(func() error { return e.w.ApplyFull(*rs) })
+			}
+			run(i)
+		}
+	}
+}
+
 // withPorts gives rs the host veths of the env's pods it knows (Known, or a
 // pod entry with one of their addresses), as the engine's compile does from
 // the node's links: a pod rs does not know has no port in it.

@@ -58,17 +58,15 @@ func BenchmarkThroughputArms(b *testing.B) {
 		}
 	}
 	got := map[string][]float64{}
-	for r := range rounds {
-		for k := range arms {
-			a := arms[(k+r)%len(arms)]
-			if a.rs == nil {
-				nettest.Do(b, e.node, e.w.Delete)
-			} else {
-				nettest.Do(b, e.node, func() error { return e.w.ApplyFull(e.withPorts(*a.rs)) })
-			}
-			got[a.name] = append(got[a.name], iperf())
+	var tables []*policy.Ruleset
+	for _, a := range arms {
+		if a.rs != nil {
+			rs := e.withPorts(*a.rs)
+			a.rs = &rs
 		}
+		tables = append(tables, a.rs)
 	}
+	e.rotateArms(rounds, tables, func(i int) { got[arms[i].name] = append(got[arms[i].name], iperf()) })
 	for _, a := range arms {
 		var ratios []float64
 		for i, g := range got[a.name] {
