@@ -48,9 +48,6 @@ func arriving(p *Pod) bool {
 	return p != nil && !p.HostNetwork && len(p.IPs) == 0 && p.Node != "" && !p.Finished && !p.Terminating
 }
 
-// Arriving tells whether p is scheduled and has no address yet (arriving).
-func (p *Pod) Arriving() bool { return arriving(p) }
-
 // NamedPort is a container port with a name.
 type NamedPort struct {
 	Name     string
