@@ -40,18 +40,24 @@ type policyCNP struct {
 // finely alternated (test/bench/policybench/swap_test.go).
 type cnpSwap struct {
 	Rounds     int       `json:"rounds"`
-	Conns      int       `json:"conns"`
-	IperfS     int       `json:"iperf_s"`
+	Batches    int       `json:"batches"`
+	Batch      int       `json:"batch"`
+	Segments   int       `json:"segments"`
+	SegmentMs  int       `json:"segment_ms"`
 	TableLines [2]int    `json:"table_lines"`
 	SwapMs     []float64 `json:"swap_ms"`
 	Runs       []struct {
-		OpenFirst bool    `json:"open_first"`
-		Open      swapRun `json:"open"`
-		Pol       swapRun `json:"pol"`
+		Open swapRun `json:"open"`
+		Pol  swapRun `json:"pol"`
 	} `json:"runs"`
-	PooledOpen [3]float64 `json:"pooled_open"`
-	PooledPol  [3]float64 `json:"pooled_pol"`
-	Repairs    float64    `json:"repairs"`
+	PooledOpen [3]float64   `json:"pooled_open"`
+	PooledPol  [3]float64   `json:"pooled_pol"`
+	Tenths     [][2]float64 `json:"tenths"`
+	P99CI      [2]float64   `json:"p99_ci"`
+	StreamOpen float64      `json:"stream_open_gbps"`
+	StreamPol  float64      `json:"stream_pol_gbps"`
+	GbpsCI     [2]float64   `json:"gbps_ci"`
+	Repairs    float64      `json:"repairs"`
 }
 
 type swapRun struct {
@@ -64,19 +70,21 @@ type swapRun struct {
 // throughput (median of the rounds' with ÷ without) of s, and the
 // text of both.
 func swapBars(s *cnpSwap) (p99, gbps float64, p99Text, gbpsText string) {
-	var r99, rg, open, pol []float64
-	for _, r := range s.Runs {
-		r99 = append(r99, r.Pol.P99/r.Open.P99)
-		rg = append(rg, r.Pol.Gbps/r.Open.Gbps)
-		open, pol = append(open, r.Open.Gbps), append(pol, r.Pol.Gbps)
-	}
-	p99, gbps = s.PooledPol[1]/s.PooledOpen[1], median(rg)
-	if len(s.Runs) == 0 {
+	if len(s.Runs) == 0 || s.PooledOpen[1] == 0 {
 		return math.NaN(), math.NaN(), "no rounds", "no rounds"
 	}
-	p99Text = fmt.Sprintf("%.2f× (pooled, %d connections an arm: %s vs %s ms; p50 %s vs %s, p99.9 %s vs %s); median of the rounds' p99 ratios %.2f× (%s)",
-		p99, s.Conns*len(s.Runs), fmtMs(s.PooledPol[1]), fmtMs(s.PooledOpen[1]), fmtMs(s.PooledPol[0]), fmtMs(s.PooledOpen[0]), fmtMs(s.PooledPol[2]), fmtMs(s.PooledOpen[2]), median(r99), fmtRatios(r99))
-	gbpsText = fmt.Sprintf("%.0f %% (median of %d rounds' ratios: %s); medians %.2f vs %.2f Gbit/s", gbps*100, len(rg), fmtRatios(rg), median(pol), median(open))
+	var seg, rg []float64
+	for _, x := range s.Tenths {
+		seg = append(seg, x[1]/x[0])
+	}
+	for _, r := range s.Runs {
+		rg = append(rg, r.Pol.Gbps/r.Open.Gbps)
+	}
+	p99, gbps = s.PooledPol[1]/s.PooledOpen[1], s.StreamPol/s.StreamOpen
+	perArm := s.Rounds * s.Batches / 2 * s.Batch
+	p99Text = fmt.Sprintf("%.2f× (pooled, %d connections an arm: %s vs %s ms; p50 %s vs %s, p99.9 %s vs %s); 90 %% interval of the ratio over resampled rounds %.2f-%.2f×; each tenth of the rounds: %s",
+		p99, perArm, fmtMs(s.PooledPol[1]), fmtMs(s.PooledOpen[1]), fmtMs(s.PooledPol[0]), fmtMs(s.PooledOpen[0]), fmtMs(s.PooledPol[2]), fmtMs(s.PooledOpen[2]), s.P99CI[0], s.P99CI[1], fmtRatios(seg))
+	gbpsText = fmt.Sprintf("%.1f %% (%.2f vs %.2f Gbit/s over %.0f s of stream an arm); 90 %% interval over resampled rounds %.1f-%.1f %%; rounds' ratios: median %.2f, %s", gbps*100, s.StreamPol, s.StreamOpen, float64(s.Rounds*s.Segments*s.SegmentMs)/2000, s.GbpsCI[0]*100, s.GbpsCI[1]*100, median(rg), fmtRatios(rg))
 	return p99, gbps, p99Text, gbpsText
 }
 
@@ -169,15 +177,11 @@ func (r *report) cnpSection(d *policyData) {
 		r.targets = append(r.targets, t)
 	}
 	if sw := c.Swap; sw != nil {
-		r.f("\n*Table swaps*: the pairs below switch arms through the API server (%d objects created or deleted and enforced, some 10 s a switch), so a pair's two runs are half a minute apart and this machine's drift moves their ratio by 0.6-2×. The bars above are judged on table swaps instead: with the policies in place, both nodes' podnet-routed are stopped (SIGSTOP, so that neither repairs what follows), the tables the engines wrote with no policy (%d lines on node 1, `nft list` of the pairs' last run without) are loaded beside theirs (%d lines) as podnet-open, dormant (on no hook), and a swap makes one table dormant and wakes the other, one nft transaction a node (p50 %s ms): %d rounds, each a run of each arm back to back, the order alternating; a run is %d sequential fresh connections and %d s of one iperf3 stream. They leave out the engines' CPU, which the pairs measure (under 2 %% of a CPU). Repairs of node 1's table by its engine after the swaps: %.0f. The pairs' figures: fresh connection p99 %s; throughput %s.\n",
-			c.Policies+c.ClusterPolicies, sw.TableLines[0], sw.TableLines[1], fmtMs(median(sw.SwapMs)), len(sw.Runs), sw.Conns, sw.IperfS, sw.Repairs, pairs99, pairsG)
-		r.f("\n| round | first | without: p50 / p99 (ms) | Gbit/s | with both: p50 / p99 (ms) | Gbit/s |\n|---:|---|---|---:|---|---:|\n")
+		r.f("\n*Table swaps*: the pairs below switch arms through the API server (%d objects created or deleted and enforced, some 10 s a switch), so a pair's two runs are half a minute apart and this machine's drift moves their ratio by 0.6-2×. The bars above are judged on table swaps instead: with the policies in place, both nodes' podnet-routed are stopped (SIGSTOP, so that neither repairs what follows), the tables the engines wrote with no policy (%d lines on node 1, `nft list` of the pairs' last run without) are loaded beside theirs (%d lines) as podnet-open, dormant (on no hook), and a swap makes one table dormant and wakes the other, one nf_tables transaction a node sent by the bench itself (p50 %s ms for both nodes). %d rounds; a round is %d batches of %d sequential fresh connections, the arm switched before each batch in the order without, with, with, without (so both arms see the same moments of the machine), then one iperf3 stream cli → srv whose arm is switched the same way every %d ms, %d times, after its first 300 ms (slow start, counted in neither), throughput measured by srv's received bytes over each segment: the per-packet cost of each table on the same running flow at the same moments. They leave out the engines' CPU, which the pairs measure (under 2 %% of a CPU). Repairs of node 1's table by its engine after the swaps: %.0f. The pairs' figures: fresh connection p99 %s; throughput %s.\n",
+			c.Policies+c.ClusterPolicies, sw.TableLines[0], sw.TableLines[1], fmtMs(median(sw.SwapMs)), len(sw.Runs), sw.Batches, sw.Batch, sw.SegmentMs, sw.Segments, sw.Repairs, pairs99, pairsG)
+		r.f("\n| round | without: p50 / p99 (ms) | Gbit/s | with both: p50 / p99 (ms) | Gbit/s |\n|---:|---|---:|---|---:|\n")
 		for i, x := range sw.Runs {
-			first := "with"
-			if x.OpenFirst {
-				first = "without"
-			}
-			r.f("| %d | %s | %s / %s | %.2f | %s / %s | %.2f |\n", i+1, first, fmtMs(x.Open.P50), fmtMs(x.Open.P99), x.Open.Gbps, fmtMs(x.Pol.P50), fmtMs(x.Pol.P99), x.Pol.Gbps)
+			r.f("| %d | %s / %s | %.2f | %s / %s | %.2f |\n", i+1, fmtMs(x.Open.P50), fmtMs(x.Open.P99), x.Open.Gbps, fmtMs(x.Pol.P50), fmtMs(x.Pol.P99), x.Pol.Gbps)
 		}
 	}
 	r.f("\nNot bars: connection rate with both %.2f× without (%s); attach (CNI ADD on node 1 with the engine's wait) p50 %s ms, p99 %s ms (%d pods); podnet_repairs_total on node 1 %.0f.\n\n",

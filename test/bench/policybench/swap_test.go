@@ -5,6 +5,7 @@ package policybench
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
@@ -25,36 +26,54 @@ import (
 // follows), the tables they wrote with no policy (`nft list` of the
 // phases' last run without) are loaded beside theirs as podnet-open,
 // dormant (on no hook), and a swap makes one dormant and wakes the other
-// (one nft transaction a node, milliseconds): Rounds rounds, each a run
-// of each arm back to back, the order alternating. What it leaves out:
-// the engines' CPU, which the phases measure (routed_cpu_ms, under 2 % of
-// a CPU).
+// (one nf_tables transaction a node, from this process: tableSwitch).
+// Connections: Rounds rounds of Batches batches of Batch sequential
+// fresh connections, the arm switched before every batch in the order
+// without, with, with, without, ... (ABBA: a drift linear over four
+// batches weighs on both arms alike), so both arms see the same moments
+// of the machine. Throughput: one iperf3 run of each arm a round, the
+// order alternating. What it leaves out: the engines' CPU, which the
+// phases measure (routed_cpu_ms, under 2 % of a CPU).
 type swapArms struct {
 	Policies        int `json:"policies"`
 	ClusterPolicies int `json:"cluster_policies"`
 	Rounds          int `json:"rounds"`
-	Conns           int `json:"conns"`   // sequential fresh connections per run
-	IperfS          int `json:"iperf_s"` // one iperf3 stream per run, nothing omitted
+	Batches         int `json:"batches"` // a round's batches, both arms
+	Batch           int `json:"batch"`   // sequential fresh connections a batch
+	// Segments of SegmentMs each of one iperf3 stream a round (streamArms)
+	Segments  int `json:"segments"`
+	SegmentMs int `json:"segment_ms"`
 	// TableLines: `nft list table inet podnet-policy` lines on node 1,
 	// without and with the policies
 	TableLines [2]int      `json:"table_lines"`
 	SwapMs     []float64   `json:"swap_ms"` // each swap, both nodes
 	Runs       []swapRound `json:"runs"`
-	// Pooled: p50, p99, p99.9 of every run's connections (ms), without
-	// and with the policies
+	// Pooled: p50, p99, p99.9 of every connection (ms), without and with
+	// the policies
 	PooledOpen [3]float64 `json:"pooled_open"`
 	PooledPol  [3]float64 `json:"pooled_pol"`
+	// Tenths: the pooled p99 of each tenth of the rounds (ms), without
+	// and with
+	Tenths [][2]float64 `json:"tenths"`
+	// P99CI: the 5th and 95th percentile of the pooled p99 ratio (with ÷
+	// without) over 400 resamples of the rounds (with replacement)
+	P99CI [2]float64 `json:"p99_ci"`
+	// StreamOpen, StreamPol: Gbit/s of every round's stream segments of
+	// each arm; GbpsCI: their ratio's 90 % interval over resampled rounds
+	StreamOpen float64    `json:"stream_open_gbps"`
+	StreamPol  float64    `json:"stream_pol_gbps"`
+	GbpsCI     [2]float64 `json:"gbps_ci"`
 	// Repairs: node 1's podnet_repairs_total of the policy table by the
 	// restart (SIGCONT) after the swaps: nft's encoding of a table differs
 	// from the engine's, which rewrites it whole
 	Repairs float64 `json:"repairs"`
 }
 
-// swapRound is one round: a run of each arm, back to back.
+// swapRound is one round: each arm's connections (p50, p99 of the
+// round's) and its part of the round's stream.
 type swapRound struct {
-	OpenFirst bool       `json:"open_first"`
-	Open      swapResult `json:"open"`
-	Pol       swapResult `json:"pol"`
+	Open swapResult `json:"open"`
+	Pol  swapResult `json:"pol"`
 }
 
 type swapResult struct {
@@ -127,21 +146,29 @@ func (b *bench) installOpen(dir string) {
 	})
 }
 
+// switches dials each node's tables (tableSwitch).
+func (b *bench) switches() []*tableSwitch {
+	var out []*tableSwitch
+	for i, n := range []*cluster.Node{b.n1, b.n2} {
+		s, err := newTableSwitch(n.NS.NetNS, b.open.families(i))
+		b.must(err)
+		b.t.Cleanup(func() { _ = s.Close() })
+		out = append(out, s)
+	}
+	return out
+}
+
 // activate makes each node's podnet-open tables (open) or its policy
 // tables (not open) the ones on the hooks and the others dormant, one
 // transaction a node.
-func (b *bench) activate(open bool, dir string) {
+func (b *bench) activate(sw []*tableSwitch, open bool) {
 	on, off := "podnet-policy", "podnet-open"
 	if open {
 		on, off = off, on
 	}
-	b.nodeNFT(dir, func(i int) string {
-		var sb strings.Builder
-		for _, fam := range b.open.families(i) {
-			fmt.Fprintf(&sb, "add table %s %s { flags dormant; }\nadd table %s %s\n", fam, off, fam, on)
-		}
-		return sb.String()
-	})
+	for _, s := range sw {
+		b.must(s.set(on, off))
+	}
 }
 
 // dropOpen deletes each node's podnet-open tables.
@@ -181,12 +208,12 @@ func (b *bench) settle() {
 // swap runs the arms with the policies in place and b.open (the tables
 // of the phases' last run without any) as the other; the policies' tables
 // alone are on the hooks and both engines running when it returns.
-func (b *bench) swap(pols, cnps, rounds, conns, iperfS int) *swapArms {
+func (b *bench) swap(pols, cnps, rounds, batches, batch, segs int, segDur time.Duration) *swapArms {
 	t := b.t
 	if b.open[0] == nil || rounds <= 0 {
 		return nil
 	}
-	sa := &swapArms{Policies: pols, ClusterPolicies: cnps, Rounds: rounds, Conns: conns, IperfS: iperfS}
+	sa := &swapArms{Policies: pols, ClusterPolicies: cnps, Rounds: rounds, Batches: batches, Batch: batch, Segments: segs, SegmentMs: int(segDur.Milliseconds())}
 	withPol := b.dumpTables()
 	sa.TableLines = [2]int{strings.Count(b.open[0]["inet"], "\n"), strings.Count(withPol[0]["inet"], "\n")}
 	for i := range 2 {
@@ -207,34 +234,49 @@ func (b *bench) swap(pols, cnps, rounds, conns, iperfS int) *swapArms {
 		}
 	}()
 	b.installOpen(dir)
-	var allOpen, allPol []float64
+	sw := b.switches()
+	rx, err := newRxCounter(b.srv.NS.NetNS)
+	b.must(err)
+	var streams [][2][2]float64
+	// the switch switches: the bench's deny-all refuses probe-cli ->
+	// probe-srv in the policies' table only
+	b.activate(sw, true)
+	waitVerdict(t, b.probeCli.NS, b.probeAddr, true, 5*time.Second)
+	b.activate(sw, false)
+	waitVerdict(t, b.probeCli.NS, b.probeAddr, false, 5*time.Second)
+	open, pol := make([][]float64, rounds), make([][]float64, rounds)
 	for r := range rounds {
-		round := swapRound{OpenFirst: r%2 == 0}
-		order := []bool{true, false}
-		if !round.OpenFirst {
-			order = []bool{false, true}
-		}
-		for _, open := range order {
-			res, pool := &round.Pol, &allPol
-			if open {
-				res, pool = &round.Open, &allOpen
-			}
+		var round swapRound
+		for k := range batches {
+			g := r*batches + k
+			isOpen := g%4 == 0 || g%4 == 3
 			start := time.Now()
-			b.activate(open, dir)
+			b.activate(sw, isOpen)
 			sa.SwapMs = append(sa.SwapMs, float64(time.Since(start).Microseconds())/1000)
-			lat := connectLatencies(t, b.cli.NS, b.srvAddr, conns)
-			*pool = append(*pool, lat...)
-			res.P50, res.P99 = roundMs([]float64{pct(lat, 50)})[0], roundMs([]float64{pct(lat, 99)})[0]
-			res.Gbps = iperfOmit(t, b.cli.NS.NetNS, b.srv.IP.String(), iperfPort, iperfS, 0)
+			lat := connectLatencies(t, b.cli.NS, b.srvAddr, batch)
+			if isOpen {
+				open[r] = append(open[r], lat...)
+			} else {
+				pol[r] = append(pol[r], lat...)
+			}
 		}
+		round.Open.P50, round.Open.P99 = roundMs([]float64{pct(open[r], 50)})[0], roundMs([]float64{pct(open[r], 99)})[0]
+		round.Pol.P50, round.Pol.P99 = roundMs([]float64{pct(pol[r], 50)})[0], roundMs([]float64{pct(pol[r], 99)})[0]
+		o, p := b.streamArms(sw, rx, segs, segDur)
+		streams = append(streams, [2][2]float64{o, p})
+		round.Open.Gbps, round.Pol.Gbps = gbit(o), gbit(p)
 		t.Logf("table swap, round %d: without %.2f / %.2f ms %.2f Gbit/s, with %d + %d %.2f / %.2f ms %.2f Gbit/s",
 			r+1, round.Open.P50, round.Open.P99, round.Open.Gbps, pols, cnps, round.Pol.P50, round.Pol.P99, round.Pol.Gbps)
 		sa.Runs = append(sa.Runs, round)
 	}
+	allOpen, allPol := slices.Concat(open...), slices.Concat(pol...)
 	for i, q := range []float64{50, 99, 99.9} {
 		sa.PooledOpen[i], sa.PooledPol[i] = pct(allOpen, q), pct(allPol, q)
 	}
-	b.activate(false, dir)
+	sa.Tenths = tenths(open, pol, 10)
+	sa.P99CI = p99Interval(open, pol, 400)
+	sa.StreamOpen, sa.StreamPol, sa.GbpsCI = streamTotals(streams, 400)
+	b.activate(sw, false)
 	b.dropOpen(dir)
 	b.signalRouted(syscall.SIGCONT)
 	stopped = false
@@ -245,19 +287,76 @@ func (b *bench) swap(pols, cnps, rounds, conns, iperfS int) *swapArms {
 		r1, _ := cluster.Metric(body, "podnet_repairs_total", `object="policy-table"`)
 		sa.Repairs = r1 - repairs0
 	}
-	t.Logf("table swap, %d rounds: fresh connection p99 pooled %.3f vs %.3f ms without; throughput median %.2f vs %.2f Gbit/s",
-		rounds, sa.PooledPol[1], sa.PooledOpen[1], medianGbps(sa.Runs, false), medianGbps(sa.Runs, true))
+	t.Logf("table swap, %d rounds: fresh connection p99 pooled %.3f vs %.3f ms without (ratio 90 %% interval %.3f-%.3f); throughput %.2f vs %.2f Gbit/s (ratio 90 %% interval %.3f-%.3f)",
+		rounds, sa.PooledPol[1], sa.PooledOpen[1], sa.P99CI[0], sa.P99CI[1], sa.StreamPol, sa.StreamOpen, sa.GbpsCI[0], sa.GbpsCI[1])
 	return sa
 }
 
-func medianGbps(runs []swapRound, open bool) float64 {
-	var g []float64
-	for _, r := range runs {
-		if open {
-			g = append(g, r.Open.Gbps)
-		} else {
-			g = append(g, r.Pol.Gbps)
+// gbit is bytes and seconds as Gbit/s.
+func gbit(x [2]float64) float64 {
+	if x[1] == 0 {
+		return 0
+	}
+	return x[0] * 8 / x[1] / 1e9
+}
+
+// streamTotals is each arm's throughput over every round's stream
+// (Gbit/s, without and with) and the 5th and 95th percentile of their
+// ratio (with ÷ without) over resamples of the rounds.
+func streamTotals(streams [][2][2]float64, resamples int) (open, pol float64, ci [2]float64) {
+	sum := func(idx func(int) int) (o, p float64) {
+		var so, sp [2]float64
+		for i := range streams {
+			r := streams[idx(i)]
+			so[0], so[1], sp[0], sp[1] = so[0]+r[0][0], so[1]+r[0][1], sp[0]+r[1][0], sp[1]+r[1][1]
+		}
+		return gbit(so), gbit(sp)
+	}
+	open, pol = sum(func(i int) int { return i })
+	if len(streams) == 0 {
+		return open, pol, ci
+	}
+	rng := rand.New(rand.NewPCG(3, 4))
+	var ratios []float64
+	for range resamples {
+		o, p := sum(func(int) int { return rng.IntN(len(streams)) })
+		if o > 0 {
+			ratios = append(ratios, p/o)
 		}
 	}
-	return pct(g, 50)
+	return open, pol, [2]float64{pct(ratios, 5), pct(ratios, 95)}
+}
+
+// tenths is the pooled p99 of each of n consecutive parts of the
+// rounds, without and with.
+func tenths(open, pol [][]float64, n int) [][2]float64 {
+	n = min(n, len(open))
+	var out [][2]float64
+	for i := range n {
+		lo, hi := i*len(open)/n, (i+1)*len(open)/n
+		out = append(out, [2]float64{pct(slices.Concat(open[lo:hi]...), 99), pct(slices.Concat(pol[lo:hi]...), 99)})
+	}
+	return out
+}
+
+// p99Interval is the 5th and 95th percentile of the pooled p99 ratio
+// (with ÷ without) over resamples of the rounds drawn with replacement
+// (a round's two arms kept together: they saw the same moments).
+func p99Interval(open, pol [][]float64, resamples int) [2]float64 {
+	if len(open) == 0 {
+		return [2]float64{}
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	var ratios []float64
+	for range resamples {
+		var o, p []float64
+		for range open {
+			r := rng.IntN(len(open))
+			o, p = append(o, open[r]...), append(p, pol[r]...)
+		}
+		if q := pct(o, 99); q > 0 {
+			ratios = append(ratios, pct(p, 99)/q)
+		}
+	}
+	return [2]float64{pct(ratios, 5), pct(ratios, 95)}
 }
