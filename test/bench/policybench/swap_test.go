@@ -52,6 +52,11 @@ type swapArms struct {
 	// the policies
 	PooledOpen [3]float64 `json:"pooled_open"`
 	PooledPol  [3]float64 `json:"pooled_pol"`
+	// FirstP50, RestP50: p50 of each batch's first connection (right
+	// after a swap) and of the others (ms), without and with: what the
+	// swap itself costs the connection after it
+	FirstP50 [2]float64 `json:"first_p50"`
+	RestP50  [2]float64 `json:"rest_p50"`
 	// Tenths: the pooled p99 of each tenth of the rounds (ms), without
 	// and with
 	Tenths [][2]float64 `json:"tenths"`
@@ -238,6 +243,7 @@ func (b *bench) swap(pols, cnps, rounds, batches, batch, segs int, segDur time.D
 	rx, err := newRxCounter(b.srv.NS.NetNS)
 	b.must(err)
 	var streams [][2][2]float64
+	var first, rest [2][]float64 // without, with
 	// the switch switches: the bench's deny-all refuses probe-cli ->
 	// probe-srv in the policies' table only
 	b.activate(sw, true)
@@ -254,6 +260,13 @@ func (b *bench) swap(pols, cnps, rounds, batches, batch, segs int, segDur time.D
 			b.activate(sw, isOpen)
 			sa.SwapMs = append(sa.SwapMs, float64(time.Since(start).Microseconds())/1000)
 			lat := connectLatencies(t, b.cli.NS, b.srvAddr, batch)
+			if len(lat) > 0 {
+				arm := 1
+				if isOpen {
+					arm = 0
+				}
+				first[arm], rest[arm] = append(first[arm], lat[0]), append(rest[arm], lat[1:]...)
+			}
 			if isOpen {
 				open[r] = append(open[r], lat...)
 			} else {
@@ -274,6 +287,9 @@ func (b *bench) swap(pols, cnps, rounds, batches, batch, segs int, segDur time.D
 		sa.PooledOpen[i], sa.PooledPol[i] = pct(allOpen, q), pct(allPol, q)
 	}
 	sa.Tenths = tenths(open, pol, 10)
+	for i := range 2 {
+		sa.FirstP50[i], sa.RestP50[i] = pct(first[i], 50), pct(rest[i], 50)
+	}
 	sa.P99CI = p99Interval(open, pol, 400)
 	sa.StreamOpen, sa.StreamPol, sa.GbpsCI = streamTotals(streams, 400)
 	b.activate(sw, false)
@@ -287,6 +303,7 @@ func (b *bench) swap(pols, cnps, rounds, batches, batch, segs int, segDur time.D
 		r1, _ := cluster.Metric(body, "podnet_repairs_total", `object="policy-table"`)
 		sa.Repairs = r1 - repairs0
 	}
+	t.Logf("table swap: p50 of a batch's first connection %.3f vs %.3f ms without, of the others %.3f vs %.3f ms", sa.FirstP50[1], sa.FirstP50[0], sa.RestP50[1], sa.RestP50[0])
 	t.Logf("table swap, %d rounds: fresh connection p99 pooled %.3f vs %.3f ms without (ratio 90 %% interval %.3f-%.3f); throughput %.2f vs %.2f Gbit/s (ratio 90 %% interval %.3f-%.3f)",
 		rounds, sa.PooledPol[1], sa.PooledOpen[1], sa.P99CI[0], sa.P99CI[1], sa.StreamPol, sa.StreamOpen, sa.GbpsCI[0], sa.GbpsCI[1])
 	return sa
