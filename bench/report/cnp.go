@@ -39,13 +39,16 @@ type policyCNP struct {
 // cnpSwap is policy.json's cnp.swap: the same two arms by table swaps,
 // finely alternated (test/bench/policybench/swap_test.go).
 type cnpSwap struct {
-	Rounds     int       `json:"rounds"`
-	Batches    int       `json:"batches"`
-	Batch      int       `json:"batch"`
-	Segments   int       `json:"segments"`
-	SegmentMs  int       `json:"segment_ms"`
-	TableLines [2]int    `json:"table_lines"`
-	SwapMs     []float64 `json:"swap_ms"`
+	Rounds     int           `json:"rounds"`
+	Batches    int           `json:"batches"`
+	Batch      int           `json:"batch"`
+	Warm       int           `json:"warm"`
+	PooledAll  [2][3]float64 `json:"pooled_all"`
+	ByPosition [][2]float64  `json:"by_position"`
+	Segments   int           `json:"segments"`
+	SegmentMs  int           `json:"segment_ms"`
+	TableLines [2]int        `json:"table_lines"`
+	SwapMs     []float64     `json:"swap_ms"`
 	Runs       []struct {
 		Open swapRun `json:"open"`
 		Pol  swapRun `json:"pol"`
@@ -81,9 +84,10 @@ func swapBars(s *cnpSwap) (p99, gbps float64, p99Text, gbpsText string) {
 		rg = append(rg, r.Pol.Gbps/r.Open.Gbps)
 	}
 	p99, gbps = s.PooledPol[1]/s.PooledOpen[1], s.StreamPol/s.StreamOpen
-	perArm := s.Rounds * s.Batches / 2 * s.Batch
-	p99Text = fmt.Sprintf("%.2f× (pooled, %d connections an arm: %s vs %s ms; p50 %s vs %s, p99.9 %s vs %s); 90 %% interval of the ratio over resampled rounds %.2f-%.2f×; each tenth of the rounds: %s",
-		p99, perArm, fmtMs(s.PooledPol[1]), fmtMs(s.PooledOpen[1]), fmtMs(s.PooledPol[0]), fmtMs(s.PooledOpen[0]), fmtMs(s.PooledPol[2]), fmtMs(s.PooledOpen[2]), s.P99CI[0], s.P99CI[1], fmtRatios(seg))
+	perArm := s.Rounds * s.Batches / 2 * (s.Batch - s.Warm)
+	p99Text = fmt.Sprintf("%.2f× (pooled, %d connections an arm, each batch's first %d after a swap left out: %s vs %s ms; p50 %s vs %s, p99.9 %s vs %s); 90 %% interval of the ratio over resampled rounds %.2f-%.2f×; each tenth of the rounds: %s; with every connection %.2f× (%s vs %s ms)",
+		p99, perArm, s.Warm, fmtMs(s.PooledPol[1]), fmtMs(s.PooledOpen[1]), fmtMs(s.PooledPol[0]), fmtMs(s.PooledOpen[0]), fmtMs(s.PooledPol[2]), fmtMs(s.PooledOpen[2]), s.P99CI[0], s.P99CI[1], fmtRatios(seg),
+		s.PooledAll[1][1]/s.PooledAll[0][1], fmtMs(s.PooledAll[1][1]), fmtMs(s.PooledAll[0][1]))
 	gbpsText = fmt.Sprintf("%.1f %% (%.2f vs %.2f Gbit/s over %.0f s of stream an arm); 90 %% interval over resampled rounds %.1f-%.1f %%; rounds' ratios: median %.2f, %s", gbps*100, s.StreamPol, s.StreamOpen, float64(s.Rounds*s.Segments*s.SegmentMs)/2000, s.GbpsCI[0]*100, s.GbpsCI[1]*100, median(rg), fmtRatios(rg))
 	return p99, gbps, p99Text, gbpsText
 }
@@ -177,8 +181,14 @@ func (r *report) cnpSection(d *policyData) {
 		r.targets = append(r.targets, t)
 	}
 	if sw := c.Swap; sw != nil {
-		r.f("\n*Table swaps*: the pairs below switch arms through the API server (%d objects created or deleted and enforced, some 10 s a switch), so a pair's two runs are half a minute apart and this machine's drift moves their ratio by 0.6-2×. The bars above are judged on table swaps instead: with the policies in place, both nodes' podnet-routed are stopped (SIGSTOP, so that neither repairs what follows), the tables the engines wrote with no policy (%d lines on node 1, `nft list` of the pairs' last run without) are loaded beside theirs (%d lines) as podnet-open, dormant (on no hook), and a swap makes one table dormant and wakes the other, one nf_tables transaction a node sent by the bench itself (p50 %s ms for both nodes). %d rounds; a round is %d batches of %d sequential fresh connections, the arm switched before each batch in the order without, with, with, without (so both arms see the same moments of the machine), then one iperf3 stream cli → srv whose arm is switched the same way every %d ms, %d times, after its first 300 ms (slow start, counted in neither), throughput measured by srv's received bytes over each segment: the per-packet cost of each table on the same running flow at the same moments. They leave out the engines' CPU, which the pairs measure (under 2 %% of a CPU). Repairs of node 1's table by its engine after the swaps: %.0f. The pairs' figures: fresh connection p99 %s; throughput %s.\n",
-			c.Policies+c.ClusterPolicies, sw.TableLines[0], sw.TableLines[1], fmtMs(median(sw.SwapMs)), len(sw.Runs), sw.Batches, sw.Batch, sw.SegmentMs, sw.Segments, sw.Repairs, pairs99, pairsG)
+		r.f("\n*Table swaps*: the pairs below switch arms through the API server (%d objects created or deleted and enforced, some 10 s a switch), so a pair's two runs are half a minute apart and this machine's drift moves their ratio by 0.6-2×. The bars above are judged on table swaps instead: with the policies in place, both nodes' podnet-routed are stopped (SIGSTOP, so that neither repairs what follows), the tables the engines wrote with no policy (%d lines on node 1, `nft list` of the pairs' last run without) are loaded beside theirs (%d lines) as podnet-open, dormant (on no hook), and a swap makes one table dormant and wakes the other, one nf_tables transaction a node sent by the bench itself (p50 %s ms for both nodes). %d rounds; a round is %d batches of %d sequential fresh connections, the arm switched before each batch in the order without, with, with, without (so both arms see the same moments of the machine); the first %d connections of each batch are left out of the pooled figures, both arms alike: right after a swap the table just woken is cold in the CPU's caches, which a node's table is not between two connections (p50 by position in the batch below); then one iperf3 stream cli → srv whose arm is switched the same way every %d ms, %d times, after its first 300 ms (slow start, counted in neither), throughput measured by srv's received bytes over each segment: the per-packet cost of each table on the same running flow at the same moments. They leave out the engines' CPU, which the pairs measure (under 2 %% of a CPU). Repairs of node 1's table by its engine after the swaps: %.0f. The pairs' figures: fresh connection p99 %s; throughput %s.\n",
+			c.Policies+c.ClusterPolicies, sw.TableLines[0], sw.TableLines[1], fmtMs(median(sw.SwapMs)), len(sw.Runs), sw.Batches, sw.Batch, sw.Warm, sw.SegmentMs, sw.Segments, sw.Repairs, pairs99, pairsG)
+		if len(sw.ByPosition) > 0 {
+			r.f("\n| position in the batch (0: right after the swap) | without: p50 (ms) | with both: p50 (ms) | with ÷ without |\n|---:|---:|---:|---:|\n")
+			for i, x := range sw.ByPosition {
+				r.f("| %d | %s | %s | %.2f× |\n", i, fmtMs(x[0]), fmtMs(x[1]), x[1]/x[0])
+			}
+		}
 		r.f("\n| round | without: p50 / p99 (ms) | Gbit/s | with both: p50 / p99 (ms) | Gbit/s |\n|---:|---|---:|---|---:|\n")
 		for i, x := range sw.Runs {
 			r.f("| %d | %s / %s | %.2f | %s / %s | %.2f |\n", i+1, fmtMs(x.Open.P50), fmtMs(x.Open.P99), x.Open.Gbps, fmtMs(x.Pol.P50), fmtMs(x.Pol.P99), x.Pol.Gbps)
