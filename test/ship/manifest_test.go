@@ -261,8 +261,8 @@ func checkDaemonSet(t *testing.T, ds *appsv1.DaemonSet, cm *corev1.ConfigMap) {
 		}
 	}
 	caps := func(c corev1.Container) []corev1.Capability { return c.SecurityContext.Capabilities.Add }
-	if !slices.Equal(caps(main), []corev1.Capability{"NET_ADMIN"}) || !slices.Equal(caps(prep), []corev1.Capability{"NET_ADMIN"}) || len(caps(inst)) != 0 {
-		t.Errorf("capabilities added: prepare-node %v, install-cni %v, podnet-routed %v; want NET_ADMIN, none, NET_ADMIN", caps(prep), caps(inst), caps(main))
+	if !slices.Equal(caps(main), []corev1.Capability{"NET_ADMIN", "SYS_NICE"}) || !slices.Equal(caps(prep), []corev1.Capability{"NET_ADMIN"}) || len(caps(inst)) != 0 {
+		t.Errorf("capabilities added: prepare-node %v, install-cni %v, podnet-routed %v; want NET_ADMIN, none, NET_ADMIN and SYS_NICE (--policy-nice)", caps(prep), caps(inst), caps(main))
 	}
 
 	// The init containers run the installer; the main container the image's

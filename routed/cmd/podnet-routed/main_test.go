@@ -82,3 +82,29 @@ func TestGCPercent(t *testing.T) {
 		}
 	}
 }
+
+// --policy-nice is -10 unless given, and a nice value or refused.
+func TestPolicyNice(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want int
+		ok   bool
+	}{
+		{nil, -10, true},
+		{[]string{"--policy-nice=0"}, 0, true},
+		{[]string{"--policy-nice=-20"}, -20, true},
+		{[]string{"--policy-nice=19"}, 19, true},
+		{[]string{"--policy-nice=-21"}, 0, false},
+		{[]string{"--policy-nice=20"}, 0, false},
+		{[]string{"--policy-nice=high"}, 0, false},
+	} {
+		o, err := parseFlags(tc.args)
+		if (err == nil) != tc.ok {
+			t.Errorf("%v: %v, want ok=%v", tc.args, err, tc.ok)
+			continue
+		}
+		if err == nil && o.policyNice != tc.want {
+			t.Errorf("%v: %d, want %d", tc.args, o.policyNice, tc.want)
+		}
+	}
+}

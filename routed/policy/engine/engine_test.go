@@ -22,6 +22,7 @@ import (
 	fcache "k8s.io/client-go/tools/cache/testing"
 
 	"github.com/podnet/podnet/internal/policysock"
+	"github.com/podnet/podnet/internal/threadprio"
 	"github.com/podnet/podnet/routed/policy"
 )
 
@@ -36,11 +37,21 @@ type fakeWriter struct {
 	webToDB  []bool
 	counters map[DropKey]uint64
 	failNext error
+	// nice: the nice value of the thread of each Apply and ApplyDelta
+	nice []int
+}
+
+// noteNice records the calling thread's nice value. Callers hold f.mu.
+func (f *fakeWriter) noteNice() {
+	if n, err := threadprio.Nice(); err == nil {
+		f.nice = append(f.nice, n)
+	}
 }
 
 func (f *fakeWriter) Apply(want policy.Ruleset) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.noteNice()
 	if err := f.failNext; err != nil {
 		f.failNext = nil
 		return err
@@ -52,6 +63,7 @@ func (f *fakeWriter) Apply(want policy.Ruleset) error {
 func (f *fakeWriter) ApplyDelta(d policy.Delta) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.noteNice()
 	if err := f.failNext; err != nil {
 		f.failNext = nil
 		return err

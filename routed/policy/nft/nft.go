@@ -28,6 +28,7 @@ import (
 	"github.com/mdlayher/netlink"
 
 	"github.com/podnet/podnet/internal/nftutil"
+	"github.com/podnet/podnet/internal/threadprio"
 	"github.com/podnet/podnet/routed/policy"
 )
 
@@ -62,6 +63,10 @@ type Writer struct {
 	LogRate  uint64
 	// TierSegment: rules per tier chain segment (0: 8); tests cut small.
 	TierSegment int
+	// Nice is the nice value the read-back after an incremental write
+	// runs at (0: the process's), on a thread of its own: the next
+	// write waits for it.
+	Nice int
 
 	mu sync.Mutex
 	// st is what the Writer built for the table, per object: the last
@@ -284,10 +289,12 @@ func (w *Writer) write(ch *change) (Stats, error) {
 
 // settleLocked is settle for a goroutine of its own.
 func (w *Writer) settleLocked() {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.settling = false
-	w.settle()
+	threadprio.Do(w.Nice, func() {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		w.settling = false
+		w.settle()
+	})
 }
 
 // settle reads back what the last incremental write changed (w.unread)
