@@ -71,7 +71,7 @@ func (b *bench) cnpScale(pols []*networkingv1.NetworkPolicy, cnps []*cnpv1.Clust
 	t, ctx, n1 := b.t, b.ctx, b.n1
 	cs := &cnpScale{Policies: len(pols), ClusterPolicies: len(cnps)}
 	cs.Phases = b.phases(pols, cnps, &cs.SetupS)
-	cs.Swap = b.swap(len(pols), len(cnps), envInt("PODNET_BENCH_POLICY_SWAP_ROUNDS", 80), envInt("PODNET_BENCH_POLICY_SWAP_BATCHES", 32), envInt("PODNET_BENCH_POLICY_SWAP_BATCH", 10), envInt("PODNET_BENCH_POLICY_SWAP_WARM", 1), envInt("PODNET_BENCH_POLICY_SWAP_SEGMENTS", 8), time.Duration(envInt("PODNET_BENCH_POLICY_SWAP_SEGMENT_MS", 250))*time.Millisecond)
+	cs.Swap = b.swap(len(pols), len(cnps), envInt("PODNET_BENCH_POLICY_SWAP_ROUNDS", 60), envInt("PODNET_BENCH_POLICY_SWAP_BATCHES", 16), envInt("PODNET_BENCH_POLICY_SWAP_BATCH", 50), envInt("PODNET_BENCH_POLICY_SWAP_WARM", 10), envInt("PODNET_BENCH_POLICY_SWAP_SEGMENTS", 8), time.Duration(envInt("PODNET_BENCH_POLICY_SWAP_SEGMENT_MS", 250))*time.Millisecond)
 	if body, err := n1.MetricsText(); err == nil {
 		cs.IsolatedPods, _ = cluster.Metric(body, "podnet_policy_isolated_pods")
 		cs.ClusterRefused, _ = cluster.Metric(body, "podnet_policy_cluster_refused")

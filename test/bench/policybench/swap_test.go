@@ -31,8 +31,8 @@ import (
 // fresh connections, the arm switched before every batch in the order
 // without, with, with, without, ... (ABBA: a drift linear over four
 // batches weighs on both arms alike), so both arms see the same moments
-// of the machine; each batch's first Warm connections (the table just
-// woken, cold in the caches) are shown apart, not pooled. Throughput: one iperf3 run of each arm a round, the
+// of the machine; each batch's first Warm connections (the swap's
+// transient) are shown apart, not pooled. Throughput: one iperf3 run of each arm a round, the
 // order alternating. What it leaves out: the engines' CPU, which the
 // phases measure (routed_cpu_ms, under 2 % of a CPU).
 type swapArms struct {
@@ -54,10 +54,11 @@ type swapArms struct {
 	PooledOpen [3]float64 `json:"pooled_open"`
 	PooledPol  [3]float64 `json:"pooled_pol"`
 	// Warm: the first connections of each batch left out of the pooled
-	// figures (both arms): right after a swap the table just woken is
-	// cold in the CPU's caches, which a node's table never is between
-	// two connections. PooledAll: p50, p99, p99.9 with them, without
-	// and with.
+	// figures (both arms): right after a swap, connections through the
+	// table just woken are slower for some ten connections (ByPosition:
+	// 1.15x at the first, 1.05x at the tenth with batches of 10), a
+	// transient of the swap that a node's table, never swapped, does not
+	// have. PooledAll: p50, p99, p99.9 with them, without and with.
 	Warm      int           `json:"warm"`
 	PooledAll [2][3]float64 `json:"pooled_all"`
 	// ByPosition: p50 of the connections at each position of a batch
