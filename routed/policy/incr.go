@@ -73,7 +73,7 @@ type Incremental struct {
 	// keys, local pod keys); outPods and outPols the IDs whose entries
 	// changed since the last Flush
 	dirtyPol  map[string]bool
-	dirtyRule map[string]map[int]bool
+	dirtyRule map[string]map[int]*ruleDirt
 	dirtyPod  map[string]bool
 	outPods   map[string]bool
 	outPols   map[string]bool
@@ -132,7 +132,7 @@ func (c *Incremental) Reset() {
 	c.known, c.counted = newCountedSet(netip.Addr.Compare), map[string][]LocalPort{}
 	c.routed, c.bridged = newCountedSet(strings.Compare), newCountedSet(strings.Compare)
 	c.dirtyPol, c.dirtyPod = map[string]bool{}, map[string]bool{}
-	c.dirtyRule, c.cstate = map[string]map[int]bool{}, map[string]*chainState{}
+	c.dirtyRule, c.cstate = map[string]map[int]*ruleDirt{}, map[string]*chainState{}
 	if c.outPods == nil {
 		c.outPods, c.outPols = map[string]bool{}, map[string]bool{}
 	}
@@ -439,28 +439,21 @@ func (c *Incremental) peersChanged(ns string, o, n *entry, ol, nl labels.Set) {
 			continue
 		}
 		m := cs.members[r.rule]
+		var to, tn *entry
 		if mo {
+			to = o
 			for _, a := range o.ips {
 				m.drop(a)
 			}
 		}
 		if mn {
+			tn = n
 			for _, a := range n.ips {
 				m.add(a)
 			}
 		}
-		c.markRule(r.chain, r.rule)
+		c.markMembers(r.chain, r.rule, to, tn)
 	}
-}
-
-// markRule notes that rule i of chain id is to be compiled again.
-func (c *Incremental) markRule(id string, i int) {
-	m := c.dirtyRule[id]
-	if m == nil {
-		m = map[int]bool{}
-		c.dirtyRule[id] = m
-	}
-	m[i] = true
 }
 
 // markNamedEgress notes that the egress rules of policy pk that name a
@@ -519,8 +512,8 @@ func (c *Incremental) selectionChanged(pk, k string, so, sn bool) {
 			}
 		}
 	}
-	if (so || sn) && c.namedIn[pk] {
-		c.dirtyPol[pk] = true
+	if (so || sn) && c.namedIn[pk] && !c.dirtyPol[pk] {
+		c.markInNamed(pk)
 	}
 }
 

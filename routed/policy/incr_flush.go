@@ -167,8 +167,9 @@ func (c *Incremental) recompilePolicy(pk string) {
 }
 
 // recompileRules compiles rules (by index) of chain id again: their
-// peers from the members kept, their ports from those peers.
-func (c *Incremental) recompileRules(id string, cs *chainState, rules map[int]bool) {
+// peers from the members kept (patched at the addresses touched, when
+// only members changed), their ports from those peers.
+func (c *Incremental) recompileRules(id string, cs *chainState, rules map[int]*ruleDirt) {
 	old, ok := c.chains[id]
 	if !ok {
 		return
@@ -187,28 +188,53 @@ func (c *Incremental) recompileRules(id string, cs *chainState, rules map[int]bo
 	} else if pp := c.s.policies[cs.pk]; pp != nil {
 		parsed = pp.rules[cs.d]
 	}
-	var targets []*entry
-	if cs.d == dirIn {
-		for _, k := range slices.Sorted(maps.Keys(c.sel[cs.pk])) {
-			targets = append(targets, c.local[k])
+	var targets []*entry // an ingress rule's named ports', made when needed
+	targetsOf := func() []*entry {
+		if targets == nil {
+			for _, k := range slices.Sorted(maps.Keys(c.sel[cs.pk])) {
+				targets = append(targets, c.local[k])
+			}
 		}
+		return targets
 	}
 	pc := old
 	pc.Rules = slices.Clone(old.Rules)
-	for i := range rules {
+	for i, dirt := range rules {
 		if i >= len(parsed) || i >= len(pc.Rules) || i >= len(cs.members) {
 			continue
 		}
 		r := &parsed[i]
 		rule := pc.Rules[i]
-		if !r.anyPeer {
+		hasNodes := nodes != nil && len(nodes[i]) > 0
+		if hasNodes {
+			// nodes peers (a ClusterNetworkPolicy's): whole
+			dirt = &ruleDirt{whole: true, ports: dirt.ports}
+		}
+		peersChanged := dirt.whole || len(dirt.touched) > 0
+		switch {
+		case r.anyPeer || !peersChanged:
+		case !dirt.whole:
+			rule.Peers = patchPeers(rule.Peers, r.blocks, cs.members[i], dirt.touched)
+		default:
 			rule.Peers = unionRanges(r.blocks, cs.members[i].ranges) // a new slice
 		}
-		if slices.ContainsFunc(r.ports, func(p parsedPort) bool { return p.name != "" }) {
-			// numbered ports do not depend on the peers: kept
-			rule.Ports = rulePorts(c, r, cs.d, targets, rule.Peers)
+		// numbered ports do not depend on the peers, nor do an ingress
+		// rule's named ports (they resolve against the pods the policy
+		// selects): those are resolved again when they changed; an
+		// egress rule's named ports resolve against its peers
+		named := slices.ContainsFunc(r.ports, func(p parsedPort) bool { return p.name != "" })
+		switch {
+		case !named:
+		case cs.d == dirEg && dirt.whole:
+			rule.Ports = rulePorts(c, r, cs.d, nil, rule.Peers)
+		case cs.d == dirEg:
+			if peersChanged {
+				rule.Ports = c.patchEgressPorts(rule.Ports, r, rule.Peers, dirt.touched)
+			}
+		case dirt.ports || dirt.whole:
+			rule.Ports = rulePorts(c, r, cs.d, targetsOf(), nil)
 		}
-		if nodes != nil && len(nodes[i]) > 0 {
+		if hasNodes {
 			rule.Peers = unionRanges(rule.Peers, c.s.nodeRanges(nodes[i]))
 		}
 		pc.Rules[i] = rule

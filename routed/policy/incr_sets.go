@@ -20,15 +20,56 @@ type addrRangeSet struct {
 	ranges []Range
 }
 
-// find is the index of the first range that does not end before a, and
-// whether it holds a.
-func (s *addrRangeSet) find(a netip.Addr) (int, bool) {
-	i, _ := slices.BinarySearchFunc(s.ranges, a, func(r Range, a netip.Addr) int { return r.To.Compare(a) })
-	return i, i < len(s.ranges) && s.ranges[i].Contains(a)
+// findRange is the index of the first range of rs (merged) that does
+// not end before a, and whether it holds a.
+func findRange(rs []Range, a netip.Addr) (int, bool) {
+	i, _ := slices.BinarySearchFunc(rs, a, func(r Range, a netip.Addr) int { return r.To.Compare(a) })
+	return i, i < len(rs) && rs[i].Contains(a)
+}
+
+// insertAddr adds a, which rs (merged) does not hold, at index i (from
+// findRange), merged into the ranges it touches.
+func insertAddr(rs []Range, i int, a netip.Addr) []Range {
+	joinsPrev := i > 0 && rs[i-1].To.Is4() == a.Is4() && !lastOfFamily(rs[i-1].To) && rs[i-1].To.Next() == a
+	joinsNext := i < len(rs) && rs[i].From.Is4() == a.Is4() && !lastOfFamily(a) && a.Next() == rs[i].From
+	switch {
+	case joinsPrev && joinsNext:
+		rs[i-1].To = rs[i].To
+		return slices.Delete(rs, i, i+1)
+	case joinsPrev:
+		rs[i-1].To = a
+	case joinsNext:
+		rs[i].From = a
+	default:
+		return slices.Insert(rs, i, single(a))
+	}
+	return rs
+}
+
+// removeAddr takes a out of rs[i], which holds it, splitting the range.
+func removeAddr(rs []Range, i int, a netip.Addr) []Range {
+	r := rs[i]
+	switch {
+	case r.From == a && r.To == a:
+		return slices.Delete(rs, i, i+1)
+	case r.From == a:
+		rs[i].From = a.Next()
+	case r.To == a:
+		rs[i].To = a.Prev()
+	default:
+		rs[i].To = a.Prev()
+		return slices.Insert(rs, i+1, Range{From: a.Next(), To: r.To})
+	}
+	return rs
+}
+
+func (s *addrRangeSet) has(a netip.Addr) bool {
+	_, in := findRange(s.ranges, a)
+	return in
 }
 
 func (s *addrRangeSet) add(a netip.Addr) {
-	i, in := s.find(a)
+	i, in := findRange(s.ranges, a)
 	if in {
 		if s.extra == nil {
 			s.extra = map[netip.Addr]int{}
@@ -36,24 +77,11 @@ func (s *addrRangeSet) add(a netip.Addr) {
 		s.extra[a]++
 		return
 	}
-	rs := s.ranges
-	joinsPrev := i > 0 && rs[i-1].To.Is4() == a.Is4() && !lastOfFamily(rs[i-1].To) && rs[i-1].To.Next() == a
-	joinsNext := i < len(rs) && rs[i].From.Is4() == a.Is4() && !lastOfFamily(a) && a.Next() == rs[i].From
-	switch {
-	case joinsPrev && joinsNext:
-		rs[i-1].To = rs[i].To
-		s.ranges = slices.Delete(rs, i, i+1)
-	case joinsPrev:
-		rs[i-1].To = a
-	case joinsNext:
-		rs[i].From = a
-	default:
-		s.ranges = slices.Insert(rs, i, single(a))
-	}
+	s.ranges = insertAddr(s.ranges, i, a)
 }
 
 func (s *addrRangeSet) drop(a netip.Addr) {
-	i, in := s.find(a)
+	i, in := findRange(s.ranges, a)
 	if !in {
 		return
 	}
@@ -65,19 +93,30 @@ func (s *addrRangeSet) drop(a netip.Addr) {
 		}
 		return
 	}
-	rs := s.ranges
-	r := rs[i]
-	switch {
-	case r.From == a && r.To == a:
-		s.ranges = slices.Delete(rs, i, i+1)
-	case r.From == a:
-		rs[i].From = a.Next()
-	case r.To == a:
-		rs[i].To = a.Prev()
-	default:
-		rs[i].To = a.Prev()
-		s.ranges = slices.Insert(rs, i+1, Range{From: a.Next(), To: r.To})
+	s.ranges = removeAddr(s.ranges, i, a)
+}
+
+// patchPeers is peers (a rule's, merged: blocks and its members as
+// they were) with each address of touched in it exactly when blocks or
+// members (as they are now) hold it: the rule's peers again at the cost
+// of a binary search and a copy per address, not a merge of all its
+// ranges. A new slice: the old one may be held by the last Delta.
+func patchPeers(peers, blocks []Range, members *addrRangeSet, touched []netip.Addr) []Range {
+	out := slices.Clone(peers)
+	for _, a := range touched {
+		want := members.has(a) || rangesContain(blocks, a)
+		i, have := findRange(out, a)
+		switch {
+		case want && !have:
+			out = insertAddr(out, i, a)
+		case !want && have:
+			out = removeAddr(out, i, a)
+		}
 	}
+	if len(out) == 0 {
+		return nil
+	}
+	return out
 }
 
 // addrRangeSetOf is the set of addrs (each counted as often as listed).
