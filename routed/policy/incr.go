@@ -407,12 +407,12 @@ func (c *Incremental) entryChanged(k string, o, n *entry) {
 		pp := c.s.policies[pk]
 		so := wasLocal && pp.selector != nil && pp.selector.Matches(ol)
 		sn := isLocal && pp.selector != nil && pp.selector.Matches(nl)
-		c.selectionChanged(pk, k, so, sn)
+		c.selectionChanged(pk, k, so, sn, o, n)
 	}
 	for name, cp := range c.s.cnps {
 		so := wasLocal && cp.selectsPod(c.s, o.pod)
 		sn := isLocal && cp.selectsPod(c.s, n.pod)
-		c.selectionChanged("/"+name, k, so, sn)
+		c.selectionChanged("/"+name, k, so, sn, o, n)
 	}
 }
 
@@ -434,7 +434,7 @@ func (c *Incremental) peersChanged(ns string, o, n *entry, ol, nl labels.Set) {
 		}
 		if mo && mn && sameIPs {
 			if r.named && !samePorts {
-				c.markRule(r.chain, r.rule)
+				c.markPortsAt(r.chain, r.rule, o, n)
 			}
 			continue
 		}
@@ -474,7 +474,7 @@ func (c *Incremental) markNamedEgress(pk string, o, n *entry) {
 	for i, r := range c.parsedRules(pk)[dirEg] {
 		if slices.ContainsFunc(r.ports, func(p parsedPort) bool { return p.name != "" }) &&
 			(r.anyPeer || in(o, r.blocks) || in(n, r.blocks)) {
-			c.markRule(id, i)
+			c.markPortsAt(id, i, o, n)
 		}
 	}
 }
@@ -492,8 +492,10 @@ func (c *Incremental) parsedRules(pk string) [2][]parsedRule {
 
 // selectionChanged notes that policy pk selected local pod k (so) and now
 // does (sn): its chains come or go with its first or last pod, and those
-// with ingress named ports resolve them against the pods they select.
-func (c *Incremental) selectionChanged(pk, k string, so, sn bool) {
+// with ingress named ports resolve them against the pods they select (at
+// the addresses of k's entries o before and n after, when the caller has
+// them; else at every address).
+func (c *Incremental) selectionChanged(pk, k string, so, sn bool, o, n *entry) {
 	if so != sn {
 		m := c.sel[pk]
 		if m == nil {
@@ -513,7 +515,7 @@ func (c *Incremental) selectionChanged(pk, k string, so, sn bool) {
 		}
 	}
 	if (so || sn) && c.namedIn[pk] && !c.dirtyPol[pk] {
-		c.markInNamed(pk)
+		c.markInNamed(pk, o, n)
 	}
 }
 

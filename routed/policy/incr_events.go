@@ -68,7 +68,7 @@ func (c *Incremental) namespaceChanged(ns string, old map[string]string) {
 		}
 		for k, e := range c.local {
 			if e.pod.Namespace == ns {
-				c.selectionChanged(pk, k, c.sel[pk][k], cp.selectsPod(c.s, e.pod))
+				c.selectionChanged(pk, k, c.sel[pk][k], cp.selectsPod(c.s, e.pod), e, e)
 				c.dirtyPod[k] = true
 			}
 		}

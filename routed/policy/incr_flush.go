@@ -6,6 +6,7 @@ package policy
 import (
 	"cmp"
 	"maps"
+	"net/netip"
 	"slices"
 	"strings"
 
@@ -218,22 +219,7 @@ func (c *Incremental) recompileRules(id string, cs *chainState, rules map[int]*r
 		default:
 			rule.Peers = unionRanges(r.blocks, cs.members[i].ranges) // a new slice
 		}
-		// numbered ports do not depend on the peers, nor do an ingress
-		// rule's named ports (they resolve against the pods the policy
-		// selects): those are resolved again when they changed; an
-		// egress rule's named ports resolve against its peers
-		named := slices.ContainsFunc(r.ports, func(p parsedPort) bool { return p.name != "" })
-		switch {
-		case !named:
-		case cs.d == dirEg && dirt.whole:
-			rule.Ports = rulePorts(c, r, cs.d, nil, rule.Peers)
-		case cs.d == dirEg:
-			if peersChanged {
-				rule.Ports = c.patchEgressPorts(rule.Ports, r, rule.Peers, dirt.touched)
-			}
-		case dirt.ports || dirt.whole:
-			rule.Ports = rulePorts(c, r, cs.d, targetsOf(), nil)
-		}
+		rule.Ports = c.ruleNamedPorts(cs, r, rule, dirt, targetsOf)
 		if hasNodes {
 			rule.Peers = unionRanges(rule.Peers, c.s.nodeRanges(nodes[i]))
 		}
@@ -243,6 +229,42 @@ func (c *Incremental) recompileRules(id string, cs *chainState, rules map[int]*r
 		c.chains[id] = pc
 		c.outPols[id] = true
 	}
+}
+
+// ruleNamedPorts are rule's Ports (parsed r, of chain state cs) once what
+// dirt says changed is compiled again: numbered ports do not depend on
+// the peers, nor do an ingress rule's named ports (they resolve against
+// the pods the policy selects, targetsOf): those are resolved again when
+// they changed; an egress rule's named ports resolve against its peers.
+func (c *Incremental) ruleNamedPorts(cs *chainState, r *parsedRule, rule Rule, dirt *ruleDirt, targetsOf func() []*entry) []PortRange {
+	if !slices.ContainsFunc(r.ports, func(p parsedPort) bool { return p.name != "" }) {
+		return rule.Ports
+	}
+	switch {
+	case cs.d == dirEg && (dirt.whole || dirt.ports):
+		return rulePorts(c, r, cs.d, nil, rule.Peers)
+	case cs.d == dirEg:
+		at := slices.Concat(dirt.touched, dirt.portsAt)
+		if len(at) == 0 {
+			return rule.Ports
+		}
+		return c.patchNamedPorts(rule.Ports, r, at, func(a netip.Addr) *entry {
+			if !r.anyPeer && !rangesContain(rule.Peers, a) {
+				return nil
+			}
+			return c.ents[c.own[a]]
+		})
+	case dirt.ports || dirt.whole:
+		return rulePorts(c, r, cs.d, targetsOf(), nil)
+	case len(dirt.portsAt) > 0:
+		return c.patchNamedPorts(rule.Ports, r, dirt.portsAt, func(a netip.Addr) *entry {
+			if k := c.own[a]; c.sel[cs.pk][k] {
+				return c.local[k]
+			}
+			return nil
+		})
+	}
+	return rule.Ports
 }
 
 // recomputePod computes local pod k's entry again (none when it is gone

@@ -1,5 +1,6 @@
-// The incremental compile's named ports of an egress rule, patched at the
-// addresses whose members changed: what disjointPorts makes of a rule's
+// The incremental compile's named ports, patched at the addresses that
+// changed (an egress rule's members, the pods an ingress rule's policy
+// selects): what disjointPorts makes of a rule's
 // boxes is, for each protocol and family, the run-length encoding of the
 // address line (each run the merged port spans its addresses allow, runs
 // of no port left out, no two neighbouring runs alike), so changing the
@@ -106,12 +107,13 @@ func touches(x, y Range) bool {
 	return x.To.Is4() == y.From.Is4() && !lastOfFamily(x.To) && x.To.Next() == y.From
 }
 
-// patchEgressPorts is ports (egress rule r's, resolved against its peers
-// as they were) with the spans of each touched address resolved again
-// against peers as they are: numbered ports anywhere, and the named
-// ports of the pod that owns the address when peers hold it. A new
-// slice.
-func (c *Incremental) patchEgressPorts(ports []PortRange, r *parsedRule, peers []Range, touched []netip.Addr) []PortRange {
+// patchNamedPorts is ports (rule r's, its named ports resolved as they
+// were) with the spans of each touched address resolved again: numbered
+// ports anywhere, and the named ports of the entry owner gives for the
+// address (nil: none), which must own it: for an egress rule the pod that
+// owns the address when the rule's peers hold it, for an ingress rule
+// the one that owns it when the policy selects it. A new slice.
+func (c *Incremental) patchNamedPorts(ports []PortRange, r *parsedRule, touched []netip.Addr, owner func(netip.Addr) *entry) []PortRange {
 	var protos []uint8
 	for _, p := range r.ports {
 		if p.name != "" && !slices.Contains(protos, p.proto) {
@@ -127,7 +129,7 @@ func (c *Incremental) patchEgressPorts(ports []PortRange, r *parsedRule, peers [
 				lo, hi := groupBounds(ports, g)
 				runs = toRuns(ports[lo:hi])
 			}
-			changed[g] = setRun(runs, a, c.spansAt(r, proto, a, rangesContain(peers, a)))
+			changed[g] = setRun(runs, a, spansAt(r, proto, a, owner(a)))
 		}
 	}
 	out := make([]PortRange, 0, len(ports)+2*len(touched))
@@ -164,16 +166,16 @@ func groupBounds(ports []PortRange, g portGroup) (lo, hi int) {
 }
 
 // spansAt are the port spans r allows to address a for protocol proto:
-// its numbered ports, and (inPeers) the named ports of the pod that owns
+// its numbered ports, and the named ports of e (nil: none) when it owns
 // a.
-func (c *Incremental) spansAt(r *parsedRule, proto uint8, a netip.Addr, inPeers bool) []portSpan {
+func spansAt(r *parsedRule, proto uint8, a netip.Addr, e *entry) []portSpan {
 	var out []portSpan
 	for _, p := range r.ports {
 		if p.name == "" && p.proto == proto {
 			out = append(out, portSpan{p.from, p.to})
 		}
 	}
-	if e := c.ents[c.own[a]]; inPeers && e != nil && slices.Contains(e.ips, a) {
+	if e != nil && slices.Contains(e.ips, a) {
 		for _, p := range r.ports {
 			if p.name == "" || p.proto != proto {
 				continue
