@@ -137,7 +137,8 @@ type Config struct {
 	// LoopNice is the nice value of the write loop's thread (0: the
 	// process's): every ADD waits for its writes, which compete with the
 	// plugins and pods being started (8 ADDs at once on 2 CPUs, 100
-	// policies: a wait's mean 19 ms, 3 ms one ADD at a time).
+	// policies: a wait's mean 19 ms, 3 ms one ADD at a time). Run's
+	// goroutine stays on that thread until it exits: give Run its own.
 	LoopNice int
 }
 
