@@ -253,8 +253,17 @@ func (e *env) apply(rs policy.Ruleset) nft.Stats {
 
 // rotateArms runs rounds of the arms in turn, the order rotating every
 // round so that the machine's drift falls on every arm alike: arm i's
-// table written whole (nil: no table at all), then run(i) measures it.
-func (e *env) rotateArms(rounds int, tables []*policy.Ruleset, run func(i int)) {
+// table written whole (nil: no table at all) with the pods' host veths
+// (withPorts: a host veth the table does not know passes nothing), then
+// run(i) measures it.
+func (e *env) rotateArms(rounds int, arms []*policy.Ruleset, run func(i int)) {
+	tables := make([]*policy.Ruleset, len(arms))
+	for i, rs := range arms {
+		if rs != nil {
+			withPorts := e.withPorts(*rs)
+			tables[i] = &withPorts
+		}
+	}
 	for r := range rounds {
 		for k := range tables {
 			i := (k + r) % len(tables)

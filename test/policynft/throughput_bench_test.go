@@ -60,10 +60,6 @@ func BenchmarkThroughputArms(b *testing.B) {
 	got := map[string][]float64{}
 	var tables []*policy.Ruleset
 	for _, a := range arms {
-		if a.rs != nil {
-			rs := e.withPorts(*a.rs)
-			a.rs = &rs
-		}
 		tables = append(tables, a.rs)
 	}
 	e.rotateArms(rounds, tables, func(i int) { got[arms[i].name] = append(got[arms[i].name], iperf()) })
