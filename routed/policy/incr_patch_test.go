@@ -138,5 +138,10 @@ func TestSetRunIsDisjointPorts(t *testing.T) {
 		if !slices.Equal(got, want) {
 			t.Fatalf("round %d: %s %v -> spans %v\nbefore %v\npatched %v\nwant    %v", round, a, proto, spans, before, got, want)
 		}
+		// setElems, the same on the group's elements around a only
+		els := setElems(slices.Clone(before[lo:hi]), a, mergeSpans(spans), proto)
+		if got := slices.Concat(before[:lo], els, before[hi:]); !slices.Equal(got, want) && len(got)+len(want) > 0 {
+			t.Fatalf("round %d: setElems %s %v -> spans %v\nbefore %v\npatched %v\nwant    %v", round, a, proto, spans, before, got, want)
+		}
 	}
 }

@@ -120,16 +120,16 @@ func (c *Incremental) patchNamedPorts(ports []PortRange, r *parsedRule, touched 
 			protos = append(protos, p.proto)
 		}
 	}
-	changed := map[portGroup][]portRun{}
+	changed := map[portGroup][]PortRange{}
 	for _, a := range touched {
 		for _, proto := range protos {
 			g := portGroup{proto, a.Is4()}
-			runs, ok := changed[g]
+			els, ok := changed[g]
 			if !ok {
 				lo, hi := groupBounds(ports, g)
-				runs = toRuns(ports[lo:hi])
+				els = slices.Clone(ports[lo:hi])
 			}
-			changed[g] = setRun(runs, a, spansAt(r, proto, a, owner(a)))
+			changed[g] = setElems(els, a, spansAt(r, proto, a, owner(a)), proto)
 		}
 	}
 	out := make([]PortRange, 0, len(ports)+2*len(touched))
@@ -144,7 +144,7 @@ func (c *Incremental) patchNamedPorts(ports []PortRange, r *parsedRule, touched 
 	for _, g := range groups {
 		lo, hi := groupBounds(rest, g)
 		out = append(out, rest[:lo]...)
-		out = append(out, fromRuns(changed[g], g.proto)...)
+		out = append(out, changed[g]...)
 		rest = rest[hi:]
 	}
 	out = append(out, rest...)
@@ -152,6 +152,44 @@ func (c *Incremental) patchNamedPorts(ports []PortRange, r *parsedRule, touched 
 		return nil
 	}
 	return out
+}
+
+// setElems is setRun on one group's elements (els, a slice the caller
+// owns, changed in place): only the runs around a are read as runs (the
+// one that holds a or follows it, and its neighbours), so an address
+// costs a binary search and a copy of the elements after it, not the
+// group read and written again.
+func setElems(els []PortRange, a netip.Addr, spans []portSpan, proto uint8) []PortRange {
+	j, _ := slices.BinarySearchFunc(els, a, func(p PortRange, a netip.Addr) int { return p.Addrs.To.Compare(a) })
+	lo, hi := j, j
+	if j > 0 {
+		lo = runStart(els, j-1)
+	}
+	if hi < len(els) {
+		hi = runEnd(els, hi)
+		if hi < len(els) {
+			hi = runEnd(els, hi)
+		}
+	}
+	runs := setRun(toRuns(els[lo:hi]), a, spans)
+	return slices.Replace(els, lo, hi, fromRuns(runs, proto)...)
+}
+
+// runStart is the first element of the run els[i] is in.
+func runStart(els []PortRange, i int) int {
+	for i > 0 && els[i-1].Addrs == els[i].Addrs {
+		i--
+	}
+	return i
+}
+
+// runEnd is the element after the run els[i] is in.
+func runEnd(els []PortRange, i int) int {
+	k := i + 1
+	for k < len(els) && els[k].Addrs == els[i].Addrs {
+		k++
+	}
+	return k
 }
 
 // groupBounds is where group g's elements are in ports (sorted by

@@ -102,14 +102,19 @@ func (s *addrRangeSet) drop(a netip.Addr) {
 // of a binary search and a copy per address, not a merge of all its
 // ranges. A new slice: the old one may be held by the last Delta.
 func patchPeers(peers, blocks []Range, members *addrRangeSet, touched []netip.Addr) []Range {
-	out := slices.Clone(peers)
+	out, owned := peers, false
 	for _, a := range touched {
 		want := members.has(a) || rangesContain(blocks, a)
 		i, have := findRange(out, a)
-		switch {
-		case want && !have:
+		if want == have {
+			continue
+		}
+		if !owned { // copied at the first change only
+			out, owned = slices.Grow(slices.Clone(out), len(touched)), true
+		}
+		if want {
 			out = insertAddr(out, i, a)
-		case !want && have:
+		} else {
 			out = removeAddr(out, i, a)
 		}
 	}

@@ -120,8 +120,18 @@ type tierRef struct {
 
 // clonePolicyChain is a deep copy of p.
 func clonePolicyChain(p policy.PolicyChain) policy.PolicyChain {
+	return clonePolicyChainFrom(p, nil, nil)
+}
+
+// clonePolicyChainFrom is clonePolicyChain, with old's copy (nil: none)
+// of each rule same says stays the same (nil: none does).
+func clonePolicyChainFrom(p policy.PolicyChain, old *builtPolicy, same []bool) policy.PolicyChain {
 	p.Rules = slices.Clone(p.Rules)
 	for i := range p.Rules {
+		if i < len(same) && same[i] {
+			p.Rules[i] = old.pc.Rules[i] // never changed once built
+			continue
+		}
 		p.Rules[i].Peers = slices.Clone(p.Rules[i].Peers)
 		p.Rules[i].Ports = slices.Clone(p.Rules[i].Ports)
 	}

@@ -19,7 +19,26 @@ import (
 // chain is not written as such: its rules go inline into the tier chains
 // (tierChainDef), and its Deny rules count in their counters.
 func buildPolicy(p policy.PolicyChain, opt buildOptions) builtPolicy {
-	bp := builtPolicy{pc: clonePolicyChain(p)}
+	return buildPolicyFrom(p, nil, opt)
+}
+
+// buildPolicyFrom is buildPolicy, taking from old (what was built for
+// the chain of p's ID before; nil: nothing) each rule that stays the
+// same: its copy of the peers and ports and its sets' elements. A chain
+// whose one rule gained a peer builds that rule alone.
+func buildPolicyFrom(p policy.PolicyChain, old *builtPolicy, opt buildOptions) builtPolicy {
+	same := make([]bool, len(p.Rules))
+	var oldSets map[string][]nftables.SetElement
+	if old != nil {
+		for i := range min(len(p.Rules), len(old.pc.Rules)) {
+			same[i] = old.pc.Rules[i].Equal(p.Rules[i])
+		}
+		oldSets = make(map[string][]nftables.SetElement, len(old.sets))
+		for _, s := range old.sets {
+			oldSets[s.name] = s.elems
+		}
+	}
+	bp := builtPolicy{pc: clonePolicyChainFrom(p, old, same)}
 	c := chainDef{chain: nftables.Chain{Name: PolicyChain(p.ID)}}
 	var sig strings.Builder
 	fmt.Fprintf(&sig, "policy %s %s", p.Direction, p.Tier)
@@ -32,7 +51,11 @@ func buildPolicy(p policy.PolicyChain, opt buildOptions) builtPolicy {
 			continue
 		}
 		for _, v6 := range []bool{false, true} {
-			if rule := ruleOf(p, i, v6, &bp.sets); rule != nil {
+			var reuse map[string][]nftables.SetElement
+			if same[i] {
+				reuse = oldSets
+			}
+			if rule := ruleOf(p, i, v6, &bp.sets, reuse); rule != nil {
 				c.rules = append(c.rules, rule)
 				bp.meta = append(bp.meta, ruleMeta{v6: v6, anyPeer: r.AnyPeer, peers: bp.pc.Rules[i].Peers,
 					pass: r.Action == policy.ActionPass && p.Tier != policy.TierNetworkPolicy})
@@ -277,33 +300,44 @@ func mergeRanges(rs []policy.Range) []policy.Range {
 // nothing, so it gets no rule and no sets (an IPv4-only cluster's
 // policies get no IPv6 rules, which halves the sets to write and to read
 // back). The rule's ranges are canonical by contract (policy.Rule: merged
-// peers, disjoint ports) and taken as they are.
-func ruleOf(p policy.PolicyChain, i int, v6 bool, sets *[]setDef) []expr.Any {
+// peers, disjoint ports) and taken as they are. reuse (nil: none) holds
+// the elements of the rule's sets as built before, by name, when the
+// rule is the same: a set it lacks was empty.
+func ruleOf(p policy.PolicyChain, i int, v6 bool, sets *[]setDef, reuse map[string][]nftables.SetElement) []expr.Any {
 	r := p.Rules[i]
+	peersName, portsName := ruleSetName(p.ID, i, "peers", v6), ruleSetName(p.ID, i, "ports", v6)
 	var peerElems, portElems []nftables.SetElement
 	if !r.AnyPeer {
-		if peerElems = rangeElements(r.Peers, v6); len(peerElems) == 0 {
+		if reuse != nil {
+			peerElems = reuse[peersName]
+		} else {
+			peerElems = rangeElements(r.Peers, v6)
+		}
+		if len(peerElems) == 0 {
 			return nil
 		}
 	}
 	if !r.AnyPort {
-		if portElems = portElements(r.Ports, v6); len(portElems) == 0 {
+		if reuse != nil {
+			portElems = reuse[portsName]
+		} else {
+			portElems = portElements(r.Ports, v6)
+		}
+		if len(portElems) == 0 {
 			return nil
 		}
 	}
 	rule := nfproto(v6)
 	if !r.AnyPeer {
-		name := ruleSetName(p.ID, i, "peers", v6)
-		*sets = append(*sets, setDef{name: name, kind: kindInterval, v6: v6, elems: peerElems})
+		*sets = append(*sets, setDef{name: peersName, kind: kindInterval, v6: v6, elems: peerElems})
 		rule = append(rule,
 			loadAddr(v6, p.Direction == policy.Ingress, unix.NFT_REG_1),
-			&expr.Lookup{SourceRegister: unix.NFT_REG_1, SetName: name})
+			&expr.Lookup{SourceRegister: unix.NFT_REG_1, SetName: peersName})
 	}
 	if !r.AnyPort {
-		name := ruleSetName(p.ID, i, "ports", v6)
-		*sets = append(*sets, setDef{name: name, kind: kindPorts, v6: v6, elems: portElems})
+		*sets = append(*sets, setDef{name: portsName, kind: kindPorts, v6: v6, elems: portElems})
 		rule = append(rule, loadPortKey(v6)...)
-		rule = append(rule, &expr.Lookup{SourceRegister: unix.NFT_REG_1, SetName: name})
+		rule = append(rule, &expr.Lookup{SourceRegister: unix.NFT_REG_1, SetName: portsName})
 	}
 	return append(rule, verdict(p, i)...)
 }

@@ -1,9 +1,14 @@
 package nft
 
 import (
+	"math/rand/v2"
 	"net/netip"
+	"slices"
 	"testing"
 
+	"github.com/google/nftables"
+
+	"github.com/podnet/podnet/internal/nftutil"
 	"github.com/podnet/podnet/routed/policy"
 )
 
@@ -119,5 +124,55 @@ func TestBuildRefusesCrossedTiers(t *testing.T) {
 		if (err == nil) != c.ok {
 			t.Errorf("%s: build error %v, want ok %v", name, err, c.ok)
 		}
+	}
+}
+
+// TestTrimCommonKeepsTheChanges: the changes between two lists of
+// distinct elements are those between what is left of them once their
+// common start and end are cut (tableDiff compares only that).
+func TestTrimCommonKeepsTheChanges(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	pool := make([]nftables.SetElement, 12)
+	for i := range pool {
+		pool[i] = nftables.SetElement{Key: []byte{10, 0, 0, byte(i / 2)}, IntervalEnd: i%2 == 1}
+	}
+	keys := func(els []nftables.SetElement) []string {
+		out := []string{}
+		for _, e := range els {
+			out = append(out, nftutil.ElementKey(e))
+		}
+		slices.Sort(out)
+		return out
+	}
+	trimmed := 0
+	for round := range 5000 {
+		a := slices.Clone(pool[:r.IntN(len(pool)+1)])
+		r.Shuffle(len(a), func(i, j int) { a[i], a[j] = a[j], a[i] })
+		b := slices.Clone(a) // b: a with some elements out, some in
+		for range r.IntN(3) {
+			if len(b) > 0 {
+				k := r.IntN(len(b))
+				b = slices.Delete(b, k, k+1)
+			}
+		}
+		for _, e := range pool {
+			if r.IntN(6) == 0 && !slices.ContainsFunc(b, func(x nftables.SetElement) bool {
+				return sameElements([]nftables.SetElement{x}, []nftables.SetElement{e})
+			}) {
+				b = slices.Insert(b, r.IntN(len(b)+1), e)
+			}
+		}
+		ta, tb := trimCommon(a, b)
+		if len(ta) < len(a) {
+			trimmed++
+		}
+		wd, wa := nftutil.Changes(a, b)
+		gd, ga := nftutil.Changes(ta, tb)
+		if !slices.Equal(keys(wd), keys(gd)) || !slices.Equal(keys(wa), keys(ga)) {
+			t.Fatalf("round %d: %v -> %v: trimmed deletes %v adds %v, want %v %v", round, keys(a), keys(b), keys(gd), keys(ga), keys(wd), keys(wa))
+		}
+	}
+	if trimmed < 1000 {
+		t.Errorf("only %d rounds had a common start or end to cut", trimmed)
 	}
 }

@@ -101,7 +101,12 @@ func (d *tableDiff) elementOps() (dels, adds []elemOp) {
 		if !ok || !sameSet(o, s) || sameElements(o.elems, s.elems) {
 			continue
 		}
-		del, add := nftutil.Changes(o.elems, s.elems)
+		// only the elements between the lists' common start and end
+		// differ (each list holds an element once): a patch of one
+		// address is compared where it is, not element by element
+		// through the whole set
+		oe, ne := trimCommon(o.elems, s.elems)
+		del, add := nftutil.Changes(oe, ne)
 		if len(del) > 0 {
 			dels = append(dels, elemOp{s, del, true})
 		}
@@ -346,6 +351,23 @@ func defDiff(a, b *tableDef) string {
 		}
 	}
 	return ""
+}
+
+// trimCommon is a and b without the elements they start and end with
+// alike (sameElements'). An element of a's rest is in none of b's start
+// or end (which are a's, and a holds each element once), nor the other
+// way round: the rests' changes are the lists' changes.
+func trimCommon(a, b []nftables.SetElement) ([]nftables.SetElement, []nftables.SetElement) {
+	n := min(len(a), len(b))
+	i := 0
+	for i < n && sameElements(a[i:i+1], b[i:i+1]) {
+		i++
+	}
+	j := 0
+	for j < n-i && sameElements(a[len(a)-1-j:len(a)-j], b[len(b)-1-j:len(b)-j]) {
+		j++
+	}
+	return a[i : len(a)-j], b[i : len(b)-j]
 }
 
 // sameElements tells whether two lists of elements built by build are

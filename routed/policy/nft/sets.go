@@ -71,31 +71,85 @@ func (d setDef) set(t *nftables.Table) *nftables.Set {
 // interval's end (none at the top of the address space: the interval is
 // then open).
 func rangeElements(ranges []policy.Range, v6 bool) []nftables.SetElement {
-	var out []nftables.SetElement
+	n := 0
+	for _, r := range ranges {
+		if r.From.Is6() == v6 {
+			n++
+		}
+	}
+	if n == 0 {
+		return nil
+	}
+	size := 4
+	if v6 {
+		size = 16
+	}
+	// the keys in one array: one allocation for the set, not one a key
+	keys := make(keyBuf, 0, 2*n*size)
+	out := make([]nftables.SetElement, 0, 2*n)
 	for _, r := range ranges {
 		if r.From.Is6() != v6 {
 			continue
 		}
-		out = append(out, nftables.SetElement{Key: r.From.AsSlice()})
+		out = append(out, nftables.SetElement{Key: keys.add(r.From)})
 		if end := r.To.Next(); end.IsValid() {
-			out = append(out, nftables.SetElement{Key: end.AsSlice(), IntervalEnd: true})
+			out = append(out, nftables.SetElement{Key: keys.add(end), IntervalEnd: true})
 		}
 	}
 	return out
+}
+
+// keyBuf holds the keys of a set's elements, each a slice of it that
+// appending to cannot reach.
+type keyBuf []byte
+
+// add appends a's bytes and returns them.
+func (b *keyBuf) add(a netip.Addr) []byte {
+	start := len(*b)
+	if a.Is4() {
+		x := a.As4()
+		*b = append(*b, x[:]...)
+	} else {
+		x := a.As16()
+		*b = append(*b, x[:]...)
+	}
+	return (*b)[start:len(*b):len(*b)]
+}
+
+// addPort appends a . proto . port (portKey) and returns it.
+func (b *keyBuf) addPort(a netip.Addr, proto uint8, port uint16) []byte {
+	start := len(*b)
+	b.add(a)
+	*b = append(*b, proto, 0, 0, 0, byte(port>>8), byte(port), 0, 0)
+	return (*b)[start:len(*b):len(*b)]
 }
 
 // portElements are a ports set's elements (disjoint, as the policy model
 // hands them) of the
 // family v6 says: the key is the box's first corner, KeyEnd its last.
 func portElements(ports []policy.PortRange, v6 bool) []nftables.SetElement {
-	var out []nftables.SetElement
+	n := 0
+	for _, p := range ports {
+		if p.Addrs.From.Is6() == v6 {
+			n++
+		}
+	}
+	if n == 0 {
+		return nil
+	}
+	size := 4 + 8
+	if v6 {
+		size = 16 + 8
+	}
+	keys := make(keyBuf, 0, 2*n*size)
+	out := make([]nftables.SetElement, 0, n)
 	for _, p := range ports {
 		if p.Addrs.From.Is6() != v6 {
 			continue
 		}
 		out = append(out, nftables.SetElement{
-			Key:    portKey(p.Addrs.From, p.Proto, p.PortFrom),
-			KeyEnd: portKey(p.Addrs.To, p.Proto, p.PortTo),
+			Key:    keys.addPort(p.Addrs.From, p.Proto, p.PortFrom),
+			KeyEnd: keys.addPort(p.Addrs.To, p.Proto, p.PortTo),
 		})
 	}
 	return out
@@ -103,9 +157,8 @@ func portElements(ports []policy.PortRange, v6 bool) []nftables.SetElement {
 
 // portKey is addr . proto . port, each field padded to 4 bytes.
 func portKey(a netip.Addr, proto uint8, port uint16) []byte {
-	b := a.AsSlice()
-	b = append(b, proto, 0, 0, 0)
-	return append(b, byte(port>>8), byte(port), 0, 0)
+	var b keyBuf
+	return b.addPort(a, proto, port)
 }
 
 // sortedElements are elems (keys only) sorted by key, each once.

@@ -290,7 +290,7 @@ func (s *store) buildPlan(p *applyPlan, d policy.Delta) (*builtPlan, error) {
 	// build what comes, refuse what cannot be written
 	builtPols := make([]*builtPolicy, len(pols))
 	for i, p := range pols {
-		bp := buildPolicy(*p, s.opt)
+		bp := buildPolicyFrom(*p, s.pols[p.ID], s.opt)
 		if err := bp.checkNames(); err != nil {
 			return nil, fmt.Errorf("policy chain %s/%s %s: %w", p.Namespace, p.Name, p.Direction, err)
 		}

@@ -86,3 +86,58 @@ func BenchmarkStoreApplyWhole(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkStorePatchedRules: the writer's user-space share of what a
+// new pod's wait writes when the pod is a peer of many big rules: 50
+// policy chains whose rule holds 1,000 scattered peers and 1,000 named
+// port elements each get one address more (as the compile's patches make
+// them), then lose it again (two deltas per loop).
+func BenchmarkStorePatchedRules(b *testing.B) {
+	const chains, peers = 50, 1000
+	addr := func(i int) netip.Addr { return netip.AddrFrom4([4]byte{10, 64, byte(i >> 7), byte(i<<1) | 1}) }
+	rule := func(extra bool) policy.Rule {
+		var r policy.Rule
+		for i := range peers {
+			a := addr(i)
+			if extra && i == peers/2 {
+				e := a.Next()
+				r.Peers = append(r.Peers, policy.Range{From: a, To: a}, policy.Range{From: e, To: e})
+				r.Ports = append(r.Ports, policy.PortRange{Addrs: policy.Range{From: a, To: e}, Proto: policy.ProtoTCP, PortFrom: 8080, PortTo: 8080})
+				continue
+			}
+			r.Peers = append(r.Peers, policy.Range{From: a, To: a})
+			r.Ports = append(r.Ports, policy.PortRange{Addrs: policy.Range{From: a, To: a}, Proto: policy.ProtoTCP, PortFrom: 8080, PortTo: 8080})
+		}
+		return r
+	}
+	base, more := rule(false), rule(true)
+	var rs policy.Ruleset
+	var with, without []policy.PolicyChain
+	for i := range chains {
+		pc := policy.PolicyChain{ID: fmt.Sprintf("p%d", i), Direction: policy.Ingress, Rules: []policy.Rule{base}}
+		rs.Policies = append(rs.Policies, pc)
+		without = append(without, pc)
+		pc.Rules = []policy.Rule{more}
+		with = append(with, pc)
+	}
+	s := newStore(buildOptions{})
+	d0, _ := s.deltaTo(rs)
+	if _, err := s.apply(d0); err != nil {
+		b.Fatal(err)
+	}
+	elements := 0
+	for b.Loop() {
+		for _, d := range []policy.Delta{{Policies: with}, {Policies: without}} {
+			ch, err := s.apply(d)
+			if err != nil {
+				b.Fatal(err)
+			}
+			st, err := newTableDiff(ch.old, ch.def).queue(&nftables.Conn{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			elements += st.Elements
+		}
+	}
+	b.ReportMetric(float64(elements)/float64(b.N), "elements/op")
+}

@@ -129,12 +129,13 @@ func (g *storeGen) delta() policy.Delta {
 			d.GonePolicies = append(d.GonePolicies, id)
 			delete(pols, id)
 			lost[id] = true
-		case ok && g.r.IntN(3) == 0: // peers only: elements
+		case ok && g.r.IntN(3) == 0: // one rule's peers only: elements
 			p := o
 			p.Rules = slices.Clone(p.Rules)
-			p.Rules[0].Peers = append(slices.Clone(p.Rules[0].Peers), policy.Range{From: g.addr(), To: g.addr()})
-			p.Rules[0].Peers[len(p.Rules[0].Peers)-1].To = p.Rules[0].Peers[len(p.Rules[0].Peers)-1].From
-			p.Rules[0] = p.Rules[0].Canonical()
+			k := g.r.IntN(len(p.Rules)) // the others stay (buildPolicyFrom keeps what they built)
+			p.Rules[k].Peers = append(slices.Clone(p.Rules[k].Peers), policy.Range{From: g.addr(), To: g.addr()})
+			p.Rules[k].Peers[len(p.Rules[k].Peers)-1].To = p.Rules[k].Peers[len(p.Rules[k].Peers)-1].From
+			p.Rules[k] = p.Rules[k].Canonical()
 			d.Policies = append(d.Policies, p)
 			pols[id] = p
 		default:
