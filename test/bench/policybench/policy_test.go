@@ -58,15 +58,14 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	corev1 "k8s.io/api/core/v1"
-	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/podnet/podnet/routed/policy"
 	"github.com/podnet/podnet/routed/policy/nft"
 	"github.com/podnet/podnet/test/cluster"
 	"github.com/podnet/podnet/test/kapi"
 	"github.com/podnet/podnet/test/nettest"
+	"github.com/podnet/podnet/test/policygen"
 )
 
 type flip struct {
@@ -201,15 +200,29 @@ func envInt(name string, def int) int {
 }
 
 const (
-	nsBench     = "bench"
+	nsBench     = policygen.NSBench
 	fakeLocal   = 200
 	fakeRemote  = 796
 	fakeNodes   = 20
-	fakeNSCount = 10
-	fakeApps    = 200 // app=a<i%200>: 5 pods each, all in one namespace
-	srvPort     = 80
-	iperfPort   = 5201
+	fakeNSCount = policygen.NSCount
+	fakeApps    = policygen.Apps // app=a<i%200>: 5 pods each, all in one namespace
+	srvPort     = policygen.SrvPort
+	iperfPort   = policygen.IperfPort
+	allowCli    = policygen.AllowCli
+	cliEgWeb    = policygen.CliEgWeb
 )
+
+// the API objects' makers (test/policygen): the cluster gets the
+// policies test/policynft's BenchmarkWaitPath compiles
+var (
+	tcpPort  = policygen.TCPPort
+	udpPort  = policygen.UDPPort
+	sel      = policygen.Sel
+	tiers    = policygen.Tiers
+	policies = policygen.Policies
+)
+
+func ptr[T any](v T) *T { return &v }
 
 func TestPolicyBench(t *testing.T) {
 	out := os.Getenv("PODNET_BENCH_OUT")
@@ -446,27 +459,6 @@ func TestPolicyBench(t *testing.T) {
 
 // ---- the API objects ----
 
-func tcpPort(p intstr.IntOrString) networkingv1.NetworkPolicyPort {
-	proto := corev1.ProtocolTCP
-	return networkingv1.NetworkPolicyPort{Protocol: &proto, Port: &p}
-}
-
-func udpPort(p int32) networkingv1.NetworkPolicyPort {
-	proto := corev1.ProtocolUDP
-	port := intstr.FromInt32(p)
-	return networkingv1.NetworkPolicyPort{Protocol: &proto, Port: &port}
-}
-
-func sel(kv ...string) *metav1.LabelSelector {
-	m := map[string]string{}
-	for i := 0; i+1 < len(kv); i += 2 {
-		m[kv[i]] = kv[i+1]
-	}
-	return &metav1.LabelSelector{MatchLabels: m}
-}
-
-var tiers = []string{"frontend", "backend", "db"}
-
 // fakeLocalCIDR is the upper half of node 1's PodCIDR (a /23), where its
 // fake pods have their addresses: excluded from its IPAM, which would
 // otherwise hand them out again (it goes round its range).
@@ -488,7 +480,7 @@ func createFakePods(t *testing.T, c *cluster.Cluster, n1 *cluster.Node) {
 	ctx := context.Background()
 	for i := range fakeNSCount {
 		name := fmt.Sprintf("bns-%d", i)
-		if err := c.CreateNamespace(ctx, name, map[string]string{"team": fmt.Sprintf("t%d", i%3)}); err != nil {
+		if err := c.CreateNamespace(ctx, name, policygen.NamespaceLabels(i)); err != nil {
 			t.Fatal(err)
 		}
 		if err := cluster.EnsureServiceAccount(ctx, c.Client, name); err != nil {
@@ -507,12 +499,8 @@ func createFakePods(t *testing.T, c *cluster.Cluster, n1 *cluster.Node) {
 			ip = fmt.Sprintf("10.250.%d.%d", j/250, j%250+1)
 		}
 		spec := cluster.PodSpec{
-			Namespace: fmt.Sprintf("bns-%d", i%fakeNSCount), Name: fmt.Sprintf("fake-%d", i),
-			Labels: map[string]string{"app": fmt.Sprintf("a%d", i%fakeApps), "tier": tiers[i%3], "version": fmt.Sprintf("v%d", (i/fakeNSCount)%2+1)},
-			Ports: []corev1.ContainerPort{
-				{Name: "http", ContainerPort: 8080, Protocol: corev1.ProtocolTCP},
-				{Name: "metrics", ContainerPort: 9090, Protocol: corev1.ProtocolTCP},
-			},
+			Namespace: policygen.FakeNamespace(i), Name: fmt.Sprintf("fake-%d", i),
+			Labels: policygen.FakePodLabels(i), Ports: policygen.FakePodPorts(),
 		}
 		if _, err := c.Client.CoreV1().Pods(spec.Namespace).Create(ctx, cluster.PodObject(spec, node), metav1.CreateOptions{}); err != nil {
 			return err
@@ -520,190 +508,6 @@ func createFakePods(t *testing.T, c *cluster.Cluster, n1 *cluster.Node) {
 		return cluster.SetPodStatusIPs(ctx, c.Client, spec.Namespace, spec.Name, "192.0.2.1", []string{ip})
 	})
 }
-
-// Policy names in namespace bench. The compiler jumps to a pod's policy
-// chains in the order of their namespace/name, so srv's chain walks
-// deny-all and the srv-* policies before web-allow-cli, the one that
-// allows cli, and cli's egress chain (node 2) walks the cli-egress-dns-*
-// policies before cli-egress-web.
-const (
-	allowCli = "web-allow-cli"
-	cliEgWeb = "cli-egress-web"
-)
-
-// policies are n NetworkPolicies (n >= 20): in namespace bench,
-// deny-all (ingress, every pod), web-allow-cli (srv from role=cli on
-// the named port http and iperf3's port), n/100 more selecting srv that
-// do not allow cli (pod and namespace selectors, matchExpressions,
-// ipBlocks with excepts, named ports, endPort ranges), n/250 egress
-// policies selecting cli that allow DNS only and cli-egress-web (cli to
-// srv's http and iperf3 ports, DNS); and the rest in bns-*: a
-// default-deny per namespace and varied ones (variedPolicy), each
-// selecting app=a<k%200> (5 pods of its namespace).
-func policies(n int) []*networkingv1.NetworkPolicy {
-	in := []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}
-	inEg := []networkingv1.PolicyType{networkingv1.PolicyTypeIngress, networkingv1.PolicyTypeEgress}
-	eg := []networkingv1.PolicyType{networkingv1.PolicyTypeEgress}
-	dns := networkingv1.NetworkPolicyEgressRule{
-		To:    []networkingv1.NetworkPolicyPeer{{NamespaceSelector: sel(), PodSelector: sel("k8s-app", "kube-dns")}},
-		Ports: []networkingv1.NetworkPolicyPort{udpPort(53), tcpPort(intstr.FromInt32(53))},
-	}
-	out := []*networkingv1.NetworkPolicy{
-		{
-			ObjectMeta: metav1.ObjectMeta{Namespace: nsBench, Name: "deny-all"},
-			Spec:       networkingv1.NetworkPolicySpec{PolicyTypes: in},
-		},
-		{
-			ObjectMeta: metav1.ObjectMeta{Namespace: nsBench, Name: allowCli},
-			Spec: networkingv1.NetworkPolicySpec{
-				PodSelector: *sel("app", "srv"),
-				PolicyTypes: in,
-				Ingress: []networkingv1.NetworkPolicyIngressRule{{
-					From:  []networkingv1.NetworkPolicyPeer{{PodSelector: sel("role", "cli")}},
-					Ports: []networkingv1.NetworkPolicyPort{tcpPort(intstr.FromString("http")), tcpPort(intstr.FromInt32(iperfPort))},
-				}},
-			},
-		},
-		{
-			ObjectMeta: metav1.ObjectMeta{Namespace: nsBench, Name: cliEgWeb},
-			Spec: networkingv1.NetworkPolicySpec{
-				PodSelector: *sel("role", "cli"),
-				PolicyTypes: eg,
-				Egress: []networkingv1.NetworkPolicyEgressRule{{
-					To:    []networkingv1.NetworkPolicyPeer{{PodSelector: sel("app", "srv")}},
-					Ports: []networkingv1.NetworkPolicyPort{tcpPort(intstr.FromString("http")), tcpPort(intstr.FromInt32(iperfPort))},
-				}, dns},
-			},
-		},
-	}
-	for k := range max(1, n/100) {
-		np := &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: nsBench, Name: fmt.Sprintf("srv-%d", k)}}
-		np.Spec.PolicyTypes = in
-		switch k % 3 {
-		case 0: // monitoring from another namespace's pods on the named port metrics
-			np.Spec.PodSelector = *sel("app", "srv")
-			np.Spec.Ingress = []networkingv1.NetworkPolicyIngressRule{{
-				From:  []networkingv1.NetworkPolicyPeer{{NamespaceSelector: sel("team", "t1"), PodSelector: sel("tier", "backend")}},
-				Ports: []networkingv1.NetworkPolicyPort{tcpPort(intstr.FromString("metrics")), tcpPort(intstr.FromInt32(9100 + int32(k)))},
-			}}
-		case 1: // a tier of the namespace, ipBlocks with excepts on a port range
-			np.Spec.PodSelector = metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{
-				{Key: "tier", Operator: metav1.LabelSelectorOpIn, Values: []string{"web", "edge"}}}}
-			r := tcpPort(intstr.FromInt32(8000))
-			r.EndPort = ptr(int32(8099))
-			np.Spec.Ingress = []networkingv1.NetworkPolicyIngressRule{{
-				From: []networkingv1.NetworkPolicyPeer{
-					{IPBlock: &networkingv1.IPBlock{CIDR: "192.168.0.0/16", Except: []string{fmt.Sprintf("192.168.%d.0/24", k), "192.168.255.0/24"}}},
-					{IPBlock: &networkingv1.IPBlock{CIDR: "fd10::/16", Except: []string{fmt.Sprintf("fd10:%x::/32", k)}}},
-				},
-				Ports: []networkingv1.NetworkPolicyPort{r},
-			}}
-		case 2: // the same namespace's frontends, and ingress + egress
-			np.Spec.PodSelector = *sel("app", "srv")
-			np.Spec.PolicyTypes = inEg
-			np.Spec.Ingress = []networkingv1.NetworkPolicyIngressRule{{
-				From:  []networkingv1.NetworkPolicyPeer{{PodSelector: sel("tier", "frontend")}},
-				Ports: []networkingv1.NetworkPolicyPort{tcpPort(intstr.FromInt32(443)), udpPort(int32(5000 + k))},
-			}}
-			np.Spec.Egress = []networkingv1.NetworkPolicyEgressRule{dns, {
-				To: []networkingv1.NetworkPolicyPeer{{IPBlock: &networkingv1.IPBlock{CIDR: "0.0.0.0/0", Except: []string{"10.0.0.0/8", "169.254.0.0/16"}}}},
-			}}
-		}
-		out = append(out, np)
-	}
-	for k := range n / 250 {
-		out = append(out, &networkingv1.NetworkPolicy{
-			ObjectMeta: metav1.ObjectMeta{Namespace: nsBench, Name: fmt.Sprintf("cli-egress-dns-%d", k)},
-			Spec: networkingv1.NetworkPolicySpec{PodSelector: *sel("role", "cli"), PolicyTypes: eg,
-				Egress: []networkingv1.NetworkPolicyEgressRule{dns}},
-		})
-	}
-	for i := range fakeNSCount {
-		if len(out) == n {
-			break
-		}
-		out = append(out, &networkingv1.NetworkPolicy{
-			ObjectMeta: metav1.ObjectMeta{Namespace: fmt.Sprintf("bns-%d", i), Name: "default-deny-ingress"},
-			Spec:       networkingv1.NetworkPolicySpec{PolicyTypes: in},
-		})
-	}
-	for k := 0; len(out) < n; k++ {
-		out = append(out, variedPolicy(k))
-	}
-	return out
-}
-
-// variedPolicy is the k-th policy in the bns-* namespaces: in bns-<k%10>,
-// selecting app=a<k%200>, of one of 8 kinds (k%8): pod selector + named
-// port; namespace + pod selector; ipBlocks with excepts (both families);
-// ingress + egress to db pods and DNS; matchExpressions and an endPort
-// range; the whole namespace, egress to the internet but the cluster;
-// two labels selected, several peers; another namespace by its
-// kubernetes.io/metadata.name, named port and UDP.
-func variedPolicy(k int) *networkingv1.NetworkPolicy {
-	np := &networkingv1.NetworkPolicy{
-		ObjectMeta: metav1.ObjectMeta{Namespace: fmt.Sprintf("bns-%d", k%fakeNSCount), Name: fmt.Sprintf("pol-%d", k)},
-		Spec: networkingv1.NetworkPolicySpec{
-			PodSelector: *sel("app", fmt.Sprintf("a%d", k%fakeApps)),
-			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress},
-		},
-	}
-	team := fmt.Sprintf("t%d", k%3)
-	ing := func(peers []networkingv1.NetworkPolicyPeer, ports ...networkingv1.NetworkPolicyPort) {
-		np.Spec.Ingress = append(np.Spec.Ingress, networkingv1.NetworkPolicyIngressRule{From: peers, Ports: ports})
-	}
-	egress := func(rules ...networkingv1.NetworkPolicyEgressRule) {
-		np.Spec.PolicyTypes = append(np.Spec.PolicyTypes, networkingv1.PolicyTypeEgress)
-		np.Spec.Egress = rules
-	}
-	switch k % 8 {
-	case 0:
-		ing([]networkingv1.NetworkPolicyPeer{{PodSelector: sel("tier", "frontend")}}, tcpPort(intstr.FromString("http")), tcpPort(intstr.FromInt32(443)))
-	case 1:
-		ing([]networkingv1.NetworkPolicyPeer{{NamespaceSelector: sel("team", team), PodSelector: sel("tier", "backend")}}, tcpPort(intstr.FromString("metrics")))
-	case 2:
-		ing([]networkingv1.NetworkPolicyPeer{
-			{IPBlock: &networkingv1.IPBlock{CIDR: "10.0.0.0/8", Except: []string{fmt.Sprintf("10.250.%d.0/24", k%4), fmt.Sprintf("10.250.%d.128/25", 4+k%3)}}},
-			{IPBlock: &networkingv1.IPBlock{CIDR: "fd00::/8", Except: []string{fmt.Sprintf("fd00:%x::/32", k%64)}}},
-		}, tcpPort(intstr.FromInt32(8443)))
-	case 3:
-		ing([]networkingv1.NetworkPolicyPeer{{PodSelector: sel("app", fmt.Sprintf("a%d", (k+10)%fakeApps))}}, tcpPort(intstr.FromString("http")))
-		egress(networkingv1.NetworkPolicyEgressRule{
-			To:    []networkingv1.NetworkPolicyPeer{{PodSelector: sel("tier", "db")}},
-			Ports: []networkingv1.NetworkPolicyPort{tcpPort(intstr.FromInt32(5432))},
-		}, networkingv1.NetworkPolicyEgressRule{
-			To:    []networkingv1.NetworkPolicyPeer{{NamespaceSelector: sel(), PodSelector: sel("k8s-app", "kube-dns")}},
-			Ports: []networkingv1.NetworkPolicyPort{udpPort(53), tcpPort(intstr.FromInt32(53))},
-		})
-	case 4:
-		r := tcpPort(intstr.FromInt32(9000))
-		r.EndPort = ptr(int32(9100))
-		ing([]networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{
-			{Key: "app", Operator: metav1.LabelSelectorOpIn, Values: []string{fmt.Sprintf("a%d", (k+20)%fakeApps), fmt.Sprintf("a%d", (k+30)%fakeApps)}},
-			{Key: "tier", Operator: metav1.LabelSelectorOpNotIn, Values: []string{"db"}},
-		}}}}, r)
-	case 5:
-		ing([]networkingv1.NetworkPolicyPeer{{PodSelector: sel()}})
-		egress(networkingv1.NetworkPolicyEgressRule{
-			To:    []networkingv1.NetworkPolicyPeer{{IPBlock: &networkingv1.IPBlock{CIDR: "0.0.0.0/0", Except: []string{"10.0.0.0/8", "169.254.0.0/16", "192.168.0.0/16"}}}},
-			Ports: []networkingv1.NetworkPolicyPort{tcpPort(intstr.FromInt32(443))},
-		})
-	case 6:
-		np.Spec.PodSelector = *sel("app", fmt.Sprintf("a%d", k%fakeApps), "tier", tiers[k%3])
-		ing([]networkingv1.NetworkPolicyPeer{
-			{PodSelector: sel("app", fmt.Sprintf("a%d", (k+40)%fakeApps))},
-			{NamespaceSelector: sel("team", team)},
-		}, tcpPort(intstr.FromInt32(5432)), tcpPort(intstr.FromString("metrics")))
-	case 7:
-		ing([]networkingv1.NetworkPolicyPeer{{
-			NamespaceSelector: sel("kubernetes.io/metadata.name", fmt.Sprintf("bns-%d", (k+1)%fakeNSCount)),
-			PodSelector:       sel("version", "v2"),
-		}}, tcpPort(intstr.FromString("http")), udpPort(5353))
-	}
-	return np
-}
-
-func ptr[T any](v T) *T { return &v }
 
 // parallel runs f(0..n-1) on workers goroutines and fails on the first
 // error.
