@@ -17,7 +17,8 @@ import (
 
 // BenchmarkWaitPath is the engine's share of a pod's ADD without a
 // cluster: the node of make bench's policy stage (the same policies,
-// test/policygen, and fake pods: 200 on this node, 796 elsewhere) in the
+// test/policygen, its measured pods, and the fake pods: 200 on this
+// node, 796 elsewhere) in the
 // incremental compile and the nft Writer in a node netns. Each op is a
 // pod of the attach step (namespace bench, app=srv tier=web, named port
 // http) arriving (its chains and port written, not timed), then given
@@ -32,7 +33,7 @@ func BenchmarkWaitPath(b *testing.B) {
 const waitNode = "node-1"
 
 // waitState is the node's compile with the fake pods and n policies.
-func waitState(b *testing.B, n int) *policy.Incremental {
+func waitState(b testing.TB, n int) *policy.Incremental {
 	st := policy.NewState()
 	nsLabels := func(name string, l map[string]string) map[string]string {
 		out := map[string]string{"kubernetes.io/metadata.name": name}
@@ -41,7 +42,23 @@ func waitState(b *testing.B, n int) *policy.Incremental {
 		}
 		return out
 	}
-	st.SetNamespace(policy.Namespace{Name: policygen.NSBench, Labels: nsLabels(policygen.NSBench, nil)})
+	st.SetNamespace(policy.Namespace{Name: policygen.NSBench, Labels: nsLabels(policygen.NSBench, map[string]string{"team": "bench"})})
+	// the stage's measured pods: srv and probe-srv on this node, cli and
+	// probe-cli on node 2
+	http := []policy.NamedPort{{Name: "http", Protocol: policy.ProtoTCP, Port: policygen.SrvPort}}
+	for i, p := range []policy.Pod{
+		{Name: "srv", Node: waitNode, Labels: map[string]string{"app": "srv", "tier": "web"}},
+		{Name: "probe-srv", Node: waitNode, Labels: map[string]string{"app": "probe"}},
+		{Name: "cli", Node: "node-2", Labels: map[string]string{"role": "cli"}},
+		{Name: "probe-cli", Node: "node-2", Labels: map[string]string{"role": "probe-cli"}},
+	} {
+		p.Namespace, p.Ports = policygen.NSBench, http
+		p.IPs = []netip.Addr{netip.AddrFrom4([4]byte{10, 64, 1, byte(250 + i)})}
+		if p.Node != waitNode {
+			p.IPs = []netip.Addr{netip.AddrFrom4([4]byte{10, 65, 0, byte(2 + i)})}
+		}
+		st.SetPod(p)
+	}
 	for i := range policygen.NSCount {
 		name := fmt.Sprintf("bns-%d", i)
 		st.SetNamespace(policy.Namespace{Name: name, Labels: nsLabels(name, policygen.NamespaceLabels(i))})
@@ -82,7 +99,7 @@ func benchWaitPath(b *testing.B, n int) {
 	b.Cleanup(w.Close)
 	inc.Flush()
 	nettest.Do(b, node, func() error { return w.ApplyFull(inc.Ruleset()) })
-	var compile, write, total []time.Duration
+	var compile, write, total, arrive, settle []time.Duration
 	var stats nft.Stats
 	i := 0
 	nettest.Do(b, node, func() error {
@@ -98,14 +115,17 @@ func benchWaitPath(b *testing.B, n int) {
 			b.StopTimer()
 			inc.SetPod(p) // arriving: its chains and port first
 			inc.SetPodPorts(p.Namespace+"/"+p.Name, []policy.LocalPort{{Name: contract.HostVethName(p.Namespace, p.Name, "", "eth0")}})
+			t0 := time.Now()
 			if err := apply(); err != nil {
 				return err
 			}
+			t1 := time.Now()
 			// and read back (Writer.settle), as it is long before an
 			// ADD: what the engine wrote when the Pod object came
 			if err := apply(); err != nil {
 				return err
 			}
+			arrive, settle = append(arrive, t1.Sub(t0)), append(settle, time.Since(t1))
 			b.StartTimer()
 			start := time.Now()
 			p.IPs = []netip.Addr{netip.AddrFrom4([4]byte{10, 64, 1, byte(2 + i%40)})}
@@ -132,7 +152,7 @@ func benchWaitPath(b *testing.B, n int) {
 	for _, x := range []struct {
 		name string
 		d    []time.Duration
-	}{{"compile", compile}, {"write", write}, {"wait", total}} {
+	}{{"compile", compile}, {"write", write}, {"wait", total}, {"arrive", arrive}, {"settle", settle}} {
 		slices.Sort(x.d)
 		b.ReportMetric(float64(x.d[len(x.d)/2].Microseconds())/1000, x.name+"-p50-ms")
 		b.ReportMetric(float64(x.d[(len(x.d)*99)/100].Microseconds())/1000, x.name+"-p99-ms")
