@@ -170,7 +170,7 @@ func TestRanges(t *testing.T) {
 		checkRuleset(t, Ruleset{Policies: []PolicyChain{{ID: "000000000000", Rules: []Rule{{Ports: ports}}}}})
 		for i := range 64 {
 			for p := range 20 {
-				if portsContain(ports, addr(i), ProtoTCP, uint16(p)) != cover[key{i, p}] {
+				if portsContain(lookupForm(ports), addr(i), ProtoTCP, uint16(p)) != cover[key{i, p}] {
 					t.Fatalf("boxes %v -> %v: (%s, %d) wrong", boxes, ports, addr(i), p)
 				}
 			}
@@ -215,13 +215,54 @@ func TestRanges(t *testing.T) {
 					i = int(x.As4()[3])
 				}
 				want := global[p] || cover[key{i, p}]
-				if portsContain(ports, x, ProtoUDP, uint16(p)) != want {
+				if portsContain(lookupForm(ports), x, ProtoUDP, uint16(p)) != want {
 					t.Fatalf("boxes %v -> %v: (%s, %d) wrong, want %v", boxes, ports, x, p, want)
 				}
 			}
 		}
 		if _, ok := pointsSweep(nil, boxes); !ok {
 			t.Fatal("pointsSweep refused points")
+		}
+	}
+	// full-family boxes and boxes of one port over any addresses (what
+	// Compile makes of numbered and named ports): port-major, the same
+	// coverage, and again the same when given its own elements
+	for range 300 {
+		var boxes []portBox
+		type key struct{ a, p int }
+		cover := map[key]bool{}
+		var global [20]bool
+		for range 1 + r.IntN(10) {
+			if r.IntN(5) == 0 {
+				pf, pt := r.IntN(20), r.IntN(20)
+				pf, pt = min(pf, pt), max(pf, pt)
+				boxes = append(boxes, portBox{addrs: fullRange(true), proto: ProtoTCP, from: uint16(pf), to: uint16(pt)})
+				for p := pf; p <= pt; p++ {
+					global[p] = true
+				}
+				continue
+			}
+			x, y, p := r.IntN(16), r.IntN(16), r.IntN(20)
+			x, y = min(x, y), max(x, y)
+			boxes = append(boxes, portBox{addrs: Range{addr(x), addr(y)}, proto: ProtoTCP, from: uint16(p), to: uint16(p)})
+			for i := x; i <= y; i++ {
+				cover[key{i, p}] = true
+			}
+		}
+		ports := disjointPorts(slices.Clone(boxes))
+		checkRuleset(t, Ruleset{Policies: []PolicyChain{{ID: "000000000000", Rules: []Rule{{Ports: ports}}}}})
+		if !slices.IsSortedFunc(ports, portMajorCmp) {
+			t.Fatalf("boxes %v -> %v: not port-major", boxes, ports)
+		}
+		for i := range 18 {
+			for p := range 20 {
+				if got, want := portsContain(lookupForm(ports), addr(i), ProtoTCP, uint16(p)), global[p] || cover[key{i, p}]; got != want {
+					t.Fatalf("boxes %v -> %v: (%s, %d) %v, want %v", boxes, ports, addr(i), p, got, want)
+				}
+			}
+		}
+		if again := (Rule{Ports: ports}).Canonical().Ports; !slices.Equal(again, ports) {
+			t.Fatalf("boxes %v -> %v, then %v", boxes, ports, again)
 		}
 	}
 	// the edges of the families
@@ -236,4 +277,13 @@ func TestRanges(t *testing.T) {
 	if got := disjointPorts([]portBox{{addrs: fullRange(false), proto: ProtoUDP, from: 53, to: 53}}); len(got) != 1 || got[0].Addrs != full[1] {
 		t.Errorf("full IPv6 box: %v", got)
 	}
+}
+
+// lookupForm is ports laid out for portsContain (address-major).
+func lookupForm(ports []PortRange) []PortRange {
+	boxes := make([]portBox, len(ports))
+	for i, p := range ports {
+		boxes[i] = portBox{addrs: p.Addrs, proto: p.Proto, from: p.PortFrom, to: p.PortTo}
+	}
+	return addressMajorPorts(boxes)
 }

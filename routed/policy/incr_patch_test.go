@@ -65,11 +65,11 @@ func TestPatchPeersIsTheUnion(t *testing.T) {
 	}
 }
 
-// setRun on the runs of disjointPorts' elements gives what disjointPorts
-// gives for the boxes changed at one address: numbered ports over the
-// whole family or none, named ports at random neighbouring addresses
-// (the ends of each family among them), both families, two protocols.
-func TestSetRunIsDisjointPorts(t *testing.T) {
+// setNamedAt on disjointPorts' elements gives what disjointPorts gives
+// for the boxes changed at one address: numbered ports over the whole
+// family or none, named ports at random neighbouring addresses (the ends
+// of each family among them), both families, two protocols.
+func TestSetNamedAtIsDisjointPorts(t *testing.T) {
 	addrs := []netip.Addr{
 		netip.MustParseAddr("0.0.0.0"), netip.MustParseAddr("0.0.0.1"), netip.MustParseAddr("10.0.0.1"),
 		netip.MustParseAddr("10.0.0.2"), netip.MustParseAddr("10.0.0.3"), netip.MustParseAddr("10.0.0.5"),
@@ -124,24 +124,18 @@ func TestSetRunIsDisjointPorts(t *testing.T) {
 			named[a][proto] = append(named[a][proto], portsPool[rng.IntN(len(portsPool))])
 		}
 		want := disjointPorts(boxesOf(global, named))
-		spans := slices.Clone(global[proto])
-		for _, p := range named[a][proto] {
-			spans = append(spans, portSpan{p, p})
-		}
+		ports := slices.Clone(named[a][proto])
+		slices.Sort(ports)
+		ports = slices.Compact(ports)
 		g := portGroup{proto, a.Is4()}
 		lo, hi := groupBounds(before, g)
-		runs := setRun(toRuns(before[lo:hi]), a, mergeSpans(spans))
-		got := slices.Concat(before[:lo], fromRuns(runs, proto), before[hi:])
+		els := setNamedAt(slices.Clone(before[lo:hi]), a, ports, proto)
+		got := slices.Concat(before[:lo], els, before[hi:])
 		if len(got) == 0 {
 			got = nil
 		}
 		if !slices.Equal(got, want) {
-			t.Fatalf("round %d: %s %v -> spans %v\nbefore %v\npatched %v\nwant    %v", round, a, proto, spans, before, got, want)
-		}
-		// setElems, the same on the group's elements around a only
-		els := setElems(slices.Clone(before[lo:hi]), a, mergeSpans(spans), proto)
-		if got := slices.Concat(before[:lo], els, before[hi:]); !slices.Equal(got, want) && len(got)+len(want) > 0 {
-			t.Fatalf("round %d: setElems %s %v -> spans %v\nbefore %v\npatched %v\nwant    %v", round, a, proto, spans, before, got, want)
+			t.Fatalf("round %d: %s %v -> ports %v\nbefore %v\npatched %v\nwant    %v", round, a, proto, ports, before, got, want)
 		}
 	}
 }

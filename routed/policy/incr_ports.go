@@ -1,10 +1,10 @@
 // The incremental compile's named ports, patched at the addresses that
 // changed (an egress rule's members, the pods an ingress rule's policy
-// selects): what disjointPorts makes of a rule's
-// boxes is, for each protocol and family, the run-length encoding of the
-// address line (each run the merged port spans its addresses allow, runs
-// of no port left out, no two neighbouring runs alike), so changing the
-// spans of one address changes the runs around it alone.
+// selects). What disjointPorts makes of a rule's boxes is, for each
+// protocol and family, port-major (portMajor): the numbered ports over
+// the whole family, and each other port with the merged addresses that
+// have it. Changing the named ports of one address adds or takes that
+// address in the lists of the ports that changed, and nothing else.
 
 package policy
 
@@ -13,12 +13,6 @@ import (
 	"net/netip"
 	"slices"
 )
-
-// portRun is one run: addresses and the port spans each of them allows.
-type portRun struct {
-	addrs Range
-	spans []portSpan
-}
 
 // portGroup is a protocol and family of a rule's Ports.
 type portGroup struct {
@@ -32,87 +26,12 @@ func (g portGroup) cmp(h portGroup) int {
 
 func groupOf(p PortRange) portGroup { return portGroup{p.Proto, p.Addrs.From.Is4()} }
 
-// toRuns reads a group's elements (as disjointPorts orders them) back as
-// runs.
-func toRuns(els []PortRange) []portRun {
-	var out []portRun
-	for _, e := range els {
-		sp := portSpan{e.PortFrom, e.PortTo}
-		if n := len(out); n > 0 && out[n-1].addrs == e.Addrs {
-			out[n-1].spans = append(out[n-1].spans, sp)
-			continue
-		}
-		out = append(out, portRun{addrs: e.Addrs, spans: []portSpan{sp}})
-	}
-	return out
-}
-
-// fromRuns are the elements of a group's runs.
-func fromRuns(runs []portRun, proto uint8) []PortRange {
-	var out []PortRange
-	for _, r := range runs {
-		for _, sp := range r.spans {
-			out = append(out, PortRange{Addrs: r.addrs, Proto: proto, PortFrom: sp.from, PortTo: sp.to})
-		}
-	}
-	return out
-}
-
-// setRun makes address a allow spans (merged; none: no port) in runs.
-func setRun(runs []portRun, a netip.Addr, spans []portSpan) []portRun {
-	j, _ := slices.BinarySearchFunc(runs, a, func(r portRun, a netip.Addr) int { return r.addrs.To.Compare(a) })
-	in := j < len(runs) && runs[j].addrs.Contains(a)
-	var cur []portSpan
-	if in {
-		cur = runs[j].spans
-	}
-	if slices.Equal(cur, spans) {
-		return runs
-	}
-	k := j // where a's own run is, if it gets one
-	if in {
-		r := runs[j]
-		var mid []portRun
-		if r.addrs.From != a {
-			mid = append(mid, portRun{Range{r.addrs.From, a.Prev()}, r.spans})
-			k++
-		}
-		if len(spans) > 0 {
-			mid = append(mid, portRun{single(a), spans})
-		}
-		if r.addrs.To != a {
-			mid = append(mid, portRun{Range{a.Next(), r.addrs.To}, r.spans})
-		}
-		runs = slices.Replace(runs, j, j+1, mid...)
-	} else {
-		runs = slices.Insert(runs, j, portRun{single(a), spans})
-	}
-	if len(spans) == 0 {
-		return runs // a is a gap now: nothing on either side touches
-	}
-	// a's run joins a neighbour that touches it with the same spans
-	if k+1 < len(runs) && touches(runs[k].addrs, runs[k+1].addrs) && slices.Equal(runs[k].spans, runs[k+1].spans) {
-		runs[k].addrs.To = runs[k+1].addrs.To
-		runs = slices.Delete(runs, k+1, k+2)
-	}
-	if k > 0 && touches(runs[k-1].addrs, runs[k].addrs) && slices.Equal(runs[k-1].spans, runs[k].spans) {
-		runs[k-1].addrs.To = runs[k].addrs.To
-		runs = slices.Delete(runs, k, k+1)
-	}
-	return runs
-}
-
-// touches: y starts right after x ends, in x's family.
-func touches(x, y Range) bool {
-	return x.To.Is4() == y.From.Is4() && !lastOfFamily(x.To) && x.To.Next() == y.From
-}
-
 // patchNamedPorts is ports (rule r's, its named ports resolved as they
-// were) with the spans of each touched address resolved again: numbered
-// ports anywhere, and the named ports of the entry owner gives for the
-// address (nil: none), which must own it: for an egress rule the pod that
-// owns the address when the rule's peers hold it, for an ingress rule
-// the one that owns it when the policy selects it. A new slice.
+// were) with the named ports of each touched address resolved again: the
+// named ports of the entry owner gives for the address (nil: none),
+// which must own it: for an egress rule the pod that owns the address
+// when the rule's peers hold it, for an ingress rule the one that owns it
+// when the policy selects it. A new slice.
 func (c *Incremental) patchNamedPorts(ports []PortRange, r *parsedRule, touched []netip.Addr, owner func(netip.Addr) *entry) []PortRange {
 	var protos []uint8
 	for _, p := range r.ports {
@@ -129,7 +48,7 @@ func (c *Incremental) patchNamedPorts(ports []PortRange, r *parsedRule, touched 
 				lo, hi := groupBounds(ports, g)
 				els = slices.Clone(ports[lo:hi])
 			}
-			changed[g] = setElems(els, a, spansAt(r, proto, a, owner(a)), proto)
+			changed[g] = setNamedAt(els, a, namedAt(r, proto, a, owner(a)), proto)
 		}
 	}
 	out := make([]PortRange, 0, len(ports)+2*len(touched))
@@ -154,42 +73,80 @@ func (c *Incremental) patchNamedPorts(ports []PortRange, r *parsedRule, touched 
 	return out
 }
 
-// setElems is setRun on one group's elements (els, a slice the caller
-// owns, changed in place): only the runs around a are read as runs (the
-// one that holds a or follows it, and its neighbours), so an address
-// costs a binary search and a copy of the elements after it, not the
-// group read and written again.
-func setElems(els []PortRange, a netip.Addr, spans []portSpan, proto uint8) []PortRange {
-	j, _ := slices.BinarySearchFunc(els, a, func(p PortRange, a netip.Addr) int { return p.Addrs.To.Compare(a) })
-	lo, hi := j, j
-	if j > 0 {
-		lo = runStart(els, j-1)
-	}
-	if hi < len(els) {
-		hi = runEnd(els, hi)
-		if hi < len(els) {
-			hi = runEnd(els, hi)
+// setNamedAt makes address a have exactly the named ports want (of
+// protocol proto, sorted) in els, one group's elements laid out by
+// portMajor (a slice the caller owns, changed in place): a is added to
+// or taken from the address list of each port that changed, merged with
+// its neighbours. A port the numbered ports cover has no list. A port
+// whose list would become the whole family is laid out again whole (no
+// pod set has that many addresses; portMajor's form is kept anyway).
+func setNamedAt(els []PortRange, a netip.Addr, want []uint16, proto uint8) []PortRange {
+	fam := fullRange(a.Is4())
+	var global []portSpan
+	var have []uint16
+	for _, e := range els {
+		switch {
+		case e.Addrs == fam:
+			global = append(global, portSpan{e.PortFrom, e.PortTo})
+		case e.Addrs.Contains(a):
+			have = append(have, e.PortFrom)
 		}
 	}
-	runs := setRun(toRuns(els[lo:hi]), a, spans)
-	return slices.Replace(els, lo, hi, fromRuns(runs, proto)...)
+	var wantOwn []uint16 // want less what the numbered ports cover
+	for _, p := range want {
+		if !spansContain(global, p) && !slices.Contains(wantOwn, p) {
+			wantOwn = append(wantOwn, p)
+		}
+	}
+	for _, p := range have {
+		if !slices.Contains(wantOwn, p) {
+			els = setPortAddr(els, p, a, false, proto)
+		}
+	}
+	for _, p := range wantOwn {
+		if !slices.Contains(have, p) {
+			els = setPortAddr(els, p, a, true, proto)
+		}
+	}
+	for _, e := range els {
+		if e.Addrs == fam && e.PortFrom == e.PortTo && !spansContain(global, e.PortFrom) {
+			// a port's list reached the whole family
+			boxes := make([]portBox, len(els))
+			for i, x := range els {
+				boxes[i] = portBox{addrs: x.Addrs, proto: x.Proto, from: x.PortFrom, to: x.PortTo}
+			}
+			return disjointPorts(boxes)
+		}
+	}
+	return els
 }
 
-// runStart is the first element of the run els[i] is in.
-func runStart(els []PortRange, i int) int {
-	for i > 0 && els[i-1].Addrs == els[i].Addrs {
-		i--
+// setPortAddr adds a to (in) or takes it from the address list of port
+// in els (portMajor's layout).
+func setPortAddr(els []PortRange, port uint16, a netip.Addr, in bool, proto uint8) []PortRange {
+	lo, _ := slices.BinarySearchFunc(els, port, func(e PortRange, p uint16) int { return cmp.Compare(e.PortFrom, p) })
+	hi := lo
+	for hi < len(els) && els[hi].PortFrom == port && els[hi].PortTo == port {
+		hi++
 	}
-	return i
-}
-
-// runEnd is the element after the run els[i] is in.
-func runEnd(els []PortRange, i int) int {
-	k := i + 1
-	for k < len(els) && els[k].Addrs == els[i].Addrs {
-		k++
+	rs := make([]Range, hi-lo, hi-lo+1)
+	for i, e := range els[lo:hi] {
+		rs[i] = e.Addrs
 	}
-	return k
+	i, has := findRange(rs, a)
+	switch {
+	case in && !has:
+		rs = insertAddr(rs, i, a)
+	case !in && has:
+		rs = removeAddr(rs, i, a)
+	default:
+		return els
+	}
+	seg := make([]PortRange, len(rs))
+	for i, r := range rs {
+		seg[i] = PortRange{Addrs: r, Proto: proto, PortFrom: port, PortTo: port}
+	}
+	return slices.Replace(els, lo, hi, seg...)
 }
 
 // groupBounds is where group g's elements are in ports (sorted by
@@ -203,27 +160,23 @@ func groupBounds(ports []PortRange, g portGroup) (lo, hi int) {
 	return lo, hi
 }
 
-// spansAt are the port spans r allows to address a for protocol proto:
-// its numbered ports, and the named ports of e (nil: none) when it owns
-// a.
-func spansAt(r *parsedRule, proto uint8, a netip.Addr, e *entry) []portSpan {
-	var out []portSpan
+// namedAt are the ports of r's named ports of protocol proto that e
+// (nil: none) gives address a when it owns it, sorted.
+func namedAt(r *parsedRule, proto uint8, a netip.Addr, e *entry) []uint16 {
+	if e == nil || !slices.Contains(e.ips, a) {
+		return nil
+	}
+	var out []uint16
 	for _, p := range r.ports {
-		if p.name == "" && p.proto == proto {
-			out = append(out, portSpan{p.from, p.to})
+		if p.name == "" || p.proto != proto {
+			continue
 		}
-	}
-	if e != nil && slices.Contains(e.ips, a) {
-		for _, p := range r.ports {
-			if p.name == "" || p.proto != proto {
-				continue
-			}
-			for _, np := range e.pod.Ports {
-				if np.Name == p.name && np.Protocol == proto {
-					out = append(out, portSpan{np.Port, np.Port})
-				}
+		for _, np := range e.pod.Ports {
+			if np.Name == p.name && np.Protocol == proto && !slices.Contains(out, np.Port) {
+				out = append(out, np.Port)
 			}
 		}
 	}
-	return mergeSpans(out)
+	slices.Sort(out)
+	return out
 }

@@ -76,7 +76,7 @@ func NewMatcher(rs Ruleset) *Matcher {
 			for _, p := range r.Ports {
 				boxes = append(boxes, portBox{addrs: p.Addrs, proto: p.Proto, from: p.PortFrom, to: p.PortTo})
 			}
-			mr.ports = disjointPorts(boxes)
+			mr.ports = addressMajorPorts(boxes)
 			mc.rules = append(mc.rules, mr)
 		}
 		chains[pc.ID] = mc
@@ -186,7 +186,7 @@ func (r *matchRule) matches(peer, dst netip.Addr, proto uint8, port uint16) bool
 	return portsContain(r.ports, dst, proto, port)
 }
 
-// portsContain looks (dst, proto, port) up in ports, as disjointPorts
+// portsContain looks (dst, proto, port) up in ports, as addressMajorPorts
 // returns them: sorted by protocol, address, port and disjoint, so that
 // the elements holding dst are one run of equal address ranges.
 func portsContain(ports []PortRange, dst netip.Addr, proto uint8, port uint16) bool {

@@ -2,6 +2,7 @@ package policy
 
 import (
 	"cmp"
+	"maps"
 	"net/netip"
 	"slices"
 )
@@ -158,8 +159,16 @@ type portBox struct {
 // disjointPorts turns boxes (address range x protocol x port range), which
 // may overlap, into disjoint PortRanges covering exactly their union: nft
 // refuses overlapping elements in a concatenated interval set. Sorted by
-// protocol, address, port.
-func disjointPorts(boxes []portBox) []PortRange {
+// protocol and family. Within those, what Compile makes (boxes over the
+// whole family: numbered ports; boxes of one port: named ports) is
+// port-major (portMajor), anything else address-major (sweepFamily).
+func disjointPorts(boxes []portBox) []PortRange { return disjoint(boxes, true) }
+
+// addressMajorPorts is disjointPorts address-major throughout: sorted by
+// protocol, address, port, the form portsContain looks up.
+func addressMajorPorts(boxes []portBox) []PortRange { return disjoint(boxes, false) }
+
+func disjoint(boxes []portBox, portMajorOK bool) []PortRange {
 	if len(boxes) == 0 {
 		return nil
 	}
@@ -184,6 +193,8 @@ func disjointPorts(boxes []portBox) []PortRange {
 			for _, sp := range mergeSpans(spans) {
 				out = append(out, PortRange{Addrs: boxes[start].addrs, Proto: boxes[start].proto, PortFrom: sp.from, PortTo: sp.to})
 			}
+		} else if o, ok := portMajor(out, boxes[start:end]); ok && portMajorOK {
+			out = o
 		} else if o, ok := pointsSweep(out, boxes[start:end]); ok {
 			out = o
 		} else {
@@ -206,6 +217,66 @@ func boolCmp(a, b bool) int {
 }
 
 type portSpan struct{ from, to uint16 }
+
+// portMajor is disjointPorts for boxes of one protocol and family that
+// each cover the whole family (numbered ports) or one port (named
+// ports): the numbered ports' merged spans over the whole family, then
+// each other port with the merged addresses that have it (a port that
+// every address has is a numbered one), sorted by port, then address. So
+// a pod's named port is an element of its own (or widens a neighbour's
+// by its address), and a pod that comes or goes changes only that: the
+// kernel's concatenated interval set (pipapo) pays for every wide
+// element a change deletes and adds (test/policynft
+// BenchmarkPortsSetShapes: 16 ms to split one, 0.4 ms to add a point),
+// which an address-major layout would split at each pod's address. ok is
+// false for other boxes.
+func portMajor(out []PortRange, boxes []portBox) ([]PortRange, bool) {
+	fam := fullRange(boxes[0].addrs.From.Is4())
+	proto := boxes[0].proto
+	var global []portSpan
+	for _, b := range boxes {
+		switch {
+		case b.addrs == fam:
+			global = append(global, portSpan{b.from, b.to})
+		case b.from != b.to:
+			return out, false
+		}
+	}
+	global = mergeSpans(global)
+	byPort := map[uint16][]Range{}
+	for _, b := range boxes {
+		if b.addrs != fam && !spansContain(global, b.from) {
+			byPort[b.from] = append(byPort[b.from], b.addrs)
+		}
+	}
+	var elems []PortRange
+	for _, p := range slices.Sorted(maps.Keys(byPort)) {
+		rs := mergeRanges(byPort[p])
+		if len(rs) == 1 && rs[0] == fam {
+			global = append(global, portSpan{p, p})
+			continue
+		}
+		for _, r := range rs {
+			elems = append(elems, PortRange{Addrs: r, Proto: proto, PortFrom: p, PortTo: p})
+		}
+	}
+	for _, sp := range mergeSpans(global) {
+		elems = append(elems, PortRange{Addrs: fam, Proto: proto, PortFrom: sp.from, PortTo: sp.to})
+	}
+	slices.SortFunc(elems, portMajorCmp)
+	return append(out, elems...), true
+}
+
+// portMajorCmp orders one protocol's and family's elements port-major.
+func portMajorCmp(x, y PortRange) int {
+	return cmp.Or(cmp.Compare(x.PortFrom, y.PortFrom), x.Addrs.From.Compare(y.Addrs.From))
+}
+
+// spansContain reports whether port is in spans (merged and sorted).
+func spansContain(spans []portSpan, port uint16) bool {
+	i, _ := slices.BinarySearchFunc(spans, port, func(s portSpan, p uint16) int { return cmp.Compare(s.to, p) })
+	return i < len(spans) && spans[i].from <= port
+}
 
 // pointsSweep is sweepFamily for what Compile makes: boxes covering the
 // whole family (numbered ports) and boxes of one address (named ports). It

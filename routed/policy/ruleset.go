@@ -190,8 +190,11 @@ type Rule struct {
 	// AnyPort: the rule has no ports, every protocol and port matches
 	// (ICMP too).
 	AnyPort bool
-	// Ports are what the rule's ports allow, both families, merged and
-	// sorted. The address part is always the packet's destination: the
+	// Ports are what the rule's ports allow, both families, disjoint, in
+	// disjointPorts' canonical layout (by protocol and family; numbered
+	// and named ports port-major: each port with the merged addresses
+	// that have it, so that a pod's named port is a point of its own in
+	// the kernel's set). The address part is always the packet's destination: the
 	// local pod for ingress (a named port resolves against the selected
 	// pod), the peer for egress (it resolves against the destination pod);
 	// a numbered port covers every address of its family. So the match is
