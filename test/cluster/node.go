@@ -47,6 +47,9 @@ type Node struct {
 	// StateDir holds node.json (podnet-routed --state-dir, the plugins'
 	// stateDir); DataDir the IPAM reservations (podnet-ipam dataDir).
 	StateDir, DataDir string
+	// runDir holds StateDir and DataDir when Config.RunDir puts them
+	// outside Dir.
+	runDir string
 	// Initial is the netns as it was before podnet-routed first ran.
 	Initial Snapshot
 	// RoutedArgs are extra podnet-routed flags (after the cluster's own:
@@ -122,10 +125,17 @@ func (c *Cluster) newMachine(name string, subnet, host int) (*Node, error) {
 	addr := c.machineAddr(subnet, host)
 	n := &Node{c: c, Name: name, Subnet: subnet, IP: addr.Addr()}
 	n.Dir = filepath.Join(c.Cfg.WorkDir, n.Name)
-	n.StateDir = filepath.Join(n.Dir, "state")
-	n.DataDir = filepath.Join(n.Dir, "ipam")
-	if err := os.MkdirAll(n.Dir, 0o755); err != nil {
-		return nil, err
+	base := n.Dir
+	if c.Cfg.RunDir != "" {
+		n.runDir = filepath.Join(c.Cfg.RunDir, c.Cfg.Name, n.Name)
+		base = n.runDir
+	}
+	n.StateDir = filepath.Join(base, "state")
+	n.DataDir = filepath.Join(base, "ipam")
+	for _, d := range []string{n.Dir, base} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return nil, err
+		}
 	}
 	var err error
 	if n.NS, err = c.newNetNS(n.Name); err != nil {
@@ -220,7 +230,11 @@ func (c *Cluster) DeleteNode(ctx context.Context, n *Node) error {
 	if n.apiFwd != nil {
 		_ = n.apiFwd.Close()
 	}
-	return errors.Join(err, c.dropNetNS(n.NS), os.RemoveAll(n.Dir))
+	err = errors.Join(err, c.dropNetNS(n.NS), os.RemoveAll(n.Dir))
+	if n.runDir != "" {
+		err = errors.Join(err, os.RemoveAll(n.runDir))
+	}
+	return err
 }
 
 // StartRouted starts podnet-routed in the node netns.

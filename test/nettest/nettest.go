@@ -414,3 +414,23 @@ func BuildFakeIPAM(dir string) (string, error) {
 func RemoveNetNS(n ns.NetNS) error {
 	return testutils.UnmountNS(n)
 }
+
+// RunDir is a new directory on a tmpfs (/dev/shm, else /run), removed when
+// t ends, for the node's state and IPAM stores: the DaemonSet keeps them
+// under /run, a tmpfs, and the IPAM store fsyncs each reservation, which a
+// disk makes cost every ADD milliseconds. Without a writable tmpfs it is
+// t.TempDir(). The second result says which it is.
+func RunDir(t testing.TB, prefix string) (string, string) {
+	t.Helper()
+	for _, root := range []string{"/dev/shm", "/run"} {
+		var st unix.Statfs_t
+		if unix.Statfs(root, &st) != nil || st.Type != unix.TMPFS_MAGIC {
+			continue
+		}
+		if d, err := os.MkdirTemp(root, prefix); err == nil {
+			t.Cleanup(func() { _ = os.RemoveAll(d) })
+			return d, "tmpfs " + root
+		}
+	}
+	return t.TempDir(), "t.TempDir (not tmpfs)"
+}

@@ -280,16 +280,16 @@ func newAddBench(b *bench) (*addBench, *addCompare) {
 	a.podnet = &addStack{name: podnetAddStack, podnet: true}
 	a.podnet.list, err = libcni.ConfListFromBytes(conf)
 	b.must(err)
-	a.podnet.cni = libcni.NewCNIConfigWithCacheDir([]string{b.c.Cfg.BinDir}, filepath.Join(n1.Dir, "add-podnet-cache"), nil)
-	a.ref = &addStack{name: refAddStack, hostLocal: filepath.Join(n1.Dir, "add-host-local")}
+	a.podnet.cni = libcni.NewCNIConfigWithCacheDir([]string{b.c.Cfg.BinDir}, filepath.Join(filepath.Dir(n1.DataDir), "add-podnet-cache"), nil)
+	a.ref = &addStack{name: refAddStack, hostLocal: filepath.Join(filepath.Dir(n1.DataDir), "add-host-local")}
 	refConf := fmt.Sprintf(`{"cniVersion":"1.0.0","name":"bench-ref","plugins":[{"type":"ptp","ipMasq":false,"ipam":{"type":"host-local","ranges":[[{"subnet":%q}]],"dataDir":%q}}]}`,
 		refSubnet, a.ref.hostLocal)
 	a.ref.list, err = libcni.ConfListFromBytes([]byte(refConf))
 	b.must(err)
-	a.ref.cni = libcni.NewCNIConfigWithCacheDir([]string{nettest.RefToolsDir(t)}, filepath.Join(n1.Dir, "add-ref-cache"), nil)
+	a.ref.cni = libcni.NewCNIConfigWithCacheDir([]string{nettest.RefToolsDir(t)}, filepath.Join(filepath.Dir(n1.DataDir), "add-ref-cache"), nil)
 	out := &addCompare{Pods: a.pods, Workers: a.workers, Chunk: a.chunk, Status: a.status,
-		Ref:    strings.ReplaceAll(refConf, n1.Dir, "<node 1's directory>"),
-		Podnet: "conf/10-podnet.conflist with node 1's stateDir and IPAM dataDir: podnet, podnet-ipam in-process, the ADD's last step waiting on the engine's socket"}
+		Ref:    strings.ReplaceAll(refConf, filepath.Dir(n1.DataDir), "<node 1's run directory>"),
+		Podnet: "conf/10-podnet.conflist with node 1's stateDir and IPAM dataDir (both on " + b.runFS + ", as the DaemonSet's /run/podnet): podnet, podnet-ipam in-process, the ADD's last step waiting on the engine's socket"}
 	for _, s := range []*addStack{a.podnet, a.ref} {
 		pods := a.newPods(s, 3)
 		a.quiet()

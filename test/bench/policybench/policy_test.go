@@ -153,6 +153,7 @@ type result struct {
 	LoadBefore   string    `json:"load_before"`
 	LoadAfter    string    `json:"load_after"`
 	Real         string    `json:"real"`
+	RunFS        string    `json:"run_fs"` // where the nodes' state and IPAM stores are
 	Encap        string    `json:"encap"`
 	PodsTotal    int       `json:"pods_total"`
 	PodsReal     int       `json:"pods_real"`
@@ -257,9 +258,15 @@ func TestPolicyBench(t *testing.T) {
 	ctx := context.Background()
 	id := make([]byte, 3)
 	_, _ = rand.Read(id)
+	// the nodes' state and IPAM stores on a tmpfs, as the DaemonSet keeps
+	// them (/run/podnet): on this machine's disk the store's fsyncs alone
+	// cost an ADD about 3 ms
+	runDir, runFS := nettest.RunDir(t, "pnpolb-")
+	res.RunFS = runFS
 	c, err := cluster.Up(ctx, cluster.Config{
 		Name:     "pnpolb-" + hex.EncodeToString(id),
 		WorkDir:  t.TempDir(),
+		RunDir:   runDir,
 		RepoRoot: nettest.RepoRoot(t),
 		BinDir:   nettest.BinDir(t, "podnet", "podnet-ipam", "podnet-routed"),
 		KapiDir:  kapi.BinDir(t),
@@ -341,7 +348,7 @@ func TestPolicyBench(t *testing.T) {
 	res.PodsReal, res.PodsLocal, res.PodsRemote = 4, fakeLocal, fakeRemote
 	res.PodsTotal = res.PodsReal + res.PodsLocal + res.PodsRemote
 	res.Policies = counts[0]
-	b := &bench{t: t, ctx: ctx, c: c, n1: n1, n2: n2, srv: srv, cli: cli, probeSrv: probeSrv, probeCli: probeCli,
+	b := &bench{t: t, ctx: ctx, c: c, runFS: runFS, n1: n1, n2: n2, srv: srv, cli: cli, probeSrv: probeSrv, probeCli: probeCli,
 		srvAddr: srvAddr, probeAddr: probeAddr, conns: conns, iperfS: iperfS, reps: reps,
 		attaches: envInt("PODNET_BENCH_POLICY_ATTACHES", 20)}
 	res.AttachZeroMs = b.attach("attach, no policy")

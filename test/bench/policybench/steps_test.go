@@ -30,6 +30,7 @@ type bench struct {
 	srvAddr, probeAddr           netip.AddrPort
 	conns, iperfS, reps          int
 	attaches, attached           int
+	runFS                        string // the nodes' state and IPAM stores' filesystem
 	// the policies in the API server
 	inPlace     []*networkingv1.NetworkPolicy
 	cnpsInPlace []*cnpv1.ClusterNetworkPolicy

@@ -20,7 +20,6 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/containernetworking/plugins/pkg/testutils"
-	"golang.org/x/sys/unix"
 
 	"github.com/podnet/podnet/ipam/allocator"
 	"github.com/podnet/podnet/routed/reconcile"
@@ -68,19 +67,6 @@ func needRoot(t testing.TB) {
 	}
 }
 
-// dataRoot is a directory on tmpfs for the stores (podnet-ipam's default
-// data dir, /run/podnet/ipam, is on tmpfs) when /dev/shm is one.
-func dataRoot(t testing.TB) (string, string) {
-	var st unix.Statfs_t
-	if unix.Statfs("/dev/shm", &st) == nil && st.Type == unix.TMPFS_MAGIC {
-		if d, err := os.MkdirTemp("/dev/shm", "reconcilebench-"); err == nil {
-			t.Cleanup(func() { _ = os.RemoveAll(d) })
-			return d, "tmpfs"
-		}
-	}
-	return t.TempDir(), "t.TempDir (not tmpfs)"
-}
-
 func ms(d time.Duration) float64 { return float64(d) / 1e6 }
 
 // measure runs reps repetitions of: n pods ADDed, livePasses passes while
@@ -92,7 +78,7 @@ func ms(d time.Duration) float64 { return float64(d) / 1e6 }
 func measure(t testing.TB, n, reps, livePasses int, budget, settle time.Duration) costResult {
 	needRoot(t)
 	start := time.Now()
-	root, fsName := dataRoot(t)
+	root, fsName := nettest.RunDir(t, "reconcilebench-")
 	res := costResult{Reservations: n, Reps: reps, SettleS: settle.Seconds(), DataFS: fsName, GraceS: (2 * time.Minute).Seconds(),
 		Note: "records made by podnet-ipam's ADD (ipam.Add in-process, CNI_NETNS and K8S_POD_* set), then aged past the grace; no host veths (a pod's veth pair goes with its netns); no runtime asked (judged by netns)"}
 	node := nettest.NewNode(t).NS
