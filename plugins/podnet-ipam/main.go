@@ -3,9 +3,11 @@
 package main
 
 import (
-	"github.com/containernetworking/cni/pkg/skel"
-	"github.com/containernetworking/cni/pkg/types"
+	"os"
 
+	"github.com/containernetworking/cni/pkg/skel"
+
+	"github.com/podnet/podnet/internal/cniresult"
 	"github.com/podnet/podnet/ipam"
 )
 
@@ -16,7 +18,7 @@ func main() {
 			if err != nil {
 				return err
 			}
-			return types.PrintResult(res, ipam.CNIVersion(args.StdinData))
+			return cniresult.Print(os.Stdout, res, ipam.CNIVersion(args.StdinData))
 		},
 		Del:    func(args *skel.CmdArgs) error { return ipam.Del(ipam.RequestFrom(args)) },
 		Check:  func(args *skel.CmdArgs) error { return ipam.Check(ipam.RequestFrom(args)) },

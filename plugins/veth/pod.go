@@ -32,70 +32,87 @@ type podSide struct {
 	Routes []*types.Route
 }
 
-// configurePodAddresses brings the pod interface up with its addresses.
-// IPv6 duplicate address detection is disabled: the addresses come from IPAM
-// and are unique, and DAD would hold the address tentative for ~1 s.
-func configurePodAddresses(podNS ns.NetNS, side podSide) (*current.Interface, error) {
+// configurePod sets up the pod end in one visit of the pod netns: its
+// alias (owner's, which DEL's fallback looks for), then the "address"
+// step (the interface up with its addresses) and the "route" step (the
+// gateway neighbor entries, the default and extra routes); passed is
+// called after each step and may stop the ADD there. It returns the pod
+// interface for the result. IPv6 duplicate address detection is
+// disabled: the addresses come from IPAM and are unique, and DAD would
+// hold the address tentative for ~1 s.
+func configurePod(podNS ns.NetNS, side podSide, alias string, passed func(step string) error) (*current.Interface, error) {
 	var iface *current.Interface
 	err := podNS.Do(func(ns.NetNS) error {
 		link, err := netlinksafe.LinkByName(side.IfName)
 		if err != nil {
-			return fmt.Errorf("look up %s: %w", side.IfName, err)
+			return fmt.Errorf("look up %s in netns %s: %w", side.IfName, podNS.Path(), err)
 		}
-		if hasIPv6(side.Addrs) {
-			if err := writeSysctl("net/ipv6/conf/"+side.IfName+"/accept_dad", "0"); err != nil {
-				return err
-			}
+		if err := netlink.LinkSetAlias(link, alias); err != nil {
+			return fmt.Errorf("set alias on %s in netns %s: %w", side.IfName, podNS.Path(), err)
 		}
-		// the link-local address the pod filter lets the pod send from is
-		// the EUI-64 one of its MAC (podfilter.EUI64LinkLocal): make the
-		// kernel derive exactly that one, whatever the netns's default
-		// (stable-privacy, random). No such sysctl: IPv6 is off in the pod.
-		if err := writeSysctl("net/ipv6/conf/"+side.IfName+"/addr_gen_mode", "0"); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		if err := podAddresses(link, side); err != nil {
 			return err
 		}
-		if err := netlink.LinkSetUp(link); err != nil {
-			return fmt.Errorf("set %s up: %w", side.IfName, err)
-		}
-		for _, a := range side.Addrs {
-			addr := &netlink.Addr{IPNet: a}
-			if a.IP.To4() == nil {
-				addr.Flags = unix.IFA_F_NODAD
-			}
-			if err := netlink.AddrAdd(link, addr); err != nil {
-				return fmt.Errorf("add address %s to %s: %w", a, side.IfName, err)
-			}
-		}
 		iface = &current.Interface{Name: side.IfName, Mac: link.Attrs().HardwareAddr.String(), Mtu: link.Attrs().MTU, Sandbox: podNS.Path()}
-		return nil
+		if err := passed("address"); err != nil {
+			return err
+		}
+		if err := podRoutes(link.Attrs().Index, side); err != nil {
+			return err
+		}
+		return passed("route")
 	})
 	return iface, err
 }
 
-// configurePodRoutes installs the gateway neighbor entries and the default
-// and extra routes of the pod.
-func configurePodRoutes(podNS ns.NetNS, side podSide) error {
-	return podNS.Do(func(ns.NetNS) error {
-		link, err := netlinksafe.LinkByName(side.IfName)
-		if err != nil {
-			return fmt.Errorf("look up %s: %w", side.IfName, err)
+// podAddresses brings link, the pod interface, up with its addresses.
+// Callers are in the pod netns.
+func podAddresses(link netlink.Link, side podSide) error {
+	if hasIPv6(side.Addrs) {
+		if err := writeSysctl("net/ipv6/conf/"+side.IfName+"/accept_dad", "0"); err != nil {
+			return err
 		}
-		idx := link.Attrs().Index
-		for _, gw := range side.gateways() {
-			if side.GatewayMAC != nil {
-				n := &netlink.Neigh{LinkIndex: idx, IP: gw, HardwareAddr: side.GatewayMAC, State: netlink.NUD_PERMANENT, Family: family(gw)}
-				if err := netlink.NeighSet(n); err != nil {
-					return fmt.Errorf("add permanent neighbor %s on %s: %w", gw, side.IfName, err)
-				}
+	}
+	// the link-local address the pod filter lets the pod send from is
+	// the EUI-64 one of its MAC (podfilter.EUI64LinkLocal): make the
+	// kernel derive exactly that one, whatever the netns's default
+	// (stable-privacy, random). No such sysctl: IPv6 is off in the pod.
+	if err := writeSysctl("net/ipv6/conf/"+side.IfName+"/addr_gen_mode", "0"); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	if err := netlink.LinkSetUp(link); err != nil {
+		return fmt.Errorf("set %s up: %w", side.IfName, err)
+	}
+	for _, a := range side.Addrs {
+		addr := &netlink.Addr{IPNet: a}
+		if a.IP.To4() == nil {
+			addr.Flags = unix.IFA_F_NODAD
+		}
+		if err := netlink.AddrAdd(link, addr); err != nil {
+			return fmt.Errorf("add address %s to %s: %w", a, side.IfName, err)
+		}
+	}
+	return nil
+}
+
+// podRoutes installs the gateway neighbor entries and the default and
+// extra routes of the pod on the interface with index idx. Callers are
+// in the pod netns.
+func podRoutes(idx int, side podSide) error {
+	for _, gw := range side.gateways() {
+		if side.GatewayMAC != nil {
+			n := &netlink.Neigh{LinkIndex: idx, IP: gw, HardwareAddr: side.GatewayMAC, State: netlink.NUD_PERMANENT, Family: family(gw)}
+			if err := netlink.NeighSet(n); err != nil {
+				return fmt.Errorf("add permanent neighbor %s on %s: %w", gw, side.IfName, err)
 			}
 		}
-		for _, r := range side.routes(idx) {
-			if err := netlink.RouteAdd(r); err != nil && !errors.Is(err, unix.EEXIST) {
-				return fmt.Errorf("add route %s in pod: %w", describeRoute(r), err)
-			}
+	}
+	for _, r := range side.routes(idx) {
+		if err := netlink.RouteAdd(r); err != nil && !errors.Is(err, unix.EEXIST) {
+			return fmt.Errorf("add route %s in pod: %w", describeRoute(r), err)
 		}
-		return nil
-	})
+	}
+	return nil
 }
 
 // checkPod verifies that the pod interface exists, is the end of the veth

@@ -15,6 +15,7 @@ import (
 	"errors"
 	"log/slog"
 	"net"
+	"os"
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
@@ -23,6 +24,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/podnet/podnet/internal/attachment"
+	"github.com/podnet/podnet/internal/cniresult"
 	"github.com/podnet/podnet/internal/podfilter"
 	"github.com/podnet/podnet/ipam"
 )
@@ -161,7 +163,7 @@ func (p *plugin) add(args *skel.CmdArgs) (err error) {
 		return err
 	}
 	log.Info("pod attached", "container", args.ContainerID, "ifname", args.IfName, "hostVeth", spec.HostName, "addrs", side.Addrs, "mtu", mtu)
-	err = types.PrintResult(result, inv.conf.CNIVersion)
+	err = cniresult.Print(os.Stdout, result, inv.conf.CNIVersion)
 	tr.mark("result")
 	return err
 }
@@ -251,17 +253,8 @@ func (p *plugin) configure(inv *invocation, host netlink.Link, side podSide, pod
 	if err := p.passed(tr, "host"); err != nil {
 		return nil, err
 	}
-	podIface, err := configurePodAddresses(podNS, side)
+	podIface, err := configurePod(podNS, side, inv.owner.Alias(), func(step string) error { return p.passed(tr, step) })
 	if err != nil {
-		return nil, err
-	}
-	if err = p.passed(tr, "address"); err != nil {
-		return nil, err
-	}
-	if err = configurePodRoutes(podNS, side); err != nil {
-		return nil, err
-	}
-	if err = p.passed(tr, "route"); err != nil {
 		return nil, err
 	}
 	if err = inv.mode.finishHost(host, side); err != nil {

@@ -24,23 +24,26 @@ type vethSpec struct {
 }
 
 // createVeth creates the pair with the host end in the current (node)
-// netns and the pod end born inside podNS under its final name (one
-// netlink request: no create-then-move, which costs a netns round trip and
-// an extra rename). Both ends carry the owner as their alias: DEL's
-// fallback deletes only a pod link podnet made for this attachment. The
-// host end stays down. It also returns the pod end's MAC. It fails with
-// errIfNameTaken, naming the interface, when the pod already has one by
-// that name.
+// netns and the pod end born inside podNS under its final name, with a
+// random MAC the plugin picks (one netlink request: no create-then-move,
+// which costs a netns round trip and an extra rename, and no visit of the
+// pod netns to learn the MAC the kernel picked). The host end carries the
+// owner as its alias (DEL finds it by it; configurePod gives the pod end
+// the same one) and stays down. It also returns the pod end's MAC. It
+// fails with errIfNameTaken, naming the interface, when the pod already
+// has one by that name.
 func createVeth(spec vethSpec, podNS ns.NetNS) (netlink.Link, net.HardwareAddr, error) {
+	podMAC := randomMAC()
 	attrs := netlink.NewLinkAttrs()
 	attrs.Name = spec.HostName
 	attrs.MTU = spec.MTU
 	attrs.HardwareAddr = spec.HostMAC
 	veth := &netlink.Veth{
-		LinkAttrs:     attrs,
-		PeerName:      spec.PodName,
-		PeerMTU:       uint32(spec.MTU),
-		PeerNamespace: netlink.NsFd(int(podNS.Fd())),
+		LinkAttrs:        attrs,
+		PeerName:         spec.PodName,
+		PeerMTU:          uint32(spec.MTU),
+		PeerHardwareAddr: podMAC,
+		PeerNamespace:    netlink.NsFd(int(podNS.Fd())),
 	}
 	if err := netlink.LinkAdd(veth); err != nil {
 		if errors.Is(err, unix.EEXIST) {
@@ -61,22 +64,6 @@ func createVeth(spec vethSpec, podNS ns.NetNS) (netlink.Link, net.HardwareAddr, 
 	if err := netlink.LinkSetAlias(host, spec.Owner.Alias()); err != nil {
 		_ = netlink.LinkDel(host)
 		return nil, nil, fmt.Errorf("set alias on veth %s: %w", spec.HostName, err)
-	}
-	var podMAC net.HardwareAddr
-	err = podNS.Do(func(ns.NetNS) error {
-		pod, err := netlinksafe.LinkByName(spec.PodName)
-		if err != nil {
-			return fmt.Errorf("look up %s in netns %s: %w", spec.PodName, podNS.Path(), err)
-		}
-		if err := netlink.LinkSetAlias(pod, spec.Owner.Alias()); err != nil {
-			return fmt.Errorf("set alias on %s in netns %s: %w", spec.PodName, podNS.Path(), err)
-		}
-		podMAC = pod.Attrs().HardwareAddr
-		return nil
-	})
-	if err != nil {
-		_ = netlink.LinkDel(host)
-		return nil, nil, err
 	}
 	return host, podMAC, nil
 }
