@@ -14,7 +14,7 @@ PKG_podnet-routed := ./routed/cmd/podnet-routed
 
 BINS := podnet podnet-bridge podnet-ipam podnet-routed
 
-.PHONY: all build test unit integration lint deps cni-tools kapi k8s clean FORCE bench bench-attach-ab image
+.PHONY: all build test unit integration lint deps cni-tools kapi k8s clean FORCE bench bench-attach-ab bench-cni-ab image
 
 all: build
 
@@ -183,6 +183,15 @@ bench: build cni-tools kapi
 bench-attach-ab: cni-tools kapi
 	@[ -n "$(REV)" ] || { echo "usage: make bench-attach-ab REV=<commit> [ROUNDS=2]" >&2; exit 2; }
 	scripts/bench-attach-ab.sh $(REV) $(or $(ROUNDS),2)
+	go run -C bench/report . -in ../results -out ../REPORT.md -plots ../plots
+
+# The cni stage's plugin comparison with the binaries of commit REV beside
+# the working tree's, taking turns on this machine (scripts/bench-cni-ab.sh):
+# writes bench/results/cni-ab.md, which the report shows. ROUNDS=3 runs of
+# each.
+bench-cni-ab: cni-tools
+	@[ -n "$(REV)" ] || { echo "usage: make bench-cni-ab REV=<commit> [ROUNDS=3]" >&2; exit 2; }
+	scripts/bench-cni-ab.sh $(REV) $(or $(ROUNDS),3)
 	go run -C bench/report . -in ../results -out ../REPORT.md -plots ../plots
 
 # ---- shipping: installer, image (conf/k8s/podnet.yaml, scripts/install.sh,

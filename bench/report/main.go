@@ -51,6 +51,9 @@ type report struct {
 	// attachAB is scripts/bench-attach-ab.sh's table (attach-ab.md in
 	// the results), put after the policy stage's attach table
 	attachAB string
+	// cniAB is scripts/bench-cni-ab.sh's table (cni-ab.md), put after
+	// the CNI section's ratios
+	cniAB string
 }
 
 func (r *report) f(format string, args ...any) { fmt.Fprintf(&r.b, format, args...) }
@@ -93,6 +96,9 @@ func main() {
 	body.outDir, body.plots = r.outDir, r.plots
 	if ab, err := os.ReadFile(filepath.Join(absIn, "attach-ab.md")); err == nil {
 		body.attachAB = strings.TrimSpace(string(ab))
+	}
+	if ab, err := os.ReadFile(filepath.Join(absIn, "cni-ab.md")); err == nil {
+		body.cniAB = strings.TrimSpace(string(ab))
 	}
 	if cniErr == nil {
 		body.cniSection(&cni)

@@ -66,6 +66,9 @@ func (r *report) cniSection(c *cniData) {
 		}
 	}
 	r.f("\n")
+	if r.cniAB != "" {
+		r.f("%s\n\n", r.cniAB)
+	}
 	r.teardownTable(c.Runs)
 	if path, err := plotCNI(r.plots, cells, workers); err == nil {
 		r.f("![ADD and DEL latency distribution per stack](%s)\n\n", r.rel(path))
