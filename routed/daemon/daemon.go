@@ -102,6 +102,9 @@ type Daemon struct {
 
 	synced      atomic.Bool
 	lastApplyOK atomic.Bool
+	// freedAt is when a full apply last gave the heap's garbage back to
+	// the OS (reconcile's goroutine only)
+	freedAt time.Time
 	// selfProblem says why this node's own Node cannot be used ("": it
 	// can); readyz reports it
 	selfProblem atomic.Value
@@ -272,14 +275,34 @@ func (d *Daemon) reconcile(nodes nodeStore, why reason) {
 		return
 	}
 	d.lastApplyOK.Store(true)
-	if why != reasonNode {
-		// A full apply (the initial sync above all: the whole Node list
-		// decoded) leaves garbage of the cluster's size behind, and the
-		// next one is minutes away: Node events allocate next to
-		// nothing. Give it back to the node now rather than keep it
-		// resident.
+	if now := time.Now(); freeAfter(why, d.freedAt, now) {
 		debug.FreeOSMemory()
+		d.freedAt = now
 	}
+}
+
+// freeGap is the least time between two full applies that give the
+// heap's garbage back to the OS.
+const freeGap = 30 * time.Second
+
+// freeAfter tells whether the full apply just done (why; the last one
+// that freed was at last) gives the heap's garbage back to the OS. A full
+// apply (the initial sync above all: the whole Node list decoded) leaves
+// garbage of the cluster's size behind, and Node events allocate next to
+// nothing: given back at once, it is not kept resident. But that is a
+// whole collection, forced (tens of milliseconds of CPU with the
+// NetworkPolicy engine's state of 1,000 policies), and link changes come
+// seconds apart on a node whose other interfaces come and go (another
+// runtime's containers, a second CNI's pods: each up and each delete is a
+// full apply): after the initial sync, at most once every freeGap.
+func freeAfter(why reason, last, now time.Time) bool {
+	switch {
+	case why == reasonNode || why == reasonNone:
+		return false
+	case why == reasonInitialSync || last.IsZero():
+		return true
+	}
+	return now.Sub(last) >= freeGap
 }
 
 // applyNodes applies the Nodes changed since the last apply: each one
