@@ -90,7 +90,11 @@ $(foreach s,$(filter-out unit,$(SUITES)),$(eval ENV_$(s) = $$(TEST_ENV)))
 define go-suite
 go-suite-$(1):
 	$$(ENV_$(1)) $$(GOTEST) -timeout $$(TIMEOUT_$(1)) $$(SUITE_$(1))
+	$$(EXTRA_$(1))
 endef
+# The modules of their own with tests that no other target runs (test/cnp
+# runs in test-conformance): the report generator of make bench.
+EXTRA_unit = $(GO) vet -C bench/report ./... && $(GO) test -C bench/report -count=1 ./...
 $(foreach s,$(SUITES),$(eval $(call go-suite,$(s))))
 
 # Unit tests: no root, no network namespace, no built binary.

@@ -191,6 +191,7 @@ cat >"$meta" <<EOF
  "load_before": $(jstr "$load_before"),
  "load_after": $(jstr "$(cut -d' ' -f1-3 /proc/loadavg)"),
  "started_unix": $started,
+ "ended_unix": $(date +%s),
  "stages": [$stages_out]
 }
 EOF

@@ -210,6 +210,7 @@ type metaData struct {
 	LoadBefore  string  `json:"load_before"`
 	LoadAfter   string  `json:"load_after"`
 	StartedUnix int64   `json:"started_unix"`
+	EndedUnix   int64   `json:"ended_unix"` // 0: an older meta.json
 	Stages      []stage `json:"stages"`
 }
 

@@ -160,12 +160,8 @@ func (r *report) header(m *metaData, err error, in string) {
 		r.f("(meta.json missing: %v)\n\n", err)
 		return
 	}
-	total := ""
-	if m.StartedUnix > 0 {
-		total = (time.Duration(time.Now().Unix()-m.StartedUnix) * time.Second).String()
-	}
 	r.f("| | |\n|---|---|\n")
-	r.f("| command | `%s` (scripts/bench.sh), total wall time %s |\n", m.Command, total)
+	r.f("| command | `%s` (scripts/bench.sh), total wall time %s |\n", m.Command, m.wallTime())
 	r.f("| date | %s |\n", m.Date)
 	r.f("| commit | %s |\n", m.Commit)
 	r.f("| machine | %s, %d CPUs, %.0f GiB RAM |\n", m.CPU, m.Nproc, m.MemGiB)
@@ -219,4 +215,21 @@ func gapRatio(got, want float64) string {
 		return fmt.Sprintf("%.0f %% below the limit", (1-got/want)*100)
 	}
 	return fmt.Sprintf("%.2f× over the limit (%.2f× vs ≤ %.2f×)", got/want, got, want)
+}
+
+// wallTime is how long the run took: from its start to the writing of
+// meta.json, else (an older meta.json) the sum of its stages; never the
+// time since it started, which a report written again later would take.
+func (m *metaData) wallTime() string {
+	if m.StartedUnix > 0 && m.EndedUnix >= m.StartedUnix {
+		return (time.Duration(m.EndedUnix-m.StartedUnix) * time.Second).String()
+	}
+	var s float64
+	for _, st := range m.Stages {
+		s += st.Seconds
+	}
+	if s == 0 {
+		return "—"
+	}
+	return fmt.Sprintf("%s (the stages' sum)", (time.Duration(s) * time.Second).String())
 }
