@@ -98,7 +98,25 @@ type addLevel struct {
 	// not before (should be none)
 	Leaks   []string `json:"leaks,omitempty"`
 	Seconds float64  `json:"seconds"`
+	// RoutedSeq, RoutedConc: podnet-routed's CPU (both nodes) during each
+	// stack's turns, per ADD
+	RoutedSeq  *routedCPU `json:"routed_cpu_seq,omitempty"`
+	RoutedConc *routedCPU `json:"routed_cpu_conc,omitempty"`
 }
+
+// routedCPU is the CPU both nodes' podnet-routed spent while one
+// stack's pods were added, per ADD (ms): for podnet's, the engine's
+// compiles and writes (node 1's wait, node 2's peer sets as the pods'
+// addresses arrive); for the reference's, whatever its veths coming and
+// going make the daemons do. Work an ADD sets off after its turn ended
+// is not counted.
+type routedCPU struct {
+	PodnetMs float64 `json:"podnet_ms"`
+	RefMs    float64 `json:"ref_ms"`
+}
+
+// routedCPUNow is both nodes' podnet-routed CPU so far.
+func (a *addBench) routedCPUNow() time.Duration { return procCPU(a.b.n1) + procCPU(a.b.n2) }
 
 // addBurst is Pods ADDs started at once on node 1, per stack and run.
 type addBurst struct {
@@ -469,11 +487,12 @@ func (a *addBench) scrape() *hist {
 
 // phase is one mode at one level: a.pods pods of each stack in turns of
 // a.chunk, workers in flight, then every pod DELeted and the node checked.
-func (a *addBench) phase(workers int) (podnetMs, refMs []float64, wait *histDelta, errs, leaks []string) {
+func (a *addBench) phase(workers int) (podnetMs, refMs []float64, wait *histDelta, routed *routedCPU, errs, leaks []string) {
 	base := a.baseState()
 	a.repairs0 = a.podFilterRepairs()
 	pp, rp := a.newPods(a.podnet, a.pods), a.newPods(a.ref, a.pods)
 	h0 := a.scrape()
+	cpu := map[bool]time.Duration{} // podnet's turns (true), the reference's
 	for k := 0; k*a.chunk < a.pods; k++ {
 		lo, hi := k*a.chunk, min((k+1)*a.chunk, a.pods)
 		turns := [][]*addPod{pp[lo:hi], rp[lo:hi]}
@@ -482,11 +501,16 @@ func (a *addBench) phase(workers int) (podnetMs, refMs []float64, wait *histDelt
 		}
 		for _, pods := range turns {
 			a.quiet()
+			c0 := a.routedCPUNow()
 			a.turn(pods, workers)
+			cpu[pods[0].s.podnet] += a.routedCPUNow() - c0
 		}
 	}
 	wait = a.scrape().minus(h0)
 	podnetMs, refMs = okMs(pp), okMs(rp)
+	if len(pp) > 0 && len(rp) > 0 {
+		routed = &routedCPU{PodnetMs: cpu[true].Seconds() * 1000 / float64(len(pp)), RefMs: cpu[false].Seconds() * 1000 / float64(len(rp))}
+	}
 	a.delAll(append(pp, rp...))
 	errs = a.takeErrors()
 	leaks = a.leaks(base, pp)
@@ -513,19 +537,24 @@ func (a *addBench) level(policies int) addLevel {
 	}
 	start := time.Now()
 	var errs, leaks []string
-	l.PodnetSeqMs, l.RefSeqMs, l.WaitSeq, errs, leaks = a.phase(1)
+	l.PodnetSeqMs, l.RefSeqMs, l.WaitSeq, l.RoutedSeq, errs, leaks = a.phase(1)
 	l.Errors, l.Leaks = append(l.Errors, errs...), append(l.Leaks, leaks...)
-	l.PodnetConcMs, l.RefConcMs, l.WaitConc, errs, leaks = a.phase(a.workers)
+	l.PodnetConcMs, l.RefConcMs, l.WaitConc, l.RoutedConc, errs, leaks = a.phase(a.workers)
 	l.Errors, l.Leaks = append(l.Errors, errs...), append(l.Leaks, leaks...)
 	l.Seconds = time.Since(start).Seconds()
 	for _, m := range []struct {
 		mode        string
 		podnet, ref []float64
 		wait        *histDelta
-	}{{"sequential", l.PodnetSeqMs, l.RefSeqMs, l.WaitSeq}, {fmt.Sprintf("%d concurrent", a.workers), l.PodnetConcMs, l.RefConcMs, l.WaitConc}} {
-		t.Logf("ADD at %d policies, %s: podnet p50 %.1f ms p99 %.1f ms, ptp+host-local p50 %.1f ms p99 %.1f ms (p50 %.2f×, p99 %.2f×); engine: %s",
+		routed      *routedCPU
+	}{{"sequential", l.PodnetSeqMs, l.RefSeqMs, l.WaitSeq, l.RoutedSeq}, {fmt.Sprintf("%d concurrent", a.workers), l.PodnetConcMs, l.RefConcMs, l.WaitConc, l.RoutedConc}} {
+		routed := ""
+		if m.routed != nil {
+			routed = fmt.Sprintf("; podnet-routed CPU per ADD during the turns (both nodes): podnet's %.2f ms, the reference's %.2f ms", m.routed.PodnetMs, m.routed.RefMs)
+		}
+		t.Logf("ADD at %d policies, %s: podnet p50 %.1f ms p99 %.1f ms, ptp+host-local p50 %.1f ms p99 %.1f ms (p50 %.2f×, p99 %.2f×); engine: %s%s",
 			policies, m.mode, pct(m.podnet, 50), pct(m.podnet, 99), pct(m.ref, 50), pct(m.ref, 99),
-			pct(m.podnet, 50)/pct(m.ref, 50), pct(m.podnet, 99)/pct(m.ref, 99), m.wait)
+			pct(m.podnet, 50)/pct(m.ref, 50), pct(m.podnet, 99)/pct(m.ref, 99), m.wait, routed)
 	}
 	if len(l.Errors)+len(l.Leaks) > 0 {
 		t.Logf("ADD at %d policies: errors %q, leaks %q", policies, l.Errors, l.Leaks)
