@@ -3,6 +3,8 @@ package podfilter
 import (
 	"fmt"
 	"net"
+	"os"
+	"path/filepath"
 	"slices"
 	"testing"
 	"time"
@@ -194,4 +196,95 @@ func TestPruneKeepsNewPorts(t *testing.T) {
 	if len(lost) > 0 {
 		t.Errorf("Prune removed %d elements of %d ports that exist: %v", len(lost), ports, lost[:min(len(lost), 6)])
 	}
+}
+
+// TestRemovalHoldsTheRecordsLock: DEL's removals (RemoveExact,
+// RemovePort) take the records' lock, shared, across the elements and the
+// record, so that a whole write (which holds it exclusive and rebuilds
+// the filter from the records) never runs between the two and puts a
+// removed port's elements back for good. While the test holds the lock
+// exclusive, a removal waits; once it is released, the removal ends and
+// the port is gone, elements and record. A removal where no records
+// directory exists makes none.
+func TestRemovalHoldsTheRecordsLock(t *testing.T) {
+	for _, remove := range []string{"RemoveExact", "RemovePort"} {
+		t.Run(remove, func(t *testing.T) {
+			g := Routed.At(t.TempDir())
+			n, err := testutils.NewNS()
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = n.Close(); _ = testutils.UnmountNS(n) })
+			p := Port{Index: 7, IPs: []net.IP{net.IPv4(10, 0, 0, 7).To4()}, MAC: net.HardwareAddr{2, 0, 0, 0, 0, 7}}
+			if err := n.Do(func(ns.NetNS) error { return g.Install(p) }); err != nil {
+				t.Fatal(err)
+			}
+			record := filepath.Join(g.recordsDir(), "7")
+			if _, err := os.Stat(record); err != nil {
+				t.Fatalf("Install wrote no record: %v", err)
+			}
+			unlock, err := g.lockRecords(true)
+			if err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan error, 1)
+			go func() {
+				done <- n.Do(func(ns.NetNS) error {
+					if remove == "RemoveExact" {
+						return g.RemoveExact(p)
+					}
+					return g.RemovePort(p.Index)
+				})
+			}()
+			select {
+			case err := <-done:
+				unlock()
+				t.Fatalf("%s ended (err %v) while a whole write held the records' lock", remove, err)
+			case <-time.After(300 * time.Millisecond):
+			}
+			unlock()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Fatal(err)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatalf("%s still waits after the lock was released", remove)
+			}
+			if _, err := os.Stat(record); !os.IsNotExist(err) {
+				t.Errorf("the record is still there (stat: %v)", err)
+			}
+			err = n.Do(func(ns.NetNS) error {
+				deadline := time.Now().Add(2 * time.Second)
+				for {
+					got, err := filterElements(g)
+					if err != nil || len(got) == 0 {
+						return err
+					}
+					if time.Now().After(deadline) {
+						return fmt.Errorf("elements left: %v", got)
+					}
+					time.Sleep(10 * time.Millisecond)
+				}
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+	t.Run("no records directory", func(t *testing.T) {
+		dir := filepath.Join(t.TempDir(), "none")
+		g := Routed.At(dir)
+		n, err := testutils.NewNS()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = n.Close(); _ = testutils.UnmountNS(n) })
+		if err := n.Do(func(ns.NetNS) error { return g.RemovePort(9) }); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := os.Stat(g.recordsDir()); !os.IsNotExist(err) {
+			t.Errorf("a removal made the records directory %s (stat: %v)", g.recordsDir(), err)
+		}
+	})
 }

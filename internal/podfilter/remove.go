@@ -6,6 +6,7 @@ package podfilter
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"strconv"
 	"strings"
@@ -173,7 +174,17 @@ func (g Guard) pruneRecords(links map[int]vnl.Link) {
 }
 
 // RemovePort removes the elements of the host veth index, and its record.
+// Both under the records' shared lock (see removing).
 func (g Guard) RemovePort(index int) error {
+	unlock, err := g.removing()
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	return g.removePort(index)
+}
+
+func (g Guard) removePort(index int) error {
 	_, err := g.remove(func(i int) bool { return i == index })
 	if err != nil {
 		return err
@@ -184,15 +195,35 @@ func (g Guard) RemovePort(index int) error {
 // RemoveExact removes p's elements without listing the sets, and its
 // record. When they are not all there (a pod of an older podnet, a
 // prevResult that is not what ADD wrote) RemovePort finds what there is.
+// Both under the records' shared lock (see removing).
 func (g Guard) RemoveExact(p Port) error {
-	err := g.drop(g.elements(p))
+	unlock, err := g.removing()
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	err = g.drop(g.elements(p))
 	if errors.Is(err, errNotAllThere) {
-		return g.RemovePort(p.Index)
+		return g.removePort(p.Index)
 	}
 	if err != nil {
 		return err
 	}
 	return g.RemoveRecord(p.Index)
+}
+
+// removing takes the records' lock, shared, for a removal of a port's
+// elements and record: a whole write (exclusive) rebuilds the filter from
+// the records, and one between the two would put the port's elements
+// back from its record just before the record goes, for good. Without a
+// records directory there is nothing such a write could restore, and
+// none is made.
+func (g Guard) removing() (func(), error) {
+	unlock, err := g.lockRecordsMaybe(false, false)
+	if errors.Is(err, fs.ErrNotExist) {
+		return func() {}, nil
+	}
+	return unlock, err
 }
 
 // errNotAllThere: an element to delete was not in its set.

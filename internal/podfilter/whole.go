@@ -96,12 +96,18 @@ func (g Guard) recordsDir() string {
 // lockRecords takes the mode's lock, shared or exclusive; release it with
 // the returned func.
 func (g Guard) lockRecords(exclusive bool) (func(), error) {
+	return g.lockRecordsMaybe(exclusive, true)
+}
+
+// lockRecordsMaybe is lockRecords; without create, a records directory
+// that does not exist is an error wrapping fs.ErrNotExist, not made.
+func (g Guard) lockRecordsMaybe(exclusive, create bool) (func(), error) {
 	dir := g.recordsDir()
 	open := func() (int, error) {
 		return unix.Open(filepath.Join(dir, lockName), unix.O_RDWR|unix.O_CREAT|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 	}
 	fd, err := open()
-	if errors.Is(err, unix.ENOENT) {
+	if errors.Is(err, unix.ENOENT) && create {
 		if err = os.MkdirAll(dir, 0o700); err == nil {
 			fd, err = open()
 		}
