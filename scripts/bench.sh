@@ -95,6 +95,19 @@ trap 'rm -rf "$tmp"' EXIT
 
 say() { echo "bench: $*" >&2; }
 
+# ---- what a killed run left ----
+# A run killed mid-stage (Ctrl-C, a timeout) never tears its cluster
+# down: its netns (pnpolb-*, pnbench-*), the processes inside them
+# (podnet-routed, kube-apiserver, etcd, iperf3) and its tmpfs run dirs
+# stay, and the next run would compete with them. Only what the bench
+# names so is touched.
+for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep -E '^(pnpolb|pnbench)-[0-9a-f]+-' || true); do
+	say "removing netns $ns, left by an earlier run, and its processes"
+	for pid in $(ip netns pids "$ns" 2>/dev/null); do kill -9 "$pid" 2>/dev/null || true; done
+	ip netns del "$ns" 2>/dev/null || true
+done
+rm -rf /dev/shm/pnpolb-* 2>/dev/null || true
+
 # ---- prerequisites ----
 say "building bin/ and the benchmark drivers"
 make --no-print-directory build >&2
