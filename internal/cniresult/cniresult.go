@@ -50,40 +50,13 @@ func encodeResult(r *current.Result, version string) ([]byte, bool) {
 		b = e.dns(b, r.DNS)
 	}
 	if len(r.Interfaces) > 0 {
-		b = e.key(b, "interfaces", false)
-		b = append(b, '[')
-		for i, iface := range r.Interfaces {
-			if iface == nil {
-				return nil, false
-			}
-			b = e.comma(b, i == 0)
-			b = e.iface(b, iface)
-		}
-		b = append(b, ']')
+		b = list(e, b, "interfaces", r.Interfaces, e.iface)
 	}
 	if len(r.IPs) > 0 {
-		b = e.key(b, "ips", false)
-		b = append(b, '[')
-		for i, c := range r.IPs {
-			if c == nil {
-				return nil, false
-			}
-			b = e.comma(b, i == 0)
-			b = e.ipConfig(b, c)
-		}
-		b = append(b, ']')
+		b = list(e, b, "ips", r.IPs, e.ipConfig)
 	}
 	if len(r.Routes) > 0 {
-		b = e.key(b, "routes", false)
-		b = append(b, '[')
-		for i, rt := range r.Routes {
-			if rt == nil {
-				return nil, false
-			}
-			b = e.comma(b, i == 0)
-			b = e.route(b, rt)
-		}
-		b = append(b, ']')
+		b = list(e, b, "routes", r.Routes, e.route)
 	}
 	b = append(b, '}')
 	if e.bad {
@@ -95,6 +68,20 @@ func encodeResult(r *current.Result, version string) ([]byte, bool) {
 		return nil, false
 	}
 	return out.Bytes(), true
+}
+
+// list appends "key":[...] with each item written by enc; a nil item is
+// left to the library (bad).
+func list[T any](e *resultEncoder, b []byte, key string, items []*T, enc func([]byte, *T) []byte) []byte {
+	b = append(e.key(b, key, false), '[')
+	for i, it := range items {
+		if it == nil {
+			e.bad = true
+			return b
+		}
+		b = enc(e.comma(b, i == 0), it)
+	}
+	return append(b, ']')
 }
 
 // resultEncoder appends compact JSON; bad records a value it cannot
