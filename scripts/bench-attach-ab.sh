@@ -17,24 +17,11 @@
 set -euo pipefail
 rev=${1:?usage: bench-attach-ab.sh REV [ROUNDS]}
 rounds=${2:-2}
-repo=$(cd "$(dirname "$0")/.." && pwd)
-cd "$repo"
-old=$(git rev-parse --short "$rev^{commit}")
-head=$(git rev-parse --short HEAD)
-[ -z "$(git status --porcelain --untracked-files=no)" ] || head="$head+changes"
+# shellcheck source=scripts/ab-lib.sh
+. "$(dirname "$0")/ab-lib.sh"
+ab_setup "$rev"
 counts=${PODNET_BENCH_POLICY_COUNTS:-100,1000}
 attaches=${PODNET_BENCH_POLICY_ATTACHES:-30}
-work=$(mktemp -d)
-cleanup() {
-	git -C "$repo" worktree remove --force "$work/old" >/dev/null 2>&1 || true
-	rm -rf "$work"
-}
-trap cleanup EXIT
-
-echo "building $old (worktree) and the working tree ($head)" >&2
-git worktree add --detach "$work/old" "$old" >/dev/null 2>&1
-make -C "$work/old" -s build >/dev/null
-make -C "$repo" -s build >/dev/null
 (cd "$work/old" && go test -tags bench -c -o "$work/old.test" ./test/bench/policybench)
 (cd "$repo" && go test -tags bench -c -o "$work/new.test" ./test/bench/policybench)
 

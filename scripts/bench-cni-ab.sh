@@ -16,23 +16,10 @@
 set -euo pipefail
 rev=${1:?usage: bench-cni-ab.sh REV [ROUNDS]}
 rounds=${2:-3}
-repo=$(cd "$(dirname "$0")/.." && pwd)
-cd "$repo"
-old=$(git rev-parse --short "$rev^{commit}")
-head=$(git rev-parse --short HEAD)
-[ -z "$(git status --porcelain --untracked-files=no)" ] || head="$head+changes"
+# shellcheck source=scripts/ab-lib.sh
+. "$(dirname "$0")/ab-lib.sh"
+ab_setup "$rev"
 pods=${PODNET_BENCH_CNI_AB_PODS:-200}
-work=$(mktemp -d)
-cleanup() {
-	git -C "$repo" worktree remove --force "$work/old" >/dev/null 2>&1 || true
-	rm -rf "$work"
-}
-trap cleanup EXIT
-
-echo "building $old (worktree) and the working tree ($head)" >&2
-git worktree add --detach "$work/old" "$old" >/dev/null 2>&1
-make -C "$work/old" -s build >/dev/null
-make -C "$repo" -s build >/dev/null
 # one harness for both: the working tree's
 go build -o "$work/cnibench" ./test/bench/cnibench
 mkdir -p "$work/noop"
