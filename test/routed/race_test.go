@@ -245,6 +245,15 @@ func TestReconcileRace(t *testing.T) {
 	if nLive != 0 {
 		t.Errorf("%d pods still live after the run", nLive)
 	}
+	if len(violations) > 0 {
+		// what podnet-routed did to the pod filter meanwhile: a whole
+		// write that dropped a live port's address says so here
+		for _, msg := range []string{"repaired", "pod filter record refused"} {
+			for _, rec := range d.logLines(msg) {
+				t.Logf("podnet-routed: %v", rec)
+			}
+		}
+	}
 	for i, v := range violations {
 		if i == 20 {
 			t.Errorf("... and %d more violations", len(violations)-20)
@@ -532,7 +541,7 @@ func (r *race) added(p *racePod, res *current.Result) bool {
 		return false
 	}
 	if err := r.verifyAttached(p); err != nil {
-		r.violation("just after ADD, %s: %v", p, err)
+		r.violation("just after ADD, %s: %v%s", p, err, r.filterState())
 		return false
 	}
 	p.addedAt = time.Now()
@@ -697,6 +706,28 @@ func (v *nodeView) check(p *racePod) error {
 	return nil
 }
 
+// filterState is what a violation of the pod filter is read against:
+// the filter's elements and the port records, read again right away (a
+// whole write in between shows as a second read that differs from the
+// first).
+func (r *race) filterState() string {
+	var b strings.Builder
+	for try := range 2 {
+		elems, err := nettest.PodFilterElements(r.n.ns)
+		fmt.Fprintf(&b, "\n  pod filter, read %d: %q (err %v)", try+1, elems, err)
+	}
+	dir := filepath.Join(r.n.stateDir, "pod-filter", "routed")
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		fmt.Fprintf(&b, "\n  records: %v", err)
+	}
+	for _, e := range ents {
+		data, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		fmt.Fprintf(&b, "\n  record %s: %s (err %v)", e.Name(), strings.TrimSpace(string(data)), err)
+	}
+	return b.String()
+}
+
 // checkStore checks a live pod's reservation file (names it) and owner
 // index entry (lists its address), read without the store's lock.
 func (r *race) checkStore(p *racePod) error {
@@ -750,7 +781,7 @@ func (r *race) checker(ctx context.Context) {
 			err := errors.Join(r.checkStore(p), view.check(p))
 			// live before and after the look: live while looking
 			if err != nil && p.live.Load() && !p.reported.Swap(true) {
-				r.violation("live %s (added %s before): %v", p, time.Since(p.addedAt).Round(time.Millisecond), err)
+				r.violation("live %s (added %s before): %v%s", p, time.Since(p.addedAt).Round(time.Millisecond), err, r.filterState())
 			}
 		}
 		if round%5 == 4 {
