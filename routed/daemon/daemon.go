@@ -102,6 +102,9 @@ type Daemon struct {
 
 	synced      atomic.Bool
 	lastApplyOK atomic.Bool
+	// routesIncomplete: the last apply left something unwritten (own or
+	// remote): a link coming up may let it be written (linkWatch)
+	routesIncomplete atomic.Bool
 	// freedAt is when a full apply last gave the heap's garbage back to
 	// the OS (reconcile's goroutine only)
 	freedAt time.Time
@@ -266,6 +269,7 @@ func (d *Daemon) reconcile(nodes nodeStore, why reason) {
 	if own != nil || remote != nil {
 		d.metrics.Errors.Inc()
 	}
+	d.routesIncomplete.Store(own != nil || remote != nil)
 	if remote != nil {
 		d.log.Error("some routes could not be applied; retried on the next resync", "trigger", why, "err", remote)
 	}

@@ -34,48 +34,97 @@ func (d *Daemon) watchRoutes(ctx context.Context, first chan struct{}) {
 }
 
 // watchLinks kicks a reconcile when a link change may have taken routes
-// with it (linkMatters).
+// with it, or may let routes that could not be written be written now
+// (linkMatters).
 func (d *Daemon) watchLinks(ctx context.Context, first chan struct{}) {
+	lw := linkWatch{carries: d.routes.Carries, retry: d.routesIncomplete.Load}
 	watch(ctx, d.log, "link", first, func() {}, func(ch chan netlink.LinkUpdate, done chan struct{}, onErr func(error)) error {
 		return netlink.LinkSubscribeWithOptions(ch, done, netlink.LinkSubscribeOptions{ErrorCallback: onErr})
 	}, func(u netlink.LinkUpdate) {
-		if linkMatters(u) {
-			if u.Header.Type == unix.RTM_DELLINK || u.IfInfomsg.Flags&unix.IFF_UP == 0 {
-				// the kernel drops the link's routes with it: putting
-				// them back is no route repair
-				d.routes.ForgetDevice(u.Link.Attrs().Name)
-				if u.Link.Attrs().Name == desired.VXLANDevice {
-					d.vxlanRec.Forget()
-				}
-			}
-			d.trigger(reasonLinkChange)
+		matters, lost := lw.matters(u)
+		if !matters {
+			return
 		}
+		if lost {
+			// the kernel drops the link's routes with it: putting
+			// them back is no route repair
+			d.routes.ForgetDevice(u.Link.Attrs().Name)
+			if u.Link.Attrs().Name == desired.VXLANDevice {
+				d.vxlanRec.Forget()
+			}
+		}
+		d.trigger(reasonLinkChange)
 	})
 }
 
-// linkMatters tells whether a link notification calls for a full apply:
-// a link deleted (the tunnel device), or one that went down or up (the
-// kernel flushes the routes of a link that goes down, without a route
-// notification; when the underlay comes back its routes must be put
-// back). Pods' host veths are the plugin's; a link being created, or
-// changing something else (MTU, address, statistics), has no routes to
-// lose; podnet's own tunnel device coming up is the daemon's own doing
-// (the apply that follows its going down brings it up).
-func linkMatters(u netlink.LinkUpdate) bool {
+// linkWatch decides which link notifications call for a full apply.
+// Its state is the watcher goroutine's own.
+type linkWatch struct {
+	// carries tells whether podnet-routed's routes go through a device
+	// (dataplane.RouteCache.Carries); retry whether the last apply left
+	// something unwritten (a route, a device).
+	carries func(name string) bool
+	retry   func() bool
+	// tookRoutes are the links whose going down or away took
+	// podnet-routed's routes: their coming up again puts them back.
+	tookRoutes map[int]bool
+}
+
+// matters tells whether a link notification calls for a full apply, and
+// whether the link's routes are gone with it (lost).
+//
+// A full apply (a route dump and a recompute) is due when:
+//   - the link carries podnet-routed's routes (the underlay in `none`
+//     mode and across subnets) and is deleted, goes down or loses or
+//     regains its carrier: the kernel flushes a link's routes when it
+//     goes down, without a route notification;
+//   - podnet's own tunnel device is deleted or goes down (its coming up
+//     is the apply's own doing);
+//   - a link comes up whose going down took routes, or any link comes up
+//     while the last apply left something unwritten (a gateway
+//     unreachable until then).
+//
+// Any other link (a pod's host veth above all, another runtime's
+// containers, a second CNI's pods) coming and going costs nothing: on a
+// node that starts pods of another plugin, each of their veths' up and
+// down would otherwise be a full apply. A link being created, or changing
+// something else (MTU, address, statistics), has no routes to lose.
+func (w *linkWatch) matters(u netlink.LinkUpdate) (matters, lost bool) {
 	if u.Link == nil || contract.IsHostVeth(u.Link.Attrs().Name) {
-		return false
+		return false, false
 	}
-	if u.Header.Type == unix.RTM_DELLINK {
-		return true
+	name, index := u.Link.Attrs().Name, int(u.Index)
+	if index == 0 {
+		index = u.Link.Attrs().Index
 	}
-	const created = ^uint32(0)
-	change := u.IfInfomsg.Change
-	if change == created || change&(unix.IFF_UP|unix.IFF_LOWER_UP|unix.IFF_RUNNING) == 0 {
-		return false
-	}
-	name := u.Link.Attrs().Name
 	own := name == desired.VXLANDevice || name == desired.TunnelDevice
-	return !own || u.IfInfomsg.Flags&unix.IFF_UP == 0
+	down := u.Header.Type == unix.RTM_DELLINK || u.IfInfomsg.Flags&unix.IFF_UP == 0
+	if u.Header.Type != unix.RTM_DELLINK {
+		const created = ^uint32(0)
+		change := u.IfInfomsg.Change
+		if change == created || change&(unix.IFF_UP|unix.IFF_LOWER_UP|unix.IFF_RUNNING) == 0 {
+			return false, false
+		}
+	}
+	carries := w.carries != nil && w.carries(name)
+	if down {
+		if carries {
+			if w.tookRoutes == nil {
+				w.tookRoutes = map[int]bool{}
+			}
+			w.tookRoutes[index] = true
+		}
+		if u.Header.Type == unix.RTM_DELLINK {
+			delete(w.tookRoutes, index) // indexes are not handed out again
+		}
+		return own || carries, true
+	}
+	if own {
+		return false, false
+	}
+	took := w.tookRoutes[index]
+	delete(w.tookRoutes, index)
+	return carries || took || (w.retry != nil && w.retry()), false
 }
 
 // watch keeps a netlink subscription open until ctx ends, resubscribing

@@ -64,34 +64,60 @@ func TestTriggersCoalesce(t *testing.T) {
 	}
 }
 
-// Only link changes that can take routes with them make a full apply.
+// Only link changes that can take podnet-routed's routes with them, or
+// let unwritten ones be written, make a full apply.
 func TestLinkMatters(t *testing.T) {
-	upd := func(name string, msg uint16, flags, change uint32) netlink.LinkUpdate {
-		u := netlink.LinkUpdate{Header: unix.NlMsghdr{Type: msg}, Link: &netlink.Device{LinkAttrs: netlink.LinkAttrs{Name: name}}}
+	upd := func(name string, index int32, msg uint16, flags, change uint32) netlink.LinkUpdate {
+		u := netlink.LinkUpdate{Header: unix.NlMsghdr{Type: msg}, Link: &netlink.Device{LinkAttrs: netlink.LinkAttrs{Name: name, Index: int(index)}}}
+		u.IfInfomsg.Index = index
 		u.IfInfomsg.Flags, u.IfInfomsg.Change = flags, change
 		return u
 	}
 	up := uint32(unix.IFF_UP | unix.IFF_RUNNING | unix.IFF_LOWER_UP)
-	for _, c := range []struct {
-		what string
-		u    netlink.LinkUpdate
-		want bool
-	}{
-		{"underlay down", upd("eth0", unix.RTM_NEWLINK, 0, unix.IFF_UP), true},
-		{"underlay up", upd("eth0", unix.RTM_NEWLINK, up, unix.IFF_UP), true},
-		{"underlay carrier", upd("eth0", unix.RTM_NEWLINK, unix.IFF_UP, unix.IFF_LOWER_UP|unix.IFF_RUNNING), true},
-		{"underlay MTU", upd("eth0", unix.RTM_NEWLINK, up, 0), false},
-		{"tunnel deleted", upd("podnet.vxlan", unix.RTM_DELLINK, 0, 0), true},
-		{"tunnel created", upd("podnet.vxlan", unix.RTM_NEWLINK, 0, ^uint32(0)), false},
-		{"tunnel brought up (by the apply)", upd("podnet.vxlan", unix.RTM_NEWLINK, up, unix.IFF_UP), false},
-		{"tunnel put down", upd("tunl0", unix.RTM_NEWLINK, 0, unix.IFF_UP), true},
-		{"pod veth", upd("pn1234", unix.RTM_DELLINK, 0, 0), false},
-		{"detached pod veth", upd("pnd5678", unix.RTM_NEWLINK, 0, unix.IFF_UP), false},
-		{"new link", upd("br9", unix.RTM_NEWLINK, 0, ^uint32(0)), false},
-		{"other link up", upd("br9", unix.RTM_NEWLINK, up, unix.IFF_UP), true},
+	carrying := map[string]bool{"eth0": true}
+	retry := false
+	w := linkWatch{carries: func(name string) bool { return carrying[name] }, retry: func() bool { return retry }}
+	type step struct {
+		what          string
+		u             netlink.LinkUpdate
+		matters, lost bool
+		before, after func()
+	}
+	for _, c := range []step{
+		{what: "underlay MTU", u: upd("eth0", 2, unix.RTM_NEWLINK, up, 0)},
+		{what: "underlay carrier lost", u: upd("eth0", 2, unix.RTM_NEWLINK, unix.IFF_UP, unix.IFF_LOWER_UP|unix.IFF_RUNNING), matters: true},
+		{what: "underlay down", u: upd("eth0", 2, unix.RTM_NEWLINK, 0, unix.IFF_UP), matters: true, lost: true,
+			after: func() { carrying["eth0"] = false }}, // ForgetDevice
+		{what: "underlay up: its routes went with its down", u: upd("eth0", 2, unix.RTM_NEWLINK, up, unix.IFF_UP), matters: true},
+		{what: "underlay up again: nothing to put back", u: upd("eth0", 2, unix.RTM_NEWLINK, up, unix.IFF_UP)},
+		{what: "tunnel deleted", u: upd("podnet.vxlan", 7, unix.RTM_DELLINK, 0, 0), matters: true, lost: true},
+		{what: "tunnel created", u: upd("podnet.vxlan", 8, unix.RTM_NEWLINK, 0, ^uint32(0))},
+		{what: "tunnel brought up (by the apply)", u: upd("podnet.vxlan", 8, unix.RTM_NEWLINK, up, unix.IFF_UP)},
+		{what: "tunnel put down", u: upd("tunl0", 3, unix.RTM_NEWLINK, 0, unix.IFF_UP), matters: true, lost: true},
+		{what: "pod veth deleted", u: upd("pn1234", 9, unix.RTM_DELLINK, 0, 0)},
+		{what: "detached pod veth down", u: upd("pnd5678", 10, unix.RTM_NEWLINK, 0, unix.IFF_UP)},
+		{what: "new link", u: upd("br9", 11, unix.RTM_NEWLINK, 0, ^uint32(0))},
+		{what: "other link up", u: upd("br9", 11, unix.RTM_NEWLINK, up, unix.IFF_UP)},
+		{what: "other link down", u: upd("br9", 11, unix.RTM_NEWLINK, 0, unix.IFF_UP)},
+		{what: "other link deleted", u: upd("br9", 11, unix.RTM_DELLINK, 0, 0)},
+		{what: "other link up while a route waits to be written", u: upd("veth3", 12, unix.RTM_NEWLINK, up, unix.IFF_UP), matters: true,
+			before: func() { retry = true }, after: func() { retry = false }},
+		{what: "second uplink deleted while carrying routes", u: upd("eth1", 4, unix.RTM_DELLINK, 0, 0), matters: true, lost: true,
+			before: func() { carrying["eth1"] = true }, after: func() { carrying["eth1"] = false }},
+		{what: "a new link with a deleted one's name", u: upd("eth1", 13, unix.RTM_NEWLINK, up, unix.IFF_UP)},
 	} {
-		if got := linkMatters(c.u); got != c.want {
-			t.Errorf("%s: linkMatters = %v, want %v", c.what, got, c.want)
+		if c.before != nil {
+			c.before()
 		}
+		matters, lost := w.matters(c.u)
+		if matters != c.matters || (matters && lost != c.lost) {
+			t.Errorf("%s: matters, lost = %v, %v; want %v, %v", c.what, matters, lost, c.matters, c.lost)
+		}
+		if c.after != nil {
+			c.after()
+		}
+	}
+	if len(w.tookRoutes) != 0 {
+		t.Errorf("links remembered after their routes were back or the links gone: %v", w.tookRoutes)
 	}
 }

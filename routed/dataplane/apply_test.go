@@ -407,3 +407,54 @@ func TestRouteRepairsOnlyTampering(t *testing.T) {
 	}
 	repairs("routes gone with their device", bh)
 }
+
+// TestCarries: the cache knows which devices podnet-routed's routes go
+// through, as its writes, deletions and ForgetDevice leave it; blackholes
+// go through none.
+func TestCarries(t *testing.T) {
+	k := newFakeKernel()
+	cache := &RouteCache{}
+	if cache.Carries("tunl0") || cache.Carries("eth0") {
+		t.Fatal("an empty cache carries routes")
+	}
+	want := cluster(4) // IPIP routes through tunl0, and a blackhole
+	if _, _, err := applyRoutes(k, want, cache, true); err != nil {
+		t.Fatal(err)
+	}
+	if !cache.Carries("tunl0") || cache.Carries("eth0") || cache.Carries("") {
+		t.Fatalf("after IPIP routes: tunl0 %v, eth0 %v, none %v; want true, false, false", cache.Carries("tunl0"), cache.Carries("eth0"), cache.Carries(""))
+	}
+	// every route moves to eth0 (encap none across the subnet)
+	moved := slices.Clone(want)
+	for i := range moved {
+		if moved[i].Kind != desired.Blackhole {
+			moved[i].Dev, moved[i].OnLink = "eth0", false
+		}
+	}
+	if _, _, err := applyRoutes(k, moved, cache, true); err != nil {
+		t.Fatal(err)
+	}
+	if cache.Carries("tunl0") || !cache.Carries("eth0") {
+		t.Fatalf("after the move: tunl0 %v, eth0 %v; want false, true", cache.Carries("tunl0"), cache.Carries("eth0"))
+	}
+	cache.ForgetDevice("eth0")
+	if cache.Carries("eth0") {
+		t.Fatal("eth0 still carries routes after ForgetDevice")
+	}
+	if _, _, err := applyRoutes(k, moved, cache, true); err != nil || !cache.Carries("eth0") {
+		t.Fatalf("written back: err %v, eth0 carries %v", err, cache.Carries("eth0"))
+	}
+	// the plan keeps only the blackhole: the rest are deleted
+	var bh []desired.Route
+	for _, r := range moved {
+		if r.Kind == desired.Blackhole {
+			bh = append(bh, r)
+		}
+	}
+	if _, _, err := applyRoutes(k, bh, cache, true); err != nil {
+		t.Fatal(err)
+	}
+	if cache.Carries("eth0") {
+		t.Fatal("eth0 still carries routes after they were deleted")
+	}
+}

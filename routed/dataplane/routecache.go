@@ -30,6 +30,19 @@ type RouteCache struct {
 	written map[netip.Prefix]desired.Route
 	// repaired are the destinations written back since TakeRepairs.
 	repaired []netip.Prefix
+	// devs counts the routes of written by device (blackholes have
+	// none), under a lock of its own: the link watcher asks it (Carries)
+	// while an apply holds mu.
+	devMu sync.Mutex
+	devs  map[string]int
+}
+
+// Carries tells whether a route podnet-routed wrote goes through the
+// device name: its going down or away takes them with it.
+func (c *RouteCache) Carries(name string) bool {
+	c.devMu.Lock()
+	defer c.devMu.Unlock()
+	return c.devs[name] > 0
 }
 
 // TakeRepairs returns the destinations whose route was put back since
@@ -52,7 +65,7 @@ func (c *RouteCache) ForgetDevice(name string) {
 	defer c.mu.Unlock()
 	for dst, r := range c.written {
 		if r.Kind != desired.Blackhole && r.Dev == name {
-			delete(c.written, dst)
+			c.forget(dst)
 		}
 	}
 }
@@ -63,7 +76,32 @@ func (c *RouteCache) wrote(r desired.Route) {
 	if c.written == nil {
 		c.written = map[netip.Prefix]desired.Route{}
 	}
+	c.forget(r.Dst)
 	c.written[r.Dst] = r
+	if r.Kind != desired.Blackhole {
+		c.devMu.Lock()
+		if c.devs == nil {
+			c.devs = map[string]int{}
+		}
+		c.devs[r.Dev]++
+		c.devMu.Unlock()
+	}
+}
+
+// forget drops what was written to dst. The caller holds c.mu.
+func (c *RouteCache) forget(dst netip.Prefix) {
+	r, ok := c.written[dst]
+	if !ok {
+		return
+	}
+	delete(c.written, dst)
+	if r.Kind != desired.Blackhole {
+		c.devMu.Lock()
+		if c.devs[r.Dev]--; c.devs[r.Dev] <= 0 {
+			delete(c.devs, r.Dev)
+		}
+		c.devMu.Unlock()
+	}
 }
 
 // Invalidate makes the next apply read the kernel again.

@@ -267,7 +267,7 @@ func (c *RouteCache) write(k routeKernel, t *routeTable, upsert, remove []desire
 		}
 		changed++
 		delete(t.owned, r.Dst)
-		delete(c.written, r.Dst)
+		c.forget(r.Dst)
 	}
 	links := map[string]int{}
 	for _, r := range upsert {

@@ -192,6 +192,75 @@ func pollFast(t *testing.T, timeout time.Duration, cond func() bool) time.Durati
 	return -1
 }
 
+// TestLinkChanges: the underlay, which carries podnet's routes in `none`
+// mode, going down and up again has them back at once, not at the next
+// resync; links that carry none (another runtime's veths, a bridge) coming and going make no full apply (each is a route dump and a
+// recompute of every Node).
+func TestLinkChanges(t *testing.T) {
+	_, a, _, _ := threeNodes(t)
+	d := a.startDaemon("--resync-interval=10m")
+	a.expectRoutes(syncT, d, bhA, viaB, viaC)
+	d.waitReady(changeT)
+	applies := func() float64 {
+		t.Helper()
+		m, err := d.metrics()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m["podnet_apply_duration_seconds_count"]
+	}
+	time.Sleep(time.Second) // whatever the initial sync kicked
+	before := applies()
+	for i := range 5 {
+		a.c.do(a.ns, func() error {
+			links := []netlink.Link{
+				&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: fmt.Sprintf("cni-%d", i)}, PeerName: fmt.Sprintf("cni-%dp", i)},
+				&netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: fmt.Sprintf("br-%d", i)}},
+			}
+			for _, l := range links {
+				if err := netlink.LinkAdd(l); err != nil {
+					return fmt.Errorf("add %s: %w", l.Attrs().Name, err)
+				}
+				if err := netlink.LinkSetUp(l); err != nil {
+					return err
+				}
+			}
+			if err := netlink.LinkSetUp(&netlink.Dummy{LinkAttrs: netlink.LinkAttrs{Name: fmt.Sprintf("cni-%dp", i)}}); err != nil {
+				return err
+			}
+			for _, l := range links {
+				if err := netlink.LinkSetDown(l); err != nil {
+					return err
+				}
+				if err := netlink.LinkDel(l); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		time.Sleep(200 * time.Millisecond)
+	}
+	time.Sleep(2 * time.Second)
+	if got := applies() - before; got != 0 {
+		t.Errorf("%v full applies after 5 rounds of other links created, up, down and deleted; want 0", got)
+	}
+	a.expectRoutes(0, d, bhA, viaB, viaC)
+
+	// the underlay flaps: its routes go with it and come back with it,
+	// long before the resync (10 minutes); no route repair counted
+	for round := range 2 {
+		setLink(t, a, uplinkName, false)
+		a.expectRoutes(changeT, d, bhA)
+		setLink(t, a, uplinkName, true)
+		start := time.Now()
+		a.expectRoutes(changeT, d, bhA, viaB, viaC)
+		t.Logf("MEASURE round %d: eth0 down/up: routes back %s after link up", round, time.Since(start).Round(time.Millisecond))
+	}
+	if got := d.repairs(t, "route"); got != 0 {
+		t.Errorf("podnet_repairs_total{object=\"route\"} = %v after underlay flaps, want 0: the routes went with the link", got)
+	}
+}
+
 func setLink(t *testing.T, n *node, name string, up bool) {
 	t.Helper()
 	n.c.do(n.ns, func() error {
