@@ -6,10 +6,11 @@ import (
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
-	"github.com/containernetworking/plugins/pkg/testutils"
 	"github.com/google/nftables"
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/podnet/podnet/internal/testns"
 )
 
 // TestWatchLeavesOwnTransactionsOut: in a throwaway netns, Watch hands
@@ -17,12 +18,8 @@ import (
 // not the one a Conn commits, whose port ID OwnPort knows while it is
 // open and forgets at Close.
 func TestWatchLeavesOwnTransactionsOut(t *testing.T) {
-	n, err := testutils.NewNS()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = n.Close(); _ = testutils.UnmountNS(n) })
-	err = n.Do(func(ns.NetNS) error {
+	n := testns.New(t)
+	err := n.Do(func(ns.NetNS) error {
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		got := make(chan []netlink.Message, 10)

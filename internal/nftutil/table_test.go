@@ -6,10 +6,11 @@ import (
 	"testing"
 
 	"github.com/containernetworking/plugins/pkg/ns"
-	"github.com/containernetworking/plugins/pkg/testutils"
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
+
+	"github.com/podnet/podnet/internal/testns"
 )
 
 // testTable is a table with what every writer's has: a counter, a set
@@ -138,11 +139,7 @@ func TestElementKeysAndDiff(t *testing.T) {
 // inScratchNetns runs f in a throwaway network namespace.
 func inScratchNetns(t *testing.T, f func() error) {
 	t.Helper()
-	n, err := testutils.NewNS()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = n.Close(); _ = testutils.UnmountNS(n) })
+	n := testns.New(t)
 	if err := n.Do(func(ns.NetNS) error { return f() }); err != nil {
 		t.Fatal(err)
 	}

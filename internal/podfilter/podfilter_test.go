@@ -10,8 +10,9 @@ import (
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
-	"github.com/containernetworking/plugins/pkg/testutils"
 	"github.com/vishvananda/netlink"
+
+	"github.com/podnet/podnet/internal/testns"
 )
 
 // TestPodFilterDrop removes elements of the pod filter the ways DEL, GC and
@@ -28,15 +29,11 @@ func TestPodFilterDrop(t *testing.T) {
 				saved := timeoutUpdates
 				timeoutUpdates = updates
 				t.Cleanup(func() { timeoutUpdates = saved })
-				n, err := testutils.NewNS()
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(func() { _ = n.Close(); _ = testutils.UnmountNS(n) })
+				n := testns.New(t)
 				port := func(i int) Port {
 					return Port{Index: i, IPs: []net.IP{net.IPv4(10, 0, 0, byte(i)).To4(), net.ParseIP(fmt.Sprintf("fd00::%d", i))}, MAC: net.HardwareAddr{2, 0, 0, 0, 0, byte(i)}}
 				}
-				err = n.Do(func(ns.NetNS) error {
+				err := n.Do(func(ns.NetNS) error {
 					for i := 1; i <= 5; i++ {
 						if err := g.Install(port(i)); err != nil {
 							return err
@@ -72,6 +69,7 @@ func TestPodFilterDrop(t *testing.T) {
 						var got []string
 						deadline := time.Now().Add(2 * time.Second)
 						for {
+							var err error
 							if got, err = filterElements(g); err != nil {
 								return err
 							}
@@ -131,11 +129,7 @@ func filterElements(g Guard) ([]string, error) {
 // elements lost those of a port created in between.
 func TestPruneKeepsNewPorts(t *testing.T) {
 	const ports = 150
-	n, err := testutils.NewNS()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = n.Close(); _ = testutils.UnmountNS(n) })
+	n := testns.New(t)
 	g := Routed.At(t.TempDir())
 	stop := make(chan struct{})
 	pruned := make(chan error, 1)
@@ -157,7 +151,7 @@ func TestPruneKeepsNewPorts(t *testing.T) {
 		})
 	}()
 	var want []string
-	err = n.Do(func(ns.NetNS) error {
+	err := n.Do(func(ns.NetNS) error {
 		for i := range ports {
 			name := fmt.Sprintf("port%d", i)
 			if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: fmt.Sprintf("peer%d", i)}); err != nil {
@@ -210,11 +204,7 @@ func TestRemovalHoldsTheRecordsLock(t *testing.T) {
 	for _, remove := range []string{"RemoveExact", "RemovePort"} {
 		t.Run(remove, func(t *testing.T) {
 			g := Routed.At(t.TempDir())
-			n, err := testutils.NewNS()
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = n.Close(); _ = testutils.UnmountNS(n) })
+			n := testns.New(t)
 			p := Port{Index: 7, IPs: []net.IP{net.IPv4(10, 0, 0, 7).To4()}, MAC: net.HardwareAddr{2, 0, 0, 0, 0, 7}}
 			if err := n.Do(func(ns.NetNS) error { return g.Install(p) }); err != nil {
 				t.Fatal(err)
@@ -275,11 +265,7 @@ func TestRemovalHoldsTheRecordsLock(t *testing.T) {
 	t.Run("no records directory", func(t *testing.T) {
 		dir := filepath.Join(t.TempDir(), "none")
 		g := Routed.At(dir)
-		n, err := testutils.NewNS()
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = n.Close(); _ = testutils.UnmountNS(n) })
+		n := testns.New(t)
 		if err := n.Do(func(ns.NetNS) error { return g.RemovePort(9) }); err != nil {
 			t.Fatal(err)
 		}

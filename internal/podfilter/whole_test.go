@@ -9,9 +9,10 @@ import (
 	"testing"
 
 	"github.com/containernetworking/plugins/pkg/ns"
-	"github.com/containernetworking/plugins/pkg/testutils"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/podnet/podnet/internal/testns"
 )
 
 // TestRecordsTrustOnlyWhatTheKernelConfirms: the records the whole
@@ -25,14 +26,10 @@ import (
 // with a reason or ignored, and an address two records claim goes to the
 // newer port only. Prune then removes the records of ports that are gone.
 func TestRecordsTrustOnlyWhatTheKernelConfirms(t *testing.T) {
-	n, err := testutils.NewNS()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = n.Close(); _ = testutils.UnmountNS(n) })
+	n := testns.New(t)
 	g := Routed.At(t.TempDir())
 	dir := g.recordsDir()
-	err = n.Do(func(ns.NetNS) error {
+	err := n.Do(func(ns.NetNS) error {
 		var links []netlink.Link
 		for i, alias := range []string{"podnet:net:c1:eth0", "podnet:net:c2:eth0", "podnet-detached:net:c3:eth0"} {
 			name := fmt.Sprintf("pn0000000000%d", i)

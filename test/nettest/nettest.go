@@ -26,6 +26,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/podnet/podnet/internal/testns"
 	"github.com/podnet/podnet/plugins/veth"
 )
 
@@ -162,19 +163,9 @@ func waitLocalRoute(ip net.IP) error {
 	}
 }
 
-// NewNetNS creates a netns removed at the end of the test.
-func NewNetNS(t testing.TB) ns.NetNS {
-	t.Helper()
-	netns, err := testutils.NewNS()
-	if err != nil {
-		t.Fatalf("create netns: %v", err)
-	}
-	t.Cleanup(func() {
-		_ = netns.Close()
-		_ = testutils.UnmountNS(netns)
-	})
-	return netns
-}
+// NewNetNS creates a netns removed at the end of the test (an error of
+// the test when it stays).
+func NewNetNS(t testing.TB) ns.NetNS { t.Helper(); return testns.New(t) }
 
 // Do runs f inside the node netns and fails the test on error.
 func (n *Node) Do(f func() error) {

@@ -21,6 +21,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/containernetworking/plugins/pkg/testutils"
 
+	"github.com/podnet/podnet/internal/testns"
 	"github.com/podnet/podnet/ipam/allocator"
 	"github.com/podnet/podnet/routed/reconcile"
 	"github.com/podnet/podnet/test/nettest"
@@ -87,11 +88,7 @@ func measure(t testing.TB, n, reps, livePasses int, budget, settle time.Duration
 		conf := Conf(network, "10.230.0.0/16", dataDir, filepath.Join(root, "state"))
 		pods := make([]ns.NetNS, n)
 		for i := range pods {
-			p, err := testutils.NewNS()
-			if err != nil {
-				t.Fatalf("create netns: %v", err)
-			}
-			t.Cleanup(func() { _ = p.Close(); _ = testutils.UnmountNS(p) })
+			p := testns.New(t)
 			pods[i] = p
 		}
 		t0 := time.Now()
