@@ -99,10 +99,14 @@ func (b *bridged) prepareNode(side podSide, mtu int) error {
 func (b *bridged) guard() podfilter.Guard { return podfilter.Bridged }
 
 // setupHost enslaves the host veth to the bridge, sets its hairpin flag,
-// hardens it (hostIfaceSettings) and brings it up.
+// hardens it (hostIfaceSettings), gives it no IPv6 address (a port's own
+// addresses serve nothing) and brings it up.
 func (b *bridged) setupHost(host netlink.Link, _ podSide) error {
 	br := b.br
 	if err := hardenHostIface(host.Attrs().Name); err != nil {
+		return fmt.Errorf("host veth %s: %w", host.Attrs().Name, err)
+	}
+	if err := noKernelLinkLocal(host.Attrs().Name); err != nil {
 		return fmt.Errorf("host veth %s: %w", host.Attrs().Name, err)
 	}
 	if err := netlink.LinkSetMaster(host, br); err != nil {

@@ -77,6 +77,10 @@ func (routed) setupHost(host netlink.Link, side podSide) error {
 	if err := hardenHostIface(name); err != nil {
 		return fmt.Errorf("host veth %s: %w", name, err)
 	}
+	// the pod's IPv6 gateway is GatewayV6, added below
+	if err := noKernelLinkLocal(name); err != nil {
+		return fmt.Errorf("host veth %s: %w", name, err)
+	}
 	settings := [][2]string{
 		{"net/ipv4/conf/" + name + "/proxy_arp", "1"},
 		{"net/ipv4/neigh/" + name + "/proxy_delay", "0"},

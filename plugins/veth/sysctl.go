@@ -81,3 +81,16 @@ func checkHostIface(dev string) error {
 	}
 	return nil
 }
+
+// noKernelLinkLocal keeps the kernel from giving host veth dev an IPv6
+// link-local address of its own when it comes up (addr_gen_mode 1), and
+// with it the address's DAD, MLD report and fe80::/64 route: a routed
+// pod's gateway address is added by hand, and a bridge port needs no
+// address. The node's IPv6 state would otherwise grow with its pods. No
+// such sysctl (no IPv6 on the interface) is fine.
+func noKernelLinkLocal(dev string) error {
+	if err := writeSysctl("net/ipv6/conf/"+dev+"/addr_gen_mode", "1"); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	return nil
+}

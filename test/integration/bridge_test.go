@@ -557,6 +557,13 @@ func TestBridgeIPAMs(t *testing.T) {
 			if !slices.Equal(st.gwAddrs, []string{gw + "/24"}) || len(st.ports) != 2 {
 				t.Fatalf("bridge addresses %v, ports %v, want %s/24 and two ports", st.gwAddrs, st.ports, gw)
 			}
+			// a port's own addresses serve nothing: none of the kernel's
+			// making
+			for _, p := range []*nettest.Pod{a, b} {
+				if got := ipv6Addrs(t, rt.Node.NS, hostIfName(t, p.Result)); len(got) != 0 {
+					t.Errorf("bridge port of %s has IPv6 addresses %v, want none", p.RT.ContainerID, got)
+				}
+			}
 			for _, pr := range [][2]*nettest.Pod{{a, b}, {b, a}} {
 				if err := nettest.Ping(pr[0].NS, brPodIP(pr[1])); err != nil {
 					t.Error(err)

@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/podnet/podnet/internal/contract"
+	"github.com/podnet/podnet/internal/podfilter"
 	"github.com/podnet/podnet/plugins/veth"
 	"github.com/podnet/podnet/test/nettest"
 )
@@ -283,6 +284,17 @@ func TestTwoPodsOnOneNode(t *testing.T) {
 		}
 		pods = append(pods, &nettest.Pod{NS: podNS, RT: conf, Result: res})
 	}
+	// IPv4-only pods: no IPv6 address on their host veths (the node
+	// keeps no link-local address, fe80::/64 route or DAD per pod); the
+	// pod's own link-local address is the EUI-64 one of its MAC
+	for _, p := range pods {
+		if got := ipv6Addrs(t, rt.Node.NS, hostIfName(t, p.Result)); len(got) != 0 {
+			t.Errorf("host veth of an IPv4-only pod has IPv6 addresses %v, want none", got)
+		}
+		if got, want := ipv6Addrs(t, p.NS, "eth0"), []string{podfilter.EUI64LinkLocal(podMAC(t, p.Result)).String() + "/64"}; !slices.Equal(got, want) {
+			t.Errorf("eth0 of an IPv4-only pod has IPv6 addresses %v, want %v", got, want)
+		}
+	}
 	a, b := pods[0], pods[1]
 	if err := nettest.Ping(a.NS, b.Result.IPs[0].Address.IP.String()); err != nil {
 		t.Fatal(err)
@@ -317,6 +329,15 @@ func TestDualStack(t *testing.T) {
 	if !slices.Contains(pod.routes, "default via "+veth.GatewayV6) {
 		t.Fatalf("pod routes = %v, want an IPv6 default via %s", pod.routes, veth.GatewayV6)
 	}
+	// the host veth's one IPv6 address is the pod's gateway (none of the
+	// kernel's making); the pod's link-local one is the EUI-64 one of its
+	// MAC, which the pod filter lets it send from
+	if got := ipv6Addrs(t, rt.Node.NS, hostIfName(t, res)); !slices.Equal(got, []string{veth.GatewayV6 + "/64"}) {
+		t.Errorf("host veth IPv6 addresses %v, want only %s/64", got, veth.GatewayV6)
+	}
+	if got, want := ipv6Addrs(t, podNS, "eth0"), []string{"fd00:244:3::2/128", podfilter.EUI64LinkLocal(podMAC(t, res)).String() + "/64"}; !slices.Equal(got, want) {
+		t.Errorf("pod IPv6 addresses %v, want %v", got, want)
+	}
 	if err := nettest.Ping(podNS, nettest.NodeAddr6); err != nil {
 		t.Fatal(err)
 	}
@@ -330,6 +351,55 @@ func TestDualStack(t *testing.T) {
 		t.Fatal(err)
 	}
 	assertClean(t, rt, dataDir)
+}
+
+// hostIfName is the host veth of an ADD result (not the bridge).
+func hostIfName(t *testing.T, res *current.Result) string {
+	t.Helper()
+	for _, iface := range res.Interfaces {
+		if iface.Sandbox == "" && contract.IsHostVeth(iface.Name) {
+			return iface.Name
+		}
+	}
+	t.Fatalf("result %v has no host veth", res)
+	return ""
+}
+
+// podMAC is the MAC of the pod interface of an ADD result.
+func podMAC(t *testing.T, res *current.Result) net.HardwareAddr {
+	t.Helper()
+	for _, iface := range res.Interfaces {
+		if iface.Sandbox != "" {
+			mac, err := net.ParseMAC(iface.Mac)
+			if err != nil {
+				t.Fatalf("pod interface MAC %q: %v", iface.Mac, err)
+			}
+			return mac
+		}
+	}
+	t.Fatalf("result %v has no pod interface", res)
+	return nil
+}
+
+// ipv6Addrs lists the IPv6 addresses of link name in netns ("ip/len",
+// in the kernel's order).
+func ipv6Addrs(t *testing.T, netns ns.NetNS, name string) []string {
+	t.Helper()
+	var out []string
+	if err := netns.Do(func(ns.NetNS) error {
+		l, err := netlink.LinkByName(name)
+		if err != nil {
+			return err
+		}
+		addrs, err := netlink.AddrList(l, netlink.FAMILY_V6)
+		for _, a := range addrs {
+			out = append(out, a.IPNet.String())
+		}
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return out
 }
 
 func TestMTUSources(t *testing.T) {
