@@ -244,6 +244,13 @@ func (c *Incremental) podChanged(key string, old, p *Pod) {
 	c.refresh(touched)
 }
 
+// Holds tells whether a pod the engine knows, on any node, owns address
+// a now.
+func (c *Incremental) Holds(a netip.Addr) bool {
+	_, ok := c.own[a]
+	return ok
+}
+
 // reown decides address a's owner again; it returns the pods that lost
 // or got it.
 func (c *Incremental) reown(a netip.Addr) []string {

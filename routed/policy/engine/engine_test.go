@@ -33,6 +33,8 @@ type fakeWriter struct {
 	resyncs int
 	repair  bool
 	revokes int
+	// remoteToDB: what each scan said of the remote web-r -> db-0
+	remoteToDB []bool
 	// webToDB: what each revocation's verdict said of web-0 -> db-0 TCP 5432
 	webToDB  []bool
 	counters map[DropKey]uint64
@@ -100,6 +102,7 @@ func (f *fakeWriter) Revoke(allowed func(src, dst netip.Addr, proto uint8, dport
 	defer f.mu.Unlock()
 	f.revokes++
 	f.webToDB = append(f.webToDB, allowed(netip.MustParseAddr("10.244.1.6"), netip.MustParseAddr("10.244.1.5"), policy.ProtoTCP, 5432))
+	f.remoteToDB = append(f.remoteToDB, allowed(netip.MustParseAddr("10.244.2.6"), netip.MustParseAddr("10.244.1.5"), policy.ProtoTCP, 5432))
 	return 0, nil
 }
 
@@ -465,6 +468,43 @@ func TestEngineScansOnlyWhenNarrowed(t *testing.T) {
 	r.revocations(3)
 	if took := time.Since(start); took < time.Second {
 		t.Fatalf("the scan for a deleted peer came %v after the last one, want RevokeGoneGap (2s)", took)
+	}
+}
+
+// TestEngineRemotePeerRelabelIsUrgent: a peer on another node that loses
+// the label a policy admits it by is a live pod losing its allowance: the
+// scan comes RevokeGap (0.2 s) after the last one, not RevokeGoneGap (2 s)
+// as for a peer that is gone, and it refuses the peer's connection.
+func TestEngineRemotePeerRelabelIsUrgent(t *testing.T) {
+	r := newRig(t)
+	remote := func(labels map[string]string) *corev1.Pod {
+		p := pod("web-r", "10.244.2.6", labels)
+		p.Spec.NodeName = "node-b"
+		return p
+	}
+	r.pods.Add(pod("db-0", "10.244.1.5", map[string]string{"app": "db"}))
+	r.pods.Add(remote(map[string]string{"app": "web"}))
+	r.until("db-0 known", func(rs policy.Ruleset) bool { return known(rs, "10.244.1.5") })
+	allow := denyIngress()
+	allow.Spec.Ingress = []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{{
+		PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}}}}}}
+	r.pols.Add(allow)
+	r.until("db-0 isolated, the remote web-r its peer", func(rs policy.Ruleset) bool {
+		return len(rs.Pods) == 1 && rs.Allows(netip.MustParseAddr("10.244.2.6"), netip.MustParseAddr("10.244.1.5"), policy.ProtoTCP, 5432)
+	})
+	r.revocations(1) // db-0's entry came with the policy
+	start := time.Now()
+	r.pods.Modify(remote(map[string]string{"app": "other"}))
+	r.revocations(2)
+	took := time.Since(start)
+	r.w.mu.Lock()
+	allowed := slices.Clone(r.w.remoteToDB)
+	r.w.mu.Unlock()
+	if allowed[1] {
+		t.Fatalf("the scan after web-r left the peers allowed web-r -> db-0: %v", allowed)
+	}
+	if took > time.Second {
+		t.Fatalf("the scan for a live remote peer that lost its label came %v after the change, want RevokeGap (0.2 s), not RevokeGoneGap (2 s)", took)
 	}
 }
 

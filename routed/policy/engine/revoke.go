@@ -102,7 +102,10 @@ func (e *Engine) narrowsLocked(d policy.Delta) (scan, urgent bool) {
 			}
 		}
 	}
-	gone := func(a netip.Addr) bool { return !known(d.Known, a) }
+	// gone: no pod holds the address any more, on this node (Known) nor
+	// on another (a remote peer that only lost a label is live: its
+	// connections lose their allowance now)
+	gone := func(a netip.Addr) bool { return !known(d.Known, a) && !e.inc.Holds(a) }
 	for _, p := range d.Policies {
 		// a chain new to the kernel judges only pods whose entries
 		// change with it (those are above)
