@@ -301,6 +301,93 @@ func TestRevoke(t *testing.T) {
 	}
 }
 
+// TestRevokeServiceConnections: connections to a Service's virtual IP,
+// DNATed to a backend pod in the node netns as kube-proxy does, are
+// judged as the table judges them, by the backend: when a's ingress rule
+// for b goes, b's connection through the virtual IP is revoked and c's is
+// kept; and an egress-isolated client allowed to reach the backend keeps
+// its connection through the virtual IP at every scan.
+func TestRevokeServiceConnections(t *testing.T) {
+	e := newEnv(t, "a", "b", "c")
+	a, b, c := e.pods["a"], e.pods["b"], e.pods["c"]
+	server(t, a.ns, 8080)
+	const vip = "10.96.0.10"
+	for _, args := range [][]string{
+		{"add", "table", "ip", "svc"},
+		{"add", "chain", "ip", "svc", "pre", "{ type nat hook prerouting priority dstnat; }"},
+		{"add", "rule", "ip", "svc", "pre", "ip", "daddr", vip, "tcp", "dport", "80", "dnat", "to", a.v4.String() + ":8080"},
+	} {
+		if out, err := nettest.ExecIn(context.Background(), e.node, "nft", args...); err != nil {
+			t.Fatalf("nft %v: %v\n%s", args, err, out)
+		}
+	}
+	ingress := func(peers ...*pod) policy.Ruleset {
+		var ranges []policy.Range
+		for _, p := range peers {
+			ranges = append(ranges, both(p)...)
+		}
+		return policy.Ruleset{
+			LocalPodCIDRs: localCIDRs,
+			Known:         []netip.Addr{a.v4, a.v6, b.v4, b.v6, c.v4, c.v6},
+			Pods: []policy.PodChains{
+				{ID: "a", Addrs: []netip.Addr{a.v4, a.v6}, IngressIsolated: true, Ingress: []string{"a-in"}},
+				// c may send only to a, port 8080
+				{ID: "c", Addrs: []netip.Addr{c.v4, c.v6}, EgressIsolated: true, Egress: []string{"c-out"}},
+			},
+			Policies: []policy.PolicyChain{
+				{ID: "a-in", Direction: policy.Ingress, Rules: []policy.Rule{{Peers: ranges, Ports: port(policy.ProtoTCP, 8080, 8080)}}},
+				{ID: "c-out", Direction: policy.Egress, Rules: []policy.Rule{{Peers: both(a), Ports: port(policy.ProtoTCP, 8080, 8080)}}},
+			},
+		}
+	}
+	e.apply(ingress(b, c))
+	dial := func(from *pod) net.Conn {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		conn, err := nettest.DialIn(from.ns)(ctx, "tcp", net.JoinHostPort(vip, "80"))
+		if err != nil {
+			t.Fatalf("%s -> %s:80: %v", from.name, vip, err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		if err := echo(conn); err != nil {
+			t.Fatalf("%s -> %s:80: %v", from.name, vip, err)
+		}
+		return conn
+	}
+	fromB, fromC := dial(b), dial(c)
+
+	// a scan with nothing narrowed keeps both (c's egress allows a:8080,
+	// which its connection to the virtual IP is)
+	revoke := func(rs policy.Ruleset) int {
+		var deleted int
+		e.do(func() error {
+			var err error
+			deleted, err = nft.Revoke(allowedBy(rs))
+			return err
+		})
+		return deleted
+	}
+	if n := revoke(ingress(b, c)); n != 0 {
+		t.Errorf("a scan by the Ruleset in force deleted %d entries, want 0", n)
+	}
+	runChecks(t, []check{
+		{"b's connection through the virtual IP", true, func() error { return echo(fromB) }},
+		{"c's connection through the virtual IP", true, func() error { return echo(fromC) }},
+	})
+
+	// b's rule goes: b's connection through the virtual IP is revoked
+	narrowed := ingress(c)
+	e.apply(narrowed)
+	if n := revoke(narrowed); n != 1 {
+		t.Errorf("Revoke deleted %d entries, want 1 (b's connection to a through %s)", n, vip)
+	}
+	runChecks(t, []check{
+		{"b's revoked connection through the virtual IP", false, func() error { return echo(fromB) }},
+		{"c's connection through the virtual IP", true, func() error { return echo(fromC) }},
+	})
+}
+
 // TestICMPAndPorts: the same peer, one rule with ports and one without,
 // each alone: ICMP goes through the rule without ports only.
 func TestICMPAndPorts(t *testing.T) {

@@ -12,21 +12,21 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Allowed tells whether a connection, by its original direction, is
-// allowed by the policy now in force: source and destination address,
-// IP protocol, destination port (0 for protocols without ports).
+// Allowed tells whether a connection is allowed by the policy now in
+// force: source and destination address (after DNAT), IP protocol,
+// destination port (after DNAT; 0 for protocols without ports).
 type Allowed func(src, dst netip.Addr, proto uint8, dport uint16) bool
 
 // Revoke deletes the conntrack entries (both families, the calling
-// thread's netns) whose original direction allowed no longer allows, and
-// returns how many it deleted. The table accepts established traffic
+// thread's netns) whose connection (origTuple: after DNAT) allowed no
+// longer allows, and returns how many it deleted. The table accepts established traffic
 // before any policy: a connection a change no longer allows keeps going
 // until its entry goes. The next packet of such a TCP connection is then
 // picked up as new (nf_conntrack_tcp_loose) and judged, and dropped.
 // Entries allowed keeps are not touched: the table is dumped once, both
 // families in one walk (a dump walks every bucket of the kernel's hash
 // table, shared by all netns: 262,144 on this machine, whatever the
-// entries), each entry's original tuple read where it lies in the message
+// entries), each entry's tuples read where they lie in the message
 // (nothing else of it is decoded), and only the revoked entries are
 // deleted, each by its own message sent back in its family. A node's table
 // holds tens of thousands of entries (TIME_WAIT alone): a generic
@@ -122,45 +122,84 @@ func attrs(b []byte, f func(typ uint16, val []byte)) {
 	}
 }
 
-// origTuple reads CTA_TUPLE_ORIG of a conntrack message's attributes:
-// ok false when it lacks the addresses or the protocol.
-func origTuple(msg []byte) (t ctTuple, ok bool) {
-	var hasProto bool
-	attrs(msg, func(typ uint16, val []byte) {
-		if typ != nl.CTA_TUPLE_ORIG {
-			return
+// rawTuple is one CTA_TUPLE_ORIG or CTA_TUPLE_REPLY as read.
+type rawTuple struct {
+	src, dst           netip.Addr
+	proto              uint8
+	sport, dport       uint16
+	hasProto           bool
+	hasSport, hasDport bool
+}
+
+// readTuple reads the addresses, protocol and ports of one tuple.
+func readTuple(val []byte) (r rawTuple) {
+	attrs(val, func(typ uint16, val []byte) {
+		switch typ {
+		case nl.CTA_TUPLE_IP:
+			attrs(val, func(typ uint16, val []byte) {
+				a, valid := netip.AddrFromSlice(val)
+				if !valid {
+					return
+				}
+				switch typ {
+				case nl.CTA_IP_V4_SRC, nl.CTA_IP_V6_SRC:
+					r.src = a.Unmap()
+				case nl.CTA_IP_V4_DST, nl.CTA_IP_V6_DST:
+					r.dst = a.Unmap()
+				}
+			})
+		case nl.CTA_TUPLE_PROTO:
+			attrs(val, func(typ uint16, val []byte) {
+				switch {
+				case typ == nl.CTA_PROTO_NUM && len(val) == 1:
+					r.proto, r.hasProto = val[0], true
+				case typ == nl.CTA_PROTO_SRC_PORT && len(val) == 2:
+					r.sport, r.hasSport = binary.BigEndian.Uint16(val), true
+				case typ == nl.CTA_PROTO_DST_PORT && len(val) == 2:
+					r.dport, r.hasDport = binary.BigEndian.Uint16(val), true
+				}
+			})
 		}
-		attrs(val, func(typ uint16, val []byte) {
-			switch typ {
-			case nl.CTA_TUPLE_IP:
-				attrs(val, func(typ uint16, val []byte) {
-					a, valid := netip.AddrFromSlice(val)
-					if !valid {
-						return
-					}
-					switch typ {
-					case nl.CTA_IP_V4_SRC, nl.CTA_IP_V6_SRC:
-						t.src = a.Unmap()
-					case nl.CTA_IP_V4_DST, nl.CTA_IP_V6_DST:
-						t.dst = a.Unmap()
-					}
-				})
-			case nl.CTA_TUPLE_PROTO:
-				attrs(val, func(typ uint16, val []byte) {
-					switch {
-					case typ == nl.CTA_PROTO_NUM && len(val) == 1:
-						t.proto, hasProto = val[0], true
-					case typ == nl.CTA_PROTO_DST_PORT && len(val) == 2:
-						t.dport = binary.BigEndian.Uint16(val)
-					}
-				})
-			}
-		})
 	})
+	return r
+}
+
+// origTuple reads a conntrack message's connection as the policy table
+// judged it: the original direction's source, and its destination after
+// destination NAT, which is the reply direction's source (address and
+// port). A connection to a Service's virtual IP is judged by the table
+// (in forward and input, after kube-proxy's DNAT) as one to the backend
+// pod, so it is judged so here too; without NAT the reply's source is the
+// original destination. ok is false when the original tuple lacks the
+// addresses or the protocol.
+func origTuple(msg []byte) (t ctTuple, ok bool) {
+	var orig, reply rawTuple
+	var hasOrig, hasReply bool
+	attrs(msg, func(typ uint16, val []byte) {
+		switch typ {
+		case nl.CTA_TUPLE_ORIG:
+			orig, hasOrig = readTuple(val), true
+		case nl.CTA_TUPLE_REPLY:
+			reply, hasReply = readTuple(val), true
+		}
+	})
+	if !hasOrig || !orig.hasProto || !orig.src.IsValid() || !orig.dst.IsValid() {
+		return ctTuple{}, false
+	}
+	t = ctTuple{src: orig.src, dst: orig.dst, proto: orig.proto}
+	if orig.hasDport {
+		t.dport = orig.dport
+	}
+	if hasReply && reply.src.IsValid() && reply.src.Is4() == orig.dst.Is4() {
+		t.dst = reply.src
+		if reply.hasSport {
+			t.dport = reply.sport
+		}
+	}
 	switch t.proto {
 	case unix.IPPROTO_TCP, unix.IPPROTO_UDP, unix.IPPROTO_SCTP, unix.IPPROTO_UDPLITE, unix.IPPROTO_DCCP:
 	default:
 		t.dport = 0 // ICMP's "port" attributes are its id, type and code
 	}
-	return t, hasProto && t.src.IsValid() && t.dst.IsValid()
+	return t, true
 }
