@@ -76,8 +76,14 @@ func allowedBy(rs policy.Ruleset) nft.Allowed {
 	}
 }
 
-// both is a pod's two addresses as single-address ranges.
-func both(p *pod) []policy.Range { return []policy.Range{one(p.v4), one(p.v6)} }
+// both are the two addresses of each of pods ps, as single-address ranges.
+func both(ps ...*pod) []policy.Range {
+	var out []policy.Range
+	for _, p := range ps {
+		out = append(out, one(p.v4), one(p.v6))
+	}
+	return out
+}
 
 var (
 	extRanges  = []policy.Range{{From: netip.MustParseAddr("10.99.0.0"), To: netip.MustParseAddr("10.99.0.255")}, {From: netip.MustParseAddr("fd99::"), To: netip.MustParseAddr("fd99::ffff:ffff:ffff:ffff")}}
@@ -232,16 +238,12 @@ func TestRevoke(t *testing.T) {
 	a, b, c := e.pods["a"], e.pods["b"], e.pods["c"]
 	server(t, a.ns, 8080)
 	rs := func(peers ...*pod) policy.Ruleset {
-		var ranges []policy.Range
-		for _, p := range peers {
-			ranges = append(ranges, both(p)...)
-		}
 		return policy.Ruleset{
 			LocalPodCIDRs: localCIDRs,
 			Known:         []netip.Addr{a.v4, a.v6, b.v4, b.v6, c.v4, c.v6},
 			Pods:          []policy.PodChains{{ID: "a", Addrs: []netip.Addr{a.v4, a.v6}, IngressIsolated: true, Ingress: []string{"a-in"}}},
 			Policies: []policy.PolicyChain{{ID: "a-in", Direction: policy.Ingress, Rules: []policy.Rule{
-				{Peers: ranges, Ports: port(policy.ProtoTCP, 8080, 8080)},
+				{Peers: both(peers...), Ports: port(policy.ProtoTCP, 8080, 8080)},
 			}}},
 		}
 	}
@@ -322,10 +324,6 @@ func TestRevokeServiceConnections(t *testing.T) {
 		}
 	}
 	ingress := func(peers ...*pod) policy.Ruleset {
-		var ranges []policy.Range
-		for _, p := range peers {
-			ranges = append(ranges, both(p)...)
-		}
 		return policy.Ruleset{
 			LocalPodCIDRs: localCIDRs,
 			Known:         []netip.Addr{a.v4, a.v6, b.v4, b.v6, c.v4, c.v6},
@@ -335,7 +333,7 @@ func TestRevokeServiceConnections(t *testing.T) {
 				{ID: "c", Addrs: []netip.Addr{c.v4, c.v6}, EgressIsolated: true, Egress: []string{"c-out"}},
 			},
 			Policies: []policy.PolicyChain{
-				{ID: "a-in", Direction: policy.Ingress, Rules: []policy.Rule{{Peers: ranges, Ports: port(policy.ProtoTCP, 8080, 8080)}}},
+				{ID: "a-in", Direction: policy.Ingress, Rules: []policy.Rule{{Peers: both(peers...), Ports: port(policy.ProtoTCP, 8080, 8080)}}},
 				{ID: "c-out", Direction: policy.Egress, Rules: []policy.Rule{{Peers: both(a), Ports: port(policy.ProtoTCP, 8080, 8080)}}},
 			},
 		}
