@@ -69,6 +69,10 @@ func (w *lastWriter) Revoke(func(src, dst netip.Addr, proto uint8, dport uint16)
 	return 0, nil
 }
 
+func (w *lastWriter) RevokeOf([]netip.Addr, func(src, dst netip.Addr, proto uint8, dport uint16) bool) (int, error) {
+	return 0, nil
+}
+
 func (w *lastWriter) Delete() error { return nil }
 
 func (w *lastWriter) last() (policy.Ruleset, bool) {

@@ -32,6 +32,11 @@ import (
 	"github.com/podnet/podnet/routed/reconcile"
 )
 
+// goneScanNice is the nice value of the NetworkPolicy engine's conntrack
+// scans for gone pods' connections only: they have seconds to come, the
+// pods being started do not.
+const goneScanNice = 10
+
 func main() {
 	if err := run(os.Args[1:]); err != nil {
 		fmt.Fprintln(os.Stderr, "podnet-routed:", err)
@@ -208,7 +213,7 @@ func startPolicy(ctx context.Context, stop func(), o *options, cl *clients, d *d
 	pev := kube.NewPolicyEvents(cl.events, o.nodeName, log)
 	go pev.Run(ctx)
 	eng := engine.New(engine.Config{NodeName: o.nodeName, Resync: o.resync, SocketPath: policysock.Path(o.stateDir), ProcSys: o.procSys, Events: pev,
-		ClusterEvents: pev, IPAMDataDirs: dataDirs, NodeEvent: d.NodeEvent, LoopNice: o.policyNice},
+		ClusterEvents: pev, IPAMDataDirs: dataDirs, NodeEvent: d.NodeEvent, LoopNice: o.policyNice, GoneScanNice: goneScanNice},
 		engine.ListWatches{Pods: pods, Namespaces: nss, Policies: pols,
 			ClusterPolicies: cnps, ClusterPoliciesServed: cnpServed, NodeInformer: nodeInf},
 		engine.NFTWriter{W: &nft.Writer{Log: log, LogDrops: o.policyLogDrops > 0, LogRate: o.policyLogDrops, Nice: o.policyNice}, Unknown: m.SetUnknownDropped, Bridge: m.SetBridgeDropped}, m, log.With("loop", "policy"))

@@ -46,6 +46,9 @@ type Writer interface {
 	// Revoke deletes the conntrack entries allowed says are no longer
 	// allowed and returns how many.
 	Revoke(allowed func(src, dst netip.Addr, proto uint8, dport uint16) bool) (int, error)
+	// RevokeOf is Revoke for the connections of addrs only (as source,
+	// or as destination after DNAT): no other entry is judged.
+	RevokeOf(addrs []netip.Addr, allowed func(src, dst netip.Addr, proto uint8, dport uint16) bool) (int, error)
 	// Delete removes the table.
 	Delete() error
 }
@@ -131,8 +134,7 @@ type Config struct {
 	// on a small node took a core from the pods starting beside them. A
 	// change after a quiet gap is scanned for at once.
 	RevokeGap time.Duration
-	// RevokeGoneGap is the same when only deleted pods' connections can
-	// lose their allowance (default 2s).
+	// RevokeGoneGap: the same for deleted pods' connections (default 2s).
 	RevokeGoneGap time.Duration
 	// LoopNice is the nice value of the write loop's thread (0: the
 	// process's): every ADD waits for its writes, which compete with the
@@ -140,6 +142,9 @@ type Config struct {
 	// policies: a wait's mean 19 ms, 3 ms one ADD at a time). Run's
 	// goroutine stays on that thread until it exits: give Run its own.
 	LoopNice int
+	// GoneScanNice is the nice value of a conntrack scan for gone pods'
+	// connections only (0: the process's): it has RevokeGoneGap to come.
+	GoneScanNice int
 }
 
 // EventBridgeUnfiltered is the reason of the Node Event that says bridged
@@ -182,10 +187,12 @@ type Engine struct {
 	scanLinks  func() (map[string]portLink, error)
 	lookupLink func(string) (portLink, bool)
 	pols       map[string]policy.PolicyChain
-	// revokeUrgent: a pending scan is for a live connection (RevokeGap)
-	revokeUrgent    bool
-	globals         policy.Delta
-	policiesChanged bool
+	// a pending scan: urgent for a live connection (RevokeGap); all
+	// connections judged, else those of revokeGone (gone pods') only
+	revokeUrgent, revokeAll bool
+	revokeGone              map[netip.Addr]bool
+	globals                 policy.Delta
+	policiesChanged         bool
 	// check: the next write is followed by the cross-check of the
 	// incremental compile with a whole one; mismatch: that found them
 	// different, the next write is a Reset and the whole Ruleset
@@ -253,6 +260,7 @@ func New(cfg Config, lw ListWatches, w Writer, m *Metrics, log *slog.Logger) *En
 		portsOf:     map[string]bool{},
 		kick:        make(chan struct{}, 1),
 		revokeKick:  make(chan struct{}, 1),
+		revokeGone:  map[netip.Addr]bool{},
 		checkKick:   make(chan struct{}, 1),
 		now:         time.Now,
 		applied:     make(chan struct{}),
@@ -511,7 +519,7 @@ func (e *Engine) sync() error {
 	cPolicies := e.state.ClusterPolicies()
 	clashes := e.inc.Clashes()
 	pods, chains := e.inc.Counts()
-	revoke, urgent := e.narrowsLocked(d)
+	revoke, urgent, goneAddrs := e.narrowsLocked(d)
 	noop := !whole && d.Empty() && sameGlobals(e.globals, d)
 	e.mu.Unlock()
 	if refused != nil {
@@ -545,15 +553,7 @@ func (e *Engine) sync() error {
 	e.done(gen)
 	// (the first write after the start judges nothing: the connections
 	// are the previous engine's table's)
-	if revoke && !whole || whole && !firstWrite {
-		e.mu.Lock()
-		e.revokeUrgent = e.revokeUrgent || urgent || whole
-		e.mu.Unlock()
-		select {
-		case e.revokeKick <- struct{}{}:
-		default: // one is pending: it will judge by the newest Ruleset
-		}
-	}
+	e.askScan(revoke && !whole || whole && !firstWrite, urgent || whole, goneAddrs, d.Known)
 	e.startCheck()
 	return nil
 }

@@ -36,7 +36,11 @@ type fakeWriter struct {
 	// remoteToDB: what each scan said of the remote web-r -> db-0
 	remoteToDB []bool
 	// webToDB: what each revocation's verdict said of web-0 -> db-0 TCP 5432
-	webToDB  []bool
+	webToDB []bool
+	// scans: the addresses each scan was for (nil: every connection);
+	// scanNice: its thread's nice value
+	scans    [][]netip.Addr
+	scanNice []int
 	counters map[DropKey]uint64
 	failNext error
 	// nice: the nice value of the thread of each Apply and ApplyDelta
@@ -98,9 +102,28 @@ func (f *fakeWriter) DropCounters() (map[DropKey]uint64, error) {
 }
 
 func (f *fakeWriter) Revoke(allowed func(src, dst netip.Addr, proto uint8, dport uint16) bool) (int, error) {
+	return f.revoke(nil, allowed)
+}
+
+// RevokeOf judges as nft.RevokeOf does: a connection of none of addrs
+// keeps its verdict.
+func (f *fakeWriter) RevokeOf(addrs []netip.Addr, allowed func(src, dst netip.Addr, proto uint8, dport uint16) bool) (int, error) {
+	if addrs == nil {
+		addrs = []netip.Addr{}
+	}
+	return f.revoke(addrs, func(src, dst netip.Addr, proto uint8, dport uint16) bool {
+		return !slices.Contains(addrs, src) && !slices.Contains(addrs, dst) || allowed(src, dst, proto, dport)
+	})
+}
+
+func (f *fakeWriter) revoke(addrs []netip.Addr, allowed func(src, dst netip.Addr, proto uint8, dport uint16) bool) (int, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.revokes++
+	slices.SortFunc(addrs, netip.Addr.Compare)
+	f.scans = append(f.scans, addrs)
+	n, _ := threadprio.Nice()
+	f.scanNice = append(f.scanNice, n)
 	f.webToDB = append(f.webToDB, allowed(netip.MustParseAddr("10.244.1.6"), netip.MustParseAddr("10.244.1.5"), policy.ProtoTCP, 5432))
 	f.remoteToDB = append(f.remoteToDB, allowed(netip.MustParseAddr("10.244.2.6"), netip.MustParseAddr("10.244.1.5"), policy.ProtoTCP, 5432))
 	return 0, nil
@@ -434,7 +457,7 @@ func eventually(t *testing.T, what string, f func() error) {
 // conntrack scan follows. A peer that leaves the policy's peers does
 // narrow it: one scan follows.
 func TestEngineScansOnlyWhenNarrowed(t *testing.T) {
-	r := newRig(t)
+	r := newRig(t, func(e *Engine) { e.cfg.GoneScanNice = 9 })
 	r.pods.Add(pod("db-0", "10.244.1.5", map[string]string{"app": "db"}))
 	r.pods.Add(pod("web-0", "10.244.1.6", map[string]string{"app": "web"}))
 	r.until("both pods known", func(rs policy.Ruleset) bool { return known(rs, "10.244.1.5") && known(rs, "10.244.1.6") })
@@ -468,6 +491,17 @@ func TestEngineScansOnlyWhenNarrowed(t *testing.T) {
 	r.revocations(3)
 	if took := time.Since(start); took < time.Second {
 		t.Fatalf("the scan for a deleted peer came %v after the last one, want RevokeGoneGap (2s)", took)
+	}
+	// and it judged the deleted peer's connections only, at the gone
+	// scans' priority; the earlier ones judged every connection
+	r.w.mu.Lock()
+	scans, nice := slices.Clone(r.w.scans), slices.Clone(r.w.scanNice)
+	r.w.mu.Unlock()
+	if want := []netip.Addr{netip.MustParseAddr("10.244.1.7")}; scans[0] != nil || scans[1] != nil || !slices.Equal(scans[2], want) {
+		t.Fatalf("scans were for %v, want every connection twice, then %v", scans, want)
+	}
+	if nice[2] != 9 {
+		t.Fatalf("the gone scan ran at nice %d, want GoneScanNice 9", nice[2])
 	}
 }
 
@@ -505,6 +539,65 @@ func TestEngineRemotePeerRelabelIsUrgent(t *testing.T) {
 	}
 	if took > time.Second {
 		t.Fatalf("the scan for a live remote peer that lost its label came %v after the change, want RevokeGap (0.2 s), not RevokeGoneGap (2 s)", took)
+	}
+}
+
+// TestEngineGoneScans: the scan after pods are deleted judges their
+// addresses' connections only, a local pod's and a remote peer's, and
+// comes RevokeGoneGap after the last scan at GoneScanNice; when a new pod
+// holds one of those addresses before it, it comes at once (RevokeGap),
+// at the process's priority, and judges that address by the new pod's
+// policy.
+func TestEngineGoneScans(t *testing.T) {
+	r := newRig(t, func(e *Engine) { e.cfg.GoneScanNice = 9 })
+	remote := pod("web-r", "10.244.2.6", map[string]string{"app": "web"})
+	remote.Spec.NodeName = "node-b"
+	r.pods.Add(pod("db-0", "10.244.1.5", map[string]string{"app": "db"}))
+	r.pods.Add(pod("web-0", "10.244.1.6", map[string]string{"app": "web"}))
+	r.pods.Add(remote)
+	r.until("the pods known", func(rs policy.Ruleset) bool { return known(rs, "10.244.1.5") && known(rs, "10.244.1.6") })
+	allow := denyIngress()
+	allow.Spec.Ingress = []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{{
+		PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}}}}}}
+	r.pols.Add(allow)
+	r.until("db-0 isolated, web-0 and web-r its peers", func(rs policy.Ruleset) bool {
+		return len(rs.Pods) == 1 && rs.Allows(netip.MustParseAddr("10.244.1.6"), netip.MustParseAddr("10.244.1.5"), policy.ProtoTCP, 5432) &&
+			rs.Allows(netip.MustParseAddr("10.244.2.6"), netip.MustParseAddr("10.244.1.5"), policy.ProtoTCP, 5432)
+	})
+	r.revocations(1)
+	// web-0 is deleted and its address goes to a new pod that db-0 does
+	// not admit, before the gone scan would come (RevokeGoneGap after the
+	// last one): the scan comes at once
+	start := time.Now()
+	r.pods.Delete(pod("web-0", "10.244.1.6", nil))
+	r.until("web-0 gone", func(rs policy.Ruleset) bool { return !known(rs, "10.244.1.6") })
+	r.pods.Add(pod("other-0", "10.244.1.6", map[string]string{"app": "db"})) // isolated too
+	r.revocations(2)
+	took := time.Since(start)
+	r.w.mu.Lock()
+	scan, nice, verdict := r.w.scans[1], r.w.scanNice[1], r.w.webToDB[1]
+	r.w.mu.Unlock()
+	if took > time.Second {
+		t.Fatalf("the scan for a gone address held again came %v after, want RevokeGap (0.2 s), not RevokeGoneGap (2 s)", took)
+	}
+	if !slices.Equal(scan, []netip.Addr{netip.MustParseAddr("10.244.1.6")}) || nice == 9 || verdict {
+		t.Fatalf("the scan for the address held again was for %v at nice %d, and allowed its old connection to db-0: %v", scan, nice, verdict)
+	}
+	// a local pod and a remote peer deleted: one scan for their
+	// addresses only, RevokeGoneGap after the last one, at GoneScanNice
+	start = time.Now()
+	r.pods.Delete(pod("other-0", "10.244.1.6", nil))
+	r.pods.Delete(remote)
+	r.revocations(3)
+	took = time.Since(start)
+	r.w.mu.Lock()
+	scan, nice, remoteVerdict := r.w.scans[2], r.w.scanNice[2], r.w.remoteToDB[2]
+	r.w.mu.Unlock()
+	if want := []netip.Addr{netip.MustParseAddr("10.244.1.6"), netip.MustParseAddr("10.244.2.6")}; !slices.Equal(scan, want) {
+		t.Fatalf("the scan after other-0 and web-r were deleted was for %v, want %v", scan, want)
+	}
+	if nice != 9 || remoteVerdict || took < time.Second {
+		t.Fatalf("the gone scan came %v after the deletions (want RevokeGoneGap, 2 s) at nice %d (want 9), and allowed web-r's old address -> db-0: %v", took, nice, remoteVerdict)
 	}
 }
 

@@ -19,10 +19,13 @@ type Metrics struct {
 	WaitSeconds prometheus.Histogram
 	// Mismatches: resync cross-checks that found the incremental compile
 	// different from the whole one (a bug; the whole one is written).
-	Mismatches   prometheus.Counter
-	Errors       prometheus.Counter
-	Repairs      prometheus.Counter
-	Revoked      prometheus.Counter
+	Mismatches prometheus.Counter
+	Errors     prometheus.Counter
+	Repairs    prometheus.Counter
+	Revoked    prometheus.Counter
+	// RevokeScans: the conntrack scans, by kind ("all": every connection
+	// judged; "gone": gone pods' only).
+	RevokeScans  *prometheus.CounterVec
 	IsolatedPods prometheus.Gauge
 	Policies     prometheus.Gauge
 	Refused      prometheus.Gauge
@@ -79,6 +82,9 @@ func NewMetrics(reg prometheus.Registerer, repairs *prometheus.CounterVec) *Metr
 		Revoked: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "podnet_policy_revoked_total", Help: "Conntrack entries deleted because a policy change no longer allows their connection.",
 		}),
+		RevokeScans: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "podnet_policy_revoke_scans_total", Help: "Conntrack scans after policy changes, by kind: all (every connection judged) or gone (only the connections of pods that are gone).",
+		}, []string{"kind"}),
 		IsolatedPods: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "podnet_policy_isolated_pods", Help: "Local pods isolated in at least one direction.",
 		}),
@@ -131,7 +137,7 @@ func NewMetrics(reg prometheus.Registerer, repairs *prometheus.CounterVec) *Metr
 		Help: "Packets between podnet-bridge pods of the node dropped because bridge netfilter cannot be turned on; as read at the last resync.",
 	}, func() float64 { return float64(m.unfiltered.Load()) })
 	reg.MustRegister(link, unfiltered)
-	reg.MustRegister(unknown, m.ApplySeconds, m.WaitSeconds, m.Mismatches, m.Errors, m.Revoked, m.IsolatedPods, m.Policies, m.Refused, m.AddressClashes, m.BridgeUnfiltered, m.drops.vec,
+	reg.MustRegister(unknown, m.ApplySeconds, m.WaitSeconds, m.Mismatches, m.Errors, m.Revoked, m.RevokeScans, m.IsolatedPods, m.Policies, m.Refused, m.AddressClashes, m.BridgeUnfiltered, m.drops.vec,
 		m.clusterDrops.vec, m.ClusterPolicies, m.ClusterRefused, m.ClusterWatching)
 	return m
 }

@@ -50,6 +50,10 @@ func (n NFTWriter) DropCounters() (map[DropKey]uint64, error) {
 	return out, nil
 }
 
+func (n NFTWriter) RevokeOf(addrs []netip.Addr, allowed func(src, dst netip.Addr, proto uint8, dport uint16) bool) (int, error) {
+	return nft.RevokeOf(addrs, allowed)
+}
+
 func (n NFTWriter) Revoke(allowed func(src, dst netip.Addr, proto uint8, dport uint16) bool) (int, error) {
 	return nft.Revoke(allowed)
 }

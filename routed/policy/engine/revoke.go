@@ -6,10 +6,12 @@ package engine
 
 import (
 	"context"
+	"maps"
 	"net/netip"
 	"slices"
 	"time"
 
+	"github.com/podnet/podnet/internal/threadprio"
 	"github.com/podnet/podnet/routed/policy"
 )
 
@@ -51,18 +53,62 @@ func (e *Engine) revoker(ctx context.Context) {
 		last = time.Now()
 		e.mu.Lock()
 		rs, ok := e.writtenLocked()
-		e.revokeUrgent = false
+		all, urgent, gone := e.revokeAll, e.revokeUrgent, slices.Collect(maps.Keys(e.revokeGone))
+		if ok {
+			e.revokeUrgent, e.revokeAll = false, false
+			clear(e.revokeGone)
+		}
 		e.mu.Unlock()
-		if !ok {
+		if !ok || !all && len(gone) == 0 {
 			continue
 		}
-		n, err := e.w.Revoke(policy.NewMatcher(rs).Allows)
+		var n int
+		var err error
+		if all {
+			n, err = e.w.Revoke(policy.NewMatcher(rs).Allows)
+		} else {
+			// only gone pods' connections: every other one keeps its
+			// verdict; beside the ADDs, at a lower priority unless an
+			// address is held again
+			nice := e.cfg.GoneScanNice
+			if urgent {
+				nice = 0
+			}
+			threadprio.Do(nice, func() { n, err = e.w.RevokeOf(gone, policy.NewMatcher(rs).Allows) })
+		}
+		e.m.RevokeScans.WithLabelValues(scanKind(all)).Inc()
 		if err != nil {
 			e.log.Warn("cannot revoke the connections the new policy refuses", "err", err)
 		}
 		e.m.Revoked.Add(float64(n))
 		if n > 0 {
 			e.log.Info("connections revoked", "count", n)
+		}
+	}
+}
+
+// askScan asks the revoker for the scan a write needs (scan): of every
+// connection when all, else of goneAddrs' only. A gone pod's address that
+// a pod holds again (known: this node's, sorted) before the scan for its
+// connections makes that scan urgent: the new holder must not inherit
+// them.
+func (e *Engine) askScan(scan, all bool, goneAddrs, known []netip.Addr) {
+	e.mu.Lock()
+	if scan {
+		e.revokeUrgent = e.revokeUrgent || all
+		e.revokeAll = e.revokeAll || all
+		for _, a := range goneAddrs {
+			e.revokeGone[a] = true
+		}
+	}
+	if !e.revokeUrgent && e.reusedLocked(known) {
+		e.revokeUrgent, scan = true, true
+	}
+	e.mu.Unlock()
+	if scan {
+		select {
+		case e.revokeKick <- struct{}{}:
+		default: // one is pending: it will judge by the newest Ruleset
 		}
 	}
 }
@@ -74,15 +120,19 @@ func (e *Engine) revoker(ctx context.Context) {
 // that now resolves), a pod entry already in the kernel changed, a known
 // pod became judged. Not urgent: only pods that were deleted lost their
 // entries or their place among a policy's peers; their connections'
-// other end is gone, and the scan comes within RevokeGoneGap (an address
-// given to a new pod meanwhile is judged by that scan too). A new pod's
-// entry narrows nothing: its address was unknown, so dropped, until now.
-// Callers hold e.mu.
-func (e *Engine) narrowsLocked(d policy.Delta) (scan, urgent bool) {
+// other end is gone, the scan comes within RevokeGoneGap and judges only
+// the connections of goneAddrs, the addresses they had (a new pod given
+// one of them meanwhile makes that scan urgent: reusedLocked). A new
+// pod's entry narrows nothing: its address was unknown, so dropped, until
+// now. Callers hold e.mu.
+func (e *Engine) narrowsLocked(d policy.Delta) (scan, urgent bool, goneAddrs []netip.Addr) {
 	if len(d.GonePolicies) > 0 {
-		return true, true
+		return true, true, nil
 	}
 	scan = len(d.GonePods) > 0
+	for _, id := range d.GonePods {
+		goneAddrs = append(goneAddrs, e.podIDs[id].Addrs...)
+	}
 	known := func(list []netip.Addr, a netip.Addr) bool {
 		_, found := slices.BinarySearchFunc(list, a, netip.Addr.Compare)
 		return found
@@ -90,7 +140,7 @@ func (e *Engine) narrowsLocked(d policy.Delta) (scan, urgent bool) {
 	for _, p := range d.Pods {
 		if old, ok := e.podIDs[p.ID]; ok {
 			if !gainedOnly(old, p, func(a netip.Addr) bool { return known(e.globals.Known, a) }) {
-				return true, true
+				return true, true, nil
 			}
 			continue
 		}
@@ -98,14 +148,21 @@ func (e *Engine) narrowsLocked(d policy.Delta) (scan, urgent bool) {
 		// were unknown until now (a new pod's)
 		for _, a := range p.Addrs {
 			if known(e.globals.Known, a) {
-				return true, true
+				return true, true, nil
 			}
 		}
 	}
 	// gone: no pod holds the address any more, on this node (Known) nor
 	// on another (a remote peer that only lost a label is live: its
 	// connections lose their allowance now)
-	gone := func(a netip.Addr) bool { return !known(d.Known, a) && !e.inc.Holds(a) }
+	var lost []netip.Addr // the addresses gone judged gone
+	gone := func(a netip.Addr) bool {
+		g := !known(d.Known, a) && !e.inc.Holds(a)
+		if g {
+			lost = append(lost, a)
+		}
+		return g
+	}
 	for _, p := range d.Policies {
 		// a chain new to the kernel judges only pods whose entries
 		// change with it (those are above)
@@ -115,12 +172,35 @@ func (e *Engine) narrowsLocked(d policy.Delta) (scan, urgent bool) {
 		}
 		switch policy.Compare(old, p, gone) {
 		case policy.Narrowed:
-			return true, true
+			return true, true, nil
 		case policy.LostGone:
+			// every address it lost went through gone
 			scan = true
+			goneAddrs = append(goneAddrs, lost...)
+		}
+		lost = lost[:0]
+	}
+	return scan, false, goneAddrs
+}
+
+// reusedLocked tells whether an address a pending scan is for (a gone
+// pod's) is held again: by a pod of this node (known, sorted) or of
+// another. Callers hold e.mu.
+func (e *Engine) reusedLocked(known []netip.Addr) bool {
+	for a := range e.revokeGone {
+		if _, found := slices.BinarySearchFunc(known, a, netip.Addr.Compare); found || e.inc.Holds(a) {
+			return true
 		}
 	}
-	return scan, false
+	return false
+}
+
+// scanKind is the kind label of podnet_policy_revoke_scans_total.
+func scanKind(all bool) string {
+	if all {
+		return "all"
+	}
+	return "gone"
 }
 
 // gainedOnly tells whether pod entry p is old with addresses added that
