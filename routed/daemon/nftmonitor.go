@@ -10,9 +10,12 @@ package daemon
 //
 // Which changes: any deletion (table, chain, rule, set, element, object;
 // `nft flush ruleset` deletes tables), and any new table, chain, rule or
-// set (an inserted or edited rule, a chain's policy changed). Not new set
-// elements and not the routed mode's per-port L2 chains: the plugins add
-// those at every ADD. Transactions podnet-routed committed on its lasting
+// set (an inserted or edited rule, a chain's policy changed). New set
+// elements only in podnet-policy, where only podnet-routed writes (an
+// element added there can open a pod to a peer, and the engine reads its
+// table back only every tenth resync when nothing was notified); not in
+// the other tables, nor the routed mode's per-port L2 chains: the plugins
+// add those at every ADD. Transactions podnet-routed committed on its lasting
 // sockets (internal/nftutil.Conn: the policy tables) are left out: it
 // wrote what it wanted. Bursts are debounced.
 
@@ -73,8 +76,8 @@ func nftChangeMatters(m netlink.Message) int {
 	switch typ {
 	case unix.NFT_MSG_NEWTABLE, unix.NFT_MSG_DELTABLE, unix.NFT_MSG_NEWCHAIN, unix.NFT_MSG_DELCHAIN,
 		unix.NFT_MSG_NEWRULE, unix.NFT_MSG_DELRULE, unix.NFT_MSG_NEWSET, unix.NFT_MSG_DELSET,
-		unix.NFT_MSG_DELSETELEM, unix.NFT_MSG_DELOBJ, unix.NFT_MSG_NEWOBJ:
-	default: // new set elements (ADD), generations
+		unix.NFT_MSG_DELSETELEM, unix.NFT_MSG_DELOBJ, unix.NFT_MSG_NEWOBJ, unix.NFT_MSG_NEWSETELEM:
+	default: // generations
 		return 0
 	}
 	family := m.Data[0]
@@ -94,6 +97,9 @@ func nftChangeMatters(m netlink.Message) int {
 	}
 	if !ownNFTTable(family, table) {
 		return 0
+	}
+	if typ == unix.NFT_MSG_NEWSETELEM && table != "podnet-policy" {
+		return 0 // the plugins' at every ADD (the pod filter)
 	}
 	switch table {
 	case contract.NFTable:

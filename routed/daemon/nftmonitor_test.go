@@ -9,8 +9,9 @@ import (
 
 // TestNFTChangeMatters: which nftables notifications wake the repair, and
 // for which table: deletions and new chains, rules, sets of podnet's
-// tables do; new elements (every ADD), the routed mode's per-port L2
-// chains (ADD, Prune), other tables and other families do not.
+// tables do, and new elements of podnet-policy; new elements elsewhere
+// (every ADD), the routed mode's per-port L2 chains (ADD, Prune), other
+// tables and other families do not.
 func TestNFTChangeMatters(t *testing.T) {
 	msg := func(typ int, family byte, attrs ...netlink.Attribute) netlink.Message {
 		b, err := netlink.MarshalAttributes(attrs)
@@ -37,6 +38,10 @@ func TestNFTChangeMatters(t *testing.T) {
 		{"inet podnet-pods element added (ADD)", msg(unix.NFT_MSG_NEWSETELEM, unix.NFPROTO_INET, table("podnet-pods")), 0},
 		{"inet podnet rule deleted", msg(unix.NFT_MSG_DELRULE, unix.NFPROTO_INET, table("podnet")), nftTunnel},
 		{"inet podnet-policy deleted", msg(unix.NFT_MSG_DELTABLE, unix.NFPROTO_INET, table("podnet-policy")), nftOther},
+		{"inet podnet-policy element added", msg(unix.NFT_MSG_NEWSETELEM, unix.NFPROTO_INET, table("podnet-policy")), nftOther},
+		{"bridge podnet-policy element added", msg(unix.NFT_MSG_NEWSETELEM, unix.NFPROTO_BRIDGE, table("podnet-policy")), nftOther},
+		{"inet podnet element added", msg(unix.NFT_MSG_NEWSETELEM, unix.NFPROTO_INET, table("podnet")), 0},
+		{"ip podnet-policy (another family) element added", msg(unix.NFT_MSG_NEWSETELEM, unix.NFPROTO_IPV4, table("podnet-policy")), 0},
 		{"ip podnet (another family) deleted", msg(unix.NFT_MSG_DELTABLE, unix.NFPROTO_IPV4, table("podnet")), 0},
 		{"inet filter (not podnet's) deleted", msg(unix.NFT_MSG_DELTABLE, unix.NFPROTO_INET, table("filter")), 0},
 		{"a generation", msg(unix.NFT_MSG_NEWGEN, unix.NFPROTO_UNSPEC), 0},

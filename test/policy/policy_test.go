@@ -372,8 +372,8 @@ func (e *env) defaultDeny(t *testing.T) {
 // explainOnNode: `podnet-routed --explain-policy` run on web's node (as
 // in its podnet-routed pod) names the policies and says the node's
 // kernel table is what they compile to; with the table edited behind the
-// engine's back, it says that it differs (the engine repairs it at its
-// next resync, so the edit is made again right before each try).
+// engine's back, it says that it differs (the engine repairs it at once,
+// so the edit is made again and again while explain runs).
 func (e *env) explainOnNode(t *testing.T) {
 	ctx := context.Background()
 	const same = "its table inet podnet-policy is what the API objects compile to"
@@ -395,13 +395,34 @@ func (e *env) explainOnNode(t *testing.T) {
 			}
 		}
 	}
+	// the engine repairs the edit as soon as the nftables monitor sees it
+	// (about 100 ms): it is made again and again while explain runs
+	edit := func() error {
+		_, err := e.n1.NS.Exec(ctx, "nft", "add", "element", "inet", "podnet-policy", "known4", "{ 10.244.0.250 }")
+		return err
+	}
 	var out string
 	for range 5 {
-		if _, err := e.n1.NS.Exec(ctx, "nft", "add", "element", "inet", "podnet-policy", "known4", "{ 10.244.0.250 }"); err != nil {
+		if err := edit(); err != nil {
 			t.Fatal(err)
 		}
+		stop, edited := make(chan struct{}), make(chan struct{})
+		go func() {
+			defer close(edited)
+			for {
+				select {
+				case <-stop:
+					return
+				case <-time.After(20 * time.Millisecond):
+					edit()
+				}
+			}
+		}()
 		var err error
-		if out, err = e.n1.ExplainPolicy(ctx, e.client.IP, e.web.IP, "80/tcp"); err != nil {
+		out, err = e.n1.ExplainPolicy(ctx, e.client.IP, e.web.IP, "80/tcp")
+		close(stop)
+		<-edited
+		if err != nil {
 			t.Fatalf("explain: %v\n%s", err, out)
 		}
 		if strings.Contains(out, "differs from what the API objects compile to (set known4: 1 element(s) not wanted") {

@@ -24,7 +24,6 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/podnet/podnet/internal/policysock"
-	"github.com/podnet/podnet/internal/threadprio"
 	"github.com/podnet/podnet/routed/policy"
 )
 
@@ -145,6 +144,11 @@ type Config struct {
 	// GoneScanNice is the nice value of a conntrack scan for gone pods'
 	// connections only (0: the process's): it has RevokeGoneGap to come.
 	GoneScanNice int
+	// Watched: the caller calls CheckNow whenever anyone else commits a
+	// change to the tables, new elements included, and when it may have
+	// missed one (podnet-routed's nftables monitor). The resync then
+	// reads the tables back every readBackEvery-th time only.
+	Watched bool
 }
 
 // EventBridgeUnfiltered is the reason of the Node Event that says bridged
@@ -363,74 +367,6 @@ func (e *Engine) Run(ctx context.Context) error {
 	return e.loop(ctx)
 }
 
-// loop writes each change as it comes. Every resync, beside it, the
-// table is read back (and written whole when someone changed it), the
-// drop counters are read and stale overrides pruned: a change never
-// waits for that reading.
-func (e *Engine) loop(ctx context.Context) error {
-	if err := threadprio.Raise(e.cfg.LoopNice); err != nil {
-		e.log.Warn("the write loop keeps the process's CPU priority", "err", err)
-	}
-	t := time.NewTicker(e.cfg.Resync)
-	defer t.Stop()
-	var periodic sync.WaitGroup
-	defer periodic.Wait()
-	periodic.Go(func() { e.revoker(ctx) })
-	busy := false
-	periodicDone := make(chan struct{}, 1)
-	for {
-		if err := e.sync(); err != nil {
-			e.m.Errors.Inc()
-			e.log.Error("NetworkPolicy write failed; retrying", "err", err)
-			select {
-			case <-ctx.Done():
-				return nil
-			case <-time.After(time.Second):
-			}
-			continue
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-e.kick:
-		case <-periodicDone:
-			busy = false
-		case <-e.checkKick:
-			if busy {
-				continue // one is reading: it sees the change, or the next does
-			}
-			busy = true
-			periodic.Go(func() {
-				e.resync()
-				periodicDone <- struct{}{}
-			})
-		case <-t.C:
-			if busy {
-				continue // the last one is still reading: skip this tick
-			}
-			busy = true
-			periodic.Go(func() {
-				e.bridgeNetfilter()
-				e.refreshLocal()
-				e.resync()
-				e.readCounters()
-				e.pruneOverrides()
-				periodicDone <- struct{}{}
-			})
-		}
-	}
-}
-
-// CheckNow asks for the table's read-back (and repair) at once, beside
-// the write loop: the daemon calls it when the kernel notifies a change
-// of the engine's tables. It never blocks.
-func (e *Engine) CheckNow() {
-	select {
-	case e.checkKick <- struct{}{}:
-	default:
-	}
-}
-
 // refreshLocal reads the node's host-side pod interfaces and the IPAM
 // stores' holders again (at start and every resync).
 func (e *Engine) refreshLocal() {
@@ -461,31 +397,6 @@ func (e *Engine) refreshLocal() {
 	}
 	if changed {
 		e.changedLocked()
-	}
-}
-
-// resync repairs the table from the last Ruleset written, and asks the
-// write loop for the cross-check of the incremental compile.
-func (e *Engine) resync() {
-	e.mu.Lock()
-	last, ok := e.writtenLocked()
-	if ok {
-		e.check = true
-		e.kickLocked()
-	}
-	e.mu.Unlock()
-	if !ok {
-		return
-	}
-	repaired, err := e.w.Resync(last)
-	if err != nil {
-		e.m.Errors.Inc()
-		e.log.Warn("NetworkPolicy table resync failed", "err", err)
-		return
-	}
-	if repaired {
-		e.m.Repairs.Inc()
-		e.log.Warn("NetworkPolicy table was changed behind podnet-routed's back: written whole again")
 	}
 }
 

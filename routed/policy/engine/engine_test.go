@@ -627,3 +627,42 @@ func TestEngineWaitsForThePodObject(t *testing.T) {
 		t.Fatal("answered before the late pod's address was written")
 	}
 }
+
+// TestEngineWatchedReadsBackOnNotice: with Config.Watched (the daemon's
+// nftables monitor calls CheckNow), a resync reads the table back only
+// every readBackEvery-th time, and a CheckNow reads it at once; without,
+// every resync reads it.
+func TestEngineWatchedReadsBackOnNotice(t *testing.T) {
+	readBacks := func(r *rig) int {
+		r.w.mu.Lock()
+		defer r.w.mu.Unlock()
+		return r.w.resyncs
+	}
+	count := func(watched bool) int {
+		r := newRig(t, func(e *Engine) { e.cfg.Watched = watched })
+		r.pods.Add(pod("db-0", "10.244.1.5", map[string]string{"app": "db"}))
+		r.until("db-0 known", func(rs policy.Ruleset) bool { return known(rs, "10.244.1.5") })
+		before := readBacks(r)
+		time.Sleep(time.Second) // 20 resyncs of 50 ms
+		return readBacks(r) - before
+	}
+	unwatched := count(false)
+	watched := count(true)
+	if unwatched < 10 || watched > 4 || watched < 1 {
+		t.Fatalf("in 20 resyncs the table was read back %d times unwatched (want about 20) and %d times watched (want about 2)", unwatched, watched)
+	}
+	// a notice reads it back at once (no resync comes in this test)
+	r := newRig(t, func(e *Engine) { e.cfg.Watched, e.cfg.Resync = true, time.Hour })
+	r.pods.Add(pod("db-0", "10.244.1.5", map[string]string{"app": "db"}))
+	r.until("db-0 known", func(rs policy.Ruleset) bool { return known(rs, "10.244.1.5") })
+	for range 3 {
+		before := readBacks(r)
+		r.e.CheckNow()
+		eventually(t, "a read-back after CheckNow", func() error {
+			if readBacks(r) == before {
+				return errors.New("none")
+			}
+			return nil
+		})
+	}
+}
