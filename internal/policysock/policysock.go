@@ -21,6 +21,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -97,6 +98,13 @@ func Wait(ctx context.Context, path string, req Request) error {
 // (or ctx ends).
 type Handler func(ctx context.Context, req Request) error
 
+// EarlyHandler is a Handler that may answer before it returns: reply(nil)
+// sends the plugin its OK at once, from the calling goroutine (the
+// engine's write loop, right after its write: the plugin does not wait
+// for another goroutine to be scheduled). The first answer counts; when
+// the handler returns without one, its error (or OK) is sent.
+type EarlyHandler func(ctx context.Context, req Request, reply func(error)) error
+
 // Listen creates the socket at path (a stale one is replaced), readable and
 // writable by root only.
 func Listen(path string) (net.Listener, error) {
@@ -119,6 +127,11 @@ func Listen(path string) (net.Listener, error) {
 // goroutine with timeout as its deadline. It closes l and removes the
 // socket file when it returns.
 func Serve(ctx context.Context, l net.Listener, timeout time.Duration, h Handler) error {
+	return ServeEarly(ctx, l, timeout, func(ctx context.Context, req Request, _ func(error)) error { return h(ctx, req) })
+}
+
+// ServeEarly is Serve for an EarlyHandler.
+func ServeEarly(ctx context.Context, l net.Listener, timeout time.Duration, h EarlyHandler) error {
 	go func() { <-ctx.Done(); l.Close() }()
 	defer func() {
 		if ul, ok := l.(*net.UnixListener); ok {
@@ -141,22 +154,33 @@ func Serve(ctx context.Context, l net.Listener, timeout time.Duration, h Handler
 	}
 }
 
-func serveConn(ctx context.Context, conn net.Conn, timeout time.Duration, h Handler) {
+func serveConn(ctx context.Context, conn net.Conn, timeout time.Duration, h EarlyHandler) {
 	defer conn.Close()
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	conn.SetDeadline(time.Now().Add(timeout))
-	var req Request
-	a := Answer{OK: true}
-	if err := json.NewDecoder(io.LimitReader(conn, maxMessage)).Decode(&req); err != nil {
-		a = Answer{Error: fmt.Sprintf("bad request: %v", err)}
-	} else if err := validate(req); err != nil {
-		a = Answer{Error: err.Error()}
-	} else if err := h(ctx, req); err != nil {
-		a = Answer{Error: err.Error()}
+	var once sync.Once
+	reply := func(err error) {
+		once.Do(func() {
+			if err == nil {
+				conn.Write([]byte(okAnswer))
+				return
+			}
+			json.NewEncoder(conn).Encode(Answer{Error: err.Error()})
+		})
 	}
-	json.NewEncoder(conn).Encode(a)
+	var req Request
+	if err := json.NewDecoder(io.LimitReader(conn, maxMessage)).Decode(&req); err != nil {
+		reply(fmt.Errorf("bad request: %v", err))
+	} else if err := validate(req); err != nil {
+		reply(err)
+	} else {
+		reply(h(ctx, req, reply))
+	}
 }
+
+// okAnswer is Answer{OK: true} as sent.
+const okAnswer = "{\"ok\":true}\n"
 
 // validate refuses a request that names no pod or no usable address.
 func validate(r Request) error {

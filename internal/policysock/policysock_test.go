@@ -143,3 +143,53 @@ func TestBadRequestsRefused(t *testing.T) {
 		t.Fatalf("handler called %d times for bad requests", n)
 	}
 }
+
+// TestEarlyReply: an EarlyHandler's reply reaches the plugin while the
+// handler still runs, and the first answer counts: an OK sent early is
+// not undone by the handler's error, nor an early error by its success.
+func TestEarlyReply(t *testing.T) {
+	path := filepath.Join(t.TempDir(), FileName)
+	l, err := Listen(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	release := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		done <- ServeEarly(ctx, l, 5*time.Second, func(_ context.Context, r Request, reply func(error)) error {
+			switch r.Name {
+			case "early-ok":
+				reply(nil)
+				<-release // still running when the plugin has its answer
+				return errors.New("too late to matter")
+			case "early-error":
+				reply(errors.New("refused early"))
+				return nil
+			}
+			return nil
+		})
+	}()
+	defer func() {
+		close(release)
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	wctx, wcancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer wcancel()
+	r := pod
+	r.Name = "early-ok"
+	if err := Wait(wctx, path, r); err != nil {
+		t.Fatalf("early OK: %v", err)
+	}
+	r.Name = "early-error"
+	if err := Wait(wctx, path, r); err == nil || !strings.Contains(err.Error(), "refused early") {
+		t.Fatalf("early error: %v, want refused early", err)
+	}
+	r.Name = "late"
+	if err := Wait(wctx, path, r); err != nil {
+		t.Fatalf("answer on return: %v", err)
+	}
+}

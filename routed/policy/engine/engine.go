@@ -171,6 +171,9 @@ type Engine struct {
 	checkKick  chan struct{}
 	now        func() time.Time
 	applied    chan struct{} // closed and replaced after each successful write
+	// waiters are the ADD-time waits not answered yet: done answers
+	// each whose generation is in the kernel, on the write loop's thread
+	waiters map[*waiter]bool
 	// podAdded is closed and replaced when the Pod informer adds a pod
 	// (a plugin's wait for a pod the informer has not seen yet)
 	podAdded chan struct{}
@@ -268,6 +271,7 @@ func New(cfg Config, lw ListWatches, w Writer, m *Metrics, log *slog.Logger) *En
 		checkKick:   make(chan struct{}, 1),
 		now:         time.Now,
 		applied:     make(chan struct{}),
+		waiters:     map[*waiter]bool{},
 		podAdded:    make(chan struct{}),
 		state:       st,
 		overrides:   map[string]override{},
@@ -343,7 +347,7 @@ func (e *Engine) Run(ctx context.Context) error {
 			return err
 		}
 		go func() {
-			if err := policysock.Serve(ctx, l, e.cfg.SocketTimeout, e.handleWait); err != nil {
+			if err := policysock.ServeEarly(ctx, l, e.cfg.SocketTimeout, e.handleWait); err != nil {
 				e.log.Error("policy socket", "err", err)
 			}
 		}()
@@ -507,5 +511,15 @@ func (e *Engine) done(gen uint64) {
 	}
 	close(e.applied)
 	e.applied = make(chan struct{})
+	var ready []*waiter
+	for w := range e.waiters {
+		if w.want <= e.doneGen {
+			ready = append(ready, w)
+			delete(e.waiters, w)
+		}
+	}
 	e.mu.Unlock()
+	for _, w := range ready {
+		w.answer()
+	}
 }
