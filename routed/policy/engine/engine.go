@@ -133,7 +133,8 @@ type Config struct {
 	// on a small node took a core from the pods starting beside them. A
 	// change after a quiet gap is scanned for at once.
 	RevokeGap time.Duration
-	// RevokeGoneGap: the same for deleted pods' connections (default 2s).
+	// RevokeGoneGap: the same for deleted pods' connections only (default
+	// 10s): a pod that holds such an address again makes the scan urgent.
 	RevokeGoneGap time.Duration
 	// LoopNice is the nice value of the write loop's thread (0: the
 	// process's): every ADD waits for its writes, which compete with the
@@ -242,7 +243,7 @@ func New(cfg Config, lw ListWatches, w Writer, m *Metrics, log *slog.Logger) *En
 		cfg.RevokeGap = 200 * time.Millisecond
 	}
 	if cfg.RevokeGoneGap <= 0 {
-		cfg.RevokeGoneGap = 2 * time.Second
+		cfg.RevokeGoneGap = 10 * time.Second
 	}
 	if cfg.Resync <= 0 {
 		cfg.Resync = 30 * time.Second

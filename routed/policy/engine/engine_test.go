@@ -195,7 +195,8 @@ func newRig(t *testing.T, before ...func(*Engine)) *rig {
 	r.reg = prometheus.NewRegistry()
 	r.m = NewMetrics(r.reg, nil)
 	r.sock = filepath.Join(t.TempDir(), policysock.FileName)
-	r.e = New(Config{NodeName: node, Resync: 50 * time.Millisecond, SocketPath: r.sock, ProcSys: t.TempDir(), Events: r.ev},
+	// (RevokeGoneGap 2s: the default 10s would only make the tests slower)
+	r.e = New(Config{NodeName: node, Resync: 50 * time.Millisecond, SocketPath: r.sock, ProcSys: t.TempDir(), Events: r.ev, RevokeGoneGap: 2 * time.Second},
 		ListWatches{Pods: r.pods, Namespaces: r.nss, Policies: r.pols}, r.w, r.m, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	for _, f := range before {
 		f(r.e)
