@@ -16,12 +16,10 @@ func check(nice int) error {
 	return nil
 }
 
-// Raise pins the calling goroutine to its OS thread for good and gives
-// that thread the nice value nice (0: leaves everything as it is). The
-// thread ends with the goroutine (it is never unlocked), so no other
-// goroutine inherits the priority. A refusal (no CAP_SYS_NICE) is
-// returned and the thread keeps the process's priority.
-func Raise(nice int) error {
+// Check tells whether the calling goroutine's thread may take the nice
+// value nice (0 always): it tries it and gives the thread its own back.
+// A refusal (no CAP_SYS_NICE to go below the process's) is returned.
+func Check(nice int) error {
 	if nice == 0 {
 		return nil
 	}
@@ -29,9 +27,18 @@ func Raise(nice int) error {
 		return err
 	}
 	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
 	tid := unix.Gettid()
+	raw, err := unix.Getpriority(unix.PRIO_PROCESS, tid) // 20 - nice
+	if err != nil {
+		return fmt.Errorf("getpriority(thread %d): %w", tid, err)
+	}
 	if err := unix.Setpriority(unix.PRIO_PROCESS, tid, nice); err != nil {
 		return fmt.Errorf("setpriority(thread %d, %d): %w", tid, nice, err)
+	}
+	if err := unix.Setpriority(unix.PRIO_PROCESS, tid, 20-raw); err != nil {
+		runtime.LockOSThread() // (as Do: the thread ends with the goroutine)
+		return fmt.Errorf("setpriority(thread %d, %d): %w", tid, 20-raw, err)
 	}
 	return nil
 }

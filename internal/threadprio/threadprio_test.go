@@ -17,19 +17,19 @@ func onThread(f func()) {
 	<-done
 }
 
-func TestRaise(t *testing.T) {
+func TestCheckGivesThePriorityBack(t *testing.T) {
 	onThread(func() {
 		base, err := Nice()
 		if err != nil {
 			t.Error(err)
 			return
 		}
-		if err := Raise(-3); err != nil {
+		if err := Check(-3); err != nil {
 			t.Error(err)
 			return
 		}
-		if n, _ := Nice(); n != -3 {
-			t.Errorf("nice %d after Raise(-3) (was %d)", n, base)
+		if n, _ := Nice(); n != base {
+			t.Errorf("nice %d after Check(-3), was %d", n, base)
 		}
 	})
 }
@@ -56,8 +56,8 @@ func TestOutOfRange(t *testing.T) {
 	for _, n := range []int{-21, 20, 1 << 20} {
 		onThread(func() {
 			base, _ := Nice()
-			if err := Raise(n); err == nil {
-				t.Errorf("Raise(%d) took it", n)
+			if err := Check(n); err == nil {
+				t.Errorf("Check(%d) took it", n)
 			}
 			ran := false
 			Do(n, func() { ran = true })
@@ -65,7 +65,7 @@ func TestOutOfRange(t *testing.T) {
 				t.Errorf("Do(%d) did not run f", n)
 			}
 			if got, _ := Nice(); got != base {
-				t.Errorf("nice %d after Raise/Do(%d), was %d", got, n, base)
+				t.Errorf("nice %d after Check/Do(%d), was %d", got, n, base)
 			}
 		})
 	}
@@ -74,12 +74,12 @@ func TestOutOfRange(t *testing.T) {
 func TestZeroChangesNothing(t *testing.T) {
 	onThread(func() {
 		base, _ := Nice()
-		if err := Raise(0); err != nil {
+		if err := Check(0); err != nil {
 			t.Error(err)
 		}
 		Do(0, func() {})
 		if n, _ := Nice(); n != base {
-			t.Errorf("nice %d after Raise(0), Do(0), was %d", n, base)
+			t.Errorf("nice %d after Check(0), Do(0), was %d", n, base)
 		}
 	})
 }

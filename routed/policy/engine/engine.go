@@ -136,11 +136,11 @@ type Config struct {
 	// RevokeGoneGap: the same for deleted pods' connections only (default
 	// 10s): a pod that holds such an address again makes the scan urgent.
 	RevokeGoneGap time.Duration
-	// LoopNice is the nice value of the write loop's thread (0: the
-	// process's): every ADD waits for its writes, which compete with the
-	// plugins and pods being started (8 ADDs at once on 2 CPUs, 100
-	// policies: a wait's mean 19 ms, 3 ms one ADD at a time). Run's
-	// goroutine stays on that thread until it exits: give Run its own.
+	// LoopNice is the nice value of the write loop's thread during each
+	// write (0: the process's): every ADD waits for its writes, which
+	// compete with the plugins and pods being started (8 ADDs at once on
+	// 2 CPUs, 100 policies: a wait's mean 19 ms, 3 ms one ADD at a time).
+	// The thread is locked to the loop for the write only.
 	LoopNice int
 	// GoneScanNice is the nice value of a conntrack scan for gone pods'
 	// connections only (0: the process's): it has RevokeGoneGap to come.
