@@ -42,9 +42,8 @@ func (e *Engine) loop(ctx context.Context) error {
 	for {
 		// each write (and the answers to the waits it holds) at
 		// LoopNice, on a thread locked for that write only: a goroutine
-		// locked to its thread for good paid a thread handoff each time
-		// it waited for the next change (a fifth of podnet-routed's CPU
-		// while pods came one after another)
+		// locked to its thread for good pays a thread handoff each time
+		// it waits for the next change
 		var err error
 		threadprio.Do(e.cfg.LoopNice, func() { err = e.sync() })
 		if err != nil {
