@@ -462,10 +462,7 @@ func TestEngineScansOnlyWhenNarrowed(t *testing.T) {
 	r.pods.Add(pod("db-0", "10.244.1.5", map[string]string{"app": "db"}))
 	r.pods.Add(pod("web-0", "10.244.1.6", map[string]string{"app": "web"}))
 	r.until("both pods known", func(rs policy.Ruleset) bool { return known(rs, "10.244.1.5") && known(rs, "10.244.1.6") })
-	allow := denyIngress()
-	allow.Spec.Ingress = []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{{
-		PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}}}}}}
-	r.pols.Add(allow)
+	r.pols.Add(allowWeb())
 	r.until("db-0 isolated, web-0 its peer", func(rs policy.Ruleset) bool {
 		return len(rs.Pods) == 1 && rs.Allows(netip.MustParseAddr("10.244.1.6"), netip.MustParseAddr("10.244.1.5"), policy.ProtoTCP, 5432)
 	})
@@ -520,10 +517,7 @@ func TestEngineRemotePeerRelabelIsUrgent(t *testing.T) {
 	r.pods.Add(pod("db-0", "10.244.1.5", map[string]string{"app": "db"}))
 	r.pods.Add(remote(map[string]string{"app": "web"}))
 	r.until("db-0 known", func(rs policy.Ruleset) bool { return known(rs, "10.244.1.5") })
-	allow := denyIngress()
-	allow.Spec.Ingress = []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{{
-		PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}}}}}}
-	r.pols.Add(allow)
+	r.pols.Add(allowWeb())
 	r.until("db-0 isolated, the remote web-r its peer", func(rs policy.Ruleset) bool {
 		return len(rs.Pods) == 1 && rs.Allows(netip.MustParseAddr("10.244.2.6"), netip.MustParseAddr("10.244.1.5"), policy.ProtoTCP, 5432)
 	})
@@ -557,10 +551,7 @@ func TestEngineGoneScans(t *testing.T) {
 	r.pods.Add(pod("web-0", "10.244.1.6", map[string]string{"app": "web"}))
 	r.pods.Add(remote)
 	r.until("the pods known", func(rs policy.Ruleset) bool { return known(rs, "10.244.1.5") && known(rs, "10.244.1.6") })
-	allow := denyIngress()
-	allow.Spec.Ingress = []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{{
-		PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}}}}}}
-	r.pols.Add(allow)
+	r.pols.Add(allowWeb())
 	r.until("db-0 isolated, web-0 and web-r its peers", func(rs policy.Ruleset) bool {
 		return len(rs.Pods) == 1 && rs.Allows(netip.MustParseAddr("10.244.1.6"), netip.MustParseAddr("10.244.1.5"), policy.ProtoTCP, 5432) &&
 			rs.Allows(netip.MustParseAddr("10.244.2.6"), netip.MustParseAddr("10.244.1.5"), policy.ProtoTCP, 5432)
@@ -666,4 +657,12 @@ func TestEngineWatchedReadsBackOnNotice(t *testing.T) {
 			return nil
 		})
 	}
+}
+
+// allowWeb is denyIngress letting the app=web pods in.
+func allowWeb() *networkingv1.NetworkPolicy {
+	p := denyIngress()
+	p.Spec.Ingress = []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{{
+		PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}}}}}}
+	return p
 }
