@@ -163,6 +163,9 @@ func (d *Daemon) watchNFT(ctx context.Context) {
 		case <-ctx.Done():
 		case <-time.After(time.Second):
 		}
+		// and once more for what changed while nobody listened: the
+		// check comes nftDebounce after this, when listening again
+		signal(nftAll)
 	}
 }
 
