@@ -61,29 +61,54 @@ var ErrNoEngine = errors.New("no NetworkPolicy engine on this node")
 // ends. It returns ErrNoEngine (wrapped) when there is no socket or nobody
 // listens on it.
 func Wait(ctx context.Context, path string, req Request) error {
+	p, err := Send(ctx, path, req)
+	if err != nil {
+		return err
+	}
+	return p.Await()
+}
+
+// Pending is a request sent whose answer is not read yet: the engine
+// works on it while the plugin does something else.
+type Pending struct {
+	ctx  context.Context
+	conn net.Conn
+	stop func() bool
+}
+
+// Send sends req to the engine at path; Await reads the answer. ctx bounds
+// both (and must outlive the Await). It returns ErrNoEngine (wrapped) when
+// there is no socket or nobody listens on it.
+func Send(ctx context.Context, path string, req Request) (*Pending, error) {
 	var d net.Dialer
 	conn, err := d.DialContext(ctx, "unix", path)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) || errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ENOENT) {
-			return fmt.Errorf("%w (%s)", ErrNoEngine, path)
+			return nil, fmt.Errorf("%w (%s)", ErrNoEngine, path)
 		}
-		return fmt.Errorf("connect to the NetworkPolicy engine at %s: %w", path, err)
+		return nil, fmt.Errorf("connect to the NetworkPolicy engine at %s: %w", path, err)
 	}
-	defer conn.Close()
 	if dl, ok := ctx.Deadline(); ok {
 		if err := conn.SetDeadline(dl); err != nil {
-			return fmt.Errorf("policy socket deadline: %w", err)
+			conn.Close()
+			return nil, fmt.Errorf("policy socket deadline: %w", err)
 		}
 	}
-	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })
-	defer stop()
+	p := &Pending{ctx: ctx, conn: conn, stop: context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })}
 	if err := json.NewEncoder(conn).Encode(req); err != nil {
-		return fmt.Errorf("send to the NetworkPolicy engine: %w", err)
+		p.Close()
+		return nil, fmt.Errorf("send to the NetworkPolicy engine: %w", err)
 	}
+	return p, nil
+}
+
+// Await reads the engine's answer (once; the connection is closed after).
+func (p *Pending) Await() error {
+	defer p.Close()
 	var a Answer
-	if err := json.NewDecoder(io.LimitReader(conn, maxMessage)).Decode(&a); err != nil {
+	if err := json.NewDecoder(io.LimitReader(p.conn, maxMessage)).Decode(&a); err != nil {
 		var ne net.Error
-		if ctx.Err() != nil || errors.As(err, &ne) && ne.Timeout() {
+		if p.ctx.Err() != nil || errors.As(err, &ne) && ne.Timeout() {
 			return fmt.Errorf("NetworkPolicy engine did not answer in time: %w", context.DeadlineExceeded)
 		}
 		return fmt.Errorf("read the NetworkPolicy engine's answer: %w", err)
@@ -92,6 +117,16 @@ func Wait(ctx context.Context, path string, req Request) error {
 		return fmt.Errorf("NetworkPolicy engine: %s", a.Error)
 	}
 	return nil
+}
+
+// Close gives up on the answer (a nil Pending, or one closed, is fine).
+func (p *Pending) Close() {
+	if p == nil || p.conn == nil {
+		return
+	}
+	p.stop()
+	p.conn.Close()
+	p.conn = nil
 }
 
 // Handler programs the pod's policy and returns once it is in the kernel

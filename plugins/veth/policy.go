@@ -18,18 +18,32 @@ import (
 // times out is isolated (never open) until the engine catches up.
 const defaultPolicyWait = 3 * time.Second
 
-// waitPolicy asks podnet-routed's NetworkPolicy engine, when one listens on
-// the node, to program the pod before ADD returns, so that the pod's
-// containers start with their policy in place. It never fails ADD: no
-// engine means no wait, and an engine that does not answer in time leaves
-// the pod isolated, which is safe, and says so in the log.
-func waitPolicy(inv *invocation, containerID string, ips []net.IP, log *slog.Logger) {
+// policyWait is ADD's wait for podnet-routed's NetworkPolicy engine, when
+// one listens on the node: the engine programs the new pod before ADD
+// returns, so that its containers start with their policy in place. The
+// request goes out as soon as the host side is in place (startPolicyWait)
+// and the answer is read at the end (finish): the engine's write runs
+// while the plugin sets up the pod side. It never fails ADD: no engine
+// means no wait, and an engine that does not answer in time leaves the pod
+// isolated, which is safe, and says so in the log.
+type policyWait struct {
+	p      *policysock.Pending
+	cancel context.CancelFunc
+	req    policysock.Request
+	start  time.Time
+	log    *slog.Logger
+}
+
+// startPolicyWait sends the engine the pod's addresses and host-side
+// interface (inv.host). A nil policyWait (no wait, no engine, or the
+// request failed, which is logged) is fine to finish.
+func startPolicyWait(inv *invocation, containerID string, ips []net.IP, log *slog.Logger) *policyWait {
 	wait := defaultPolicyWait
 	if inv.conf.PolicyWait != nil {
 		wait = time.Duration(*inv.conf.PolicyWait)
 	}
 	if wait <= 0 || inv.pod.PodNamespace == "" || inv.pod.PodName == "" {
-		return
+		return nil
 	}
 	req := policysock.Request{Namespace: inv.pod.PodNamespace, Name: inv.pod.PodName, ContainerID: containerID, HostVeth: inv.host}
 	for _, ip := range ips {
@@ -42,15 +56,44 @@ func waitPolicy(inv *invocation, containerID string, ips []net.IP, log *slog.Log
 		dir = nodestate.DefaultDir
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), wait)
-	defer cancel()
-	start := time.Now()
-	err := policysock.Wait(ctx, policysock.Path(dir), req)
+	w := &policyWait{cancel: cancel, req: req, start: time.Now(), log: log}
+	p, err := policysock.Send(ctx, policysock.Path(dir), req)
+	if err != nil {
+		w.done(err)
+		return nil
+	}
+	w.p = p
+	return w
+}
+
+// finish reads the engine's answer (or gives up at the wait's end).
+func (w *policyWait) finish() {
+	if w != nil {
+		w.done(w.p.Await())
+	}
+}
+
+// abandon closes the request of an ADD that failed after it.
+func (w *policyWait) abandon() {
+	if w != nil {
+		w.p.Close()
+		w.cancel()
+	}
+}
+
+func (w *policyWait) done(err error) {
+	defer w.cancel()
 	switch {
 	case errors.Is(err, policysock.ErrNoEngine):
 	case err != nil:
-		log.Warn("NetworkPolicy engine did not confirm the pod's policy; the pod stays isolated until it does",
-			"container", containerID, "pod", req.Namespace+"/"+req.Name, "err", err)
+		w.log.Warn("NetworkPolicy engine did not confirm the pod's policy; the pod stays isolated until it does",
+			"container", w.req.ContainerID, "pod", w.req.Namespace+"/"+w.req.Name, "err", err)
 	default:
-		log.Debug("pod's NetworkPolicy in place", "pod", req.Namespace+"/"+req.Name, "waited", time.Since(start))
+		w.log.Debug("pod's NetworkPolicy in place", "pod", w.req.Namespace+"/"+w.req.Name, "waited", time.Since(w.start))
 	}
+}
+
+// waitPolicy is startPolicyWait and finish at once.
+func waitPolicy(inv *invocation, containerID string, ips []net.IP, log *slog.Logger) {
+	startPolicyWait(inv, containerID, ips, log).finish()
 }

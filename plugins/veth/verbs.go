@@ -151,11 +151,21 @@ func (p *plugin) add(args *skel.CmdArgs) (err error) {
 	if err != nil {
 		return err
 	}
-	podIface, err := p.configure(inv, host, side, podNS, tr)
+	// the engine's wait goes out once the host side is in place and is
+	// read after the pod side is: the engine writes meanwhile
+	var pw *policyWait
+	defer func() {
+		if err != nil {
+			pw.abandon()
+		}
+	}()
+	podIface, err := p.configure(inv, host, side, podNS, tr, func() {
+		pw = startPolicyWait(inv, args.ContainerID, side.ips(), log)
+	})
 	if err != nil {
 		return err
 	}
-	waitPolicy(inv, args.ContainerID, side.ips(), log)
+	pw.finish()
 	tr.mark("policy")
 
 	result, err := addResult(inv, alloc, spec.HostName, podIface, side)
@@ -245,14 +255,16 @@ func (p *plugin) plumbVeth(inv *invocation, spec vethSpec, side podSide, podNS n
 }
 
 // configure sets up the host end, the pod's addresses and routes, then the
-// node's route to the pod. It returns the pod's interface for the result.
-func (p *plugin) configure(inv *invocation, host netlink.Link, side podSide, podNS ns.NetNS, tr *trace) (*current.Interface, error) {
+// node's route to the pod, calling hostReady once the host end is set up.
+// It returns the pod's interface for the result.
+func (p *plugin) configure(inv *invocation, host netlink.Link, side podSide, podNS ns.NetNS, tr *trace, hostReady func()) (*current.Interface, error) {
 	if err := inv.mode.setupHost(host, side); err != nil {
 		return nil, err
 	}
 	if err := p.passed(tr, "host"); err != nil {
 		return nil, err
 	}
+	hostReady()
 	podIface, err := configurePod(podNS, side, inv.owner.Alias(), func(step string) error { return p.passed(tr, step) })
 	if err != nil {
 		return nil, err
