@@ -138,6 +138,9 @@ type Daemon struct {
 	// onNFTChange, when set, hears (debounced) that someone else changed
 	// an nftables table podnet owns (nftmonitor.go)
 	onNFTChange []func()
+	// hostVeths, when set, hear the link notifications of host veths,
+	// and that some may have been lost (netwatch.go)
+	hostVeths []HostVethObserver
 }
 
 // New builds a daemon that lists and watches Nodes through nodes (see

@@ -38,9 +38,16 @@ func (d *Daemon) watchRoutes(ctx context.Context, first chan struct{}) {
 // (linkMatters).
 func (d *Daemon) watchLinks(ctx context.Context, first chan struct{}) {
 	lw := linkWatch{carries: d.routes.Carries, retry: d.routesIncomplete.Load}
-	watch(ctx, d.log, "link", first, func() {}, func(ch chan netlink.LinkUpdate, done chan struct{}, onErr func(error)) error {
+	watch(ctx, d.log, "link", first, func() {
+		for _, o := range d.hostVeths {
+			o.HostVethsLost()
+		}
+	}, func(ch chan netlink.LinkUpdate, done chan struct{}, onErr func(error)) error {
 		return netlink.LinkSubscribeWithOptions(ch, done, netlink.LinkSubscribeOptions{ErrorCallback: onErr})
 	}, func(u netlink.LinkUpdate) {
+		for _, o := range d.hostVeths {
+			o.HostVethUpdate(u)
+		}
 		matters, lost := lw.matters(u)
 		if !matters {
 			return
@@ -55,6 +62,22 @@ func (d *Daemon) watchLinks(ctx context.Context, first chan struct{}) {
 		}
 		d.trigger(reasonLinkChange)
 	})
+}
+
+// HostVethObserver hears the node's link notifications, every one (a
+// host veth renamed is heard under its new name, which may be any), and
+// when notifications may have been lost (every subscription, a
+// subscription error): what it heard before is then not to be trusted.
+type HostVethObserver interface {
+	HostVethUpdate(netlink.LinkUpdate)
+	HostVethsLost()
+}
+
+// OnHostVeth adds o to the observers of host veth notifications; call it
+// before Run.
+func (d *Daemon) OnHostVeth(o HostVethObserver) *Daemon {
+	d.hostVeths = append(d.hostVeths, o)
+	return d
 }
 
 // linkWatch decides which link notifications call for a full apply.

@@ -219,6 +219,7 @@ func startPolicy(ctx context.Context, stop func(), o *options, cl *clients, d *d
 		engine.NFTWriter{W: &nft.Writer{Log: log, LogDrops: o.policyLogDrops > 0, LogRate: o.policyLogDrops, Nice: o.policyNice}, Unknown: m.SetUnknownDropped, Bridge: m.SetBridgeDropped}, m, log.With("loop", "policy"))
 	d.OnLocalPodCIDRs(eng.SetLocalPodCIDRs)
 	d.OnNFTChange(eng.CheckNow)
+	d.OnHostVeth(eng)
 	go func() {
 		if err := eng.Run(ctx); err != nil {
 			log.Error("NetworkPolicy engine stopped", "err", err)

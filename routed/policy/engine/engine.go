@@ -194,7 +194,9 @@ type Engine struct {
 	// interfaces (local.go; tests give their own)
 	scanLinks  func() (map[string]portLink, error)
 	lookupLink func(string) (portLink, bool)
-	pols       map[string]policy.PolicyChain
+	// heard: the host veths the link notifications told of (heard.go)
+	heard heardLinks
+	pols  map[string]policy.PolicyChain
 	// a pending scan: urgent for a live connection (RevokeGap); all
 	// connections judged, else those of revokeGone (gone pods') only
 	revokeUrgent, revokeAll bool

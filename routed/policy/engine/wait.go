@@ -74,7 +74,7 @@ func (e *Engine) wait(ctx context.Context, req policysock.Request, answer func()
 	}
 	link, linked := portLink{}, false
 	if req.HostVeth != "" {
-		link, linked = e.lookupLink(req.HostVeth)
+		link, linked = e.hostVeth(req.HostVeth)
 	}
 	e.mu.Lock()
 	e.overrides[key] = override{ips: req.IPs, at: e.now()}
