@@ -193,3 +193,45 @@ func TestEarlyReply(t *testing.T) {
 		t.Fatalf("answer on return: %v", err)
 	}
 }
+
+// TestSendThenAwait: the request is with the engine when Send returns,
+// before anyone reads the answer; a request given up (Close) leaves the
+// engine serving the next one, and a nil Pending closes quietly.
+func TestSendThenAwait(t *testing.T) {
+	got := make(chan Request, 3)
+	path := serve(t, func(ctx context.Context, r Request) error {
+		got <- r
+		return nil
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	p, err := Send(ctx, path, pod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case r := <-got:
+		if r.Name != pod.Name || len(r.IPs) != 2 {
+			t.Fatalf("engine got %+v", r)
+		}
+	case <-time.After(3 * time.Second):
+		t.Fatal("the engine did not get the request before Await")
+	}
+	if err := p.Await(); err != nil {
+		t.Fatalf("Await: %v", err)
+	}
+	p.Close() // after Await: nothing
+	a := pod
+	a.Name = "abandoned"
+	if p, err = Send(ctx, path, a); err != nil {
+		t.Fatal(err)
+	}
+	p.Close()
+	if err := Wait(ctx, path, pod); err != nil {
+		t.Fatalf("Wait after an abandoned request: %v", err)
+	}
+	(*Pending)(nil).Close()
+	if _, err := Send(ctx, filepath.Join(t.TempDir(), FileName), pod); !errors.Is(err, ErrNoEngine) {
+		t.Errorf("Send with no engine: %v, want ErrNoEngine", err)
+	}
+}
