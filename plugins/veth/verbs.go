@@ -219,15 +219,20 @@ func (p *plugin) allocate(inv *invocation, args *skel.CmdArgs, mtu int, rollback
 // undone on a later failure). It returns the host end.
 func (p *plugin) plumbVeth(inv *invocation, spec vethSpec, side podSide, podNS ns.NetNS, rollback *undoStack, tr *trace) (netlink.Link, error) {
 	g := inv.mode.guard().At(inv.conf.StateDir)
-	stale, err := deleteStaleHostVeth(spec.HostName)
-	if err == nil && stale > 0 {
-		err = g.RemovePort(stale)
-	}
-	if err != nil {
-		return nil, cniErrorf(types.ErrTryAgainLater, "%v", err)
-	}
-	tr.mark("stale-veth")
 	host, podMAC, err := createVeth(spec, podNS)
+	if errors.Is(err, errHostNameTaken) {
+		// only then look for a stale one (a lookup takes the RTNL lock,
+		// which every pod being set up on the node queues for)
+		stale, serr := deleteStaleHostVeth(spec.HostName)
+		if serr == nil && stale > 0 {
+			serr = g.RemovePort(stale)
+		}
+		if serr != nil {
+			return nil, cniErrorf(types.ErrTryAgainLater, "%v", serr)
+		}
+		tr.mark("stale-veth")
+		host, podMAC, err = createVeth(spec, podNS)
+	}
 	if err != nil {
 		if errors.Is(err, errIfNameTaken) {
 			return nil, cniErrorf(types.ErrInvalidEnvironmentVariables, "%v", err)

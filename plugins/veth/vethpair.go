@@ -29,9 +29,11 @@ type vethSpec struct {
 // which costs a netns round trip and an extra rename, and no visit of the
 // pod netns to learn the MAC the kernel picked). The host end carries the
 // owner as its alias (DEL finds it by it; configurePod gives the pod end
-// the same one) and stays down. It also returns the pod end's MAC. It
-// fails with errIfNameTaken, naming the interface, when the pod already
-// has one by that name.
+// the same one) and stays down. It returns the host end (its name and
+// index: what ADD uses of it) and the pod end's MAC. It fails with
+// errHostNameTaken when a link of the host end's name exists, and with
+// errIfNameTaken, naming the interface, when the pod already has one by
+// its name.
 func createVeth(spec vethSpec, podNS ns.NetNS) (netlink.Link, net.HardwareAddr, error) {
 	podMAC := randomMAC()
 	attrs := netlink.NewLinkAttrs()
@@ -47,19 +49,23 @@ func createVeth(spec vethSpec, podNS ns.NetNS) (netlink.Link, net.HardwareAddr, 
 	}
 	if err := netlink.LinkAdd(veth); err != nil {
 		if errors.Is(err, unix.EEXIST) {
-			// either name may be the taken one; the host name was cleared
-			// of stale veths just before, so look
+			// either name may be the taken one: look
 			if _, lerr := netlinksafe.LinkByName(spec.HostName); lerr == nil {
-				return nil, nil, fmt.Errorf("create veth %s: an interface with that name already exists: %w", spec.HostName, err)
+				return nil, nil, fmt.Errorf("create veth %s: %w: %w", spec.HostName, errHostNameTaken, err)
 			}
 			return nil, nil, fmt.Errorf("netns %s already has an interface named %q: %w", podNS.Path(), spec.PodName, errIfNameTaken)
 		}
 		return nil, nil, fmt.Errorf("create veth %s: %w", spec.HostName, err)
 	}
-	host, err := netlinksafe.LinkByName(spec.HostName)
-	if err != nil {
-		_ = netlink.LinkDel(veth)
-		return nil, nil, fmt.Errorf("look up new veth %s: %w", spec.HostName, err)
+	// LinkAdd looked the new link up by name for its index
+	var host netlink.Link = veth
+	if veth.Index == 0 {
+		l, err := netlinksafe.LinkByName(spec.HostName)
+		if err != nil {
+			_ = netlink.LinkDel(veth)
+			return nil, nil, fmt.Errorf("look up new veth %s: %w", spec.HostName, err)
+		}
+		host = l
 	}
 	if err := netlink.LinkSetAlias(host, spec.Owner.Alias()); err != nil {
 		_ = netlink.LinkDel(host)
@@ -67,6 +73,9 @@ func createVeth(spec vethSpec, podNS ns.NetNS) (netlink.Link, net.HardwareAddr, 
 	}
 	return host, podMAC, nil
 }
+
+// errHostNameTaken means a link of the host veth's name exists.
+var errHostNameTaken = errors.New("an interface with that name already exists")
 
 // errIfNameTaken means CNI_IFNAME already exists in the pod.
 var errIfNameTaken = errors.New("CNI_IFNAME is taken in the pod")
