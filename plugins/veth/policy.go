@@ -92,8 +92,3 @@ func (w *policyWait) done(err error) {
 		w.log.Debug("pod's NetworkPolicy in place", "pod", w.req.Namespace+"/"+w.req.Name, "waited", time.Since(w.start))
 	}
 }
-
-// waitPolicy is startPolicyWait and finish at once.
-func waitPolicy(inv *invocation, containerID string, ips []net.IP, log *slog.Logger) {
-	startPolicyWait(inv, containerID, ips, log).finish()
-}

@@ -13,6 +13,11 @@ import (
 	"github.com/podnet/podnet/internal/policysock"
 )
 
+// waitPolicy is startPolicyWait and finish at once.
+func waitPolicy(inv *invocation, containerID string, ips []net.IP, log *slog.Logger) {
+	startPolicyWait(inv, containerID, ips, log).finish()
+}
+
 // TestWaitPolicyAsksTheEngine: ADD's last step tells the engine on the
 // node which pod has which addresses and waits for its answer; a slow engine
 // costs at most policyWait, and "0s" turns the wait off.
