@@ -264,3 +264,55 @@ func TestDeltaRepairsDeletedSet(t *testing.T) {
 		{"b->a tcp:8081 after the repairs", false, func() error { return flow(b.ns, "tcp", a.v4, 8081) }},
 	})
 }
+
+// TestDeltaSplitsAndMergesPeerRanges: a rule's peers set holds merged
+// ranges (adjacent pods' addresses). Taking an address out of the middle
+// of one, moving its ends and filling a gap are each written
+// incrementally: the kernel refuses an interval's end or start added
+// inside an interval it holds, so the Writer replaces the intervals a
+// change touches whole (it fell back to a whole write, dozens of times a
+// phase, on a remote node of the policy bench).
+func TestDeltaSplitsAndMergesPeerRanges(t *testing.T) {
+	e := newEnv(t, "a", "b")
+	rs := e.withPorts(trafficRulesetAB(e))
+	e.apply(rs)
+	base := slices.Clone(rs.Policies[0].Rules[0].Peers)
+	addr := func(i int) netip.Addr { return netip.AddrFrom4([4]byte{10, 64, 1, byte(i)}) }
+	peers := func(rs policy.Ruleset, addrs ...int) policy.Delta {
+		p := rs.Policies[0]
+		p.Rules = slices.Clone(p.Rules)
+		p.Rules[0].Peers = slices.Clone(base)
+		for _, i := range addrs {
+			p.Rules[0].Peers = append(p.Rules[0].Peers, one(addr(i)))
+		}
+		p.Rules[0] = p.Rules[0].Canonical()
+		return policy.Delta{LocalPodCIDRs: rs.LocalPodCIDRs, Known: rs.Known, Ports: rs.Ports, Policies: []policy.PolicyChain{p}}
+	}
+	for step, addrs := range [][]int{
+		{50, 51, 52, 53, 54},     // one merged range
+		{50, 51, 53, 54},         // 52 out of its middle: split
+		{50, 51, 52, 53, 54, 55}, // back, and the end moves
+		{51, 52, 53, 54, 55},     // the start moves
+		{51, 53, 55},             // two holes at once
+		{51, 52, 53, 54, 55, 60}, // filled, and a range of its own
+		{49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60}, // all one
+		{49, 60}, // the middle gone
+		{},
+	} {
+		d := peers(rs, addrs...)
+		e.do(func() error {
+			st, err := e.w.ApplyDelta(d)
+			if err == nil && st.Full {
+				err = fmt.Errorf("step %d (%v): written whole, want incremental", step, addrs)
+			}
+			return err
+		})
+		rs = rs.With(d)
+		e.do(func() error {
+			if v, err := e.w.Verify(rs); err != nil || v != "" {
+				t.Errorf("step %d (%v): Verify: %q, %v", step, addrs, v, err)
+			}
+			return nil
+		})
+	}
+}

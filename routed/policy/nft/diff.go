@@ -105,8 +105,13 @@ func (d *tableDiff) elementOps() (dels, adds []elemOp) {
 		// differ (each list holds an element once): a patch of one
 		// address is compared where it is, not element by element
 		// through the whole set
-		oe, ne := trimCommon(o.elems, s.elems)
-		del, add := nftutil.Changes(oe, ne)
+		i, j := commonEnds(o.elems, s.elems)
+		var del, add []nftables.SetElement
+		if s.kind == kindInterval {
+			del, add = wholeIntervals(o.elems, s.elems, i, j)
+		} else {
+			del, add = nftutil.Changes(o.elems[i:len(o.elems)-j], s.elems[i:len(s.elems)-j])
+		}
 		if len(del) > 0 {
 			dels = append(dels, elemOp{s, del, true})
 		}
@@ -358,16 +363,44 @@ func defDiff(a, b *tableDef) string {
 // or end (which are a's, and a holds each element once), nor the other
 // way round: the rests' changes are the lists' changes.
 func trimCommon(a, b []nftables.SetElement) ([]nftables.SetElement, []nftables.SetElement) {
+	i, j := commonEnds(a, b)
+	return a[i : len(a)-j], b[i : len(b)-j]
+}
+
+// commonEnds are the lengths of a's and b's common start and end.
+func commonEnds(a, b []nftables.SetElement) (i, j int) {
 	n := min(len(a), len(b))
-	i := 0
 	for i < n && sameElements(a[i:i+1], b[i:i+1]) {
 		i++
 	}
-	j := 0
 	for j < n-i && sameElements(a[len(a)-1-j:len(a)-j], b[len(b)-1-j:len(b)-j]) {
 		j++
 	}
-	return a[i : len(a)-j], b[i : len(b)-j]
+	return i, j
+}
+
+// wholeIntervals widens a change of an interval set (kindInterval: its
+// elements are interval starts and ends, an end has IntervalEnd) to the
+// whole intervals it touches, to delete and add as they are. The kernel
+// refuses an end or a start added inside an interval it holds (EEXIST):
+// a pod's address taken
+// out of a merged range of peers is an end and a start added inside it,
+// and an address added next to one moves its end. Deleting the intervals
+// the change touches and adding what they become, in one transaction, is
+// what it takes; an element deleted and added again is fine there. a and
+// b are the lists before and after, i and j the lengths of their common
+// start and end (commonEnds).
+func wholeIntervals(a, b []nftables.SetElement, i, j int) (del, add []nftables.SetElement) {
+	ea, eb := len(a)-j, len(b)-j // the middles: a[i:ea], b[i:eb]
+	// a common start before the middle begins the interval it is in; a
+	// common end after it ends it
+	if i > 0 && !a[i-1].IntervalEnd {
+		i--
+	}
+	if ea < len(a) && eb < len(b) && a[ea].IntervalEnd {
+		ea, eb = ea+1, eb+1
+	}
+	return slices.Clone(a[i:ea]), slices.Clone(b[i:eb])
 }
 
 // sameElements tells whether two lists of elements built by build are
