@@ -40,6 +40,13 @@ func createVeth(spec vethSpec, podNS ns.NetNS) (netlink.Link, net.HardwareAddr, 
 	attrs.Name = spec.HostName
 	attrs.MTU = spec.MTU
 	attrs.HardwareAddr = spec.HostMAC
+	// one queue each, asked for: a veth created without a queue count gets
+	// one per possible CPU, and the kernel then cuts the count in use back
+	// to one while holding the RTNL lock, waiting out an expedited RCU
+	// grace period for each end (veth_init_queues). The pair ends up the
+	// same, with one queue in use.
+	attrs.NumTxQueues = 1
+	attrs.NumRxQueues = 1
 	veth := &netlink.Veth{
 		LinkAttrs:        attrs,
 		PeerName:         spec.PodName,

@@ -802,3 +802,56 @@ func TestChainedPrevResult(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestVethQueueCounts: both plugins create each end of the veth pair with
+// one TX and one RX queue. Without a count the kernel gives a veth one queue
+// per possible CPU and then cuts the count in use back to one, waiting out
+// an expedited RCU grace period under the RTNL lock for each end; asking for
+// one skips that. (On a one-CPU machine the default is one too, and this
+// test could not tell.)
+func TestVethQueueCounts(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		rt   func(t *testing.T) *nettest.Runtime
+	}{
+		{"podnet", func(t *testing.T) *nettest.Runtime {
+			return newPodnet(t, podnetList("1.0.0", hostLocal(t.TempDir(), "10.244.6.0/24"), map[string]any{"stateDir": t.TempDir()}))
+		}},
+		{"podnet-bridge", func(t *testing.T) *nettest.Runtime {
+			return newBridgeRuntime(t, bridgeList(t, "1.0.0", brIPAM(t.TempDir(), "10.244.7.0/24"), nil))
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rt := tc.rt(t)
+			podNS := nettest.NewNetNS(t)
+			if _, err := rt.Add(nettest.RuntimeConf("queues", podNS, "eth0")); err != nil {
+				t.Fatal(err)
+			}
+			queues := func(where string, l netlink.Link) {
+				t.Helper()
+				a := l.Attrs()
+				if a.NumTxQueues != 1 || a.NumRxQueues != 1 {
+					t.Errorf("%s end %s: %d TX and %d RX queues, want 1 and 1", where, a.Name, a.NumTxQueues, a.NumRxQueues)
+				}
+			}
+			rt.Node.Do(func() error {
+				l, err := netlink.LinkByName(veth.HostVethName("", "", "queues", "eth0"))
+				if err != nil {
+					return err
+				}
+				queues("host", l)
+				return nil
+			})
+			if err := podNS.Do(func(ns.NetNS) error {
+				l, err := netlink.LinkByName("eth0")
+				if err != nil {
+					return err
+				}
+				queues("pod", l)
+				return nil
+			}); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
