@@ -1,8 +1,9 @@
 // Package podfilter is the pod filter: the nftables tables podnet-pods
 // (inet or bridge, and netdev) that let each pod send only as itself. The
-// CNI plugins write a pod's elements at ADD and take them out at DEL;
-// podnet-routed repairs the tables (Repair) and prunes what is left of
-// gone pods (Prune). It builds on internal/nftutil's nftables layer (the
+// CNI plugins write a pod's elements at ADD (podnet-routed writes them on
+// their behalf, InstallOn, when its NetworkPolicy engine answers on the
+// node: see Install) and take them out at DEL; podnet-routed repairs the
+// tables (Repair) and prunes what is left of gone pods (Prune). It builds on internal/nftutil's nftables layer (the
 // tables described as data and written whole in one transaction); what is
 // its own is which rules (rules.go) and which elements (a record per
 // guarded port, whole.go).
@@ -346,6 +347,20 @@ func newNFT() (*nftables.Conn, error) {
 // every resync and on every change of the table it hears of (and CHECK
 // reports it).
 func (g Guard) Install(p Port) error {
+	c, err := newNFT()
+	if err != nil {
+		return fmt.Errorf("write nftables table %s for host veth index %d: %w", g, p.Index, err)
+	}
+	defer c.CloseLasting()
+	return g.InstallOn(c, p)
+}
+
+// InstallOn is Install on an open socket: podnet-routed's lasting one,
+// when a plugin asks it to guard its new port (the plugin's own socket
+// would be closed at its exit, and the kernel holds the netns's nftables
+// commit lock through every close of an nftables socket while it waits
+// out the grace period of what earlier transactions removed).
+func (g Guard) InstallOn(c *nftables.Conn, p Port) error {
 	unlock, err := g.lockRecords(false)
 	if err != nil {
 		return err
@@ -354,12 +369,6 @@ func (g Guard) Install(p Port) error {
 		unlock()
 		return err
 	}
-	c, err := newNFT()
-	if err != nil {
-		unlock()
-		return err
-	}
-	defer c.CloseLasting()
 	err = g.queuePort(c, p)
 	if err == nil {
 		err = c.Flush()

@@ -575,3 +575,15 @@ func (g Guard) unrecorded(c *nftables.Conn, recorded []Port) []Port {
 	}
 	return out
 }
+
+// ByMode is the pod filter of a mode as Mode names it ("routed",
+// "bridge"); false for any other name.
+func ByMode(mode string) (Guard, bool) {
+	switch mode {
+	case Routed.Mode():
+		return Routed, true
+	case Bridged.Mode():
+		return Bridged, true
+	}
+	return Guard{}, false
+}

@@ -8,6 +8,12 @@
 // unix stream socket, <stateDir>/policy.sock, which only root can open.
 // No socket (the engine is off, or another agent enforces policy) means no
 // wait; a socket nobody answers on costs a refused connect.
+//
+// A request may also ask podnet-routed to add the pod's host veth to the
+// pod filter (Request.Guard): then a first answer says whether it did
+// (Answer.Guarded, or Answer.GuardError and the plugin adds it itself),
+// before the final one. An engine that does not know the field sends only
+// the final answer, and the plugin adds the port itself.
 package policysock
 
 import (
@@ -16,6 +22,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/netip"
 	"os"
@@ -46,13 +53,33 @@ type Request struct {
 	// HostVeth is the pod's host-side interface (its routed host veth or
 	// bridge port): the engine judges what passes it as the pod's.
 	HostVeth string `json:"hostVeth,omitempty"`
+	// Guard, when set, asks podnet-routed to add HostVeth to the pod
+	// filter as sending only from IPs (internal/podfilter.Port).
+	Guard *GuardPort `json:"guard,omitempty"`
+}
+
+// GuardPort is what the pod filter needs of a port beyond its name and
+// addresses.
+type GuardPort struct {
+	// Mode is the pod filter's ("routed", "bridge": podfilter.Guard.Mode).
+	Mode  string `json:"mode"`
+	Index int    `json:"index"` // the host veth's ifindex in the node netns
+	Alias string `json:"alias"` // the host veth's alias (its owner)
+	MAC   string `json:"mac"`   // the pod interface's MAC
 }
 
 // Answer is the engine's reply: OK once the pod's policy is in the kernel.
+// The first answer to a request with a Guard is about the guard only:
+// Guarded, or GuardError.
 type Answer struct {
-	OK    bool   `json:"ok"`
-	Error string `json:"error,omitempty"`
+	OK         bool   `json:"ok"`
+	Error      string `json:"error,omitempty"`
+	Guarded    bool   `json:"guarded,omitempty"`
+	GuardError string `json:"guardError,omitempty"`
 }
+
+// aboutGuard says whether a is the answer about the guard.
+func (a Answer) aboutGuard() bool { return a.Guarded || a.GuardError != "" }
 
 // ErrNoEngine says that no engine listens on the node: nothing to wait for.
 var ErrNoEngine = errors.New("no NetworkPolicy engine on this node")
@@ -74,6 +101,10 @@ type Pending struct {
 	ctx  context.Context
 	conn net.Conn
 	stop func() bool
+	// dec reads the answers; final is the final one when AwaitGuard read
+	// it first (an engine that does not guard)
+	dec   *json.Decoder
+	final *Answer
 }
 
 // Send sends req to the engine at path; Await reads the answer. ctx bounds
@@ -95,6 +126,7 @@ func Send(ctx context.Context, path string, req Request) (*Pending, error) {
 		}
 	}
 	p := &Pending{ctx: ctx, conn: conn, stop: context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })}
+	p.dec = json.NewDecoder(io.LimitReader(conn, 4*maxMessage))
 	if err := json.NewEncoder(conn).Encode(req); err != nil {
 		p.Close()
 		return nil, fmt.Errorf("send to the NetworkPolicy engine: %w", err)
@@ -102,16 +134,61 @@ func Send(ctx context.Context, path string, req Request) (*Pending, error) {
 	return p, nil
 }
 
+// AwaitGuard reads the answer about the request's Guard, for at most
+// timeout: true when podnet-routed added the port to the pod filter.
+// False with a nil error when it did not (GuardError, or an engine that
+// guards nothing: its final answer is kept for Await); an error when no
+// answer came in time or the connection failed. Either way the caller
+// adds the port itself; Await still reads the final answer.
+func (p *Pending) AwaitGuard(timeout time.Duration) (bool, error) {
+	dl := time.Now().Add(timeout)
+	if cdl, ok := p.ctx.Deadline(); ok && cdl.Before(dl) {
+		dl = cdl
+	}
+	if err := p.conn.SetReadDeadline(dl); err != nil {
+		return false, fmt.Errorf("policy socket deadline: %w", err)
+	}
+	var a Answer
+	err := p.dec.Decode(&a)
+	if cdl, ok := p.ctx.Deadline(); ok && p.ctx.Err() == nil {
+		p.conn.SetReadDeadline(cdl)
+	}
+	if err != nil {
+		// the decoder keeps its error: read on from what it buffered
+		p.dec = json.NewDecoder(io.MultiReader(p.dec.Buffered(), io.LimitReader(p.conn, 4*maxMessage)))
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			return false, fmt.Errorf("podnet-routed did not answer about the pod filter within %v", timeout)
+		}
+		return false, fmt.Errorf("read podnet-routed's answer about the pod filter: %w", err)
+	}
+	if !a.aboutGuard() {
+		p.final = &a
+		return false, nil
+	}
+	if a.GuardError != "" {
+		return false, fmt.Errorf("podnet-routed did not add the port to the pod filter: %s", a.GuardError)
+	}
+	return true, nil
+}
+
 // Await reads the engine's answer (once; the connection is closed after).
+// An answer about the guard that comes late is skipped.
 func (p *Pending) Await() error {
 	defer p.Close()
-	var a Answer
-	if err := json.NewDecoder(io.LimitReader(p.conn, maxMessage)).Decode(&a); err != nil {
-		var ne net.Error
-		if p.ctx.Err() != nil || errors.As(err, &ne) && ne.Timeout() {
-			return fmt.Errorf("NetworkPolicy engine did not answer in time: %w", context.DeadlineExceeded)
+	a := p.final
+	for a == nil {
+		var next Answer
+		if err := p.dec.Decode(&next); err != nil {
+			var ne net.Error
+			if p.ctx.Err() != nil || errors.As(err, &ne) && ne.Timeout() {
+				return fmt.Errorf("NetworkPolicy engine did not answer in time: %w", context.DeadlineExceeded)
+			}
+			return fmt.Errorf("read the NetworkPolicy engine's answer: %w", err)
 		}
-		return fmt.Errorf("read the NetworkPolicy engine's answer: %w", err)
+		if !next.aboutGuard() {
+			a = &next
+		}
 	}
 	if !a.OK {
 		return fmt.Errorf("NetworkPolicy engine: %s", a.Error)
@@ -165,8 +242,20 @@ func Serve(ctx context.Context, l net.Listener, timeout time.Duration, h Handler
 	return ServeEarly(ctx, l, timeout, func(ctx context.Context, req Request, _ func(error)) error { return h(ctx, req) })
 }
 
-// ServeEarly is Serve for an EarlyHandler.
+// GuardHandler adds the port a request's Guard describes to the pod
+// filter (the request is valid).
+type GuardHandler func(ctx context.Context, req Request) error
+
+// ServeEarly is Serve for an EarlyHandler. A request's Guard is answered
+// as not done: it guards nothing (ServeGuarded does).
 func ServeEarly(ctx context.Context, l net.Listener, timeout time.Duration, h EarlyHandler) error {
+	return ServeGuarded(ctx, l, timeout, nil, h)
+}
+
+// ServeGuarded is ServeEarly that adds the ports of requests with a Guard
+// to the pod filter with guard (nil: none), and says so in a first answer,
+// before h runs.
+func ServeGuarded(ctx context.Context, l net.Listener, timeout time.Duration, guard GuardHandler, h EarlyHandler) error {
 	go func() { <-ctx.Done(); l.Close() }()
 	defer func() {
 		if ul, ok := l.(*net.UnixListener); ok {
@@ -185,11 +274,11 @@ func ServeEarly(ctx context.Context, l net.Listener, timeout time.Duration, h Ea
 			}
 			return fmt.Errorf("policy socket accept: %w", err)
 		}
-		go serveConn(ctx, conn, timeout, h)
+		go serveConn(ctx, conn, timeout, guard, h)
 	}
 }
 
-func serveConn(ctx context.Context, conn net.Conn, timeout time.Duration, h EarlyHandler) {
+func serveConn(ctx context.Context, conn net.Conn, timeout time.Duration, guard GuardHandler, h EarlyHandler) {
 	defer conn.Close()
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
@@ -210,8 +299,28 @@ func serveConn(ctx context.Context, conn net.Conn, timeout time.Duration, h Earl
 	} else if err := validate(req); err != nil {
 		reply(err)
 	} else {
+		if req.Guard != nil {
+			answerGuard(ctx, conn, guard, req)
+		}
 		reply(h(ctx, req, reply))
 	}
+}
+
+// guardedAnswer is Answer{Guarded: true} as sent.
+const guardedAnswer = "{\"ok\":false,\"guarded\":true}\n"
+
+// answerGuard adds the request's port with guard and sends the first
+// answer: guarded, or why not.
+func answerGuard(ctx context.Context, conn net.Conn, guard GuardHandler, req Request) {
+	err := errors.New("this engine does not add ports to the pod filter")
+	if guard != nil {
+		err = guard(ctx, req)
+	}
+	if err == nil {
+		conn.Write([]byte(guardedAnswer))
+		return
+	}
+	json.NewEncoder(conn).Encode(Answer{GuardError: err.Error()})
 }
 
 // okAnswer is Answer{OK: true} as sent.
@@ -235,6 +344,31 @@ func validate(r Request) error {
 	}
 	if r.HostVeth != "" && !contract.IsHostVeth(r.HostVeth) || len(r.HostVeth) > 15 || strings.ContainsAny(r.HostVeth, "/ :\x00") {
 		return fmt.Errorf("bad request: %q is not a podnet host veth name", r.HostVeth)
+	}
+	if r.Guard != nil {
+		return validateGuard(r)
+	}
+	return nil
+}
+
+// validateGuard refuses a Guard that cannot describe a podnet port.
+func validateGuard(r Request) error {
+	g := r.Guard
+	if r.HostVeth == "" {
+		return errors.New("bad request: a guard needs the host veth's name")
+	}
+	if g.Mode != "routed" && g.Mode != "bridge" {
+		return fmt.Errorf("bad request: guard mode %q (want routed or bridge)", g.Mode)
+	}
+	if g.Index <= 0 || g.Index > math.MaxInt32 {
+		return fmt.Errorf("bad request: guard interface index %d", g.Index)
+	}
+	if g.Alias == "" || len(g.Alias) > 255 || strings.ContainsFunc(g.Alias, func(r rune) bool { return r < 0x20 || r == 0x7f }) {
+		return errors.New("bad request: the guard's alias is empty, too long or not printable")
+	}
+	mac, err := net.ParseMAC(g.MAC)
+	if err != nil || len(mac) != 6 || mac[0]&1 != 0 {
+		return fmt.Errorf("bad request: guard MAC %q is not a unicast Ethernet address", g.MAC)
 	}
 	return nil
 }

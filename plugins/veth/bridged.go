@@ -98,22 +98,27 @@ func (b *bridged) prepareNode(side podSide, mtu int) error {
 
 func (b *bridged) guard() podfilter.Guard { return podfilter.Bridged }
 
-// setupHost enslaves the host veth to the bridge, sets its hairpin flag,
-// hardens it (hostIfaceSettings), gives it no IPv6 address (a port's own
-// addresses serve nothing) and brings it up.
-func (b *bridged) setupHost(host netlink.Link, _ podSide) error {
+// attachHost makes the host veth (still down) a port of the bridge with
+// the configured hairpin flag, before podnet-routed hears of the pod.
+func (b *bridged) attachHost(host netlink.Link) error {
 	br := b.br
-	if err := hardenHostIface(host.Attrs().Name); err != nil {
-		return fmt.Errorf("host veth %s: %w", host.Attrs().Name, err)
-	}
-	if err := noKernelLinkLocal(host.Attrs().Name); err != nil {
-		return fmt.Errorf("host veth %s: %w", host.Attrs().Name, err)
-	}
 	if err := netlink.LinkSetMaster(host, br); err != nil {
 		return fmt.Errorf("attach %s to bridge %s: %w", host.Attrs().Name, br.Attrs().Name, err)
 	}
 	if err := netlink.LinkSetHairpin(host, b.conf.HairpinMode); err != nil {
 		return fmt.Errorf("set hairpin mode on %s: %w", host.Attrs().Name, err)
+	}
+	return nil
+}
+
+// setupHost gives the host veth (a port of the bridge since attachHost)
+// the host-side settings and brings it up.
+func (b *bridged) setupHost(host netlink.Link, _ podSide) error {
+	if err := hardenHostIface(host.Attrs().Name); err != nil {
+		return fmt.Errorf("host veth %s: %w", host.Attrs().Name, err)
+	}
+	if err := noKernelLinkLocal(host.Attrs().Name); err != nil {
+		return fmt.Errorf("host veth %s: %w", host.Attrs().Name, err)
 	}
 	if err := netlink.LinkSetUp(host); err != nil {
 		return fmt.Errorf("set %s up: %w", host.Attrs().Name, err)

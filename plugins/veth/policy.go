@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/podnet/podnet/internal/nodestate"
+	"github.com/podnet/podnet/internal/podfilter"
 	"github.com/podnet/podnet/internal/policysock"
 )
 
@@ -25,7 +26,8 @@ const defaultPolicyWait = 3 * time.Second
 // and the answer is read at the end (finish): the engine's write runs
 // while the plugin sets up the pod side. It never fails ADD: no engine
 // means no wait, and an engine that does not answer in time leaves the pod
-// isolated, which is safe, and says so in the log.
+// isolated, which is safe, and says so in the log. The request also asks
+// podnet-routed to add the pod's port to the pod filter (guarded).
 type policyWait struct {
 	p      *policysock.Pending
 	cancel context.CancelFunc
@@ -34,10 +36,16 @@ type policyWait struct {
 	log    *slog.Logger
 }
 
+// guardWait bounds how long ADD waits for podnet-routed to say it added
+// the pod's port to the pod filter before the plugin adds it itself (the
+// daemon's write takes well under a millisecond).
+const guardWait = 500 * time.Millisecond
+
 // startPolicyWait sends the engine the pod's addresses and host-side
-// interface (inv.host). A nil policyWait (no wait, no engine, or the
-// request failed, which is logged) is fine to finish.
-func startPolicyWait(inv *invocation, containerID string, ips []net.IP, log *slog.Logger) *policyWait {
+// interface (inv.host), and guard (nil: none) for the pod filter. A nil
+// policyWait (no wait, no engine, or the request failed, which is logged)
+// is fine to finish and guards nothing.
+func startPolicyWait(inv *invocation, containerID string, ips []net.IP, log *slog.Logger, guard *policysock.GuardPort) *policyWait {
 	wait := defaultPolicyWait
 	if inv.conf.PolicyWait != nil {
 		wait = time.Duration(*inv.conf.PolicyWait)
@@ -45,7 +53,7 @@ func startPolicyWait(inv *invocation, containerID string, ips []net.IP, log *slo
 	if wait <= 0 || inv.pod.PodNamespace == "" || inv.pod.PodName == "" {
 		return nil
 	}
-	req := policysock.Request{Namespace: inv.pod.PodNamespace, Name: inv.pod.PodName, ContainerID: containerID, HostVeth: inv.host}
+	req := policysock.Request{Namespace: inv.pod.PodNamespace, Name: inv.pod.PodName, ContainerID: containerID, HostVeth: inv.host, Guard: guard}
 	for _, ip := range ips {
 		if a, ok := netip.AddrFromSlice(ip); ok {
 			req.IPs = append(req.IPs, a.Unmap())
@@ -64,6 +72,24 @@ func startPolicyWait(inv *invocation, containerID string, ips []net.IP, log *slo
 	}
 	w.p = p
 	return w
+}
+
+// guardPort is the pod filter's port as the request carries it.
+func guardPort(g podfilter.Guard, p podfilter.Port) *policysock.GuardPort {
+	return &policysock.GuardPort{Mode: g.Mode(), Index: p.Index, Alias: p.Alias, MAC: p.MAC.String()}
+}
+
+// guarded reports whether podnet-routed added the port to the pod filter
+// (false: the plugin must; why is logged).
+func (w *policyWait) guarded() bool {
+	if w == nil || w.req.Guard == nil {
+		return false
+	}
+	ok, err := w.p.AwaitGuard(guardWait)
+	if err != nil {
+		w.log.Info("adding the port to the pod filter itself", "container", w.req.ContainerID, "hostVeth", w.req.HostVeth, "why", err)
+	}
+	return ok
 }
 
 // finish reads the engine's answer (or gives up at the wait's end).

@@ -15,7 +15,7 @@ import (
 
 // waitPolicy is startPolicyWait and finish at once.
 func waitPolicy(inv *invocation, containerID string, ips []net.IP, log *slog.Logger) {
-	startPolicyWait(inv, containerID, ips, log).finish()
+	startPolicyWait(inv, containerID, ips, log, nil).finish()
 }
 
 // TestWaitPolicyAsksTheEngine: ADD's last step tells the engine on the

@@ -23,7 +23,7 @@ import (
 )
 
 // addSteps are the names ADD passes to plugin.step, in order.
-var addSteps = []string{"ipam", "veth", "guard", "host", "address", "route", "host-route"}
+var addSteps = []string{"ipam", "veth", "address", "route", "guard", "host", "host-route"}
 
 const (
 	testSubnet     = "10.244.30.0/24"

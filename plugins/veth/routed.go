@@ -65,6 +65,8 @@ func (r routed) describePod(ifName string, alloc *current.Result) (podSide, erro
 
 func (routed) prepareNode(podSide, int) error { return nil }
 
+func (routed) attachHost(netlink.Link) error { return nil }
+
 func (routed) guard() podfilter.Guard { return podfilter.Routed }
 
 // setupHost prepares the host veth to be the pod's gateway: no Router

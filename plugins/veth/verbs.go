@@ -39,7 +39,11 @@ type mode interface {
 	// with the pod MTU). It must be idempotent: nothing it creates is rolled
 	// back, as other pods share it.
 	prepareNode(side podSide, mtu int) error
-	// setupHost configures the host end once the pod end has moved.
+	// attachHost runs right after the veth pair is created, before
+	// podnet-routed hears of the pod (e.g. the bridge port: the engine
+	// judges a bridge's pods by their addresses); the host end is down.
+	attachHost(host netlink.Link) error
+	// setupHost configures the host end and brings it up.
 	setupHost(host netlink.Link, side podSide) error
 	// finishHost runs after the pod is configured (e.g. node routes to it).
 	finishHost(host netlink.Link, side podSide) error
@@ -58,7 +62,7 @@ type plugin struct {
 	// newMode builds the mode from the network config of an invocation.
 	newMode func(stdin []byte, conf *netConf) (mode, error)
 	// failAfter, set only by tests, is called after each ADD step
-	// ("ipam", "veth", "guard", "host", "address", "route", "host-route";
+	// ("ipam", "veth", "address", "route", "guard", "host", "host-route";
 	// the pod end of the veth is born in the pod netns, so "veth" includes
 	// the move) and makes ADD fail there.
 	failAfter func(step string) error
@@ -147,21 +151,22 @@ func (p *plugin) add(args *skel.CmdArgs) (err error) {
 		return err
 	}
 	spec := vethSpec{HostName: inv.host, PodName: args.IfName, MTU: mtu, HostMAC: inv.mode.hostMAC(), Owner: inv.owner}
-	host, err := p.plumbVeth(inv, spec, side, podNS, rollback, tr)
+	host, port, err := p.plumbVeth(inv, spec, side, podNS, rollback, tr)
 	if err != nil {
 		return err
 	}
-	// the engine's wait goes out once the host side is in place and is
-	// read after the pod side is: the engine writes meanwhile
-	var pw *policyWait
+	// the engine's wait goes out once the veth pair exists, asking
+	// podnet-routed to guard the port too; the plugin sets up the pod side
+	// meanwhile (no packet passes while the host end is down), reads the
+	// guard's answer before the host end comes up, and the policy's at the
+	// end: the engine writes meanwhile
+	pw := startPolicyWait(inv, args.ContainerID, side.ips(), log, guardPort(inv.mode.guard(), port))
 	defer func() {
 		if err != nil {
 			pw.abandon()
 		}
 	}()
-	podIface, err := p.configure(inv, host, side, podNS, tr, func() {
-		pw = startPolicyWait(inv, args.ContainerID, side.ips(), log)
-	})
+	podIface, err := p.configure(inv, host, side, podNS, tr, func() error { return p.guard(inv, port, pw, tr) })
 	if err != nil {
 		return err
 	}
@@ -214,10 +219,11 @@ func (p *plugin) allocate(inv *invocation, args *skel.CmdArgs, mtu int, rollback
 	return alloc, side, nil
 }
 
-// plumbVeth replaces a stale host veth of the same name, creates the veth
-// pair and guards its host end in the pod filter before it comes up (both
-// undone on a later failure). It returns the host end.
-func (p *plugin) plumbVeth(inv *invocation, spec vethSpec, side podSide, podNS ns.NetNS, rollback *undoStack, tr *trace) (netlink.Link, error) {
+// plumbVeth replaces a stale host veth of the same name and creates the
+// veth pair (undone on a later failure, with the pod filter's elements of
+// its host end). It returns the host end and the port the pod filter is
+// to guard.
+func (p *plugin) plumbVeth(inv *invocation, spec vethSpec, side podSide, podNS ns.NetNS, rollback *undoStack, tr *trace) (netlink.Link, podfilter.Port, error) {
 	g := inv.mode.guard().At(inv.conf.StateDir)
 	host, podMAC, err := createVeth(spec, podNS)
 	if errors.Is(err, errHostNameTaken) {
@@ -228,16 +234,16 @@ func (p *plugin) plumbVeth(inv *invocation, spec vethSpec, side podSide, podNS n
 			serr = g.RemovePort(stale)
 		}
 		if serr != nil {
-			return nil, cniErrorf(types.ErrTryAgainLater, "%v", serr)
+			return nil, podfilter.Port{}, cniErrorf(types.ErrTryAgainLater, "%v", serr)
 		}
 		tr.mark("stale-veth")
 		host, podMAC, err = createVeth(spec, podNS)
 	}
 	if err != nil {
 		if errors.Is(err, errIfNameTaken) {
-			return nil, cniErrorf(types.ErrInvalidEnvironmentVariables, "%v", err)
+			return nil, podfilter.Port{}, cniErrorf(types.ErrInvalidEnvironmentVariables, "%v", err)
 		}
-		return nil, err
+		return nil, podfilter.Port{}, err
 	}
 	port := podfilter.Port{Index: host.Attrs().Index, Name: spec.HostName, Alias: inv.owner.Alias(), IPs: side.ips(), MAC: podMAC}
 	rollback.push(func() error {
@@ -245,33 +251,47 @@ func (p *plugin) plumbVeth(inv *invocation, spec vethSpec, side podSide, podNS n
 		// after the veth, so that no live port is ever left unguarded
 		return errors.Join(err, g.RemoveExact(port))
 	})
+	if err = inv.mode.attachHost(host); err != nil {
+		return nil, podfilter.Port{}, err
+	}
 	if err = p.passed(tr, "veth"); err != nil {
-		return nil, err
+		return nil, podfilter.Port{}, err
 	}
-	// before the host veth comes up: from its first packet on, the pod
-	// sends only as itself
-	if err = g.Install(port); err != nil {
-		return nil, cniErrorf(types.ErrTryAgainLater, "%v", err)
-	}
-	if err = p.passed(tr, "guard"); err != nil {
-		return nil, err
-	}
-	return host, nil
+	return host, port, nil
 }
 
-// configure sets up the host end, the pod's addresses and routes, then the
-// node's route to the pod, calling hostReady once the host end is set up.
+// guard puts the host end in the pod filter before it comes up: from its
+// first packet on, the pod sends only as itself. podnet-routed does it
+// when the policy wait asked it to and it says so in time (its nftables
+// socket stays open; a plugin's closes at its exit, and the kernel holds
+// the node's nftables commit lock through that close until what earlier
+// transactions removed is freed, a grace period every other writer
+// waits for); else the plugin writes the elements itself.
+func (p *plugin) guard(inv *invocation, port podfilter.Port, pw *policyWait, tr *trace) error {
+	if !pw.guarded() {
+		if err := inv.mode.guard().At(inv.conf.StateDir).Install(port); err != nil {
+			return cniErrorf(types.ErrTryAgainLater, "%v", err)
+		}
+	}
+	return p.passed(tr, "guard")
+}
+
+// configure sets up the pod's addresses and routes (its interface comes
+// up, but no packet passes while the host end is down), puts the host end
+// in the pod filter (guard), sets it up, then the node's route to the pod.
 // It returns the pod's interface for the result.
-func (p *plugin) configure(inv *invocation, host netlink.Link, side podSide, podNS ns.NetNS, tr *trace, hostReady func()) (*current.Interface, error) {
+func (p *plugin) configure(inv *invocation, host netlink.Link, side podSide, podNS ns.NetNS, tr *trace, guard func() error) (*current.Interface, error) {
+	podIface, err := configurePod(podNS, side, inv.owner.Alias(), func(step string) error { return p.passed(tr, step) })
+	if err != nil {
+		return nil, err
+	}
+	if err := guard(); err != nil {
+		return nil, err
+	}
 	if err := inv.mode.setupHost(host, side); err != nil {
 		return nil, err
 	}
 	if err := p.passed(tr, "host"); err != nil {
-		return nil, err
-	}
-	hostReady()
-	podIface, err := configurePod(podNS, side, inv.owner.Alias(), func(step string) error { return p.passed(tr, step) })
-	if err != nil {
 		return nil, err
 	}
 	if err = inv.mode.finishHost(host, side); err != nil {

@@ -28,6 +28,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/podnet/podnet/internal/contract"
+	"github.com/podnet/podnet/internal/nftutil"
 	"github.com/podnet/podnet/internal/nodestate"
 	"github.com/podnet/podnet/routed/dataplane"
 	"github.com/podnet/podnet/routed/desired"
@@ -135,6 +136,10 @@ type Daemon struct {
 	// the nftables monitor), and the refused records already logged
 	podFilterMu      sync.Mutex
 	podFilterRefused map[string]bool
+	// the ports plugins ask podnet-routed to guard (guard.go): one write
+	// at a time on one lasting socket
+	guardMu   sync.Mutex
+	guardConn nftutil.Conn
 	// onNFTChange, when set, hears (debounced) that someone else changed
 	// an nftables table podnet owns (nftmonitor.go)
 	onNFTChange []func()
@@ -147,13 +152,14 @@ type Daemon struct {
 // kube.NodesListWatch).
 func New(cfg Config, nodes cache.ListerWatcher, log *slog.Logger) *Daemon {
 	d := &Daemon{
-		cfg:     cfg,
-		nodesLW: nodes,
-		log:     log,
-		dp:      &dataplane.Netlink{Encap: cfg.Encap, VNI: cfg.VXLANVNI, Port: cfg.VXLANPort, MTU: cfg.MTU, Log: log},
-		table:   dataplane.Table{Log: log},
-		metrics: NewMetrics(),
-		kick:    make(chan struct{}, 1),
+		cfg:       cfg,
+		nodesLW:   nodes,
+		log:       log,
+		dp:        &dataplane.Netlink{Encap: cfg.Encap, VNI: cfg.VXLANVNI, Port: cfg.VXLANPort, MTU: cfg.MTU, Log: log},
+		table:     dataplane.Table{Log: log},
+		metrics:   NewMetrics(),
+		kick:      make(chan struct{}, 1),
+		guardConn: nftutil.Conn{Timeout: 2 * time.Second},
 	}
 	d.selfProblem.Store("")
 	d.metrics.contactAge = d.contactAge

@@ -56,7 +56,7 @@ func TestStepTrace(t *testing.T) {
 	// (a "stale-veth" step comes before "veth" only when a stale host
 	// veth of the same name was replaced)
 	want := map[string][]string{
-		"ADD": {"config", "netns", "mtu", "ipam", "prepare", "veth", "guard", "host", "address", "route", "host-route", "policy", "result"},
+		"ADD": {"config", "netns", "mtu", "ipam", "prepare", "veth", "address", "route", "guard", "host", "host-route", "policy", "result"},
 		"DEL": {"config", "veth-detach", "guard", "ipam"},
 	}
 	if len(lines) != 2 || lines[0].Verb != "ADD" || lines[1].Verb != "DEL" {

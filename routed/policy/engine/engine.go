@@ -103,6 +103,9 @@ type Config struct {
 	SocketPath string
 	// SocketTimeout bounds one wait on the engine's side.
 	SocketTimeout time.Duration
+	// Guard, when set, adds the ports of the waits that ask for it to the
+	// pod filter (podnet-routed's Daemon.GuardPort).
+	Guard policysock.GuardHandler
 	// OverrideTTL is how long an address a plugin reported counts while
 	// the Pod object does not show it yet.
 	OverrideTTL time.Duration
@@ -350,7 +353,7 @@ func (e *Engine) Run(ctx context.Context) error {
 			return err
 		}
 		go func() {
-			if err := policysock.ServeEarly(ctx, l, e.cfg.SocketTimeout, e.handleWait); err != nil {
+			if err := policysock.ServeGuarded(ctx, l, e.cfg.SocketTimeout, e.cfg.Guard, e.handleWait); err != nil {
 				e.log.Error("policy socket", "err", err)
 			}
 		}()

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
 	"slices"
 	"sync/atomic"
@@ -122,5 +123,35 @@ func TestWaitFindsTheHeardPort(t *testing.T) {
 	rs, _ = r.w.last()
 	if slices.Contains(rs.Ports, unheard) {
 		t.Errorf("a host veth neither heard of nor in the kernel is a port: %v", rs.Ports)
+	}
+}
+
+// TestWaitTakesTheModeOfTheRequest: a podnet-bridge plugin asks before its
+// host veth is a port of the bridge; the mode its request names decides
+// how the pod is judged (by its addresses, not by a port it will not send
+// through), and a routed one's port is a port.
+func TestWaitTakesTheModeOfTheRequest(t *testing.T) {
+	r := newRig(t, func(e *Engine) {
+		e.lookupLink = func(string) (portLink, bool) { return portLink{}, false }
+	})
+	r.pols.Add(denyIngress())
+	r.pods.Add(pod("db-1", "", map[string]string{"app": "db"}))
+	r.pods.Add(pod("db-2", "", map[string]string{"app": "db"}))
+	r.until("db-1, db-2 arriving", func(rs policy.Ruleset) bool { return len(rs.Pods) == 2 })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for i, mode := range []string{"bridge", "routed"} {
+		name := []string{"db-1", "db-2"}[i]
+		veth := contract.HostVethName("shop", name, "", "eth0")
+		r.e.HostVethUpdate(linkUpdate(unix.RTM_NEWLINK, 50+i, veth, contract.VethOwner{Network: "podnet", ContainerID: "c" + name, IfName: "eth0"}.Alias(), 0))
+		req := policysock.Request{Namespace: "shop", Name: name, IPs: []netip.Addr{netip.MustParseAddr(fmt.Sprintf("10.244.1.%d", 31+i))}, HostVeth: veth,
+			Guard: &policysock.GuardPort{Mode: mode, Index: 50 + i, Alias: "x", MAC: "02:00:00:00:00:01"}}
+		if err := policysock.Wait(ctx, r.sock, req); err != nil {
+			t.Fatalf("%s: Wait: %v", mode, err)
+		}
+		rs, _ := r.w.last()
+		if got := slices.Contains(rs.Ports, veth); got != (mode == "routed") {
+			t.Errorf("%s: %s among the ports judged by port: %v, want %v (ports %v)", mode, veth, got, mode == "routed", rs.Ports)
+		}
 	}
 }

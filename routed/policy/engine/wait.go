@@ -75,6 +75,12 @@ func (e *Engine) wait(ctx context.Context, req policysock.Request, answer func()
 	link, linked := portLink{}, false
 	if req.HostVeth != "" {
 		link, linked = e.hostVeth(req.HostVeth)
+		if linked && req.Guard != nil {
+			// the plugin says which kind of port it is: it asks before
+			// attaching a podnet-bridge port to its bridge, and a pod
+			// judged by a port it does not send through would be open
+			link.bridged = req.Guard.Mode == "bridge"
+		}
 	}
 	e.mu.Lock()
 	e.overrides[key] = override{ips: req.IPs, at: e.now()}
