@@ -2,6 +2,7 @@ package main
 
 import (
 	"math"
+	"strings"
 	"testing"
 )
 
@@ -41,5 +42,51 @@ func TestHistQuantile(t *testing.T) {
 	}
 	if got := msBound(.0001); got != "0.1" {
 		t.Errorf("msBound(.0001) = %q", got)
+	}
+}
+
+// TestHeldUpTarget: the engine's share of an ADD is judged on the time
+// the plugin's trace says podnet-routed held it up, both phases of the
+// last level pooled, and shown per row.
+func TestHeldUpTarget(t *testing.T) {
+	ms := func(v float64, n int) []float64 {
+		out := make([]float64, n)
+		for i := range out {
+			out[i] = v
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		name      string
+		seq, conc []float64
+		status    string
+		measured  string
+	}{
+		{"met", ms(0.2, 100), ms(1.9, 100), "**met**", "p99 1.90 ms"},
+		{"not met", ms(0.2, 100), append(ms(0.5, 90), ms(7, 10)...), "not met", "p99 7.00 ms"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a := &addCompare{Pods: 100, Workers: 8, Chunk: 25, Levels: []addLevel{
+				{Policies: 0, PodnetSeqMs: ms(5, 100), RefSeqMs: ms(10, 100), PodnetConcMs: ms(20, 100), RefConcMs: ms(40, 100)},
+				{Policies: 1000, PodnetSeqMs: ms(6, 100), RefSeqMs: ms(10, 100), PodnetConcMs: ms(30, 100), RefConcMs: ms(40, 100), BlockedSeqMs: tc.seq, BlockedConcMs: tc.conc},
+			}}
+			r := &report{}
+			r.addSection(&policyData{AddCompare: a})
+			var got *target
+			for i := range r.targets {
+				if strings.Contains(r.targets[i].Goal, "held up by podnet-routed") {
+					got = &r.targets[i]
+				}
+			}
+			if got == nil {
+				t.Fatalf("no held-up target in %+v", r.targets)
+			}
+			if !strings.Contains(got.Status, tc.status) || !strings.HasPrefix(got.Measured, tc.measured) || !strings.Contains(got.Goal, "1000 policies") {
+				t.Errorf("target %+v, want %s, measured %q…", *got, tc.status, tc.measured)
+			}
+			if !strings.Contains(r.b.String(), "| 0.20 / 0.20 |") {
+				t.Errorf("the sequential row does not show the held-up time:\n%s", r.b.String())
+			}
+		})
 	}
 }

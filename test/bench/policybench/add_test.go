@@ -34,6 +34,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -102,6 +103,14 @@ type addLevel struct {
 	// stack's turns, per ADD
 	RoutedSeq  *routedCPU `json:"routed_cpu_seq,omitempty"`
 	RoutedConc *routedCPU `json:"routed_cpu_conc,omitempty"`
+	// BlockedSeqMs, BlockedConcMs: per podnet ADD (in the order they
+	// ended), how long it was held up by podnet-routed, from the plugin's
+	// own step trace (PODNET_TRACE, on for podnet's turns): its guard step
+	// (waiting for podnet-routed to add the port to the pod filter, or
+	// adding it itself) and its policy step (the rest of the engine's
+	// wait, which runs while the plugin sets up the pod)
+	BlockedSeqMs  []float64 `json:"blocked_seq_ms,omitempty"`
+	BlockedConcMs []float64 `json:"blocked_conc_ms,omitempty"`
 }
 
 // routedCPU is the CPU both nodes' podnet-routed spent while one
@@ -487,12 +496,13 @@ func (a *addBench) scrape() *hist {
 
 // phase is one mode at one level: a.pods pods of each stack in turns of
 // a.chunk, workers in flight, then every pod DELeted and the node checked.
-func (a *addBench) phase(workers int) (podnetMs, refMs []float64, wait *histDelta, routed *routedCPU, errs, leaks []string) {
+func (a *addBench) phase(workers int) (podnetMs, refMs []float64, wait *histDelta, routed *routedCPU, blocked []float64, errs, leaks []string) {
 	base := a.baseState()
 	a.repairs0 = a.podFilterRepairs()
 	pp, rp := a.newPods(a.podnet, a.pods), a.newPods(a.ref, a.pods)
 	h0 := a.scrape()
 	cpu := map[bool]time.Duration{} // podnet's turns (true), the reference's
+	trace := filepath.Join(a.b.t.TempDir(), "trace.jsonl")
 	for k := 0; k*a.chunk < a.pods; k++ {
 		lo, hi := k*a.chunk, min((k+1)*a.chunk, a.pods)
 		turns := [][]*addPod{pp[lo:hi], rp[lo:hi]}
@@ -502,9 +512,18 @@ func (a *addBench) phase(workers int) (podnetMs, refMs []float64, wait *histDelt
 		for _, pods := range turns {
 			a.quiet()
 			c0 := a.routedCPUNow()
+			restore := func() {}
+			if pods[0].s.podnet {
+				restore = setEnv("PODNET_TRACE", trace)
+			}
 			a.turn(pods, workers)
+			restore()
 			cpu[pods[0].s.podnet] += a.routedCPUNow() - c0
 		}
+	}
+	blocked, err := blockedMs(trace)
+	if err != nil {
+		a.errorf("podnet's step trace: %v", err)
 	}
 	wait = a.scrape().minus(h0)
 	podnetMs, refMs = okMs(pp), okMs(rp)
@@ -515,6 +534,60 @@ func (a *addBench) phase(workers int) (podnetMs, refMs []float64, wait *histDelt
 	errs = a.takeErrors()
 	leaks = a.leaks(base, pp)
 	return
+}
+
+// setEnv sets the process's variable k to v (libcni passes the runtime's
+// environment on to the plugins) and returns what puts it back.
+func setEnv(k, v string) func() {
+	old, had := os.LookupEnv(k)
+	os.Setenv(k, v)
+	return func() {
+		if had {
+			os.Setenv(k, old)
+		} else {
+			os.Unsetenv(k)
+		}
+	}
+}
+
+// blockedMs reads the plugin's step trace at path: per ADD, the wall time
+// of its guard and policy steps (ms), which is how long podnet-routed held
+// it up. No file is no ADD traced.
+func blockedMs(path string) ([]float64, error) {
+	b, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var out []float64
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.TrimSpace(line) == "" {
+			continue
+		}
+		var v struct {
+			Verb  string `json:"verb"`
+			Steps []struct {
+				Step   string  `json:"step"`
+				WallUs float64 `json:"wallUs"`
+			} `json:"steps"`
+		}
+		if err := json.Unmarshal([]byte(line), &v); err != nil {
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
+		if v.Verb != "ADD" {
+			continue
+		}
+		us := 0.0
+		for _, s := range v.Steps {
+			if s.Step == "guard" || s.Step == "policy" {
+				us += s.WallUs
+			}
+		}
+		out = append(out, us/1000)
+	}
+	return roundMs(out), nil
 }
 
 func okMs(pods []*addPod) []float64 {
@@ -537,9 +610,9 @@ func (a *addBench) level(policies int) addLevel {
 	}
 	start := time.Now()
 	var errs, leaks []string
-	l.PodnetSeqMs, l.RefSeqMs, l.WaitSeq, l.RoutedSeq, errs, leaks = a.phase(1)
+	l.PodnetSeqMs, l.RefSeqMs, l.WaitSeq, l.RoutedSeq, l.BlockedSeqMs, errs, leaks = a.phase(1)
 	l.Errors, l.Leaks = append(l.Errors, errs...), append(l.Leaks, leaks...)
-	l.PodnetConcMs, l.RefConcMs, l.WaitConc, l.RoutedConc, errs, leaks = a.phase(a.workers)
+	l.PodnetConcMs, l.RefConcMs, l.WaitConc, l.RoutedConc, l.BlockedConcMs, errs, leaks = a.phase(a.workers)
 	l.Errors, l.Leaks = append(l.Errors, errs...), append(l.Leaks, leaks...)
 	l.Seconds = time.Since(start).Seconds()
 	for _, m := range []struct {
@@ -547,10 +620,14 @@ func (a *addBench) level(policies int) addLevel {
 		podnet, ref []float64
 		wait        *histDelta
 		routed      *routedCPU
-	}{{"sequential", l.PodnetSeqMs, l.RefSeqMs, l.WaitSeq, l.RoutedSeq}, {fmt.Sprintf("%d concurrent", a.workers), l.PodnetConcMs, l.RefConcMs, l.WaitConc, l.RoutedConc}} {
+		blocked     []float64
+	}{{"sequential", l.PodnetSeqMs, l.RefSeqMs, l.WaitSeq, l.RoutedSeq, l.BlockedSeqMs}, {fmt.Sprintf("%d concurrent", a.workers), l.PodnetConcMs, l.RefConcMs, l.WaitConc, l.RoutedConc, l.BlockedConcMs}} {
 		routed := ""
 		if m.routed != nil {
 			routed = fmt.Sprintf("; podnet-routed CPU per ADD during the turns (both nodes): podnet's %.2f ms, the reference's %.2f ms", m.routed.PodnetMs, m.routed.RefMs)
+		}
+		if len(m.blocked) > 0 {
+			routed += fmt.Sprintf("; ADD held up by podnet-routed (guard + policy steps, %d traced): p50 %.2f ms p99 %.2f ms", len(m.blocked), pct(m.blocked, 50), pct(m.blocked, 99))
 		}
 		t.Logf("ADD at %d policies, %s: podnet p50 %.1f ms p99 %.1f ms, ptp+host-local p50 %.1f ms p99 %.1f ms (p50 %.2f×, p99 %.2f×); engine: %s%s",
 			policies, m.mode, pct(m.podnet, 50), pct(m.podnet, 99), pct(m.ref, 50), pct(m.ref, 99),

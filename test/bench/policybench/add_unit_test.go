@@ -4,6 +4,7 @@ package policybench
 
 import (
 	"math"
+	"os"
 	"testing"
 )
 
@@ -35,5 +36,30 @@ func TestHistMinusQuantile(t *testing.T) {
 	}
 	if after.minus(nil) != nil {
 		t.Error("no scrape before: a delta")
+	}
+}
+
+func TestBlockedMs(t *testing.T) {
+	path := t.TempDir() + "/trace.jsonl"
+	if got, err := blockedMs(path); err != nil || got != nil {
+		t.Fatalf("no trace: %v, %v; want nothing", got, err)
+	}
+	lines := `{"verb":"ADD","steps":[{"step":"veth","wallUs":900},{"step":"guard","wallUs":150},{"step":"host","wallUs":400},{"step":"policy","wallUs":1250}],"wallUs":5000}
+{"verb":"DEL","steps":[{"step":"guard","wallUs":700}],"wallUs":3000}
+
+{"verb":"ADD","steps":[{"step":"guard","wallUs":20},{"step":"policy","wallUs":5}],"wallUs":4000}
+`
+	if err := os.WriteFile(path, []byte(lines), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	got, err := blockedMs(path)
+	if err != nil || len(got) != 2 || got[0] != 1.4 || got[1] != 0.025 {
+		t.Fatalf("blockedMs = %v, %v; want [1.4 0.025] (ADDs only: guard + policy)", got, err)
+	}
+	if err := os.WriteFile(path, []byte("{not json\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := blockedMs(path); err == nil {
+		t.Fatal("a broken trace line: no error")
 	}
 }
