@@ -90,3 +90,35 @@ func TestHeldUpTarget(t *testing.T) {
 		})
 	}
 }
+
+// TestBurstFloor: a burst run with its CPU recorded shows the least
+// slowest ÷ fastest its CPU allows, in the table and in the target.
+func TestBurstFloor(t *testing.T) {
+	ms := make([]float64, 100)
+	for i := range ms {
+		ms[i] = 100 + float64(i)*10 // 100 .. 1090 ms
+	}
+	a := &addCompare{}
+	a.Burst = &struct {
+		Policies int        `json:"policies"`
+		Pods     int        `json:"pods"`
+		Runs     []burstRun `json:"runs"`
+	}{Policies: 1000, Pods: 100, Runs: []burstRun{
+		{Stack: "podnet+podnet-ipam (engine on)", Ms: ms, WallMs: 1090, PluginCPUMs: 700, RoutedCPUMs: 100, CPUs: 2},
+		{Stack: "ptp+host-local", Ms: ms, WallMs: 1090},
+	}}
+	r := &report{}
+	r.addSection(&policyData{AddCompare: a})
+	if !strings.Contains(r.b.String(), "| 700 + 100 | 4.00× (400 ms on 2 CPUs) |") {
+		t.Errorf("the podnet row lacks its CPU and floor:\n%s", r.b.String())
+	}
+	var got string
+	for _, tg := range r.targets {
+		if strings.Contains(tg.Goal, "at once") {
+			got = tg.Measured
+		}
+	}
+	if !strings.Contains(got, "10.90× (100 → 1090 ms)") || !strings.Contains(got, "no less than 4.00×") {
+		t.Errorf("burst target measured %q", got)
+	}
+}

@@ -42,6 +42,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -138,6 +139,14 @@ type burstRun struct {
 	Stack string `json:"stack"`
 	// Ms: each pod's ADD (ms), in the order they were started
 	Ms []float64 `json:"ms"`
+	// PluginCPUMs: the CPU of the run's plugin processes (and the
+	// processes they ran), from the bench's RUSAGE_CHILDREN; RoutedCPUMs:
+	// both nodes' podnet-routed over the run; CPUs: the machine's. No
+	// schedule ends the last ADD before (PluginCPUMs + RoutedCPUMs) / CPUs
+	// after the gate opened.
+	PluginCPUMs float64 `json:"plugin_cpu_ms"`
+	RoutedCPUMs float64 `json:"routed_cpu_ms"`
+	CPUs        int     `json:"cpus"`
 	// WallMs: the gate opened -> the last ADD answered
 	WallMs float64    `json:"wall_ms"`
 	Wait   *histDelta `json:"wait,omitempty"`
@@ -653,8 +662,10 @@ func (a *addBench) burstRuns(policies int) *addBurst {
 		}
 		for _, s := range stacks {
 			r := a.burstRun(s)
-			a.b.t.Logf("%d ADDs at once, %d policies, %s: fastest %.1f ms, p50 %.1f ms, slowest %.1f ms (%.2f×), all in %.0f ms; engine: %s",
-				a.burst, policies, s.name, pct(r.Ms, 0), pct(r.Ms, 50), pct(r.Ms, 100), pct(r.Ms, 100)/pct(r.Ms, 0), r.WallMs, r.Wait)
+			floor := (r.PluginCPUMs + r.RoutedCPUMs) / float64(r.CPUs)
+			a.b.t.Logf("%d ADDs at once, %d policies, %s: fastest %.1f ms, p50 %.1f ms, slowest %.1f ms (%.2f×), all in %.0f ms; engine: %s; CPU: plugins %.0f ms, podnet-routed %.0f ms, on %d CPUs at least %.0f ms (%.2f× the fastest)",
+				a.burst, policies, s.name, pct(r.Ms, 0), pct(r.Ms, 50), pct(r.Ms, 100), pct(r.Ms, 100)/pct(r.Ms, 0), r.WallMs, r.Wait,
+				r.PluginCPUMs, r.RoutedCPUMs, r.CPUs, floor, floor/pct(r.Ms, 0))
 			if len(r.Errors)+len(r.Leaks) > 0 {
 				a.b.t.Logf("errors %q, leaks %q", r.Errors, r.Leaks)
 			}
@@ -679,9 +690,13 @@ func (a *addBench) burstRun(s *addStack) burstRun {
 			a.add(p)
 		})
 	}
+	c0, r0 := childrenCPU(), a.routedCPUNow()
 	t0 := time.Now()
 	close(gate)
 	wg.Wait()
+	r.PluginCPUMs = math.Round((childrenCPU()-c0).Seconds()*1e6) / 1000
+	r.RoutedCPUMs = math.Round((a.routedCPUNow()-r0).Seconds()*1e6) / 1000
+	r.CPUs = runtime.NumCPU()
 	last := t0
 	for _, p := range pods {
 		if p.end.After(last) {
@@ -701,6 +716,16 @@ func (a *addBench) burstRun(s *addStack) burstRun {
 	r.Errors = a.takeErrors()
 	r.Leaks = a.leaks(base, podnetPods)
 	return r
+}
+
+// childrenCPU is the CPU (user + system) of the bench's child processes
+// that ended and were waited for, theirs included.
+func childrenCPU() time.Duration {
+	var ru unix.Rusage
+	if err := unix.Getrusage(unix.RUSAGE_CHILDREN, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // nodeState is what of node 1 a phase's pods could leave behind: links,
