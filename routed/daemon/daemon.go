@@ -59,6 +59,11 @@ type Config struct {
 	APIServerTimeout time.Duration
 	VXLANVNI         int
 	VXLANPort        int
+	// GuardNice is the nice value of the thread that writes a port a
+	// plugin asks to have guarded (GuardPort; 0: the process's): the
+	// plugin waits for it, and a writer preempted while it holds the
+	// netns's nftables commit lock holds up every other one.
+	GuardNice int
 }
 
 // Daemon reconciles the node's dataplane with the Nodes of the cluster.

@@ -7,6 +7,7 @@ import (
 
 	"github.com/podnet/podnet/internal/podfilter"
 	"github.com/podnet/podnet/internal/policysock"
+	"github.com/podnet/podnet/internal/threadprio"
 )
 
 // GuardPort adds the port a plugin's policy wait describes to the pod
@@ -38,7 +39,8 @@ func (d *Daemon) GuardPort(_ context.Context, req policysock.Request) error {
 	if err != nil {
 		return err
 	}
-	if err := g.At(d.cfg.StateDir).InstallOn(c, port); err != nil {
+	threadprio.Do(d.cfg.GuardNice, func() { err = g.At(d.cfg.StateDir).InstallOn(c, port) })
+	if err != nil {
 		// a socket a request failed on is not used again
 		d.guardConn.Close()
 		d.log.Warn("cannot add a port to the pod filter; the plugin adds it", "hostVeth", req.HostVeth, "pod", req.Namespace+"/"+req.Name, "err", err)

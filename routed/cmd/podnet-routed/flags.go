@@ -63,7 +63,7 @@ func parseFlags(argv []string) (*options, error) {
 	fs.StringVar(&o.procSys, "proc-sys", "/proc/sys", "the sysctl tree where live pods' host veth settings are repaired")
 	fs.BoolVar(&o.netpol, "network-policy", envOr("NETWORK_POLICY", "false") == "true", "enforce networking.k8s.io/v1 NetworkPolicy on this node (table inet podnet-policy; needs list/watch on pods, namespaces and networkpolicies); false removes the table (env NETWORK_POLICY; conf/k8s/podnet.yaml turns it on)")
 	fs.Uint64Var(&o.policyLogDrops, "policy-log-drops", 0, "log the new connections NetworkPolicy drops to the kernel log, at most this many a second per pod and direction, prefixed \"podnet-policy drop <namespace>/<pod> <direction>: \" (0: off)")
-	fs.IntVar(&o.policyNice, "policy-nice", -10, "nice value (-20..19) of the NetworkPolicy engine's write loop thread and of its read-back after a write, that thread alone (0: the process's): every pod's CNI ADD waits for that loop's write, which must not queue behind the plugins and pods a busy node starts; needs CAP_SYS_NICE to go below 0, else the loop logs a warning and keeps the process's")
+	fs.IntVar(&o.policyNice, "policy-nice", -10, "nice value (-20..19) of the NetworkPolicy engine's write loop thread and of its read-back after a write, and of the thread that adds a new pod's port to the pod filter for its plugin, those threads alone (0: the process's): every pod's CNI ADD waits for that loop's write, which must not queue behind the plugins and pods a busy node starts; needs CAP_SYS_NICE to go below 0, else the loop logs a warning and keeps the process's")
 	fs.BoolVar(&o.explainPolicy, "explain-policy", false, "print which NetworkPolicies allow or refuse the flow given as arguments, SRC DST PORT[/tcp|udp|sctp], and why, then exit")
 	fs.IntVar(&o.gcPercent, "gc-percent", 50, "after the initial sync, how much the Go heap may grow, in percent of what the last collection left live, before the next collection (GOGC; Go's default, which the initial sync keeps, is 100; negative: never): the live heap is long-lived state (the Nodes, their routes) and Node events leave little garbage, so collections stay rare and less memory is held for the growth; the environment's GOGC is kept throughout unless this flag is given; GOMEMLIMIT, when set, adds Go's soft memory limit")
 	if err := fs.Parse(argv); err != nil {
@@ -122,6 +122,7 @@ func (o *options) daemonConfig() (daemon.Config, error) {
 		NodeName: o.nodeName, Encap: e, CrossSubnet: o.crossSubnet, ClusterCIDRs: cidrs, ServiceCIDRs: svc,
 		Masquerade: o.masquerade, MasqueradeIPv6: masq6, MTU: o.mtu, StateDir: o.stateDir,
 		ResyncInterval: o.resync, APIServerTimeout: o.apiTimeout, VXLANVNI: o.vni, VXLANPort: o.port,
+		GuardNice: o.policyNice,
 	}, nil
 }
 
