@@ -117,7 +117,7 @@ func (b *bridged) setupHost(host netlink.Link, _ podSide) error {
 	if err := hardenHostIface(host.Attrs().Name); err != nil {
 		return fmt.Errorf("host veth %s: %w", host.Attrs().Name, err)
 	}
-	if err := noKernelLinkLocal(host.Attrs().Name); err != nil {
+	if err := noKernelLinkLocal(host); err != nil {
 		return fmt.Errorf("host veth %s: %w", host.Attrs().Name, err)
 	}
 	if err := netlink.LinkSetUp(host); err != nil {

@@ -3,7 +3,6 @@ package veth
 import (
 	"errors"
 	"fmt"
-	"io/fs"
 	"net"
 
 	"github.com/containernetworking/cni/pkg/types"
@@ -76,8 +75,8 @@ func podAddresses(link netlink.Link, side podSide) error {
 	// the link-local address the pod filter lets the pod send from is
 	// the EUI-64 one of its MAC (podfilter.EUI64LinkLocal): make the
 	// kernel derive exactly that one, whatever the netns's default
-	// (stable-privacy, random). No such sysctl: IPv6 is off in the pod.
-	if err := writeSysctl("net/ipv6/conf/"+side.IfName+"/addr_gen_mode", "0"); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	// (stable-privacy, random). No IPv6 on the interface: nothing to do.
+	if err := setAddrGenMode(link, addrGenModeEUI64); err != nil {
 		return err
 	}
 	if err := netlink.LinkSetUp(link); err != nil {

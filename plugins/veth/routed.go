@@ -76,11 +76,15 @@ func (routed) guard() podfilter.Guard { return podfilter.Routed }
 func (routed) setupHost(host netlink.Link, side podSide) error {
 	ipv6 := side.hasIPv6()
 	name := host.Attrs().Name
-	if err := hardenHostIface(name); err != nil {
+	// one directory opened per family and setting kind, not a walk of
+	// /proc/sys per setting (sysctlWriter)
+	var w sysctlWriter
+	defer w.close()
+	if err := hardenHostIfaceWith(&w, name); err != nil {
 		return fmt.Errorf("host veth %s: %w", name, err)
 	}
 	// the pod's IPv6 gateway is GatewayV6, added below
-	if err := noKernelLinkLocal(name); err != nil {
+	if err := noKernelLinkLocal(host); err != nil {
 		return fmt.Errorf("host veth %s: %w", name, err)
 	}
 	settings := [][2]string{
@@ -96,7 +100,7 @@ func (routed) setupHost(host netlink.Link, side podSide) error {
 		)
 	}
 	for _, s := range settings {
-		if err := writeSysctl(s[0], s[1]); err != nil {
+		if err := w.write(s[0], s[1]); err != nil {
 			return fmt.Errorf("host veth %s: %w", name, err)
 		}
 	}
