@@ -17,6 +17,23 @@ import (
 	"github.com/podnet/podnet/test/nettest"
 )
 
+// policySocket listens where the plugin of e looks for the engine (the
+// policy socket of its config's stateDir).
+func (e *addEnv) policySocket(t *testing.T) net.Listener {
+	t.Helper()
+	var conf struct {
+		StateDir string `json:"stateDir"`
+	}
+	if err := json.Unmarshal(e.args.StdinData, &conf); err != nil {
+		t.Fatal(err)
+	}
+	l, err := policysock.Listen(policysock.Path(conf.StateDir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
 // TestPolicyWaitOverlapsThePodSide: ADD sends the NetworkPolicy engine its
 // request once the veth pair exists, and reads the answer only after
 // it has set up the pod side, so that the engine's write and the plugin's
@@ -27,16 +44,7 @@ func TestPolicyWaitOverlapsThePodSide(t *testing.T) {
 	for _, m := range rollbackModes {
 		t.Run(m.name, func(t *testing.T) {
 			e := newAddEnv(t, m.pluginType, m.shared, "0verlap01")
-			var conf struct {
-				StateDir string `json:"stateDir"`
-			}
-			if err := json.Unmarshal(e.args.StdinData, &conf); err != nil {
-				t.Fatal(err)
-			}
-			l, err := policysock.Listen(policysock.Path(conf.StateDir))
-			if err != nil {
-				t.Fatal(err)
-			}
+			l := e.policySocket(t)
 			got := make(chan policysock.Request, 1)
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
@@ -85,16 +93,7 @@ func TestGuardAskedOfTheDaemon(t *testing.T) {
 			}
 			t.Run(name, func(t *testing.T) {
 				e := newAddEnv(t, m.pluginType, m.shared, "gu4rd01")
-				var conf struct {
-					StateDir string `json:"stateDir"`
-				}
-				if err := json.Unmarshal(e.args.StdinData, &conf); err != nil {
-					t.Fatal(err)
-				}
-				l, err := policysock.Listen(policysock.Path(conf.StateDir))
-				if err != nil {
-					t.Fatal(err)
-				}
+				l := e.policySocket(t)
 				type asked struct {
 					req    policysock.Request
 					hostUp bool
