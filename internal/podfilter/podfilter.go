@@ -391,6 +391,59 @@ func (g Guard) InstallOn(c *nftables.Conn, p Port) error {
 	return nil
 }
 
+// InstallAllOn is InstallOn for several ports in one transaction: the
+// ports of pods that start together, which podnet-routed guards for their
+// plugins (one transaction each would queue every later pod behind the
+// earlier ones' commits). Each port's record is written first, then one
+// transaction adds every recorded port's elements. When the kernel refuses
+// it (the first pod of the node, a table deleted, a port's device gone
+// before its chain was added), each port is installed alone (InstallOn),
+// so one port's failure costs the others nothing. errs[i] is ports[i]'s.
+func (g Guard) InstallAllOn(c *nftables.Conn, ports []Port) (errs []error) {
+	errs = make([]error, len(ports))
+	if len(ports) == 1 {
+		errs[0] = g.InstallOn(c, ports[0])
+		return errs
+	}
+	fail := func(i int, err error) {
+		errs[i] = fmt.Errorf("write nftables table %s for host veth index %d: %w", g, ports[i].Index, err)
+	}
+	unlock, err := g.lockRecords(false)
+	if err != nil {
+		for i := range ports {
+			fail(i, err)
+		}
+		return errs
+	}
+	queued := 0
+	for i, p := range ports {
+		if err := g.writeRecord(p); err != nil {
+			fail(i, err)
+			continue
+		}
+		if err := g.queuePort(c, p); err != nil {
+			fail(i, err)
+			continue
+		}
+		queued++
+	}
+	if queued == 0 {
+		unlock()
+		return errs
+	}
+	err = c.Flush()
+	unlock()
+	if err == nil {
+		return errs
+	}
+	for i, p := range ports {
+		if errs[i] == nil {
+			errs[i] = g.InstallOn(c, p)
+		}
+	}
+	return errs
+}
+
 // String names the guard's table ("inet podnet-pods").
 func (g Guard) String() string { return familyName(g.family) + " " + contract.PodFilterTable }
 

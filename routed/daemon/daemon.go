@@ -142,9 +142,12 @@ type Daemon struct {
 	podFilterMu      sync.Mutex
 	podFilterRefused map[string]bool
 	// the ports plugins ask podnet-routed to guard (guard.go): one write
-	// at a time on one lasting socket
+	// at a time (guardMu) on one lasting socket, of the ports queued
+	// (guardQ, under guardQMu) until then
 	guardMu   sync.Mutex
 	guardConn nftutil.Conn
+	guardQMu  sync.Mutex
+	guardQ    []*guardReq
 	// onNFTChange, when set, hears (debounced) that someone else changed
 	// an nftables table podnet owns (nftmonitor.go)
 	onNFTChange []func()

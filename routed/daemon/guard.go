@@ -10,6 +10,21 @@ import (
 	"github.com/podnet/podnet/internal/threadprio"
 )
 
+// maxGuardBatch is the most ports one pod filter transaction of
+// podnet-routed adds: a batch's messages stay far below the socket's
+// buffer however many pods start at once.
+const maxGuardBatch = 64
+
+// guardReq is one port waiting for podnet-routed's guard write: done,
+// and err, are set by the writer that took it, under guardMu.
+type guardReq struct {
+	g    podfilter.Guard
+	port podfilter.Port
+	pod  string
+	err  error
+	done bool
+}
+
 // GuardPort adds the port a plugin's policy wait describes to the pod
 // filter (policysock.GuardHandler), on podnet-routed's one lasting
 // nftables socket. A plugin that wrote the elements itself would close
@@ -20,6 +35,11 @@ import (
 // request is checked by policysock; the port's record and elements are
 // those the plugin would write (podfilter.Guard.Install), and a failure
 // leaves it to the plugin.
+//
+// Ports asked for while a write is under way are written together by the
+// next one (podfilter.Guard.InstallAllOn): when many pods start at once,
+// each waits for at most the write in progress and its own batch's, not
+// for one transaction per pod before it.
 func (d *Daemon) GuardPort(_ context.Context, req policysock.Request) error {
 	g, ok := podfilter.ByMode(req.Guard.Mode)
 	if !ok {
@@ -29,22 +49,69 @@ func (d *Daemon) GuardPort(_ context.Context, req policysock.Request) error {
 	if err != nil {
 		return fmt.Errorf("pod MAC: %w", err)
 	}
-	port := podfilter.Port{Index: req.Guard.Index, Name: req.HostVeth, Alias: req.Guard.Alias, MAC: mac}
+	r := &guardReq{g: g.At(d.cfg.StateDir), pod: req.Namespace + "/" + req.Name,
+		port: podfilter.Port{Index: req.Guard.Index, Name: req.HostVeth, Alias: req.Guard.Alias, MAC: mac}}
 	for _, a := range req.IPs {
-		port.IPs = append(port.IPs, net.IP(a.Unmap().AsSlice()))
+		r.port.IPs = append(r.port.IPs, net.IP(a.Unmap().AsSlice()))
 	}
+	d.guardQMu.Lock()
+	d.guardQ = append(d.guardQ, r)
+	d.guardQMu.Unlock()
 	d.guardMu.Lock()
 	defer d.guardMu.Unlock()
+	// whoever holds guardMu writes every port asked for so far; r is
+	// either done by an earlier holder or among them
+	for !r.done {
+		d.guardQMu.Lock()
+		batch := d.guardQ[:min(len(d.guardQ), maxGuardBatch)]
+		d.guardQ = d.guardQ[len(batch):]
+		d.guardQMu.Unlock()
+		d.writeGuards(batch)
+	}
+	return r.err
+}
+
+// writeGuards writes batch, one transaction per pod filter mode, and
+// marks each request done. Callers hold guardMu.
+func (d *Daemon) writeGuards(batch []*guardReq) {
+	defer func() {
+		for _, r := range batch {
+			r.done = true
+		}
+	}()
 	c, err := d.guardConn.Open()
 	if err != nil {
-		return err
+		for _, r := range batch {
+			r.err = err
+		}
+		return
 	}
-	threadprio.Do(d.cfg.GuardNice, func() { err = g.At(d.cfg.StateDir).InstallOn(c, port) })
-	if err != nil {
+	byGuard := map[podfilter.Guard][]*guardReq{}
+	var order []podfilter.Guard
+	for _, r := range batch {
+		if byGuard[r.g] == nil {
+			order = append(order, r.g)
+		}
+		byGuard[r.g] = append(byGuard[r.g], r)
+	}
+	failed := false
+	for _, g := range order {
+		reqs := byGuard[g]
+		ports := make([]podfilter.Port, len(reqs))
+		for i, r := range reqs {
+			ports[i] = r.port
+		}
+		var errs []error
+		threadprio.Do(d.cfg.GuardNice, func() { errs = g.InstallAllOn(c, ports) })
+		for i, r := range reqs {
+			if r.err = errs[i]; r.err != nil {
+				failed = true
+				d.log.Warn("cannot add a port to the pod filter; the plugin adds it", "hostVeth", r.port.Name, "pod", r.pod, "err", r.err)
+			}
+		}
+	}
+	if failed {
 		// a socket a request failed on is not used again
 		d.guardConn.Close()
-		d.log.Warn("cannot add a port to the pod filter; the plugin adds it", "hostVeth", req.HostVeth, "pod", req.Namespace+"/"+req.Name, "err", err)
-		return err
 	}
-	return nil
 }

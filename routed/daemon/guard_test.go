@@ -2,10 +2,12 @@ package daemon
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/netip"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -75,6 +77,133 @@ func TestGuardPort(t *testing.T) {
 			t.Errorf("mode netdev: %v, want a refusal", err)
 		}
 		d.guardConn.Close()
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestGuardPortBatches: the ports asked for while a guard write is under
+// way go in together, in one transaction (the ruleset generation moves
+// by one for all of them), each verified and recorded; a port the kernel
+// refuses (a host veth name longer than IFNAMSIZ) fails alone, and the
+// others of its batch are in.
+func TestGuardPortBatches(t *testing.T) {
+	n := testns.New(t)
+	dir := t.TempDir()
+	d := &Daemon{cfg: Config{StateDir: dir}, log: slog.New(slog.DiscardHandler), guardConn: nftutil.Conn{Timeout: 2 * time.Second}}
+	defer d.guardConn.Close()
+	g := podfilter.Routed.At(dir)
+	type pod struct {
+		req  policysock.Request
+		port podfilter.Port
+	}
+	var pods []pod
+	err := n.Do(func(ns.NetNS) error {
+		for i := range 9 {
+			name := fmt.Sprintf("pn%011x", i+1)
+			alias := contract.VethOwner{Network: "podnet", ContainerID: "c" + name, IfName: "eth0"}.Alias()
+			if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: fmt.Sprintf("pq%011x", i+1)}); err != nil {
+				return err
+			}
+			l, err := netlink.LinkByName(name)
+			if err != nil {
+				return err
+			}
+			if err := netlink.LinkSetAlias(l, alias); err != nil {
+				return err
+			}
+			ip := netip.AddrFrom4([4]byte{10, 244, 0, byte(10 + i)})
+			mac := net.HardwareAddr{2, 0, 0, 0, 0, byte(10 + i)}
+			veth := name
+			if i == 4 {
+				veth += "-0123456789" // the kernel hooks no such device
+			}
+			pods = append(pods, pod{
+				req: policysock.Request{Namespace: "ns", Name: fmt.Sprintf("web-%d", i), HostVeth: veth, IPs: []netip.Addr{ip},
+					Guard: &policysock.GuardPort{Mode: "routed", Index: l.Attrs().Index, Alias: alias, MAC: mac.String()}},
+				port: podfilter.Port{Index: l.Attrs().Index, Name: name, Alias: alias, IPs: []net.IP{ip.AsSlice()}, MAC: mac},
+			})
+		}
+		// the first pod's write makes the table and opens the socket
+		if err := d.GuardPort(context.Background(), pods[0].req); err != nil {
+			return fmt.Errorf("the first port: %w", err)
+		}
+		c, raw, err := nftutil.Dial(2*time.Second, 0, 0)
+		if err != nil {
+			return err
+		}
+		defer c.CloseLasting()
+		gen := func() uint32 {
+			v, err := nftutil.Generation(raw)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return v
+		}
+		// a write under way: the other 8 queue behind it
+		d.guardMu.Lock()
+		errs := make([]error, len(pods))
+		var wg sync.WaitGroup
+		for i := 1; i < len(pods); i++ {
+			wg.Go(func() {
+				errs[i] = n.Do(func(ns.NetNS) error { return d.GuardPort(context.Background(), pods[i].req) })
+			})
+		}
+		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+			d.guardQMu.Lock()
+			queued := len(d.guardQ)
+			d.guardQMu.Unlock()
+			if queued == len(pods)-1 {
+				break
+			}
+			if time.Now().After(deadline) {
+				d.guardMu.Unlock()
+				wg.Wait()
+				return fmt.Errorf("%d of %d requests queued", queued, len(pods)-1)
+			}
+		}
+		d.guardMu.Unlock()
+		wg.Wait()
+		for i, err := range errs {
+			if (err != nil) != (i == 4) {
+				t.Errorf("pod %d: %v (want an error only for pod 4, the port the kernel refuses)", i, err)
+			}
+		}
+		for i, p := range pods {
+			err := g.Verify(p.port)
+			if (err != nil) != (i == 4) {
+				t.Errorf("pod %d's port: %v (want it guarded unless it is pod 4)", i, err)
+			}
+		}
+		// a batch the kernel takes whole is one transaction
+		gen1 := gen()
+		d.guardMu.Lock()
+		more := []int{0, 1, 2}
+		for _, i := range more {
+			wg.Go(func() {
+				errs[i] = n.Do(func(ns.NetNS) error { return d.GuardPort(context.Background(), pods[i].req) })
+			})
+		}
+		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+			d.guardQMu.Lock()
+			queued := len(d.guardQ)
+			d.guardQMu.Unlock()
+			if queued == len(more) || time.Now().After(deadline) {
+				break
+			}
+		}
+		d.guardMu.Unlock()
+		wg.Wait()
+		for _, i := range more {
+			if errs[i] != nil {
+				t.Errorf("pod %d again: %v", i, errs[i])
+			}
+		}
+		if moved := gen() - gen1; moved != 1 {
+			t.Errorf("3 ports queued together took %d transactions, want 1", moved)
+		}
 		return nil
 	})
 	if err != nil {
