@@ -3,9 +3,11 @@ package ipam
 import (
 	"errors"
 	"fmt"
+	"github.com/podnet/podnet/internal/threadprio"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -879,5 +881,41 @@ func TestNodeStateUnusable(t *testing.T) {
 	got, err := NodeStatePodCIDRsToRelease(dir)()
 	if err != nil || len(got) != 1 || got[0] != netip.MustParsePrefix("10.244.1.0/24") {
 		t.Errorf("DEL's PodCIDRs: %v, %v; want 10.244.1.0/24", got, err)
+	}
+}
+
+// TestAddHoldsTheLockAtAddNice: ADD's work under the store's lock runs
+// at addNice (as root, which the CI and the runtime's plugins are), and
+// the caller's thread has its own nice value back afterwards.
+func TestAddHoldsTheLockAtAddNice(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("needs root (CAP_SYS_NICE), as the CNI runtime runs the plugins")
+	}
+	old := nodeAddrs
+	t.Cleanup(func() { nodeAddrs = old })
+	var during []int
+	nodeAddrs = func(bool, bool) ([]netip.Addr, error) {
+		n, err := threadprio.Nice()
+		if err != nil {
+			return nil, err
+		}
+		during = append(during, n)
+		return nil, nil
+	}
+	e := newCfgtEnv(t)
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	before, err := threadprio.Nice()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Add(Request{Stdin: e.conf(`"ranges":[[{"subnet":"10.1.0.0/24"}]]`), ContainerID: "nice", IfName: "eth0"}); err != nil {
+		t.Fatal(err)
+	}
+	if len(during) != 1 || during[0] != addNice {
+		t.Errorf("ADD ran at nice %v, want %d", during, addNice)
+	}
+	if after, err := threadprio.Nice(); err != nil || after != before {
+		t.Errorf("the caller's thread is at nice %d after ADD (%v), want its own %d back", after, err, before)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/podnet/podnet/internal/threadprio"
 	"io/fs"
 	"net"
 	"os"
@@ -176,7 +177,23 @@ func owner(req Request) (allocator.Owner, error) {
 
 // Add reserves one address per range set for the attachment (the same ones
 // again when it already has them) and returns them as a CNI result.
-func Add(req Request) (*current.Result, error) {
+//
+// ADD runs at the nice value addNice (with CAP_SYS_NICE, which the
+// runtime's plugins have; without it, at its own): its store lock
+// serializes every ADD of the node, and when many pods start at once
+// the holder would otherwise get its share of two CPUs among a hundred
+// runnable plugins while the others wait for the lock (a lock convoy:
+// the IPAM step's 90th percentile in 100 ADDs at once was 126-370 ms,
+// 72-103 ms with it).
+func Add(req Request) (res *current.Result, err error) {
+	threadprio.Do(addNice, func() { res, err = add(req) })
+	return res, err
+}
+
+// addNice is the nice value ADD holds the store's lock at (Add).
+const addNice = -5
+
+func add(req Request) (*current.Result, error) {
 	o, err := owner(req)
 	if err != nil {
 		return nil, err

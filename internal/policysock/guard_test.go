@@ -50,11 +50,12 @@ func okHandler(context.Context, Request, func(error)) error { return nil }
 
 // TestGuardThenPolicy: the guard's answer comes first and says the port
 // is guarded, the policy's after it; the guard handler ran before the
-// policy handler and got the port.
+// policy handler (the port's write is not queued behind the policy's)
+// and got the port.
 func TestGuardThenPolicy(t *testing.T) {
 	order := make(chan string, 2)
 	var got Request
-	path := serveGuarded(t, func(_ context.Context, r Request) error {
+	path := serveGuarded(t, func(_ context.Context, r Request, _ func(error)) error {
 		got = r
 		order <- "guard"
 		return nil
@@ -83,6 +84,32 @@ func TestGuardThenPolicy(t *testing.T) {
 	}
 }
 
+// TestGuardAnswersEarly: a guard handler's answer goes out when it gives
+// it (the writer's thread, right after the write), not when the handler
+// returns; what it returns after that changes nothing.
+func TestGuardAnswersEarly(t *testing.T) {
+	read := make(chan struct{})
+	path := serveGuarded(t, func(_ context.Context, _ Request, answer func(error)) error {
+		answer(nil)
+		<-read // the plugin has the answer before the handler returns
+		return errors.New("too late to count")
+	}, okHandler)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	p, err := Send(ctx, path, guarded)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ok, err := p.AwaitGuard(time.Second)
+	close(read)
+	if !ok || err != nil {
+		t.Fatalf("AwaitGuard = %v, %v; want guarded before the handler returned", ok, err)
+	}
+	if err := p.Await(); err != nil {
+		t.Fatalf("Await: %v", err)
+	}
+}
+
 // TestGuardRefusedOrUnknown: a guard that fails, and an engine that
 // guards nothing, both say so first (not guarded, no error from the
 // connection); the policy's answer still comes.
@@ -92,7 +119,7 @@ func TestGuardRefusedOrUnknown(t *testing.T) {
 		guard GuardHandler
 		want  string
 	}{
-		{"guard fails", func(context.Context, Request) error { return errors.New("nftables: no such table") }, "no such table"},
+		{"guard fails", func(context.Context, Request, func(error)) error { return errors.New("nftables: no such table") }, "no such table"},
 		{"engine without guard", nil, "does not add ports"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -158,7 +185,7 @@ func TestGuardOldEngine(t *testing.T) {
 // policy's answer, which Await still reads.
 func TestGuardLate(t *testing.T) {
 	release := make(chan struct{})
-	path := serveGuarded(t, func(context.Context, Request) error {
+	path := serveGuarded(t, func(context.Context, Request, func(error)) error {
 		<-release
 		return nil
 	}, okHandler)
@@ -182,7 +209,7 @@ func TestGuardLate(t *testing.T) {
 // refused with the final answer, before any handler runs.
 func TestGuardBadRequests(t *testing.T) {
 	called := make(chan string, 8)
-	path := serveGuarded(t, func(context.Context, Request) error {
+	path := serveGuarded(t, func(context.Context, Request, func(error)) error {
 		called <- "guard"
 		return nil
 	}, func(context.Context, Request, func(error)) error {

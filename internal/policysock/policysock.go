@@ -243,8 +243,12 @@ func Serve(ctx context.Context, l net.Listener, timeout time.Duration, h Handler
 }
 
 // GuardHandler adds the port a request's Guard describes to the pod
-// filter (the request is valid).
-type GuardHandler func(ctx context.Context, req Request) error
+// filter (the request is valid). It may answer before it returns:
+// answer(nil) tells the plugin its port is guarded at once, from the
+// calling goroutine (the thread that wrote it: the plugin does not wait
+// for another goroutine to be scheduled). The first answer counts; when
+// the handler returns without one, its error (or success) is sent.
+type GuardHandler func(ctx context.Context, req Request, answer func(error)) error
 
 // ServeEarly is Serve for an EarlyHandler. A request's Guard is answered
 // as not done: it guards nothing (ServeGuarded does).
@@ -254,7 +258,10 @@ func ServeEarly(ctx context.Context, l net.Listener, timeout time.Duration, h Ea
 
 // ServeGuarded is ServeEarly that adds the ports of requests with a Guard
 // to the pod filter with guard (nil: none), and says so in a first answer,
-// before h runs.
+// before h runs: the port's write is the urgent one (the plugin brings
+// the host veth up only after it), and the NetworkPolicy engine's write
+// for many pods at once would hold the netns's nftables commit lock ahead
+// of it.
 func ServeGuarded(ctx context.Context, l net.Listener, timeout time.Duration, guard GuardHandler, h EarlyHandler) error {
 	go func() { <-ctx.Done(); l.Close() }()
 	defer func() {
@@ -283,45 +290,68 @@ func serveConn(ctx context.Context, conn net.Conn, timeout time.Duration, guard 
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	conn.SetDeadline(time.Now().Add(timeout))
-	var once sync.Once
-	reply := func(err error) {
-		once.Do(func() {
-			if err == nil {
-				conn.Write([]byte(okAnswer))
-				return
-			}
-			json.NewEncoder(conn).Encode(Answer{Error: err.Error()})
-		})
-	}
+	a := &answers{conn: conn}
 	var req Request
 	if err := json.NewDecoder(io.LimitReader(conn, maxMessage)).Decode(&req); err != nil {
-		reply(fmt.Errorf("bad request: %v", err))
-	} else if err := validate(req); err != nil {
-		reply(err)
-	} else {
-		if req.Guard != nil {
-			answerGuard(ctx, conn, guard, req)
-		}
-		reply(h(ctx, req, reply))
+		a.final(fmt.Errorf("bad request: %v", err))
+		return
 	}
+	if err := validate(req); err != nil {
+		a.final(err)
+		return
+	}
+	if req.Guard != nil {
+		a.guard(callGuard(ctx, guard, req, a.guard))
+	}
+	a.final(h(ctx, req, a.final))
+}
+
+// callGuard runs guard (nil: an engine that guards nothing).
+func callGuard(ctx context.Context, guard GuardHandler, req Request, answer func(error)) error {
+	if guard == nil {
+		return errors.New("this engine does not add ports to the pod filter")
+	}
+	return guard(ctx, req, answer)
+}
+
+// answers writes a connection's answers, the first of each kind: the
+// guard's (from whichever goroutine gives it first) and the final one.
+type answers struct {
+	conn                 net.Conn
+	mu                   sync.Mutex
+	guardSent, finalSent bool
+}
+
+func (a *answers) guard(err error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.guardSent {
+		return
+	}
+	a.guardSent = true
+	if err == nil {
+		a.conn.Write([]byte(guardedAnswer))
+		return
+	}
+	json.NewEncoder(a.conn).Encode(Answer{GuardError: err.Error()})
+}
+
+func (a *answers) final(err error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.finalSent {
+		return
+	}
+	a.finalSent = true
+	if err == nil {
+		a.conn.Write([]byte(okAnswer))
+		return
+	}
+	json.NewEncoder(a.conn).Encode(Answer{Error: err.Error()})
 }
 
 // guardedAnswer is Answer{Guarded: true} as sent.
 const guardedAnswer = "{\"ok\":false,\"guarded\":true}\n"
-
-// answerGuard adds the request's port with guard and sends the first
-// answer: guarded, or why not.
-func answerGuard(ctx context.Context, conn net.Conn, guard GuardHandler, req Request) {
-	err := errors.New("this engine does not add ports to the pod filter")
-	if guard != nil {
-		err = guard(ctx, req)
-	}
-	if err == nil {
-		conn.Write([]byte(guardedAnswer))
-		return
-	}
-	json.NewEncoder(conn).Encode(Answer{GuardError: err.Error()})
-}
 
 // okAnswer is Answer{OK: true} as sent.
 const okAnswer = "{\"ok\":true}\n"

@@ -102,7 +102,7 @@ func TestGuardAskedOfTheDaemon(t *testing.T) {
 				got := make(chan asked, 1)
 				ctx, cancel := context.WithCancel(context.Background())
 				defer cancel()
-				guard := func(_ context.Context, r policysock.Request) error {
+				guard := func(_ context.Context, r policysock.Request, _ func(error)) error {
 					a := asked{req: r}
 					a.err = e.inNode(func() error {
 						l, err := netlink.LinkByName(r.HostVeth)

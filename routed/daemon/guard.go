@@ -21,8 +21,11 @@ type guardReq struct {
 	g    podfilter.Guard
 	port podfilter.Port
 	pod  string
-	err  error
-	done bool
+	// answer, when set, tells the plugin at once, from the writing
+	// thread (policysock.GuardHandler)
+	answer func(error)
+	err    error
+	done   bool
 }
 
 // GuardPort adds the port a plugin's policy wait describes to the pod
@@ -39,8 +42,9 @@ type guardReq struct {
 // Ports asked for while a write is under way are written together by the
 // next one (podfilter.Guard.InstallAllOn): when many pods start at once,
 // each waits for at most the write in progress and its own batch's, not
-// for one transaction per pod before it.
-func (d *Daemon) GuardPort(_ context.Context, req policysock.Request) error {
+// for one transaction per pod before it. Each is answered right after
+// its batch's write, from the writing thread.
+func (d *Daemon) GuardPort(_ context.Context, req policysock.Request, answer func(error)) error {
 	g, ok := podfilter.ByMode(req.Guard.Mode)
 	if !ok {
 		return fmt.Errorf("no pod filter of mode %q", req.Guard.Mode)
@@ -49,7 +53,7 @@ func (d *Daemon) GuardPort(_ context.Context, req policysock.Request) error {
 	if err != nil {
 		return fmt.Errorf("pod MAC: %w", err)
 	}
-	r := &guardReq{g: g.At(d.cfg.StateDir), pod: req.Namespace + "/" + req.Name,
+	r := &guardReq{g: g.At(d.cfg.StateDir), pod: req.Namespace + "/" + req.Name, answer: answer,
 		port: podfilter.Port{Index: req.Guard.Index, Name: req.HostVeth, Alias: req.Guard.Alias, MAC: mac}}
 	for _, a := range req.IPs {
 		r.port.IPs = append(r.port.IPs, net.IP(a.Unmap().AsSlice()))
@@ -101,10 +105,16 @@ func (d *Daemon) writeGuards(batch []*guardReq) {
 		for i, r := range reqs {
 			ports[i] = r.port
 		}
-		var errs []error
-		threadprio.Do(d.cfg.GuardNice, func() { errs = g.InstallAllOn(c, ports) })
-		for i, r := range reqs {
-			if r.err = errs[i]; r.err != nil {
+		threadprio.Do(d.cfg.GuardNice, func() {
+			for i, err := range g.InstallAllOn(c, ports) {
+				r := reqs[i]
+				if r.err = err; r.answer != nil {
+					r.answer(err)
+				}
+			}
+		})
+		for _, r := range reqs {
+			if r.err != nil {
 				failed = true
 				d.log.Warn("cannot add a port to the pod filter; the plugin adds it", "hostVeth", r.port.Name, "pod", r.pod, "err", r.err)
 			}

@@ -48,7 +48,7 @@ func TestGuardPort(t *testing.T) {
 			req := policysock.Request{Namespace: "ns", Name: "web", HostVeth: name,
 				IPs:   []netip.Addr{netip.MustParseAddr("10.244.0.7"), netip.MustParseAddr("fd00::7")},
 				Guard: &policysock.GuardPort{Mode: mode, Index: l.Attrs().Index, Alias: alias, MAC: "02:00:00:00:00:07"}}
-			if err := d.GuardPort(context.Background(), req); err != nil {
+			if err := d.GuardPort(context.Background(), req, nil); err != nil {
 				t.Fatalf("%s: GuardPort: %v", mode, err)
 			}
 			g, _ := podfilter.ByMode(mode)
@@ -73,7 +73,7 @@ func TestGuardPort(t *testing.T) {
 		}
 		bad := policysock.Request{Namespace: "ns", Name: "x", HostVeth: "pn0000000000c",
 			IPs: []netip.Addr{netip.MustParseAddr("10.244.0.8")}, Guard: &policysock.GuardPort{Mode: "netdev", Index: 99, Alias: "a", MAC: "02:00:00:00:00:08"}}
-		if err := d.GuardPort(context.Background(), bad); err == nil || !strings.Contains(err.Error(), "netdev") {
+		if err := d.GuardPort(context.Background(), bad, nil); err == nil || !strings.Contains(err.Error(), "netdev") {
 			t.Errorf("mode netdev: %v, want a refusal", err)
 		}
 		d.guardConn.Close()
@@ -127,7 +127,7 @@ func TestGuardPortBatches(t *testing.T) {
 			})
 		}
 		// the first pod's write makes the table and opens the socket
-		if err := d.GuardPort(context.Background(), pods[0].req); err != nil {
+		if err := d.GuardPort(context.Background(), pods[0].req, nil); err != nil {
 			return fmt.Errorf("the first port: %w", err)
 		}
 		c, raw, err := nftutil.Dial(2*time.Second, 0, 0)
@@ -145,10 +145,15 @@ func TestGuardPortBatches(t *testing.T) {
 		// a write under way: the other 8 queue behind it
 		d.guardMu.Lock()
 		errs := make([]error, len(pods))
+		// each is answered once, by the write, before its GuardPort returns
+		answered := make([]int, len(pods))
+		answers := make([]error, len(pods))
 		var wg sync.WaitGroup
 		for i := 1; i < len(pods); i++ {
 			wg.Go(func() {
-				errs[i] = n.Do(func(ns.NetNS) error { return d.GuardPort(context.Background(), pods[i].req) })
+				errs[i] = n.Do(func(ns.NetNS) error {
+					return d.GuardPort(context.Background(), pods[i].req, func(err error) { answered[i]++; answers[i] = err })
+				})
 			})
 		}
 		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
@@ -170,6 +175,9 @@ func TestGuardPortBatches(t *testing.T) {
 			if (err != nil) != (i == 4) {
 				t.Errorf("pod %d: %v (want an error only for pod 4, the port the kernel refuses)", i, err)
 			}
+			if i > 0 && (answered[i] != 1 || answers[i] != err) {
+				t.Errorf("pod %d: answered %d times with %v, want once with %v", i, answered[i], answers[i], err)
+			}
 		}
 		for i, p := range pods {
 			err := g.Verify(p.port)
@@ -183,7 +191,7 @@ func TestGuardPortBatches(t *testing.T) {
 		more := []int{0, 1, 2}
 		for _, i := range more {
 			wg.Go(func() {
-				errs[i] = n.Do(func(ns.NetNS) error { return d.GuardPort(context.Background(), pods[i].req) })
+				errs[i] = n.Do(func(ns.NetNS) error { return d.GuardPort(context.Background(), pods[i].req, nil) })
 			})
 		}
 		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
