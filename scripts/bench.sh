@@ -54,6 +54,7 @@
 # BENCH_POLICY_CNPS (100 ClusterNetworkPolicies beside the last count; 0: no admin phase),
 # BENCH_POLICY_ADD_PODS (100 per stack, mode and count of policies; 0: none),
 # BENCH_POLICY_BURST (100 pods at once at the last count; 0: none),
+# BENCH_POLICY_BURST_REPS (5 runs of each stack: the target is their median),
 # BENCH_STAGES (routed,datapath,cni,reconcile,policy,ipam; `make bench
 # STAGES=policy` runs one stage: the report is rebuilt from every
 # results file there, and meta.json, which describes the last full run,
@@ -159,6 +160,7 @@ export PODNET_BENCH_POLICY_ROUNDS=${BENCH_POLICY_ROUNDS:-10} PODNET_BENCH_POLICY
 export PODNET_BENCH_POLICY_COUNTS=${BENCH_POLICY_COUNTS:-100,1000} PODNET_BENCH_POLICY_REPS=${BENCH_POLICY_REPS:-${PODNET_BENCH_POLICY_REPS:-8}}
 export PODNET_BENCH_POLICY_CNPS=${BENCH_POLICY_CNPS:-100}
 export PODNET_BENCH_POLICY_ADD_PODS=${BENCH_POLICY_ADD_PODS:-100} PODNET_BENCH_POLICY_BURST=${BENCH_POLICY_BURST:-100}
+export PODNET_BENCH_POLICY_BURST_REPS=${BENCH_POLICY_BURST_REPS:-${PODNET_BENCH_POLICY_BURST_REPS:-5}}
 export PODNET_BENCH_COMMIT=$rev
 
 run_stage routed "$tmp/routedbench.test" -test.run '^TestRoutedScale$' -test.v -test.count=1 -test.timeout=30m
