@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/podnet/podnet/internal/threadprio"
 )
 
 // serveGuarded serves h with guard (nil: none, ServeEarly) at a fresh
@@ -288,5 +290,51 @@ func TestGuardConnectionDrops(t *testing.T) {
 	}
 	if err := p.Await(); err == nil {
 		t.Fatal("Await on a closed connection: no error")
+	}
+}
+
+// TestServeGuardedAtNice: each connection is served at the nice value
+// given: the guard handler and the policy handler run there (as root,
+// which podnet-routed and the CI are).
+func TestServeGuardedAtNice(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("needs root (CAP_SYS_NICE), as podnet-routed has")
+	}
+	path := filepath.Join(t.TempDir(), FileName)
+	l, err := Listen(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	nices := make(chan int, 2)
+	nice := func() int {
+		n, err := threadprio.Nice()
+		if err != nil {
+			t.Error(err)
+		}
+		return n
+	}
+	go ServeGuardedAt(ctx, l, 2*time.Second, -7, func(context.Context, Request, func(error)) error {
+		nices <- nice()
+		return nil
+	}, func(context.Context, Request, func(error)) error {
+		nices <- nice()
+		return nil
+	})
+	sctx, scancel := context.WithTimeout(ctx, 5*time.Second)
+	defer scancel()
+	p, err := Send(sctx, path, guarded)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := p.AwaitGuard(time.Second); !ok || err != nil {
+		t.Fatalf("AwaitGuard = %v, %v", ok, err)
+	}
+	if err := p.Await(); err != nil {
+		t.Fatal(err)
+	}
+	if g, h := <-nices, <-nices; g != -7 || h != -7 {
+		t.Errorf("guard ran at nice %d, policy at %d; want -7", g, h)
 	}
 }

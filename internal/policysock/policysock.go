@@ -21,6 +21,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/podnet/podnet/internal/threadprio"
 	"io"
 	"math"
 	"net"
@@ -263,6 +264,16 @@ func ServeEarly(ctx context.Context, l net.Listener, timeout time.Duration, h Ea
 // for many pods at once would hold the netns's nftables commit lock ahead
 // of it.
 func ServeGuarded(ctx context.Context, l net.Listener, timeout time.Duration, guard GuardHandler, h EarlyHandler) error {
+	return ServeGuardedAt(ctx, l, timeout, 0, guard, h)
+}
+
+// ServeGuardedAt is ServeGuarded with each connection served on a thread
+// of its own at the nice value nice (threadprio; 0: the process's): the
+// plugin's request is read, its port guarded and its wait registered
+// as soon as it comes, not when a thread of a node busy starting pods
+// gets to it. A thread whose priority cannot be raised serves at its
+// own.
+func ServeGuardedAt(ctx context.Context, l net.Listener, timeout time.Duration, nice int, guard GuardHandler, h EarlyHandler) error {
 	go func() { <-ctx.Done(); l.Close() }()
 	defer func() {
 		if ul, ok := l.(*net.UnixListener); ok {
@@ -281,7 +292,7 @@ func ServeGuarded(ctx context.Context, l net.Listener, timeout time.Duration, gu
 			}
 			return fmt.Errorf("policy socket accept: %w", err)
 		}
-		go serveConn(ctx, conn, timeout, guard, h)
+		go threadprio.Do(nice, func() { serveConn(ctx, conn, timeout, guard, h) })
 	}
 }
 

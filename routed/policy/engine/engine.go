@@ -353,7 +353,7 @@ func (e *Engine) Run(ctx context.Context) error {
 			return err
 		}
 		go func() {
-			if err := policysock.ServeGuarded(ctx, l, e.cfg.SocketTimeout, e.cfg.Guard, e.handleWait); err != nil {
+			if err := policysock.ServeGuardedAt(ctx, l, e.cfg.SocketTimeout, e.cfg.LoopNice, e.cfg.Guard, e.handleWait); err != nil {
 				e.log.Error("policy socket", "err", err)
 			}
 		}()
