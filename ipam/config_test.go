@@ -3,7 +3,6 @@ package ipam
 import (
 	"errors"
 	"fmt"
-	"github.com/podnet/podnet/internal/threadprio"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -15,6 +14,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 
 	"github.com/podnet/podnet/internal/nodestate"
+	"github.com/podnet/podnet/internal/threadprio"
 	"github.com/podnet/podnet/ipam/allocator"
 )
 

@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/podnet/podnet/internal/threadprio"
 	"io/fs"
 	"net"
 	"os"
@@ -18,6 +17,7 @@ import (
 	"github.com/containernetworking/cni/pkg/utils"
 
 	"github.com/podnet/podnet/internal/nodestate"
+	"github.com/podnet/podnet/internal/threadprio"
 	"github.com/podnet/podnet/ipam/allocator"
 	"github.com/podnet/podnet/ipam/store"
 )

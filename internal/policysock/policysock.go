@@ -21,7 +21,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/podnet/podnet/internal/threadprio"
 	"io"
 	"math"
 	"net"
@@ -34,6 +33,7 @@ import (
 	"time"
 
 	"github.com/podnet/podnet/internal/contract"
+	"github.com/podnet/podnet/internal/threadprio"
 )
 
 // FileName is the socket's name in the node state directory.
