@@ -48,6 +48,18 @@ var guarded = func() Request {
 	return r
 }()
 
+// sendGuarded sends the guarded request to the socket at path.
+func sendGuarded(t *testing.T, path string) *Pending {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	t.Cleanup(cancel)
+	p, err := Send(ctx, path, guarded)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
 func okHandler(context.Context, Request, func(error)) error { return nil }
 
 // TestGuardThenPolicy: the guard's answer comes first and says the port
@@ -65,12 +77,7 @@ func TestGuardThenPolicy(t *testing.T) {
 		order <- "policy"
 		return nil
 	})
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	p, err := Send(ctx, path, guarded)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := sendGuarded(t, path)
 	ok, err := p.AwaitGuard(time.Second)
 	if !ok || err != nil {
 		t.Fatalf("AwaitGuard = %v, %v; want guarded", ok, err)
@@ -96,12 +103,7 @@ func TestGuardAnswersEarly(t *testing.T) {
 		<-read // the plugin has the answer before the handler returns
 		return errors.New("too late to count")
 	}, okHandler)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	p, err := Send(ctx, path, guarded)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := sendGuarded(t, path)
 	ok, err := p.AwaitGuard(time.Second)
 	close(read)
 	if !ok || err != nil {
@@ -126,12 +128,7 @@ func TestGuardRefusedOrUnknown(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			path := serveGuarded(t, tc.guard, okHandler)
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			p, err := Send(ctx, path, guarded)
-			if err != nil {
-				t.Fatal(err)
-			}
+			p := sendGuarded(t, path)
 			ok, err := p.AwaitGuard(time.Second)
 			if ok || err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("AwaitGuard = %v, %v; want not guarded: %q", ok, err, tc.want)
@@ -191,12 +188,7 @@ func TestGuardLate(t *testing.T) {
 		<-release
 		return nil
 	}, okHandler)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	p, err := Send(ctx, path, guarded)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := sendGuarded(t, path)
 	ok, err := p.AwaitGuard(50 * time.Millisecond)
 	if ok || err == nil || !strings.Contains(err.Error(), "did not answer") {
 		t.Fatalf("AwaitGuard = %v, %v; want a timeout", ok, err)
@@ -279,12 +271,7 @@ func TestGuardConnectionDrops(t *testing.T) {
 			c.Close()
 		}
 	}()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	p, err := Send(ctx, path, guarded)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := sendGuarded(t, path)
 	if ok, err := p.AwaitGuard(time.Second); ok || err == nil {
 		t.Fatalf("AwaitGuard = %v, %v; want an error", ok, err)
 	}
@@ -322,12 +309,7 @@ func TestServeGuardedAtNice(t *testing.T) {
 		nices <- nice()
 		return nil
 	})
-	sctx, scancel := context.WithTimeout(ctx, 5*time.Second)
-	defer scancel()
-	p, err := Send(sctx, path, guarded)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := sendGuarded(t, path)
 	if ok, err := p.AwaitGuard(time.Second); !ok || err != nil {
 		t.Fatalf("AwaitGuard = %v, %v", ok, err)
 	}

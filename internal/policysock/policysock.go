@@ -334,31 +334,27 @@ type answers struct {
 }
 
 func (a *answers) guard(err error) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.guardSent {
-		return
-	}
-	a.guardSent = true
-	if err == nil {
-		a.conn.Write([]byte(guardedAnswer))
-		return
-	}
-	json.NewEncoder(a.conn).Encode(Answer{GuardError: err.Error()})
+	a.send(&a.guardSent, guardedAnswer, func(msg string) Answer { return Answer{GuardError: msg} }, err)
 }
 
 func (a *answers) final(err error) {
+	a.send(&a.finalSent, okAnswer, func(msg string) Answer { return Answer{Error: msg} }, err)
+}
+
+// send writes ok, or failed's answer for err, unless *sent says one was
+// written.
+func (a *answers) send(sent *bool, ok string, failed func(string) Answer, err error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.finalSent {
+	if *sent {
 		return
 	}
-	a.finalSent = true
+	*sent = true
 	if err == nil {
-		a.conn.Write([]byte(okAnswer))
+		a.conn.Write([]byte(ok))
 		return
 	}
-	json.NewEncoder(a.conn).Encode(Answer{Error: err.Error()})
+	json.NewEncoder(a.conn).Encode(failed(err.Error()))
 }
 
 // guardedAnswer is Answer{Guarded: true} as sent.

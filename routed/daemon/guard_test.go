@@ -33,16 +33,8 @@ func TestGuardPort(t *testing.T) {
 		var first any
 		for i, mode := range []string{"routed", "bridge"} {
 			name := []string{"pn0000000000a", "pn0000000000b"}[i]
-			alias := contract.VethOwner{Network: "podnet", ContainerID: "c" + name, IfName: "eth0"}.Alias()
-			v := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name, Alias: alias}, PeerName: "p" + name[2:]}
-			if err := netlink.LinkAdd(v); err != nil {
-				return err
-			}
-			l, err := netlink.LinkByName(name)
+			l, alias, err := hostVeth(name, "p"+name[2:])
 			if err != nil {
-				return err
-			}
-			if err := netlink.LinkSetAlias(l, alias); err != nil {
 				return err
 			}
 			req := policysock.Request{Namespace: "ns", Name: "web", HostVeth: name,
@@ -103,15 +95,8 @@ func TestGuardPortBatches(t *testing.T) {
 	err := n.Do(func(ns.NetNS) error {
 		for i := range 9 {
 			name := fmt.Sprintf("pn%011x", i+1)
-			alias := contract.VethOwner{Network: "podnet", ContainerID: "c" + name, IfName: "eth0"}.Alias()
-			if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: fmt.Sprintf("pq%011x", i+1)}); err != nil {
-				return err
-			}
-			l, err := netlink.LinkByName(name)
+			l, alias, err := hostVeth(name, fmt.Sprintf("pq%011x", i+1))
 			if err != nil {
-				return err
-			}
-			if err := netlink.LinkSetAlias(l, alias); err != nil {
 				return err
 			}
 			ip := netip.AddrFrom4([4]byte{10, 244, 0, byte(10 + i)})
@@ -217,4 +202,21 @@ func TestGuardPortBatches(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+}
+
+// hostVeth makes a veth pair, name's end carrying the alias of a podnet
+// attachment as ADD gives it, in the calling thread's netns.
+func hostVeth(name, peer string) (netlink.Link, string, error) {
+	alias := contract.VethOwner{Network: "podnet", ContainerID: "c" + name, IfName: "eth0"}.Alias()
+	if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: peer}); err != nil {
+		return nil, "", err
+	}
+	l, err := netlink.LinkByName(name)
+	if err != nil {
+		return nil, "", err
+	}
+	if err := netlink.LinkSetAlias(l, alias); err != nil {
+		return nil, "", err
+	}
+	return l, alias, nil
 }
