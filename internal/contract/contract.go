@@ -9,6 +9,7 @@ package contract
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"strconv"
 	"strings"
 
 	"github.com/vishvananda/netlink"
@@ -63,12 +64,37 @@ const NFTable = "podnet"
 // MAC or ARP sender, a Neighbor Advertisement for an address not its own)
 // and the Router Advertisements and Redirects pods send
 // (internal/podfilter), and any other frame (a VLAN tag, another
-// EtherType). The routed mode adds a netdev table of the same name for
+// EtherType). The routed mode adds netdev tables (PodFilterL2Table) for
 // what the inet family never sees (ARP, tagged and other frames). The
 // plugins write them and record each guarded port in the node state dir;
 // podnet-routed rebuilds them whole from those records when they are
 // damaged.
 const PodFilterTable = "podnet-pods"
+
+// PodFilterL2Tables is how many netdev tables the routed mode's pod
+// filter spreads its ports over (by interface index): adding a port's
+// chain makes the kernel check every base chain of that port's table at
+// the commit, so with one table each ADD paid for every pod of the node.
+const PodFilterL2Tables = 16
+
+// PodFilterL2Table is the name of the routed mode's netdev table k
+// (0 <= k < PodFilterL2Tables), "podnet-pods-<k>".
+func PodFilterL2Table(k int) string { return PodFilterTable + "-" + strconv.Itoa(k) }
+
+// PodFilterL2TableOf is the netdev table of the host veth of interface
+// index index.
+func PodFilterL2TableOf(index int) string { return PodFilterL2Table(index % PodFilterL2Tables) }
+
+// IsPodFilterL2Table tells whether name is one of the routed mode's
+// netdev tables.
+func IsPodFilterL2Table(name string) bool {
+	k, ok := strings.CutPrefix(name, PodFilterTable+"-")
+	if !ok {
+		return false
+	}
+	n, err := strconv.Atoi(k)
+	return err == nil && n >= 0 && n < PodFilterL2Tables && PodFilterL2Table(n) == name
+}
 
 // The named counters of PodFilterTable (in each family): packets dropped
 // because a pod sent them as someone else, and ICMPv6 Router

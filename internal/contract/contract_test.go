@@ -102,3 +102,28 @@ func TestIsHostVeth(t *testing.T) {
 		}
 	}
 }
+
+// TestPodFilterL2Tables: the routed mode's netdev tables are exactly
+// podnet-pods-0 to -15, each port's the one of its index modulo 16; no
+// other name (another number's spelling, the main table's, one past the
+// last) is taken for one of them.
+func TestPodFilterL2Tables(t *testing.T) {
+	seen := map[string]bool{}
+	for k := range PodFilterL2Tables {
+		name := PodFilterL2Table(k)
+		if !IsPodFilterL2Table(name) || seen[name] {
+			t.Errorf("table %d: %q (seen %v)", k, name, seen[name])
+		}
+		seen[name] = true
+	}
+	for index, want := range map[int]string{1: "podnet-pods-1", 16: "podnet-pods-0", 33: "podnet-pods-1", 1000: "podnet-pods-8"} {
+		if got := PodFilterL2TableOf(index); got != want {
+			t.Errorf("index %d: %q, want %q", index, got, want)
+		}
+	}
+	for _, name := range []string{"podnet-pods", "podnet-pods-", "podnet-pods-16", "podnet-pods-01", "podnet-pods--1", "podnet-pods-+1", "podnet-pods-1 ", "podnet-pods-1x", "xpodnet-pods-1", "podnet-policy"} {
+		if IsPodFilterL2Table(name) {
+			t.Errorf("%q taken for an L2 table", name)
+		}
+	}
+}

@@ -403,12 +403,18 @@ func (x *Conn) Open() (*nftables.Conn, error) {
 // Dial opens a lasting nftables socket (one netlink socket for every
 // request; close it with CloseLasting) whose requests give up timeout
 // from now (0: no deadline), with send and receive buffers of the sizes
-// given (0: the kernel's default). It is for one verb's requests (the
+// given (0: the kernel's default), its acknowledgements without copies
+// of the requests (NETLINK_CAP_ACK). It is for one verb's requests (the
 // CNI plugin's); a Conn is the socket a daemon keeps.
 func Dial(timeout time.Duration, sendBuffer, receiveBuffer int) (*nftables.Conn, *netlink.Conn, error) {
 	var raw *netlink.Conn
 	c, err := nftables.New(nftables.AsLasting(), nftables.WithSockOptions(func(c *netlink.Conn) error {
 		raw = c
+		// an acknowledgement without a copy of its request: a whole
+		// write's hundreds of messages fit the default receive buffer,
+		// and the kernel copies less (an old kernel without the option
+		// copies as before)
+		_ = c.SetOption(netlink.CapAcknowledge, true)
 		if timeout > 0 {
 			if err := c.SetDeadline(time.Now().Add(timeout)); err != nil {
 				return err

@@ -2,15 +2,12 @@ package podfilter
 
 import (
 	"fmt"
-	"net"
 	"slices"
 	"strings"
 	"testing"
 
 	"github.com/containernetworking/plugins/pkg/ns"
-	"github.com/vishvananda/netlink"
 
-	"github.com/podnet/podnet/internal/contract"
 	"github.com/podnet/podnet/internal/nftutil"
 	"github.com/podnet/podnet/internal/testns"
 )
@@ -25,24 +22,7 @@ func TestInstallAllOn(t *testing.T) {
 	n := testns.New(t)
 	g := Routed.At(t.TempDir())
 	err := n.Do(func(ns.NetNS) error {
-		next := 0
-		port := func() (Port, error) {
-			next++
-			name := fmt.Sprintf("pn%011x", next)
-			alias := contract.VethOwner{Network: "podnet", ContainerID: fmt.Sprintf("c%d", next), IfName: "eth0"}.Alias()
-			if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: fmt.Sprintf("pq%011x", next)}); err != nil {
-				return Port{}, err
-			}
-			l, err := netlink.LinkByName(name)
-			if err != nil {
-				return Port{}, err
-			}
-			if err := netlink.LinkSetAlias(l, alias); err != nil {
-				return Port{}, err
-			}
-			return Port{Index: l.Attrs().Index, Name: name, Alias: alias, MAC: net.HardwareAddr{2, 0, 0, 0, 1, byte(next)},
-				IPs: []net.IP{net.IPv4(10, 0, 1, byte(next)).To4(), net.ParseIP(fmt.Sprintf("fd00::1:%d", next))}}, nil
-		}
+		port := portMaker()
 		first, err := port()
 		if err != nil {
 			return err

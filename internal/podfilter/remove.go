@@ -80,7 +80,7 @@ func (g Guard) removeAfterList(selection func() (func(int) bool, error)) (int, e
 }
 
 // dropL2 takes the selected ports' elements out of the routed mode's L2
-// table, best effort: they key interface indexes the kernel never hands
+// tables, best effort: they key interface indexes the kernel never hands
 // out again, so one left behind matches nothing, and the next Prune
 // tries again.
 func (g Guard) dropL2(selects func(int) bool) {
@@ -89,9 +89,8 @@ func (g Guard) dropL2(selects func(int) bool) {
 		return
 	}
 	defer c.CloseLasting()
-	t := l2Table()
 	queued := false
-	for _, s := range g.setsOf(t) {
+	for _, s := range l2Sets(g) {
 		elems, err := c.GetSetElements(s)
 		if err != nil {
 			continue
@@ -111,6 +110,15 @@ func (g Guard) dropL2(selects func(int) bool) {
 	}
 }
 
+// l2Sets are the sets of every L2 table of the routed mode.
+func l2Sets(g Guard) []*nftables.Set {
+	var out []*nftables.Set
+	for _, t := range l2Tables() {
+		out = append(out, g.setsOf(t)...)
+	}
+	return out
+}
+
 // pruneL2Chains deletes the routed mode's L2 chains of ports that are
 // gone (live says which indexes are not).
 func pruneL2Chains(live func(int) bool) error {
@@ -125,21 +133,21 @@ func pruneL2Chains(live func(int) bool) error {
 	}
 	n := 0
 	for _, ch := range chains {
-		if ch.Table.Name != contract.PodFilterTable || !strings.HasPrefix(ch.Name, "port-") {
+		if !contract.IsPodFilterL2Table(ch.Table.Name) || !strings.HasPrefix(ch.Name, "port-") {
 			continue
 		}
 		i, err := strconv.Atoi(strings.TrimPrefix(ch.Name, "port-"))
 		if err != nil || live(i) {
 			continue
 		}
-		c.DelChain(&nftables.Chain{Name: ch.Name, Table: l2Table()})
+		c.DelChain(&nftables.Chain{Name: ch.Name, Table: &nftables.Table{Family: nftables.TableFamilyNetdev, Name: ch.Table.Name}})
 		n++
 	}
 	if n == 0 {
 		return nil
 	}
 	if err := c.Flush(); err != nil && !nftutil.IsNotFound(err) {
-		return fmt.Errorf("delete %d L2 chains of gone ports from nftables table netdev %s: %w", n, contract.PodFilterTable, err)
+		return fmt.Errorf("delete %d L2 chains of gone ports from the nftables tables netdev %s-*: %w", n, contract.PodFilterTable, err)
 	}
 	return nil
 }
@@ -449,7 +457,7 @@ func Delete() error {
 		return err
 	}
 	defer c.CloseLasting()
-	for _, t := range append(Routed.tables(), Bridged.table()) {
+	for _, t := range append(append(Routed.tables(), legacyL2Table()), Bridged.table()) {
 		if err := nftutil.DeleteTable(c, t); err != nil {
 			return fmt.Errorf("%s: %w", familyName(t.Family), err)
 		}

@@ -38,13 +38,13 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"reflect"
 	"slices"
 	"sort"
 	"strconv"
 	"strings"
 
 	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
 	vnl "github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
@@ -329,10 +329,29 @@ func (g Guard) installWhole(c *nftables.Conn, p Port) error {
 }
 
 // writeWhole replaces the table(s) with the filter and ports' elements in
-// one transaction. Counters keep their values.
+// one transaction (and, routed, deletes an older podnet's one L2 table).
+// Counters keep their values.
 func (g Guard) writeWhole(c *nftables.Conn, ports []Port) error {
-	for _, t := range g.tables() {
+	var legacy map[string]expr.Counter // what an older podnet's L2 table counted
+	if !g.l2() {
+		if ok, _ := nftutil.TableExists(c, legacyL2Table()); ok {
+			legacy, _ = nftutil.ReadCounters(c, legacyL2Table())
+			c.DelTable(legacyL2Table())
+		}
+	}
+	for i, t := range g.tables() {
 		kept, _ := nftutil.ReadCounters(c, t)
+		if isL2Table(t) && i == 1 && len(legacy) > 0 {
+			if kept == nil {
+				kept = map[string]expr.Counter{}
+			}
+			for name, v := range legacy {
+				k := kept[name]
+				k.Packets += v.Packets
+				k.Bytes += v.Bytes
+				kept[name] = k
+			}
+		}
 		if err := g.spec(t).QueueWhole(c, kept, setElementsPerMessage); err != nil {
 			return err
 		}
@@ -419,111 +438,6 @@ func (g Guard) repair(exclusive bool) (why string, refused []string, err error) 
 		return "", refused, fmt.Errorf("repair nftables table %s (%s): %w", g, why, err)
 	}
 	return why, refused, nil
-}
-
-// differs says what of the filter and of ports' elements the kernel lacks
-// or holds changed ("" : nothing).
-func (g Guard) differs(c *nftables.Conn, ports []Port) (string, error) {
-	want := map[nftables.TableFamily]map[string][]nftables.SetElement{}
-	for _, p := range ports {
-		for t, m := range g.elementsByTable(p) {
-			if want[t.Family] == nil {
-				want[t.Family] = map[string][]nftables.SetElement{}
-			}
-			for set, e := range m {
-				want[t.Family][set] = append(want[t.Family][set], e...)
-			}
-		}
-	}
-	for _, t := range g.tables() {
-		where := familyName(t.Family) + " " + t.Name
-		ok, err := nftutil.TableExists(c, t)
-		if err != nil {
-			return "", err
-		}
-		if !ok {
-			return "table " + where + " missing", nil
-		}
-		chains, err := c.ListChainsOfTableFamily(t.Family)
-		if err != nil {
-			return "", fmt.Errorf("list nftables chains: %w", err)
-		}
-		wantCh := g.chainOf(t)
-		i := slices.IndexFunc(chains, func(ch *nftables.Chain) bool { return ch.Table.Name == t.Name && ch.Name == wantCh.Name })
-		if i < 0 {
-			return "chain " + where + "/" + wantCh.Name + " missing", nil
-		}
-		if !sameHook(chains[i], wantCh) {
-			return "chain " + where + "/" + wantCh.Name + " changed (type, hook, priority or policy)", nil
-		}
-		if ok, err := rulesIntact(c, t, wantCh, g.rulesOf(t)); err != nil || !ok {
-			return "rules of " + where + "/" + wantCh.Name + " changed", err
-		}
-		if !g.l2() && t.Family == nftables.TableFamilyNetdev {
-			for _, p := range ports {
-				pc := portChain(t, p)
-				if !slices.ContainsFunc(chains, func(ch *nftables.Chain) bool { return ch.Table.Name == t.Name && ch.Name == pc.Name }) {
-					return "chain " + where + "/" + pc.Name + " missing", nil
-				}
-				if ok, err := rulesIntact(c, t, pc, portRules()); err != nil || !ok {
-					return "rules of " + where + "/" + pc.Name + " changed", err
-				}
-			}
-		}
-		have, _ := nftutil.ReadCounters(c, t) // unreadable: counted missing
-		for _, name := range g.counterNames(t) {
-			if _, ok := have[name]; !ok {
-				return "counter " + where + "/" + name + " missing", nil
-			}
-		}
-		for _, s := range g.setsOf(t) {
-			elems, err := c.GetSetElements(s)
-			if err != nil {
-				if nftutil.IsNotFound(err) {
-					return "set " + where + "/" + s.Name + " missing", nil
-				}
-				return "", fmt.Errorf("list nftables set %s/%s: %w", where, s.Name, err)
-			}
-			in := make(map[string]bool, len(elems))
-			for _, e := range elems {
-				if e.Timeout == 0 && e.Expires == 0 { // one with a timeout is being dropped
-					in[string(e.Key)] = true
-				}
-			}
-			for _, e := range want[t.Family][s.Name] {
-				if !in[string(e.Key)] {
-					i, _ := keyIndex(e.Key)
-					return fmt.Sprintf("set %s/%s lacks %s (host veth index %d)", where, s.Name, describeKey(s.Name, e.Key), i), nil
-				}
-			}
-		}
-	}
-	return "", nil
-}
-
-func sameHook(a, b *nftables.Chain) bool {
-	eq := func(x, y any) bool { return reflect.DeepEqual(x, y) }
-	return a.Type == b.Type && eq(a.Hooknum, b.Hooknum) && eq(a.Priority, b.Priority) && eq(a.Policy, b.Policy)
-}
-
-// rulesIntact reports whether chain ch holds exactly want, in order.
-func rulesIntact(c *nftables.Conn, t *nftables.Table, ch *nftables.Chain, want []guardRule) (bool, error) {
-	got, err := c.GetRules(t, ch)
-	if err != nil {
-		if nftutil.IsNotFound(err) {
-			return false, nil
-		}
-		return false, fmt.Errorf("list nftables chain %s %s/%s: %w", familyName(t.Family), t.Name, ch.Name, err)
-	}
-	if len(got) != len(want) {
-		return false, nil
-	}
-	for i, r := range want {
-		if string(got[i].UserData) != string(r.userData()) || !reflect.DeepEqual(got[i].Exprs, r.exprs) {
-			return false, nil
-		}
-	}
-	return true, nil
 }
 
 // unrecorded are the live podnet host veths with elements in the main

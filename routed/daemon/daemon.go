@@ -167,7 +167,7 @@ func New(cfg Config, nodes cache.ListerWatcher, log *slog.Logger) *Daemon {
 		table:     dataplane.Table{Log: log},
 		metrics:   NewMetrics(),
 		kick:      make(chan struct{}, 1),
-		guardConn: nftutil.Conn{Timeout: 2 * time.Second},
+		guardConn: newGuardConn(),
 	}
 	d.selfProblem.Store("")
 	d.metrics.contactAge = d.contactAge

@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"time"
 
+	"github.com/podnet/podnet/internal/nftutil"
 	"github.com/podnet/podnet/internal/podfilter"
 	"github.com/podnet/podnet/internal/policysock"
 	"github.com/podnet/podnet/internal/threadprio"
@@ -44,6 +46,12 @@ type guardReq struct {
 // each waits for at most the write in progress and its own batch's, not
 // for one transaction per pod before it. Each is answered right after
 // its batch's write, from the writing thread.
+// newGuardConn is the socket GuardPort writes the pod filter on: one
+// lasting socket, with room for the acknowledgements of a whole write.
+func newGuardConn() nftutil.Conn {
+	return nftutil.Conn{Timeout: 2 * time.Second, ReceiveBuffer: podfilter.ReceiveBuffer}
+}
+
 func (d *Daemon) GuardPort(_ context.Context, req policysock.Request, answer func(error)) error {
 	g, ok := podfilter.ByMode(req.Guard.Mode)
 	if !ok {

@@ -28,7 +28,7 @@ import (
 func TestGuardPort(t *testing.T) {
 	n := testns.New(t)
 	dir := t.TempDir()
-	d := &Daemon{cfg: Config{StateDir: dir}, log: slog.New(slog.DiscardHandler), guardConn: nftutil.Conn{Timeout: 2 * time.Second}}
+	d := &Daemon{cfg: Config{StateDir: dir}, log: slog.New(slog.DiscardHandler), guardConn: newGuardConn()}
 	err := n.Do(func(ns.NetNS) error {
 		var first any
 		for i, mode := range []string{"routed", "bridge"} {
@@ -84,7 +84,7 @@ func TestGuardPort(t *testing.T) {
 func TestGuardPortBatches(t *testing.T) {
 	n := testns.New(t)
 	dir := t.TempDir()
-	d := &Daemon{cfg: Config{StateDir: dir}, log: slog.New(slog.DiscardHandler), guardConn: nftutil.Conn{Timeout: 2 * time.Second}}
+	d := &Daemon{cfg: Config{StateDir: dir}, log: slog.New(slog.DiscardHandler), guardConn: newGuardConn()}
 	defer d.guardConn.Close()
 	g := podfilter.Routed.At(dir)
 	type pod struct {

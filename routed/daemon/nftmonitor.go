@@ -47,6 +47,10 @@ func (d *Daemon) OnNFTChange(f func()) *Daemon {
 
 // ownNFTTable tells whether family/table is one of podnet's tables.
 func ownNFTTable(family byte, table string) bool {
+	switch {
+	case contract.IsPodFilterL2Table(table):
+		return family == unix.NFPROTO_NETDEV
+	}
 	switch table {
 	case contract.PodFilterTable:
 		return family == unix.NFPROTO_INET || family == unix.NFPROTO_BRIDGE || family == unix.NFPROTO_NETDEV
@@ -100,6 +104,9 @@ func nftChangeMatters(m netlink.Message) int {
 	}
 	if typ == unix.NFT_MSG_NEWSETELEM && table != "podnet-policy" {
 		return 0 // the plugins' at every ADD (the pod filter)
+	}
+	if contract.IsPodFilterL2Table(table) {
+		table = contract.PodFilterTable // one of the routed mode's L2 tables
 	}
 	switch table {
 	case contract.NFTable:

@@ -10,6 +10,7 @@ import (
 
 	"github.com/podnet/podnet/internal/contract"
 	"github.com/podnet/podnet/internal/nftutil"
+	"github.com/podnet/podnet/internal/podfilter"
 )
 
 // podFilterCollector publishes the drop counters of the plugins' pod
@@ -56,14 +57,11 @@ func (c *podFilterCollector) Collect(ch chan<- prometheus.Metric) {
 	if err != nil {
 		return
 	}
-	for _, m := range []struct {
-		mode string
-		fam  []nftables.TableFamily // the main table first; the routed mode's L2 table
-	}{{"routed", []nftables.TableFamily{nftables.TableFamilyINet, nftables.TableFamilyNetdev}}, {"bridge", []nftables.TableFamily{nftables.TableFamilyBridge}}} {
+	for _, g := range []podfilter.Guard{podfilter.Routed, podfilter.Bridged} {
 		var spoofed, ra uint64
 		byReason := map[string]uint64{}
-		for _, fam := range m.fam {
-			all, err := counters(conn, &nftables.Table{Family: fam, Name: contract.PodFilterTable})
+		for _, t := range g.Tables() {
+			all, err := counters(conn, t)
 			if err != nil {
 				// whatever it was in the middle of must not be read as
 				// the next answer: the next scrape dials again
@@ -79,10 +77,10 @@ func (c *podFilterCollector) Collect(ch chan<- prometheus.Metric) {
 				byReason[r] += all[contract.PodFilterDropCounter(r)]
 			}
 		}
-		ch <- prometheus.MustNewConstMetric(c.spoofed, prometheus.CounterValue, float64(spoofed), m.mode)
-		ch <- prometheus.MustNewConstMetric(c.raGuard, prometheus.CounterValue, float64(ra), m.mode)
+		ch <- prometheus.MustNewConstMetric(c.spoofed, prometheus.CounterValue, float64(spoofed), g.Mode())
+		ch <- prometheus.MustNewConstMetric(c.raGuard, prometheus.CounterValue, float64(ra), g.Mode())
 		for _, r := range contract.PodFilterDropReasons {
-			ch <- prometheus.MustNewConstMetric(c.dropped, prometheus.CounterValue, float64(byReason[r]), m.mode, r)
+			ch <- prometheus.MustNewConstMetric(c.dropped, prometheus.CounterValue, float64(byReason[r]), g.Mode(), r)
 		}
 	}
 }

@@ -210,7 +210,7 @@ func TestPodFilterAllowList(t *testing.T) {
 
 // TestPodFilterKeepsUnrecordedPods: pods attached by a podnet before the
 // records (an upgrade) have elements but no record. When the next ADD has
-// to write the filter whole (here: the routed mode's netdev table and the
+// to write the filter whole (here: the routed mode's netdev tables and the
 // bridge's chain are gone, as after an upgrade that adds them), and when
 // podnet-routed's Repair does, the elements the table still holds of
 // such a live pod stay, and it still reaches its neighbour.
@@ -227,7 +227,9 @@ func TestPodFilterKeepsUnrecordedPods(t *testing.T) {
 			if m.family == nftables.TableFamilyBridge {
 				nftCLI(t, rt.Node, "delete", "chain", "bridge", contract.PodFilterTable, "prerouting")
 			} else {
-				nftCLI(t, rt.Node, "delete", "table", "netdev", contract.PodFilterTable)
+				for k := range contract.PodFilterL2Tables {
+					nftCLI(t, rt.Node, "delete", "table", "netdev", contract.PodFilterL2Table(k))
+				}
 			}
 			oldElems := slices.Clone(m.wantElements(old))
 			second := addSpoofPod(t, rt, "unrec-new")

@@ -70,11 +70,11 @@ func ReadPodFilter(netns ns.NetNS) ([]PodFilterElement, error) {
 				if notFound(err) {
 					continue
 				}
-				return nil, fmt.Errorf("list set %s/%s: %w", contract.PodFilterTable, name, err)
+				return nil, fmt.Errorf("list set %s/%s: %w", t.Name, name, err)
 			}
 			for _, e := range elems {
 				if len(e.Key) < 4 {
-					return nil, fmt.Errorf("set %s/%s: key %x too short", contract.PodFilterTable, name, e.Key)
+					return nil, fmt.Errorf("set %s/%s: key %x too short", t.Name, name, e.Key)
 				}
 				el := PodFilterElement{Family: fam, Set: name, Index: int(binary.NativeEndian.Uint32(e.Key))}
 				switch name {
@@ -112,32 +112,50 @@ func PodFilterElements(netns ns.NetNS) ([]string, error) {
 	return out, nil
 }
 
+// podFilterTables are the pod filter's tables of family fam: the routed
+// mode's netdev ones (contract.PodFilterL2Table), else the one of its
+// family.
+func podFilterTables(fam nftables.TableFamily) []*nftables.Table {
+	if fam != nftables.TableFamilyNetdev {
+		return []*nftables.Table{{Family: fam, Name: contract.PodFilterTable}}
+	}
+	var out []*nftables.Table
+	for k := range contract.PodFilterL2Tables {
+		out = append(out, &nftables.Table{Family: fam, Name: contract.PodFilterL2Table(k)})
+	}
+	return out
+}
+
 // PodFilterCounter reads the packets of the named counter object (e.g.
 // contract.PodFilterSpoofedCounter) of the pod filter of family fam in
-// netns: 0 when there is no such table or counter (nothing was counted).
+// netns (the routed mode's netdev tables summed): 0 when there is no such
+// table or counter (nothing was counted).
 func PodFilterCounter(netns ns.NetNS, fam nftables.TableFamily, name string) (uint64, error) {
 	c, err := nftIn(netns)
 	if err != nil {
 		return 0, err
 	}
-	t := &nftables.Table{Family: fam, Name: contract.PodFilterTable}
-	obj, err := c.GetObject(&nftables.NamedObj{Table: t, Name: name, Type: nftables.ObjTypeCounter})
-	if err != nil {
-		if notFound(err) {
-			return 0, nil
+	var sum uint64
+	for _, t := range podFilterTables(fam) {
+		obj, err := c.GetObject(&nftables.NamedObj{Table: t, Name: name, Type: nftables.ObjTypeCounter})
+		if err != nil {
+			if notFound(err) {
+				continue
+			}
+			return 0, fmt.Errorf("counter %s of table %s: %w", name, t.Name, err)
 		}
-		return 0, fmt.Errorf("counter %s of table %s: %w", name, contract.PodFilterTable, err)
+		if obj == nil {
+			continue
+		}
+		named, ok := obj.(*nftables.NamedObj)
+		if !ok {
+			return 0, fmt.Errorf("counter %s of table %s: got %T", name, t.Name, obj)
+		}
+		ctr, ok := named.Obj.(*expr.Counter)
+		if !ok {
+			return 0, fmt.Errorf("counter %s of table %s: object holds %T", name, t.Name, named.Obj)
+		}
+		sum += ctr.Packets
 	}
-	if obj == nil {
-		return 0, nil
-	}
-	named, ok := obj.(*nftables.NamedObj)
-	if !ok {
-		return 0, fmt.Errorf("counter %s of table %s: got %T", name, contract.PodFilterTable, obj)
-	}
-	ctr, ok := named.Obj.(*expr.Counter)
-	if !ok {
-		return 0, fmt.Errorf("counter %s of table %s: object holds %T", name, contract.PodFilterTable, named.Obj)
-	}
-	return ctr.Packets, nil
+	return sum, nil
 }

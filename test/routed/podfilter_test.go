@@ -22,8 +22,9 @@ import (
 // TestPodFilterRepairWhole (issue 31): the pod filter's tables are
 // rebuilt whole, every live pod's elements with them, from the records
 // the plugins keep: with two routed and two bridged pods on a node,
-// `nft delete table` of each of the three tables (inet, netdev and
-// bridge podnet-pods), `nft flush ruleset` and single elements deleted.
+// `nft delete table` of each kind (inet and bridge podnet-pods, the
+// netdev podnet-pods-<k> of a routed pod's port), `nft flush ruleset`
+// and single elements deleted.
 // podnet-routed runs with a 30 s resync, so only its nftables monitor
 // can put things back within the 2 s allowed: every guard is back (every
 // pod's elements, the routed pods' L2 chains), a forged datagram after
@@ -90,7 +91,7 @@ func TestPodFilterRepairWhole(t *testing.T) {
 		tunnel  bool    // inet podnet is gone too
 	}{
 		{"delete table inet podnet-pods", []string{"delete", "table", "inet", contract.PodFilterTable}, 1, false},
-		{"delete table netdev podnet-pods", []string{"delete", "table", "netdev", contract.PodFilterTable}, 1, false},
+		{"delete table netdev podnet-pods-<k> (a routed pod's)", []string{"delete", "table", "netdev", contract.PodFilterL2TableOf(r1.index)}, 1, false},
 		{"delete table bridge podnet-pods", []string{"delete", "table", "bridge", contract.PodFilterTable}, 1, false},
 		{"flush ruleset", []string{"flush", "ruleset"}, 2, true},
 		{"delete one addrs4 element (inet)", []string{"delete", "element", "inet", contract.PodFilterTable, "addrs4", fmt.Sprintf("{ %s . %s }", r1.veth, r1.ip)}, 1, false},
@@ -100,7 +101,7 @@ func TestPodFilterRepairWhole(t *testing.T) {
 	for _, d := range damages {
 		args := d.nft
 		if args == nil { // the routed L2 chain's ARP rule
-			args = []string{"delete", "rule", "netdev", contract.PodFilterTable, "l2", "handle", l2RuleHandle(t, n, "ARP from another address")}
+			args = []string{"delete", "rule", "netdev", contract.PodFilterL2TableOf(r1.index), "l2", "handle", l2RuleHandle(t, n, contract.PodFilterL2TableOf(r1.index), "ARP from another address")}
 		}
 		before := n.d.repairs(t, "pod-filter")
 		beforeNFT := n.d.repairs(t, "nft-table")
@@ -206,14 +207,19 @@ func filterWhole(n *rcNode, want filterWant, pods []*rcPod) error {
 			return fmt.Errorf("element %s missing", e)
 		}
 	}
-	for _, tbl := range [][]string{{"inet", "prerouting"}, {"bridge", "prerouting"}, {"netdev", "l2"}} {
+	for _, tbl := range [][]string{{"inet", "prerouting"}, {"bridge", "prerouting"}} {
 		if err := nftOK(n, "list", "chain", tbl[0], contract.PodFilterTable, tbl[1]); err != nil {
+			return err
+		}
+	}
+	for k := range contract.PodFilterL2Tables {
+		if err := nftOK(n, "list", "chain", "netdev", contract.PodFilterL2Table(k), "l2"); err != nil {
 			return err
 		}
 	}
 	for _, p := range pods {
 		if !p.n.mode.bridged {
-			if err := nftOK(n, "list", "chain", "netdev", contract.PodFilterTable, fmt.Sprintf("port-%d", p.index)); err != nil {
+			if err := nftOK(n, "list", "chain", "netdev", contract.PodFilterL2TableOf(p.index), fmt.Sprintf("port-%d", p.index)); err != nil {
 				return err
 			}
 		}
@@ -258,13 +264,14 @@ func nftOK(n *rcNode, args ...string) error {
 	return nil
 }
 
-// l2RuleHandle is the handle of the routed L2 chain's rule with comment.
-func l2RuleHandle(t *testing.T, n *rcNode, comment string) string {
+// l2RuleHandle is the handle of the rule with comment of the L2 chain of
+// the routed mode's netdev table table.
+func l2RuleHandle(t *testing.T, n *rcNode, table, comment string) string {
 	t.Helper()
 	var out []byte
 	n.c.do(n.ns, func() error {
 		var err error
-		out, err = exec.Command("nft", "-a", "list", "chain", "netdev", contract.PodFilterTable, "l2").CombinedOutput()
+		out, err = exec.Command("nft", "-a", "list", "chain", "netdev", table, "l2").CombinedOutput()
 		return err
 	})
 	for _, line := range strings.Split(string(out), "\n") {
