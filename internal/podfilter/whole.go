@@ -395,19 +395,33 @@ const setElementsPerMessage = 1000
 // table) is nothing to repair. why says what it found ("" when it did
 // not write); refused lists the records it would not trust.
 func (g Guard) Repair() (why string, refused []string, err error) {
+	c, err := newNFT()
+	if err != nil {
+		return "", nil, err
+	}
+	defer c.CloseLasting()
+	return g.RepairOn(c)
+}
+
+// RepairOn is Repair on an open socket (podnet-routed's lasting one: the
+// kernel takes the netns's nftables commit lock at every close of a
+// netfilter socket, and waits there for what recent transactions
+// replaced to be freed, which every writer on the node then waits for).
+// The socket needs a receive buffer of ReceiveBuffer for a whole write.
+func (g Guard) RepairOn(c *nftables.Conn) (why string, refused []string, err error) {
 	// checked under the shared lock, so that ADDs go on meanwhile; an ADD
 	// between its record and its elements looks like a missing element:
 	// checked again under the exclusive lock before anything is written
-	why, refused, err = g.repair(false)
+	why, refused, err = g.repair(c, false)
 	if err != nil || why == "" {
 		return why, refused, err
 	}
-	return g.repair(true)
+	return g.repair(c, true)
 }
 
 // repair checks the filter under the lock (exclusive: and writes it whole
 // when it differs).
-func (g Guard) repair(exclusive bool) (why string, refused []string, err error) {
+func (g Guard) repair(c *nftables.Conn, exclusive bool) (why string, refused []string, err error) {
 	unlock, err := g.lockRecords(exclusive)
 	if err != nil {
 		return "", nil, err
@@ -417,11 +431,6 @@ func (g Guard) repair(exclusive bool) (why string, refused []string, err error) 
 	if err != nil {
 		return "", refused, err
 	}
-	c, err := newNFT()
-	if err != nil {
-		return "", refused, err
-	}
-	defer c.CloseLasting()
 	exists, err := nftutil.TableExists(c, g.table())
 	if err != nil {
 		return "", refused, err

@@ -5,6 +5,7 @@ package testns
 
 import (
 	"os"
+	"strings"
 	"testing"
 
 	"github.com/containernetworking/plugins/pkg/ns"
@@ -32,4 +33,22 @@ func Drop(t testing.TB, n ns.NetNS) {
 	if _, serr := os.Stat(n.Path()); serr == nil {
 		t.Errorf("netns %s left behind: %v", n.Path(), err)
 	}
+}
+
+// NetfilterSockets counts the netfilter netlink sockets (nftables',
+// conntrack's) of the calling thread's netns: what a socket closed at
+// each use would show as coming and going.
+func NetfilterSockets(t testing.TB) int {
+	t.Helper()
+	b, err := os.ReadFile("/proc/thread-self/net/netlink")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, line := range strings.Split(string(b), "\n")[1:] {
+		if f := strings.Fields(line); len(f) > 1 && f[1] == "12" { // NETLINK_NETFILTER
+			n++
+		}
+	}
+	return n
 }

@@ -141,6 +141,10 @@ type Daemon struct {
 	// the nftables monitor), and the refused records already logged
 	podFilterMu      sync.Mutex
 	podFilterRefused map[string]bool
+	// podFilterConn is repairPodFilter's lasting nftables socket (under
+	// podFilterMu): a socket closed after each check would hold every
+	// nftables writer of the node up (see podfilter.Guard.RepairOn).
+	podFilterConn nftutil.Conn
 	// the ports plugins ask podnet-routed to guard (guard.go): one write
 	// at a time (guardMu) on one lasting socket, of the ports queued
 	// (guardQ, under guardQMu) until then
@@ -167,7 +171,7 @@ func New(cfg Config, nodes cache.ListerWatcher, log *slog.Logger) *Daemon {
 		table:     dataplane.Table{Log: log},
 		metrics:   NewMetrics(),
 		kick:      make(chan struct{}, 1),
-		guardConn: newGuardConn(),
+		guardConn: newGuardConn(), podFilterConn: newPodFilterConn(),
 	}
 	d.selfProblem.Store("")
 	d.metrics.contactAge = d.contactAge

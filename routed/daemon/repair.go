@@ -14,10 +14,12 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vishvananda/netlink"
 
+	"github.com/podnet/podnet/internal/nftutil"
 	"github.com/podnet/podnet/internal/nodestate"
 	"github.com/podnet/podnet/internal/podfilter"
 	"github.com/podnet/podnet/routed/dataplane"
@@ -105,6 +107,12 @@ func (d *Daemon) countRepair(object string, n int, what string) {
 	d.log.Info("repaired", "object", object, "count", n, "what", what)
 }
 
+// newPodFilterConn is repairPodFilter's socket: lasting, with room for
+// the acknowledgements of a whole write.
+func newPodFilterConn() nftutil.Conn {
+	return nftutil.Conn{Timeout: 10 * time.Second, ReceiveBuffer: podfilter.ReceiveBuffer}
+}
+
 // repairPodFilter checks the plugins' pod filter of each mode against the
 // records of the ports it guards (internal/podfilter) and, when anything
 // is missing or changed (the table, a chain, a rule, a set, a counter, an
@@ -116,7 +124,14 @@ func (d *Daemon) repairPodFilter() {
 	defer d.podFilterMu.Unlock()
 	for _, g := range []podfilter.Guard{podfilter.Routed, podfilter.Bridged} {
 		g = g.At(d.cfg.StateDir)
-		why, refused, err := g.Repair()
+		var why string
+		var refused []string
+		c, err := d.podFilterConn.Open()
+		if err == nil {
+			if why, refused, err = g.RepairOn(c); err != nil {
+				d.podFilterConn.Close() // whatever it was in the middle of
+			}
+		}
 		seen := map[string]bool{}
 		for _, r := range refused {
 			key := g.Mode() + " " + r

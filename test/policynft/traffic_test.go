@@ -11,6 +11,7 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/ns"
 
+	"github.com/podnet/podnet/internal/testns"
 	"github.com/podnet/podnet/routed/policy"
 	"github.com/podnet/podnet/routed/policy/nft"
 	"github.com/podnet/podnet/test/nettest"
@@ -230,9 +231,9 @@ func TestPolicyTraffic(t *testing.T) {
 
 // TestRevoke: a connection established while a rule allowed it keeps
 // going when the rule goes (established traffic is accepted first), new
-// ones are refused; Revoke then deletes its conntrack entries and it
-// stops, while another connection the new ruleset still allows keeps
-// running and keeps its entry.
+// ones are refused; a scan (Conntrack.Revoke) then deletes its conntrack
+// entries and it stops, while another connection the new ruleset still
+// allows keeps running and keeps its entry. The scans share one socket.
 func TestRevoke(t *testing.T) {
 	e := newEnv(t, "a", "b", "c")
 	a, b, c := e.pods["a"], e.pods["b"], e.pods["c"]
@@ -277,10 +278,25 @@ func TestRevoke(t *testing.T) {
 	}
 	runChecks(t, checks)
 
+	// the scans on one lasting socket (podnet-routed's Conntrack): it
+	// stays open from one scan to the next, and Close closes it
+	var scans nft.Conntrack
 	var deleted int
 	e.do(func() error {
+		before := testns.NetfilterSockets(t)
+		if n, err := scans.Revoke(allowedBy(rs(b, c))); n != 0 || err != nil {
+			t.Errorf("a scan the ruleset in force allows all of: %d deleted, %v", n, err)
+		}
+		open := testns.NetfilterSockets(t)
 		var err error
-		deleted, err = nft.Revoke(allowedBy(narrowed))
+		deleted, err = scans.Revoke(allowedBy(narrowed))
+		if got := testns.NetfilterSockets(t); open != before+1 || got != open {
+			t.Errorf("netfilter sockets of the node netns: %d before the scans, %d after the first, %d after the second; want 1 more, then the same", before, open, got)
+		}
+		scans.Close()
+		if got := testns.NetfilterSockets(t); got != before {
+			t.Errorf("netfilter sockets after Close: %d, want %d", got, before)
+		}
 		return err
 	})
 	if deleted != 2 {

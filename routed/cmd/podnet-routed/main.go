@@ -217,7 +217,7 @@ func startPolicy(ctx context.Context, stop func(), o *options, cl *clients, d *d
 		Guard: d.GuardPort},
 		engine.ListWatches{Pods: pods, Namespaces: nss, Policies: pols,
 			ClusterPolicies: cnps, ClusterPoliciesServed: cnpServed, NodeInformer: nodeInf},
-		engine.NFTWriter{W: &nft.Writer{Log: log, LogDrops: o.policyLogDrops > 0, LogRate: o.policyLogDrops, Nice: o.policyNice}, Unknown: m.SetUnknownDropped, Bridge: m.SetBridgeDropped}, m, log.With("loop", "policy"))
+		engine.NFTWriter{W: &nft.Writer{Log: log, LogDrops: o.policyLogDrops > 0, LogRate: o.policyLogDrops, Nice: o.policyNice}, Unknown: m.SetUnknownDropped, Bridge: m.SetBridgeDropped, CT: &nft.Conntrack{}}, m, log.With("loop", "policy"))
 	d.OnLocalPodCIDRs(eng.SetLocalPodCIDRs)
 	d.OnNFTChange(eng.CheckNow)
 	d.OnHostVeth(eng)

@@ -18,6 +18,9 @@ type NFTWriter struct {
 	// pods' link-local, multicast and broadcast packets, and bridged
 	// packets dropped because br_netfilter is off.
 	Bridge func(link, unfiltered uint64)
+	// CT, when set, is the lasting conntrack socket of the scans (nil: a
+	// socket per scan).
+	CT *nft.Conntrack
 }
 
 func (n NFTWriter) Apply(want policy.Ruleset) error { _, err := n.W.Apply(want); return err }
@@ -51,9 +54,15 @@ func (n NFTWriter) DropCounters() (map[DropKey]uint64, error) {
 }
 
 func (n NFTWriter) RevokeOf(addrs []netip.Addr, allowed func(src, dst netip.Addr, proto uint8, dport uint16) bool) (int, error) {
+	if n.CT != nil {
+		return n.CT.RevokeOf(addrs, allowed)
+	}
 	return nft.RevokeOf(addrs, allowed)
 }
 
 func (n NFTWriter) Revoke(allowed func(src, dst netip.Addr, proto uint8, dport uint16) bool) (int, error) {
+	if n.CT != nil {
+		return n.CT.Revoke(allowed)
+	}
 	return nft.Revoke(allowed)
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 	"net/netip"
+	"sync"
 
 	"github.com/vishvananda/netlink/nl"
 	"github.com/vishvananda/netns"
@@ -17,9 +18,62 @@ import (
 // destination port (after DNAT; 0 for protocols without ports).
 type Allowed func(src, dst netip.Addr, proto uint8, dport uint16) bool
 
+// Conntrack is a lasting conntrack (ctnetlink) socket of the netns of the
+// thread that first uses it, for Revoke and RevokeOf: one socket for
+// every scan, not one per scan. Closing a netfilter netlink socket makes
+// the kernel take the netns's nftables commit lock and, while it holds
+// it, wait for the release of what recent transactions replaced (an RCU
+// grace period, 10-30 ms on a busy node): every nftables write on the
+// node (the policy writes that new pods wait for, the pod filter's)
+// queued behind each scan's close. The zero Conntrack is ready; it is
+// safe for concurrent use (scans take turns). A scan that fails drops
+// the socket: the next one dials again.
+type Conntrack struct {
+	mu sync.Mutex
+	s  *nl.NetlinkSocket
+}
+
+// Revoke is the package's Revoke on c's socket.
+func (c *Conntrack) Revoke(allowed Allowed) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.s == nil {
+		s, err := nl.GetNetlinkSocketAt(netns.None(), netns.None(), unix.NETLINK_NETFILTER)
+		if err != nil {
+			return 0, fmt.Errorf("revoke conntrack entries: netlink socket: %w", err)
+		}
+		c.s = s
+	}
+	n, err := revokeAll(map[int]*nl.SocketHandle{unix.NETLINK_NETFILTER: {Socket: c.s}}, allowed)
+	if err != nil {
+		// whatever the socket was in the middle of must not be read
+		// as the next scan's answer
+		c.s.Close()
+		c.s = nil
+		return n, fmt.Errorf("revoke conntrack entries: %w", err)
+	}
+	return n, nil
+}
+
+// RevokeOf is the package's RevokeOf on c's socket.
+func (c *Conntrack) RevokeOf(addrs []netip.Addr, allowed Allowed) (int, error) {
+	return revokeOf(c.Revoke, addrs, allowed)
+}
+
+// Close closes c's socket (the next scan dials again).
+func (c *Conntrack) Close() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.s != nil {
+		c.s.Close()
+		c.s = nil
+	}
+}
+
 // Revoke deletes the conntrack entries (both families, the calling
 // thread's netns) whose connection (origTuple: after DNAT) allowed no
-// longer allows, and returns how many it deleted. The table accepts established traffic
+// longer allows, and returns how many it deleted, on a socket of its own
+// (a daemon keeps a Conntrack). The table accepts established traffic
 // before any policy: a connection a change no longer allows keeps going
 // until its entry goes. The next packet of such a TCP connection is then
 // picked up as new (nf_conntrack_tcp_loose) and judged, and dropped.
@@ -33,17 +87,9 @@ type Allowed func(src, dst netip.Addr, proto uint8, dport uint16) bool
 // decoder of every attribute took a core while pods were deleted one
 // after another.
 func Revoke(allowed Allowed) (int, error) {
-	s, err := nl.GetNetlinkSocketAt(netns.None(), netns.None(), unix.NETLINK_NETFILTER)
-	if err != nil {
-		return 0, fmt.Errorf("revoke conntrack entries: netlink socket: %w", err)
-	}
-	defer s.Close()
-	sockets := map[int]*nl.SocketHandle{unix.NETLINK_NETFILTER: {Socket: s}}
-	n, err := revokeAll(sockets, allowed)
-	if err != nil {
-		return n, fmt.Errorf("revoke conntrack entries: %w", err)
-	}
-	return n, nil
+	var c Conntrack
+	defer c.Close()
+	return c.Revoke(allowed)
 }
 
 func ctRequest(sockets map[int]*nl.SocketHandle, fam uint8, op, flags int) *nl.NetlinkRequest {
@@ -64,6 +110,11 @@ func ctRequest(sockets map[int]*nl.SocketHandle, fam uint8, op, flags int) *nl.N
 // as reply source) took 178 ms against 81 ms for one unfiltered dump of
 // 20,000 entries here, so there is one walk whatever the addresses.
 func RevokeOf(addrs []netip.Addr, allowed Allowed) (int, error) {
+	return revokeOf(Revoke, addrs, allowed)
+}
+
+// revokeOf is RevokeOf with revoke's scan.
+func revokeOf(revoke func(Allowed) (int, error), addrs []netip.Addr, allowed Allowed) (int, error) {
 	if len(addrs) == 0 {
 		return 0, nil
 	}
@@ -71,7 +122,7 @@ func RevokeOf(addrs []netip.Addr, allowed Allowed) (int, error) {
 	for _, a := range addrs {
 		of[a.Unmap()] = true
 	}
-	return Revoke(func(src, dst netip.Addr, proto uint8, dport uint16) bool {
+	return revoke(func(src, dst netip.Addr, proto uint8, dport uint16) bool {
 		return !of[src] && !of[dst] || allowed(src, dst, proto, dport)
 	})
 }
