@@ -53,7 +53,7 @@ func TestPodFilterDrop(t *testing.T) {
 						}, []int{3, 4, 5}},
 						{"removePort (DEL without prevResult)", func() error { return g.RemovePort(3) }, []int{4, 5}},
 						{"prune (GC)", func() error {
-							_, err := g.removeAfterList(func() (func(int) bool, error) { return func(i int) bool { return i != 5 }, nil })
+							_, err := g.remove(func(i int) bool { return i != 5 })
 							return err
 						}, []int{5}},
 					}

@@ -26,29 +26,47 @@ import (
 // holds nothing to remove. It lists every set: its cost grows with the
 // pods of the node.
 func (g Guard) remove(selects func(index int) bool) (int, error) {
-	return g.removeAfterList(func() (func(int) bool, error) { return selects, nil })
+	s, err := dialSock()
+	if err != nil {
+		return 0, err
+	}
+	defer s.close()
+	return g.removeAfterList(s, func() (func(int) bool, error) { return selects, nil })
 }
+
+// sock is one nftables socket and its netlink side (the raw requests of
+// getElement), for every request of a removal: each close of a netfilter
+// socket takes the netns's nftables commit lock, and waits there for what
+// recent transactions replaced to be freed (an RCU grace period), which
+// every writer of the node then waits for.
+type sock struct {
+	c   *nftables.Conn
+	raw *netlink.Conn
+}
+
+func dialSock() (sock, error) {
+	c, raw, err := nftutil.Dial(nftTimeout, 0, ReceiveBuffer)
+	return sock{c, raw}, err
+}
+
+func (s sock) close() { s.c.CloseLasting() }
 
 // removeAfterList is remove with the selection made only once every set
 // has been read: Prune lists the node's links then, so that an element
 // an ADD adds meanwhile (always after its veth exists) is never taken
 // for a leftover.
-func (g Guard) removeAfterList(selection func() (func(int) bool, error)) (int, error) {
-	c, err := newNFT()
-	if err != nil {
-		return 0, err
-	}
-	defer c.CloseLasting()
+func (g Guard) removeAfterList(s sock, selection func() (func(int) bool, error)) (int, error) {
+	c := s.c
 	listed := map[string][]nftables.SetElement{}
-	for _, s := range g.sets(g.table()) {
-		elems, err := c.GetSetElements(s)
+	for _, set := range g.sets(g.table()) {
+		elems, err := c.GetSetElements(set)
 		if err != nil {
 			if nftutil.IsNotFound(err) {
 				continue
 			}
-			return 0, fmt.Errorf("list nftables set %s %s/%s: %w", familyName(g.family), contract.PodFilterTable, s.Name, err)
+			return 0, fmt.Errorf("list nftables set %s %s/%s: %w", familyName(g.family), contract.PodFilterTable, set.Name, err)
 		}
-		listed[s.Name] = elems
+		listed[set.Name] = elems
 	}
 	if len(listed) == 0 {
 		return 0, nil
@@ -68,12 +86,12 @@ func (g Guard) removeAfterList(selection func() (func(int) bool, error)) (int, e
 		}
 	}
 	if !g.l2() {
-		g.dropL2(selects)
+		g.dropL2(s.c, selects)
 	}
 	if n == 0 {
 		return 0, nil
 	}
-	if err := g.drop(gone); err != nil && !errors.Is(err, errNotAllThere) {
+	if err := g.drop(s, gone); err != nil && !errors.Is(err, errNotAllThere) {
 		return 0, err // errNotAllThere: someone else removed some meanwhile
 	}
 	return n, nil
@@ -83,12 +101,7 @@ func (g Guard) removeAfterList(selection func() (func(int) bool, error)) (int, e
 // tables, best effort: they key interface indexes the kernel never hands
 // out again, so one left behind matches nothing, and the next Prune
 // tries again.
-func (g Guard) dropL2(selects func(int) bool) {
-	c, err := newNFT()
-	if err != nil {
-		return
-	}
-	defer c.CloseLasting()
+func (g Guard) dropL2(c *nftables.Conn, selects func(int) bool) {
 	queued := false
 	for _, s := range l2Sets(g) {
 		elems, err := c.GetSetElements(s)
@@ -121,12 +134,7 @@ func l2Sets(g Guard) []*nftables.Set {
 
 // pruneL2Chains deletes the routed mode's L2 chains of ports that are
 // gone (live says which indexes are not).
-func pruneL2Chains(live func(int) bool) error {
-	c, err := newNFT()
-	if err != nil {
-		return err
-	}
-	defer c.CloseLasting()
+func pruneL2Chains(c *nftables.Conn, live func(int) bool) error {
 	chains, err := c.ListChainsOfTableFamily(nftables.TableFamilyNetdev)
 	if err != nil {
 		return nil
@@ -193,7 +201,16 @@ func (g Guard) RemovePort(index int) error {
 }
 
 func (g Guard) removePort(index int) error {
-	_, err := g.remove(func(i int) bool { return i == index })
+	s, err := dialSock()
+	if err != nil {
+		return err
+	}
+	defer s.close()
+	return g.removePortOn(s, index)
+}
+
+func (g Guard) removePortOn(s sock, index int) error {
+	_, err := g.removeAfterList(s, func() (func(int) bool, error) { return func(i int) bool { return i == index }, nil })
 	if err != nil {
 		return err
 	}
@@ -210,9 +227,14 @@ func (g Guard) RemoveExact(p Port) error {
 		return err
 	}
 	defer unlock()
-	err = g.drop(g.elements(p))
+	s, err := dialSock()
+	if err != nil {
+		return err
+	}
+	defer s.close()
+	err = g.drop(s, g.elements(p))
 	if errors.Is(err, errNotAllThere) {
-		return g.removePort(p.Index)
+		return g.removePortOn(s, p.Index)
 	}
 	if err != nil {
 		return err
@@ -256,12 +278,8 @@ var timeoutUpdates = true
 // timeout updates came in Linux 6.1x) silently keep an existing element's
 // missing timeout; drop sees it (the ports element still there, without a
 // timeout) and deletes them, waiting as above.
-func (g Guard) drop(elems map[string][]nftables.SetElement) error {
-	c, err := newNFT()
-	if err != nil {
-		return err
-	}
-	defer c.CloseLasting()
+func (g Guard) drop(sk sock, elems map[string][]nftables.SetElement) error {
+	c := sk.c
 	sets := g.sets(g.table())
 	for _, s := range sets {
 		if !timeoutUpdates {
@@ -283,7 +301,7 @@ func (g Guard) drop(elems map[string][]nftables.SetElement) error {
 	case err != nil && nftutil.IsNotFound(err):
 		return nil // no table or set: nothing to remove
 	case err == nil && len(elems[setPorts]) > 0:
-		found, timed, err := getElement(g.family, setPorts, elems[setPorts][0].Key)
+		found, timed, err := getElement(sk.raw, g.family, setPorts, elems[setPorts][0].Key)
 		if err != nil {
 			return fmt.Errorf("nftables table %s: %w", where, err)
 		}
@@ -311,15 +329,7 @@ func (g Guard) drop(elems map[string][]nftables.SetElement) error {
 // getElement looks key up in set of the filter (one request, no dump):
 // found is false when it is not there (or has expired), timed when it has
 // a timeout.
-func getElement(fam nftables.TableFamily, set string, key []byte) (found, timed bool, err error) {
-	conn, err := netlink.Dial(unix.NETLINK_NETFILTER, nil)
-	if err != nil {
-		return false, false, fmt.Errorf("netlink: %w", err)
-	}
-	defer conn.Close()
-	if err := conn.SetDeadline(time.Now().Add(nftTimeout)); err != nil {
-		return false, false, err
-	}
+func getElement(conn *netlink.Conn, fam nftables.TableFamily, set string, key []byte) (found, timed bool, err error) {
 	keyAttr, err := netlink.MarshalAttributes([]netlink.Attribute{{Type: unix.NFTA_DATA_VALUE, Data: key}})
 	if err != nil {
 		return false, false, err
@@ -399,7 +409,19 @@ func hasTimeout(b []byte) bool {
 // own: netlinksafe.LinkList would hand back the incomplete list, and the
 // elements of every live pod missing from it would go.
 func Prune(g Guard) error {
-	_, err := g.removeAfterList(func() (func(int) bool, error) {
+	s, err := dialSock()
+	if err != nil {
+		return err
+	}
+	defer s.close()
+	return PruneOn(g, s.c, s.raw)
+}
+
+// PruneOn is Prune on an open socket (podnet-routed's lasting one; see
+// sock) and its netlink side.
+func PruneOn(g Guard, c *nftables.Conn, raw *netlink.Conn) error {
+	s := sock{c, raw}
+	_, err := g.removeAfterList(s, func() (func(int) bool, error) {
 		links, err := vnl.LinkList()
 		for try := 0; errors.Is(err, vnl.ErrDumpInterrupted) && try < 4; try++ {
 			links, err = vnl.LinkList()
@@ -442,7 +464,7 @@ func Prune(g Guard) error {
 	}
 	g.pruneRecords(byIndex)
 	if !g.l2() {
-		return pruneL2Chains(func(i int) bool { _, ok := byIndex[i]; return ok })
+		return pruneL2Chains(s.c, func(i int) bool { _, ok := byIndex[i]; return ok })
 	}
 	return nil
 }

@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"slices"
 	"sort"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -16,6 +17,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/podnet/podnet/internal/attachment"
+	"github.com/podnet/podnet/internal/nftutil"
 	"github.com/podnet/podnet/internal/podfilter"
 	"github.com/podnet/podnet/ipam"
 	"github.com/podnet/podnet/ipam/allocator"
@@ -126,6 +128,11 @@ type Loop struct {
 	now func() time.Time
 	// routes are the node's pod host routes, listed once per pass.
 	routes hostRoutes
+	// filter is the pod filter's lasting nftables socket (under
+	// filterMu): a socket closed after each pass would hold every
+	// nftables writer of the node up (see podfilter.PruneOn).
+	filterMu sync.Mutex
+	filter   nftutil.Conn
 }
 
 // New returns the loop. A CRI socket that cannot be used is an error.
@@ -145,7 +152,7 @@ func New(cfg Config, m *Metrics, log *slog.Logger) (*Loop, error) {
 	if cfg.LockBudget <= 0 {
 		cfg.LockBudget = DefaultLockBudget
 	}
-	l := &Loop{cfg: cfg, log: log, m: m, now: time.Now}
+	l := &Loop{cfg: cfg, log: log, m: m, now: time.Now, filter: nftutil.Conn{Timeout: 10 * time.Second, ReceiveBuffer: podfilter.ReceiveBuffer}}
 	if cfg.CRISocket != "" {
 		rt, err := NewRuntime(cfg.CRISocket)
 		if err != nil {
@@ -237,8 +244,16 @@ func (l *Loop) Pass(ctx context.Context) (Result, error) {
 	l.publishStatus()
 	// Elements of veths that are gone (freed now, or died with their
 	// netns) leave the pod filter.
+	l.filterMu.Lock()
+	defer l.filterMu.Unlock()
 	for _, g := range []podfilter.Guard{podfilter.Routed, podfilter.Bridged} {
-		if err := podfilter.Prune(g); err != nil {
+		c, err := l.filter.Open()
+		if err == nil {
+			if err = podfilter.PruneOn(g, c, l.filter.Netlink()); err != nil {
+				l.filter.Close() // whatever it was in the middle of
+			}
+		}
+		if err != nil {
 			errs = append(errs, fmt.Errorf("prune pod filter %s: %w", g, err))
 		}
 	}
