@@ -21,6 +21,12 @@ import (
 	"github.com/podnet/podnet/internal/testns"
 )
 
+// testDaemon is a Daemon with state dir dir and the nftables sockets of
+// the pod filter's writes (its guard, its checks), as New makes them.
+func testDaemon(dir string) *Daemon {
+	return &Daemon{cfg: Config{StateDir: dir}, log: slog.New(slog.DiscardHandler), metrics: NewMetrics(), guardConn: newGuardConn(), podFilterConn: newPodFilterConn()}
+}
+
 // TestGuardPort: podnet-routed puts the port a plugin describes in the pod
 // filter of its mode, as the plugin would (the rules, the port's elements
 // and its record, which the repair then keeps), on one lasting socket for
@@ -28,7 +34,7 @@ import (
 func TestGuardPort(t *testing.T) {
 	n := testns.New(t)
 	dir := t.TempDir()
-	d := &Daemon{cfg: Config{StateDir: dir}, log: slog.New(slog.DiscardHandler), guardConn: newGuardConn()}
+	d := testDaemon(dir)
 	err := n.Do(func(ns.NetNS) error {
 		var first any
 		for i, mode := range []string{"routed", "bridge"} {
@@ -84,7 +90,7 @@ func TestGuardPort(t *testing.T) {
 func TestGuardPortBatches(t *testing.T) {
 	n := testns.New(t)
 	dir := t.TempDir()
-	d := &Daemon{cfg: Config{StateDir: dir}, log: slog.New(slog.DiscardHandler), guardConn: newGuardConn()}
+	d := testDaemon(dir)
 	defer d.guardConn.Close()
 	g := podfilter.Routed.At(dir)
 	type pod struct {

@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"context"
-	"log/slog"
 	"net"
 	"net/netip"
 	"slices"
@@ -98,7 +97,7 @@ func TestPodFilterCountersSummed(t *testing.T) {
 func TestRepairPodFilterKeepsItsSocket(t *testing.T) {
 	n := testns.New(t)
 	dir := t.TempDir()
-	d := &Daemon{cfg: Config{StateDir: dir}, log: slog.New(slog.DiscardHandler), metrics: NewMetrics(), guardConn: newGuardConn(), podFilterConn: newPodFilterConn()}
+	d := testDaemon(dir)
 	err := n.Do(func(ns.NetNS) error {
 		defer d.guardConn.Close()
 		defer d.podFilterConn.Close()
