@@ -408,6 +408,45 @@ func TestRouteRepairsOnlyTampering(t *testing.T) {
 	repairs("routes gone with their device", bh)
 }
 
+// TestForgetDeviceDropsTheView: when a link goes down the kernel drops
+// its routes without a notification. After ForgetDevice the next apply
+// reads the table again, even one that would trust the cache (a Node
+// event, or a link-change apply whose dump came before the link went
+// down): it writes the routes back, and neither it nor the next apply
+// counts a repair.
+func TestForgetDeviceDropsTheView(t *testing.T) {
+	k := newFakeKernel()
+	cache := &RouteCache{}
+	want := cluster(6)
+	if _, _, err := applyRoutes(k, want, cache, true); err != nil {
+		t.Fatal(err)
+	}
+	for dst, r := range k.routes {
+		if r.LinkIndex == k.links["tunl0"] {
+			delete(k.routes, dst)
+		}
+	}
+	cache.ForgetDevice("tunl0")
+	dumps := k.dumps
+	if changed, _, err := applyRoutes(k, want, cache, false); err != nil || changed != len(want)-1 {
+		t.Fatalf("apply after the link went down: changed %d, err %v; want the %d routes through tunl0 written back", changed, err, len(want)-1)
+	}
+	if k.dumps != dumps+1 {
+		t.Errorf("the apply after ForgetDevice read the table %d times, want once", k.dumps-dumps)
+	}
+	if len(k.routes) != len(want) {
+		t.Errorf("the kernel holds %d routes, want %d", len(k.routes), len(want))
+	}
+	for _, dump := range []bool{false, true} {
+		if changed, _, err := applyRoutes(k, want, cache, dump); err != nil || changed != 0 {
+			t.Errorf("apply (dump %v) after: changed %d, err %v; want nothing", dump, changed, err)
+		}
+	}
+	if got := cache.TakeRepairs(); len(got) != 0 {
+		t.Errorf("repairs %v after routes that went with their link; want none", got)
+	}
+}
+
 // TestCarries: the cache knows which devices podnet-routed's routes go
 // through, as its writes, deletions and ForgetDevice leave it; blackholes
 // go through none.

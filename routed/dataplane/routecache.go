@@ -60,9 +60,16 @@ func (c *RouteCache) TakeRepairs() []netip.Prefix {
 // kernel drops a link's routes when it goes down or away, so writing them
 // back is no repair of a route (the link's change is the event, and
 // podnet's own tunnel device counts as a tunnel-device repair).
+//
+// The cached table goes too: the kernel flushed those routes without a
+// notification, so the next apply reads the table again. An apply that
+// used the view it read before the link went down would take them for in
+// place, record them as written, and the apply after it would count
+// their absence as repairs.
 func (c *RouteCache) ForgetDevice(name string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.table = nil
 	for dst, r := range c.written {
 		if r.Kind != desired.Blackhole && r.Dev == name {
 			c.forget(dst)
