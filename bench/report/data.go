@@ -73,6 +73,36 @@ type occRun struct {
 	DelSysMs  float64   `json:"del_sys_ms"`
 	Errors    []string  `json:"errors"`
 	Leak      string    `json:"leak"`
+	// ControlAddMs: the stack's control node's ADDs after each chunk of
+	// ADDs (by chunk); InsideMs: podnet's own time of each ADD (its step
+	// trace), by pod index. Both absent from older results.
+	ControlAddMs [][]float64 `json:"control_add_ms"`
+	InsideMs     []float64   `json:"inside_ms"`
+}
+
+// controlOf pools the control node's ADDs of the chunks that pods
+// lo..hi-1 were added in.
+func (o occRun) controlOf(lo, hi int) []float64 {
+	var out []float64
+	for c := range o.ControlAddMs {
+		if c*o.Chunk < hi && (c+1)*o.Chunk > lo {
+			out = append(out, o.ControlAddMs[c]...)
+		}
+	}
+	return out
+}
+
+// flatness is the ADD p50 of the last k pods over that of the first k
+// (raw), and the same with each divided by the control node's ADD p50 of
+// their chunks (corr; 0 without a control node).
+func (o occRun) flatness(k int) (raw, corr float64) {
+	n := len(o.AddMs)
+	first, last := median(o.AddMs[:k]), median(o.AddMs[n-k:])
+	raw = last / first
+	if c0, c1 := o.controlOf(0, k), o.controlOf(n-k, n); len(c0) > 0 && len(c1) > 0 {
+		corr = (last / median(c1)) / (first / median(c0))
+	}
+	return raw, corr
 }
 
 // reconcileData is test/bench/reconcilebench's reconcile.json: one leak

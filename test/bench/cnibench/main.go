@@ -133,6 +133,16 @@ type occResult struct {
 	DelSysMs  float64   `json:"del_sys_ms"`
 	Errors    []string  `json:"errors,omitempty"`
 	Leak      string    `json:"leak"`
+	// ControlAddMs are the ADDs on the stack's control node, which holds
+	// no pod but the few it ADDs (and DELs) between the full node's ADDs
+	// (see controlEvery): by chunk, what an ADD cost on this machine at
+	// that moment, whatever the node holds (the drift the machine's other
+	// work puts on a run of minutes).
+	ControlAddMs [][]float64 `json:"control_add_ms,omitempty"`
+	// InsideMs is podnet's own time of each ADD of the full node, from its
+	// step trace (main to the result), by pod index; empty for the
+	// reference plugins.
+	InsideMs []float64 `json:"inside_ms,omitempty"`
 }
 
 // floorResult is one floor measurement (several blocks, pooled).
@@ -627,69 +637,6 @@ func readTrace(path string) (map[string]*verbTrace, error) {
 // occupancyRun fills one node per stack (podnet+podnet-ipam and
 // ptp+host-local) with n pods, chunk by chunk, the stacks taking turns,
 // then deletes them the same way.
-func occupancyRun(root string, paths []string, pool []ns.NetNS, n, chunk, warmup int) []occResult {
-	stacks := []*stack{
-		newStack(root, "occ-podnet+podnet-ipam", "podnet", "podnet-ipam", "10.211.0.0/16", paths),
-		newStack(root, "occ-ptp+host-local", "ptp", "host-local", "10.213.0.0/16", paths),
-	}
-	names := []string{"podnet+podnet-ipam", "ptp+host-local"}
-	out := make([]occResult, len(stacks))
-	rts := make([][]*libcni.RuntimeConf, len(stacks))
-	for k, s := range stacks {
-		if err := s.prepare(newNode(), warmup); err != nil {
-			fatalf("%s: %v", s.Name, err)
-		}
-		out[k] = occResult{Stack: names[k], Pods: n, Chunk: chunk, AddMs: make([]float64, n), DelMs: make([]float64, n)}
-		for i := 0; i < n; i++ {
-			rts[k] = append(rts[k], s.rtConf(fmt.Sprintf("occ-%d", i), pool[k*n+i]))
-		}
-	}
-	start := time.Now()
-	for _, verb := range []string{"ADD", "DEL"} {
-		for c, lo := 0, 0; lo < n; c, lo = c+1, lo+chunk {
-			hi := min(lo+chunk, n)
-			for j := range stacks {
-				k := (j + c) % len(stacks) // who goes first alternates
-				s := stacks[k]
-				lat, _, user, sys, errs := s.phase(verb, rts[k][lo:hi], 1)
-				o := &out[k]
-				if verb == "ADD" {
-					copy(o.AddMs[lo:hi], lat)
-					o.AddUserMs += ms(user)
-					o.AddSysMs += ms(sys)
-				} else {
-					copy(o.DelMs[lo:hi], lat)
-					o.DelUserMs += ms(user)
-					o.DelSysMs += ms(sys)
-				}
-				if len(o.Errors) < 6 {
-					o.Errors = append(o.Errors, errs...)
-				}
-			}
-			if hi%200 == 0 || hi == n {
-				logf("occupancy: %s %d/%d pods per node (%.0fs)", verb, hi, n, time.Since(start).Seconds())
-			}
-		}
-	}
-	for k, s := range stacks {
-		podLeaks := checkPodLinks(pool[k*n : (k+1)*n])
-		removePods(pool[k*n : (k+1)*n])
-		_, err := settle(s.node, s.base)
-		if err == nil {
-			err = podLeaks
-		}
-		if err == nil {
-			err = checkLeaks(s.base, s.node, s.dataDirs, nil)
-		}
-		if err != nil {
-			out[k].Leak = err.Error()
-		}
-		logf("occupancy %s: first 100 ADD p50 %.2f ms, last 100 %.2f ms, leak: %s", out[k].Stack,
-			median(out[k].AddMs[:min(100, n)]), median(out[k].AddMs[max(0, n-100):]), orNone(out[k].Leak))
-	}
-	return out
-}
-
 // newNode creates a node netns: lo up with the node address, nothing else.
 func newNode() ns.NetNS {
 	n := newNetNS()
