@@ -288,7 +288,9 @@ func main() {
 	res.Floors = floors.results()
 
 	if *occupancy > 0 {
-		res.Occupancy = occupancyRun(root, paths, newPods(2**occupancy), *occupancy, *chunk, *warmup)
+		res.Occupancy = occupancyRun(root, paths, newPods(2**occupancy), *occupancy, *chunk, *warmup,
+			func() { floors.measureExecMounted(3 * *floorN) })
+		res.Floors = floors.results()
 	}
 	res.Seconds = time.Since(res.Started).Seconds()
 	data, err := json.MarshalIndent(res, "", " ")
@@ -714,19 +716,22 @@ func newPods(n int) []ns.NetNS {
 // ---- floors ----
 
 type floors struct {
-	noop  string
-	node  ns.NetNS
-	pod   ns.NetNS
-	exec  floorResult
-	cni   floorResult
-	cniD  floorResult
-	netns floorResult
-	vethA floorResult
-	vethM floorResult
-	vethD floorResult
-	lib   *libcni.CNIConfig
-	list  *libcni.NetworkConfigList
-	seq   int
+	noop string
+	node ns.NetNS
+	pod  ns.NetNS
+	exec floorResult
+	// execMounted is exec measured while the occupancy run's pod netns
+	// are all mounted (see measureExecMounted)
+	execMounted floorResult
+	cni         floorResult
+	cniD        floorResult
+	netns       floorResult
+	vethA       floorResult
+	vethM       floorResult
+	vethD       floorResult
+	lib         *libcni.CNIConfig
+	list        *libcni.NetworkConfigList
+	seq         int
 }
 
 func newFloors(noop string, node, pod ns.NetNS) *floors {
@@ -752,14 +757,8 @@ func newFloors(noop string, node, pod ns.NetNS) *floors {
 	}
 }
 
-func threadCPU() time.Duration {
-	var ru unix.Rusage
-	_ = unix.Getrusage(unix.RUSAGE_THREAD, &ru)
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
-// measure runs every floor n times.
-func (f *floors) measure(n int) {
+// measureExec runs the no-op binary n times into r.
+func (f *floors) measureExec(n int, r *floorResult) {
 	conf := []byte(`{"cniVersion":"1.0.0","name":"noop","type":"noop"}`)
 	for i := 0; i < n; i++ {
 		err := f.node.Do(func(ns.NetNS) error {
@@ -770,15 +769,43 @@ func (f *floors) measure(n int) {
 			if err := cmd.Run(); err != nil {
 				return err
 			}
-			f.exec.Ms = append(f.exec.Ms, ms(time.Since(start)))
+			r.Ms = append(r.Ms, ms(time.Since(start)))
 			ru := cmd.ProcessState.SysUsage().(*syscall.Rusage)
-			f.exec.CPUMs = append(f.exec.CPUMs, ms(time.Duration(ru.Utime.Nano()+ru.Stime.Nano())))
+			r.CPUMs = append(r.CPUMs, ms(time.Duration(ru.Utime.Nano()+ru.Stime.Nano())))
 			return nil
 		})
 		if err != nil {
 			fatalf("floor exec: %v", err)
 		}
 	}
+}
+
+// measureExecMounted is the exec floor while the occupancy run's pod
+// netns are mounted: at its start the Go runtime (1.25 and later) reads
+// the whole of /proc/self/mountinfo to find its cgroup (cgroup-aware
+// GOMAXPROCS), and a runtime pins each pod's netns with a bind mount, so
+// every Go plugin's exec costs more with every pod on the machine.
+func (f *floors) measureExecMounted(n int) {
+	mounts := 0
+	if data, err := os.ReadFile("/proc/self/mountinfo"); err == nil {
+		mounts = bytes.Count(data, []byte("\n"))
+	}
+	f.execMounted = floorResult{
+		Name: "exec of a static no-op Go binary, the occupancy run's pod netns mounted",
+		Note: fmt.Sprintf("as the first row, measured while the occupancy run's pods are all there (%d mounts on the machine, one bind mount per pod netns): the Go runtime reads /proc/self/mountinfo whole at every start (to find its cgroup), so each exec of a Go plugin costs more with every pod netns a runtime has pinned", mounts),
+	}
+	f.measureExec(n, &f.execMounted)
+}
+
+func threadCPU() time.Duration {
+	var ru unix.Rusage
+	_ = unix.Getrusage(unix.RUSAGE_THREAD, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// measure runs every floor n times.
+func (f *floors) measure(n int) {
+	f.measureExec(n, &f.exec)
 	for i := 0; i < n; i++ {
 		f.seq++
 		rt := &libcni.RuntimeConf{ContainerID: fmt.Sprintf("noop-%d", f.seq), NetNS: f.pod.Path(), IfName: "eth0"}
@@ -859,7 +886,11 @@ func (f *floors) measure(n int) {
 }
 
 func (f *floors) results() []*floorResult {
-	return []*floorResult{&f.exec, &f.cni, &f.cniD, &f.netns, &f.vethA, &f.vethM, &f.vethD}
+	out := []*floorResult{&f.exec}
+	if len(f.execMounted.Ms) > 0 {
+		out = append(out, &f.execMounted)
+	}
+	return append(out, &f.cni, &f.cniD, &f.netns, &f.vethA, &f.vethM, &f.vethD)
 }
 
 // ---- small helpers ----

@@ -34,8 +34,9 @@ type occSide struct {
 // occupancyRun fills one node per stack with n pods, one at a time, the
 // stacks taking turns every chunk pods, then deletes them the same way.
 // Every controlEvery of a stack's ADDs its control node ADDs controlPods
-// pods in fresh netns and DELs them (see occResult.ControlAddMs).
-func occupancyRun(root string, paths []string, pool []ns.NetNS, n, chunk, warmup int) []occResult {
+// pods in fresh netns and DELs them (see occResult.ControlAddMs). full
+// runs once every node holds its n pods, before the DELs.
+func occupancyRun(root string, paths []string, pool []ns.NetNS, n, chunk, warmup int, full func()) []occResult {
 	specs := []struct{ name, plugin, ipam, subnet, ctlSubnet string }{
 		{podnetStack, "podnet", "podnet-ipam", "10.211.0.0/16", "10.221.0.0/16"},
 		{refStack, "ptp", "host-local", "10.213.0.0/16", "10.223.0.0/16"},
@@ -58,6 +59,9 @@ func occupancyRun(root string, paths []string, pool []ns.NetNS, n, chunk, warmup
 	}
 	start := time.Now()
 	for _, verb := range []string{"ADD", "DEL"} {
+		if verb == "DEL" {
+			full()
+		}
 		for c, lo := 0, 0; lo < n; c, lo = c+1, lo+chunk {
 			hi := min(lo+chunk, n)
 			for j := range sides {
