@@ -161,6 +161,26 @@ func plotOccupancy(dir string, occ []occRun) (string, error) {
 		l.Width = vg.Points(2.2)
 		p.Add(l)
 		p.Legend.Add(o.Stack+" (rolling median of 50)", l)
+		if len(o.ControlAddMs) == 0 {
+			continue
+		}
+		// the control node's ADDs, by chunk: what the machine gave an ADD
+		// on an empty node meanwhile
+		ctl := make(plotter.XYs, 0, len(o.ControlAddMs))
+		for c, ms := range o.ControlAddMs {
+			if len(ms) > 0 {
+				ctl = append(ctl, plotter.XY{X: (float64(c) + 0.5) * float64(o.Chunk), Y: median(ms)})
+			}
+		}
+		cl, err := plotter.NewLine(ctl)
+		if err != nil {
+			return "", err
+		}
+		styleLine(cl, o.Stack)
+		cl.Width = vg.Points(1.2)
+		cl.Dashes = []vg.Length{vg.Points(4), vg.Points(3)}
+		p.Add(cl)
+		p.Legend.Add(o.Stack+", control node (median of each chunk)", cl)
 	}
 	return savePNG(dir, "add-vs-occupancy.png", [][]*plot.Plot{{p}}, vg.Points(900), vg.Points(480))
 }
