@@ -13,8 +13,9 @@
 #                                                     -> bench/results/datapath.json
 #   cni       test/bench/cnibench: the plugin stacks through libcni (the
 #             four of issue 8, and podnet's while podnet-routed's leak
-#             reconcile passes every 50 ms), 200 pods sequential and 8
-#             concurrent, 1,000 pods on one node, floors, leak checks
+#             reconcile passes every second), 200 pods sequential and 8
+#             concurrent, 1,000 pods on one node (beside an empty control
+#             node that takes the machine's drift out), floors, leak checks
 #                                                     -> bench/results/cni.json
 #   reconcile test/bench/reconcilebench TestReconcileCost: one leak
 #             reconcile pass over 250 reservations, alive and dead (issue
