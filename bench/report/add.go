@@ -39,9 +39,15 @@ type addLevel struct {
 	// steps (the plugin's trace): how long podnet-routed held it up
 	BlockedSeqMs  []float64 `json:"blocked_seq_ms"`
 	BlockedConcMs []float64 `json:"blocked_conc_ms"`
-	Errors        []string  `json:"errors"`
-	Leaks         []string  `json:"leaks"`
-	Seconds       float64   `json:"seconds"`
+	// StepsSeq: the sequential podnet ADDs' steps (p50 wall, ms), the
+	// last "inside the plugin"; absent from older results
+	StepsSeq []struct {
+		Step  string  `json:"step"`
+		P50Ms float64 `json:"p50_ms"`
+	} `json:"steps_seq"`
+	Errors  []string `json:"errors"`
+	Leaks   []string `json:"leaks"`
+	Seconds float64  `json:"seconds"`
 }
 
 type burstRun struct {
@@ -192,6 +198,7 @@ func (r *report) addSection(d *policyData) {
 	if a.Pods == 0 {
 		r.f("(No sequential or concurrent phases: PODNET_BENCH_POLICY_ADD_PODS=0.)\n\n")
 	}
+	r.addStepsTable(a)
 
 	// targets: p50 at every level and mode, p99 and the engine's wait at
 	// the last level
@@ -327,4 +334,52 @@ func gapMs(got, want float64) string {
 		return fmt.Sprintf("%s ms to spare", fmtMs(want-got))
 	}
 	return fmt.Sprintf("%s ms over (%.1f×)", fmtMs(got-want), got/want)
+}
+
+// addStepsTable shows the sequential podnet ADDs step by step at each
+// level (from the plugin's trace), and what libcni measured on top of
+// the plugin's own time: its exec, the Go runtime's start and libcni.
+func (r *report) addStepsTable(a *addCompare) {
+	var levels []addLevel
+	for _, l := range a.Levels {
+		if len(l.StepsSeq) > 0 {
+			levels = append(levels, l)
+		}
+	}
+	if len(levels) == 0 {
+		return
+	}
+	r.f("podnet's sequential ADDs above, step by step (p50 of each step's wall time, ms, from its trace; section 1b has the same steps with the engine off, where the plugin writes its pod filter elements itself). *Outside the plugin* is libcni's ADD p50 less the plugin's own: the exec, the Go runtime's start and exit, and libcni's work.\n\n")
+	r.f("| step |")
+	for _, l := range levels {
+		r.f(" %d policies |", l.Policies)
+	}
+	r.f("\n|---|")
+	for range levels {
+		r.f("---:|")
+	}
+	r.f("\n")
+	var steps []string
+	for _, st := range levels[0].StepsSeq {
+		steps = append(steps, st.Step)
+	}
+	for _, name := range steps {
+		r.f("| %s |", name)
+		for _, l := range levels {
+			cell := "—"
+			for _, st := range l.StepsSeq {
+				if st.Step == name {
+					cell = fmtMs(st.P50Ms)
+				}
+			}
+			r.f(" %s |", cell)
+		}
+		r.f("\n")
+	}
+	r.f("| outside the plugin |")
+	for _, l := range levels {
+		inside := l.StepsSeq[len(l.StepsSeq)-1].P50Ms
+		r.f(" %s |", fmtMs(median(l.PodnetSeqMs)-inside))
+	}
+	r.f("\n\n")
 }

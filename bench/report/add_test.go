@@ -122,3 +122,38 @@ func TestBurstFloor(t *testing.T) {
 		t.Errorf("burst target measured %q", got)
 	}
 }
+
+// TestAddSteps: the sequential podnet ADDs' steps at each level, and what
+// libcni measured on top of the plugin's own time (its p50 less the
+// plugin's).
+func TestAddSteps(t *testing.T) {
+	steps := func(veth, inside float64) []struct {
+		Step  string  `json:"step"`
+		P50Ms float64 `json:"p50_ms"`
+	} {
+		return []struct {
+			Step  string  `json:"step"`
+			P50Ms float64 `json:"p50_ms"`
+		}{{"veth", veth}, {"guard", 0.1}, {"inside the plugin", inside}}
+	}
+	ms := func(v float64) []float64 { return []float64{v, v, v} }
+	a := &addCompare{Pods: 3, Workers: 8, Chunk: 25, Levels: []addLevel{
+		{Policies: 0, PodnetSeqMs: ms(6), RefSeqMs: ms(9), StepsSeq: steps(0.5, 2.5)},
+		{Policies: 1000, PodnetSeqMs: ms(7), RefSeqMs: ms(9), StepsSeq: steps(0.6, 3)},
+	}}
+	r := &report{}
+	r.addSection(&policyData{AddCompare: a})
+	out := r.b.String()
+	for _, want := range []string{"| step | 0 policies | 1000 policies |", "| veth | 0.50 | 0.60 |", "| inside the plugin | 2.50 | 3.00 |", "| outside the plugin | 3.50 | 4.00 |"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("no %q in:\n%s", want, out)
+		}
+	}
+	// older results have no steps: no table
+	r = &report{}
+	a.Levels[0].StepsSeq, a.Levels[1].StepsSeq = nil, nil
+	r.addSection(&policyData{AddCompare: a})
+	if strings.Contains(r.b.String(), "outside the plugin") {
+		t.Error("a steps table without steps")
+	}
+}

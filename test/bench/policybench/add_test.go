@@ -112,6 +112,16 @@ type addLevel struct {
 	// wait, which runs while the plugin sets up the pod)
 	BlockedSeqMs  []float64 `json:"blocked_seq_ms,omitempty"`
 	BlockedConcMs []float64 `json:"blocked_conc_ms,omitempty"`
+	// StepsSeq: the sequential podnet ADDs step by step, from the same
+	// trace (p50 of each step's wall time, in the trace's order, then
+	// "inside the plugin": main to the result)
+	StepsSeq []stepP50 `json:"steps_seq,omitempty"`
+}
+
+// stepP50 is one step's median wall time over a phase's traced ADDs.
+type stepP50 struct {
+	Step  string  `json:"step"`
+	P50Ms float64 `json:"p50_ms"`
 }
 
 // routedCPU is the CPU both nodes' podnet-routed spent while one
@@ -505,7 +515,7 @@ func (a *addBench) scrape() *hist {
 
 // phase is one mode at one level: a.pods pods of each stack in turns of
 // a.chunk, workers in flight, then every pod DELeted and the node checked.
-func (a *addBench) phase(workers int) (podnetMs, refMs []float64, wait *histDelta, routed *routedCPU, blocked []float64, errs, leaks []string) {
+func (a *addBench) phase(workers int) (podnetMs, refMs []float64, wait *histDelta, routed *routedCPU, blocked []float64, steps []stepP50, errs, leaks []string) {
 	base := a.baseState()
 	a.repairs0 = a.podFilterRepairs()
 	pp, rp := a.newPods(a.podnet, a.pods), a.newPods(a.ref, a.pods)
@@ -530,7 +540,7 @@ func (a *addBench) phase(workers int) (podnetMs, refMs []float64, wait *histDelt
 			cpu[pods[0].s.podnet] += a.routedCPUNow() - c0
 		}
 	}
-	blocked, err := blockedMs(trace)
+	blocked, steps, err := blockedMs(trace)
 	if err != nil {
 		a.errorf("podnet's step trace: %v", err)
 	}
@@ -561,16 +571,19 @@ func setEnv(k, v string) func() {
 
 // blockedMs reads the plugin's step trace at path: per ADD, the wall time
 // of its guard and policy steps (ms), which is how long podnet-routed held
-// it up. No file is no ADD traced.
-func blockedMs(path string) ([]float64, error) {
+// it up; and each step's median (see addLevel.StepsSeq). No file is no
+// ADD traced.
+func blockedMs(path string) ([]float64, []stepP50, error) {
 	b, err := os.ReadFile(path)
 	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil
+		return nil, nil, nil
 	}
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	var out []float64
+	var order []string
+	byStep := map[string][]float64{}
 	for _, line := range strings.Split(string(b), "\n") {
 		if strings.TrimSpace(line) == "" {
 			continue
@@ -581,9 +594,10 @@ func blockedMs(path string) ([]float64, error) {
 				Step   string  `json:"step"`
 				WallUs float64 `json:"wallUs"`
 			} `json:"steps"`
+			WallUs float64 `json:"wallUs"`
 		}
 		if err := json.Unmarshal([]byte(line), &v); err != nil {
-			return nil, fmt.Errorf("%s: %w", path, err)
+			return nil, nil, fmt.Errorf("%s: %w", path, err)
 		}
 		if v.Verb != "ADD" {
 			continue
@@ -593,11 +607,26 @@ func blockedMs(path string) ([]float64, error) {
 			if s.Step == "guard" || s.Step == "policy" {
 				us += s.WallUs
 			}
+			if _, ok := byStep[s.Step]; !ok {
+				order = append(order, s.Step)
+			}
+			byStep[s.Step] = append(byStep[s.Step], s.WallUs/1000)
 		}
+		byStep[insideStep] = append(byStep[insideStep], v.WallUs/1000)
 		out = append(out, us/1000)
 	}
-	return roundMs(out), nil
+	var steps []stepP50
+	for _, st := range append(order, insideStep) {
+		if v := byStep[st]; len(v) > 0 {
+			steps = append(steps, stepP50{Step: st, P50Ms: roundMs([]float64{pct(v, 50)})[0]})
+		}
+	}
+	return roundMs(out), steps, nil
 }
+
+// insideStep names the plugin's whole time (main to the result) among
+// the steps.
+const insideStep = "inside the plugin"
 
 func okMs(pods []*addPod) []float64 {
 	var out []float64
@@ -619,9 +648,9 @@ func (a *addBench) level(policies int) addLevel {
 	}
 	start := time.Now()
 	var errs, leaks []string
-	l.PodnetSeqMs, l.RefSeqMs, l.WaitSeq, l.RoutedSeq, l.BlockedSeqMs, errs, leaks = a.phase(1)
+	l.PodnetSeqMs, l.RefSeqMs, l.WaitSeq, l.RoutedSeq, l.BlockedSeqMs, l.StepsSeq, errs, leaks = a.phase(1)
 	l.Errors, l.Leaks = append(l.Errors, errs...), append(l.Leaks, leaks...)
-	l.PodnetConcMs, l.RefConcMs, l.WaitConc, l.RoutedConc, l.BlockedConcMs, errs, leaks = a.phase(a.workers)
+	l.PodnetConcMs, l.RefConcMs, l.WaitConc, l.RoutedConc, l.BlockedConcMs, _, errs, leaks = a.phase(a.workers)
 	l.Errors, l.Leaks = append(l.Errors, errs...), append(l.Leaks, leaks...)
 	l.Seconds = time.Since(start).Seconds()
 	for _, m := range []struct {

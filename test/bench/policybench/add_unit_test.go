@@ -5,6 +5,7 @@ package policybench
 import (
 	"math"
 	"os"
+	"slices"
 	"testing"
 )
 
@@ -41,7 +42,7 @@ func TestHistMinusQuantile(t *testing.T) {
 
 func TestBlockedMs(t *testing.T) {
 	path := t.TempDir() + "/trace.jsonl"
-	if got, err := blockedMs(path); err != nil || got != nil {
+	if got, steps, err := blockedMs(path); err != nil || got != nil || steps != nil {
 		t.Fatalf("no trace: %v, %v; want nothing", got, err)
 	}
 	lines := `{"verb":"ADD","steps":[{"step":"veth","wallUs":900},{"step":"guard","wallUs":150},{"step":"host","wallUs":400},{"step":"policy","wallUs":1250}],"wallUs":5000}
@@ -52,14 +53,20 @@ func TestBlockedMs(t *testing.T) {
 	if err := os.WriteFile(path, []byte(lines), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	got, err := blockedMs(path)
+	got, steps, err := blockedMs(path)
 	if err != nil || len(got) != 2 || got[0] != 1.4 || got[1] != 0.025 {
 		t.Fatalf("blockedMs = %v, %v; want [1.4 0.025] (ADDs only: guard + policy)", got, err)
+	}
+	// each step's median over the ADDs that have it (nearest rank), in
+	// the order the trace first names them, then the plugin's whole time
+	want := []stepP50{{"veth", 0.9}, {"guard", 0.02}, {"host", 0.4}, {"policy", 0.005}, {insideStep, 4}}
+	if !slices.Equal(steps, want) {
+		t.Errorf("steps = %v, want %v", steps, want)
 	}
 	if err := os.WriteFile(path, []byte("{not json\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := blockedMs(path); err == nil {
+	if _, _, err := blockedMs(path); err == nil {
 		t.Fatal("a broken trace line: no error")
 	}
 }
