@@ -35,3 +35,20 @@ func portMaker() func() (Port, error) {
 			IPs: []net.IP{net.IPv4(10, byte(next>>16), byte(next>>8), byte(next)).To4(), net.ParseIP(fmt.Sprintf("fd00::1:%x", next))}}, nil
 	}
 }
+
+// installPorts makes k ports (portMaker's) and installs each in g.
+func installPorts(g Guard, k int) ([]Port, error) {
+	port := portMaker()
+	var ports []Port
+	for range k {
+		p, err := port()
+		if err != nil {
+			return nil, err
+		}
+		if err := g.Install(p); err != nil {
+			return nil, err
+		}
+		ports = append(ports, p)
+	}
+	return ports, nil
+}

@@ -22,17 +22,9 @@ func TestPruneDeadL2Chains(t *testing.T) {
 	n := testns.New(t)
 	g := Routed.At(t.TempDir())
 	err := n.Do(func(ns.NetNS) error {
-		port := portMaker()
-		var ports []Port
-		for range 5 {
-			p, err := port()
-			if err != nil {
-				return err
-			}
-			if err := g.Install(p); err != nil {
-				return err
-			}
-			ports = append(ports, p)
+		ports, err := installPorts(g, 5)
+		if err != nil {
+			return err
 		}
 		for _, p := range ports[1:] { // their pods are gone
 			if err := netlink.LinkDel(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: p.Name}}); err != nil {

@@ -25,17 +25,9 @@ func TestL2TablesSpread(t *testing.T) {
 	n := testns.New(t)
 	g := Routed.At(t.TempDir())
 	err := n.Do(func(ns.NetNS) error {
-		port := portMaker()
-		var ports []Port
-		for range 40 { // more than the tables: each gets ports
-			p, err := port()
-			if err != nil {
-				return err
-			}
-			if err := g.Install(p); err != nil {
-				return err
-			}
-			ports = append(ports, p)
+		ports, err := installPorts(g, 40) // more than the tables: each gets ports
+		if err != nil {
+			return err
 		}
 		c, _, err := nftutil.Dial(nftTimeout, 0, ReceiveBuffer)
 		if err != nil {

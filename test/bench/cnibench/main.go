@@ -490,14 +490,8 @@ func (s *stack) run(pods []ns.NetNS, mode string, workers, rep int) runResult {
 	var errs []string
 	// podnet's step trace (the reference plugins ignore the variable; the
 	// exec'd plugins inherit this process's environment through libcni)
-	trace, err := os.CreateTemp("", "cnibench-trace-*.jsonl")
-	if err != nil {
-		fatalf("%v", err)
-	}
-	_ = trace.Close()
-	defer os.Remove(trace.Name())
-	os.Setenv("PODNET_TRACE", trace.Name())
-	defer os.Unsetenv("PODNET_TRACE")
+	trace, stop := startTrace()
+	defer stop()
 	// the reconcile of a stack that runs one (in this process: its CPU is
 	// not in the phases' RUSAGE_CHILDREN)
 	reconciling := func(phase string, f func()) {
@@ -521,7 +515,7 @@ func (s *stack) run(pods []ns.NetNS, mode string, workers, rep int) runResult {
 	r.DelWallS, r.DelUserMs, r.DelSysMs = wall.Seconds(), ms(user), ms(sys)
 	r.Errors = append(r.Errors, errs...)
 	os.Unsetenv("PODNET_TRACE")
-	if steps, err := readTrace(trace.Name()); err != nil {
+	if steps, err := readTrace(trace); err != nil {
 		r.Errors = append(r.Errors, "step trace: "+err.Error())
 	} else if len(steps) > 0 {
 		r.Steps = steps
@@ -552,6 +546,22 @@ func (s *stack) recover() {
 }
 
 func ms(d time.Duration) float64 { return float64(d) / 1e6 }
+
+// startTrace turns podnet's step trace on (PODNET_TRACE: the reference
+// plugins ignore it; libcni passes this process's environment on) into a
+// new file, and returns it and what turns it off and removes the file.
+func startTrace() (string, func()) {
+	f, err := os.CreateTemp("", "cnibench-trace-*.jsonl")
+	if err != nil {
+		fatalf("%v", err)
+	}
+	_ = f.Close()
+	os.Setenv("PODNET_TRACE", f.Name())
+	return f.Name(), func() {
+		os.Unsetenv("PODNET_TRACE")
+		_ = os.Remove(f.Name())
+	}
+}
 
 // verbTrace summarizes the trace lines of one verb in a run: the plugin's
 // whole time inside main (Total) and each step's, in trace order.

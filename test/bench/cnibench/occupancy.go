@@ -118,16 +118,11 @@ func (sd *occSide) phase(o *occResult, verb string, lo, hi int) {
 // insideOf runs f with podnet's step trace on and returns each traced
 // ADD's time inside the plugin, in order.
 func (sd *occSide) insideOf(f func()) []float64 {
-	trace, err := os.CreateTemp("", "cnibench-occ-trace-*.jsonl")
-	if err != nil {
-		fatalf("%v", err)
-	}
-	_ = trace.Close()
-	defer os.Remove(trace.Name())
-	os.Setenv("PODNET_TRACE", trace.Name())
+	trace, stop := startTrace()
+	defer stop()
 	f()
 	os.Unsetenv("PODNET_TRACE")
-	data, err := os.ReadFile(trace.Name())
+	data, err := os.ReadFile(trace)
 	if err != nil {
 		fatalf("%v", err)
 	}
