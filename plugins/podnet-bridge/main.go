@@ -7,9 +7,11 @@ package main
 import (
 	"github.com/containernetworking/cni/pkg/skel"
 
+	"github.com/podnet/podnet/internal/oneshot"
 	"github.com/podnet/podnet/plugins/veth"
 )
 
 func main() {
+	oneshot.Start()
 	skel.PluginMainFuncs(veth.Bridged(), veth.VersionInfo(), "podnet-bridge: bridge-mode CNI plugin")
 }

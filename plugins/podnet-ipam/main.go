@@ -8,10 +8,12 @@ import (
 	"github.com/containernetworking/cni/pkg/skel"
 
 	"github.com/podnet/podnet/internal/cniresult"
+	"github.com/podnet/podnet/internal/oneshot"
 	"github.com/podnet/podnet/ipam"
 )
 
 func main() {
+	oneshot.Start()
 	skel.PluginMainFuncs(skel.CNIFuncs{
 		Add: func(args *skel.CmdArgs) error {
 			res, err := ipam.Add(ipam.RequestFrom(args))

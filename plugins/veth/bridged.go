@@ -100,12 +100,12 @@ func (b *bridged) guard() podfilter.Guard { return podfilter.Bridged }
 
 // attachHost makes the host veth (still down) a port of the bridge with
 // the configured hairpin flag, before podnet-routed hears of the pod.
-func (b *bridged) attachHost(host netlink.Link) error {
+func (b *bridged) attachHost(h *netlink.Handle, host netlink.Link) error {
 	br := b.br
-	if err := netlink.LinkSetMaster(host, br); err != nil {
+	if err := h.LinkSetMaster(host, br); err != nil {
 		return fmt.Errorf("attach %s to bridge %s: %w", host.Attrs().Name, br.Attrs().Name, err)
 	}
-	if err := netlink.LinkSetHairpin(host, b.conf.HairpinMode); err != nil {
+	if err := h.LinkSetHairpin(host, b.conf.HairpinMode); err != nil {
 		return fmt.Errorf("set hairpin mode on %s: %w", host.Attrs().Name, err)
 	}
 	return nil
@@ -113,20 +113,20 @@ func (b *bridged) attachHost(host netlink.Link) error {
 
 // setupHost gives the host veth (a port of the bridge since attachHost)
 // the host-side settings and brings it up.
-func (b *bridged) setupHost(host netlink.Link, _ podSide) error {
+func (b *bridged) setupHost(h *netlink.Handle, host netlink.Link, _ podSide) error {
 	if err := hardenHostIface(host.Attrs().Name); err != nil {
 		return fmt.Errorf("host veth %s: %w", host.Attrs().Name, err)
 	}
-	if err := noKernelLinkLocal(host); err != nil {
+	if err := noKernelLinkLocal(h, host); err != nil {
 		return fmt.Errorf("host veth %s: %w", host.Attrs().Name, err)
 	}
-	if err := netlink.LinkSetUp(host); err != nil {
+	if err := h.LinkSetUp(host); err != nil {
 		return fmt.Errorf("set %s up: %w", host.Attrs().Name, err)
 	}
 	return nil
 }
 
-func (b *bridged) finishHost(netlink.Link, podSide) error { return nil }
+func (b *bridged) finishHost(*netlink.Handle, netlink.Link, podSide) error { return nil }
 
 // checkHost verifies that the host veth exists, is up and is a port of the
 // bridge.

@@ -2,18 +2,19 @@ package veth
 
 import (
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 
 	"golang.org/x/sys/unix"
 )
 
-// newLogger returns a logger writing to conf.LogFile, or one that discards.
+// newLogger returns a logger writing to conf.LogFile, or one that discards
+// (whose records are never formatted: slog.DiscardHandler is disabled at
+// every level).
 // The returned closer must be called when the plugin is done.
 func newLogger(conf *netConf, plugin string) (*slog.Logger, func()) {
 	if conf.LogFile == "" {
-		return slog.New(slog.NewTextHandler(io.Discard, nil)), func() {}
+		return slog.New(slog.DiscardHandler), func() {}
 	}
 	// O_NOFOLLOW, O_NONBLOCK (a FIFO must not hang ADD) and a regular-file
 	// check: a symlink, FIFO or device planted at the log path must not make
@@ -27,7 +28,7 @@ func newLogger(conf *netConf, plugin string) (*slog.Logger, func()) {
 	}
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "%s: not logging to logFile %s: %v\n", plugin, conf.LogFile, err)
-		return slog.New(slog.NewTextHandler(io.Discard, nil)), func() {}
+		return slog.New(slog.DiscardHandler), func() {}
 	}
 	l := slog.New(slog.NewJSONHandler(f, nil)).With("plugin", plugin, "network", conf.Name)
 	return l, func() { _ = f.Close() }

@@ -42,21 +42,27 @@ type podSide struct {
 func configurePod(podNS ns.NetNS, side podSide, alias string, passed func(step string) error) (*current.Interface, error) {
 	var iface *current.Interface
 	err := podNS.Do(func(ns.NetNS) error {
-		link, err := netlinksafe.LinkByName(side.IfName)
+		// one netlink socket for the visit's ~8 requests, not one each
+		h, err := netlinksafe.NewHandle(unix.NETLINK_ROUTE)
+		if err != nil {
+			return fmt.Errorf("netlink socket in netns %s: %w", podNS.Path(), err)
+		}
+		defer h.Close()
+		link, err := h.LinkByName(side.IfName)
 		if err != nil {
 			return fmt.Errorf("look up %s in netns %s: %w", side.IfName, podNS.Path(), err)
 		}
-		if err := netlink.LinkSetAlias(link, alias); err != nil {
+		if err := h.LinkSetAlias(link, alias); err != nil {
 			return fmt.Errorf("set alias on %s in netns %s: %w", side.IfName, podNS.Path(), err)
 		}
-		if err := podAddresses(link, side); err != nil {
+		if err := podAddresses(h.Handle, link, side); err != nil {
 			return err
 		}
 		iface = &current.Interface{Name: side.IfName, Mac: link.Attrs().HardwareAddr.String(), Mtu: link.Attrs().MTU, Sandbox: podNS.Path()}
 		if err := passed("address"); err != nil {
 			return err
 		}
-		if err := podRoutes(link.Attrs().Index, side); err != nil {
+		if err := podRoutes(h.Handle, link.Attrs().Index, side); err != nil {
 			return err
 		}
 		return passed("route")
@@ -64,9 +70,10 @@ func configurePod(podNS ns.NetNS, side podSide, alias string, passed func(step s
 	return iface, err
 }
 
-// podAddresses brings link, the pod interface, up with its addresses.
-// Callers are in the pod netns.
-func podAddresses(link netlink.Link, side podSide) error {
+// podAddresses brings link, the pod interface, up with its addresses,
+// through h, a netlink handle of the pod netns. Callers are in the pod
+// netns (sysctls).
+func podAddresses(h *netlink.Handle, link netlink.Link, side podSide) error {
 	if hasIPv6(side.Addrs) {
 		if err := writeSysctl("net/ipv6/conf/"+side.IfName+"/accept_dad", "0"); err != nil {
 			return err
@@ -76,10 +83,10 @@ func podAddresses(link netlink.Link, side podSide) error {
 	// the EUI-64 one of its MAC (podfilter.EUI64LinkLocal): make the
 	// kernel derive exactly that one, whatever the netns's default
 	// (stable-privacy, random). No IPv6 on the interface: nothing to do.
-	if err := setAddrGenMode(link, addrGenModeEUI64); err != nil {
+	if err := setAddrGenMode(h, link, addrGenModeEUI64); err != nil {
 		return err
 	}
-	if err := netlink.LinkSetUp(link); err != nil {
+	if err := h.LinkSetUp(link); err != nil {
 		return fmt.Errorf("set %s up: %w", side.IfName, err)
 	}
 	for _, a := range side.Addrs {
@@ -87,7 +94,7 @@ func podAddresses(link netlink.Link, side podSide) error {
 		if a.IP.To4() == nil {
 			addr.Flags = unix.IFA_F_NODAD
 		}
-		if err := netlink.AddrAdd(link, addr); err != nil {
+		if err := h.AddrAdd(link, addr); err != nil {
 			return fmt.Errorf("add address %s to %s: %w", a, side.IfName, err)
 		}
 	}
@@ -95,19 +102,19 @@ func podAddresses(link netlink.Link, side podSide) error {
 }
 
 // podRoutes installs the gateway neighbor entries and the default and
-// extra routes of the pod on the interface with index idx. Callers are
-// in the pod netns.
-func podRoutes(idx int, side podSide) error {
+// extra routes of the pod on the interface with index idx, through h, a
+// netlink handle of the pod netns.
+func podRoutes(h *netlink.Handle, idx int, side podSide) error {
 	for _, gw := range side.gateways() {
 		if side.GatewayMAC != nil {
 			n := &netlink.Neigh{LinkIndex: idx, IP: gw, HardwareAddr: side.GatewayMAC, State: netlink.NUD_PERMANENT, Family: family(gw)}
-			if err := netlink.NeighSet(n); err != nil {
+			if err := h.NeighSet(n); err != nil {
 				return fmt.Errorf("add permanent neighbor %s on %s: %w", gw, side.IfName, err)
 			}
 		}
 	}
 	for _, r := range side.routes(idx) {
-		if err := netlink.RouteAdd(r); err != nil && !errors.Is(err, unix.EEXIST) {
+		if err := h.RouteAdd(r); err != nil && !errors.Is(err, unix.EEXIST) {
 			return fmt.Errorf("add route %s in pod: %w", describeRoute(r), err)
 		}
 	}

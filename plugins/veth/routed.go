@@ -65,7 +65,7 @@ func (r routed) describePod(ifName string, alloc *current.Result) (podSide, erro
 
 func (routed) prepareNode(podSide, int) error { return nil }
 
-func (routed) attachHost(netlink.Link) error { return nil }
+func (routed) attachHost(*netlink.Handle, netlink.Link) error { return nil }
 
 func (routed) guard() podfilter.Guard { return podfilter.Routed }
 
@@ -73,7 +73,7 @@ func (routed) guard() podfilter.Guard { return podfilter.Routed }
 // Advertisement, SLAAC or redirect taken from the pod (hostIfaceSettings),
 // proxy ARP answering for 169.254.1.1 without delay, forwarding, and with
 // IPv6 the fixed link-local gateway address; then brings it up.
-func (routed) setupHost(host netlink.Link, side podSide) error {
+func (routed) setupHost(h *netlink.Handle, host netlink.Link, side podSide) error {
 	ipv6 := side.hasIPv6()
 	name := host.Attrs().Name
 	// one directory opened per family and setting kind, not a walk of
@@ -84,7 +84,7 @@ func (routed) setupHost(host netlink.Link, side podSide) error {
 		return fmt.Errorf("host veth %s: %w", name, err)
 	}
 	// the pod's IPv6 gateway is GatewayV6, added below
-	if err := noKernelLinkLocal(host); err != nil {
+	if err := noKernelLinkLocal(h, host); err != nil {
 		return fmt.Errorf("host veth %s: %w", name, err)
 	}
 	settings := [][2]string{
@@ -106,11 +106,11 @@ func (routed) setupHost(host netlink.Link, side podSide) error {
 	}
 	if ipv6 {
 		ll := &netlink.Addr{IPNet: &net.IPNet{IP: net.ParseIP(GatewayV6), Mask: net.CIDRMask(64, 128)}, Flags: unix.IFA_F_NODAD}
-		if err := netlink.AddrAdd(host, ll); err != nil && !errors.Is(err, unix.EEXIST) {
+		if err := h.AddrAdd(host, ll); err != nil && !errors.Is(err, unix.EEXIST) {
 			return fmt.Errorf("add %s to host veth %s: %w", GatewayV6, name, err)
 		}
 	}
-	if err := netlink.LinkSetUp(host); err != nil {
+	if err := h.LinkSetUp(host); err != nil {
 		return fmt.Errorf("set host veth %s up: %w", name, err)
 	}
 	return nil
@@ -119,10 +119,10 @@ func (routed) setupHost(host netlink.Link, side podSide) error {
 // finishHost routes every pod address to the host veth. An identical
 // existing route is accepted; a route to the same address through another
 // interface is an error that names it.
-func (routed) finishHost(host netlink.Link, side podSide) error {
+func (routed) finishHost(h *netlink.Handle, host netlink.Link, side podSide) error {
 	for _, ip := range side.ips() {
 		r := hostRoute(host, ip)
-		err := netlink.RouteAdd(r)
+		err := h.RouteAdd(r)
 		if err == nil {
 			continue
 		}

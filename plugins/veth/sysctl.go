@@ -141,9 +141,9 @@ func checkHostIface(dev string) error {
 // with it the address's DAD, MLD report and fe80::/64 route: a routed
 // pod's gateway address is added by hand, and a bridge port needs no
 // address. The node's IPv6 state would otherwise grow with its pods. No
-// IPv6 on the interface is fine.
-func noKernelLinkLocal(link netlink.Link) error {
-	return setAddrGenMode(link, addrGenModeNone)
+// IPv6 on the interface is fine. h is a netlink handle of link's netns.
+func noKernelLinkLocal(h *netlink.Handle, link netlink.Link) error {
+	return setAddrGenMode(h, link, addrGenModeNone)
 }
 
 // IPv6 address generation modes (IN6_ADDR_GEN_MODE_*).
@@ -155,9 +155,11 @@ const (
 // setAddrGenMode sets link's IPv6 addr_gen_mode by netlink (no walk of
 // /proc/sys, see sysctlWriter), in the calling thread's netns; an
 // interface without IPv6 (IPv6 off, an MTU below 1280) is left as it is.
+// h is a netlink handle of link's netns (&netlink.Handle{}: a socket of
+// the thread's netns for the one request).
 // A kernel that refuses the attribute gets the sysctl.
-func setAddrGenMode(link netlink.Link, mode int) error {
-	err := netlink.LinkSetIP6AddrGenMode(link, mode)
+func setAddrGenMode(h *netlink.Handle, link netlink.Link, mode int) error {
+	err := h.LinkSetIP6AddrGenMode(link, mode)
 	switch {
 	case err == nil, errors.Is(err, unix.EAFNOSUPPORT):
 		return nil

@@ -71,7 +71,7 @@ func TestSetAddrGenMode(t *testing.T) {
 			return err
 		}
 		for _, mode := range []int{addrGenModeNone, addrGenModeEUI64} {
-			if err := setAddrGenMode(l, mode); err != nil {
+			if err := setAddrGenMode(&netlink.Handle{}, l, mode); err != nil {
 				t.Fatalf("mode %d: %v", mode, err)
 			}
 			want := map[int]string{addrGenModeNone: "1", addrGenModeEUI64: "0"}[mode]
@@ -89,7 +89,7 @@ func TestSetAddrGenMode(t *testing.T) {
 		if _, err := readSysctl("net/ipv6/conf/ag1/addr_gen_mode"); !errors.Is(err, fs.ErrNotExist) {
 			t.Fatalf("an interface with MTU 1200 still has IPv6 settings (%v): the case is not made", err)
 		}
-		if err := setAddrGenMode(small, addrGenModeNone); err != nil {
+		if err := setAddrGenMode(&netlink.Handle{}, small, addrGenModeNone); err != nil {
 			t.Errorf("no IPv6 on the interface: %v, want nothing done", err)
 		}
 		return nil

@@ -20,8 +20,10 @@ import (
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/podnet/podnet/internal/attachment"
 	"github.com/podnet/podnet/internal/cniresult"
@@ -42,11 +44,12 @@ type mode interface {
 	// attachHost runs right after the veth pair is created, before
 	// podnet-routed hears of the pod (e.g. the bridge port: the engine
 	// judges a bridge's pods by their addresses); the host end is down.
-	attachHost(host netlink.Link) error
+	// h, in these three, is the ADD's netlink handle of the node netns.
+	attachHost(h *netlink.Handle, host netlink.Link) error
 	// setupHost configures the host end and brings it up.
-	setupHost(host netlink.Link, side podSide) error
+	setupHost(h *netlink.Handle, host netlink.Link, side podSide) error
 	// finishHost runs after the pod is configured (e.g. node routes to it).
-	finishHost(host netlink.Link, side podSide) error
+	finishHost(h *netlink.Handle, host netlink.Link, side podSide) error
 	// checkHost verifies the host end for CHECK and returns it.
 	checkHost(hostName string, side podSide) (netlink.Link, error)
 	// guard is the pod filter of the mode (internal/podfilter).
@@ -87,6 +90,9 @@ type invocation struct {
 	owner Owner
 	host  string
 	pod   podArgs
+	// nl is ADD's netlink handle of the node netns: one socket for the
+	// verb's requests there, not one each
+	nl *netlink.Handle
 }
 
 func (p *plugin) begin(args *skel.CmdArgs) (*invocation, error) {
@@ -130,6 +136,12 @@ func (p *plugin) add(args *skel.CmdArgs) (err error) {
 		return err
 	}
 	defer podNS.Close()
+	nl, err := netlinksafe.NewHandle(unix.NETLINK_ROUTE)
+	if err != nil {
+		return cniErrorf(types.ErrTryAgainLater, "netlink socket: %v", err)
+	}
+	defer nl.Close()
+	inv.nl = nl.Handle
 	tr.mark("netns")
 	mtu, err := resolveMTU(inv.conf)
 	if err != nil {
@@ -225,7 +237,7 @@ func (p *plugin) allocate(inv *invocation, args *skel.CmdArgs, mtu int, rollback
 // to guard.
 func (p *plugin) plumbVeth(inv *invocation, spec vethSpec, side podSide, podNS ns.NetNS, rollback *undoStack, tr *trace) (netlink.Link, podfilter.Port, error) {
 	g := inv.mode.guard().At(inv.conf.StateDir)
-	host, podMAC, err := createVeth(spec, podNS)
+	host, podMAC, err := createVeth(inv.nl, spec, podNS)
 	if errors.Is(err, errHostNameTaken) {
 		// only then look for a stale one (a lookup takes the RTNL lock,
 		// which every pod being set up on the node queues for)
@@ -237,7 +249,7 @@ func (p *plugin) plumbVeth(inv *invocation, spec vethSpec, side podSide, podNS n
 			return nil, podfilter.Port{}, cniErrorf(types.ErrTryAgainLater, "%v", serr)
 		}
 		tr.mark("stale-veth")
-		host, podMAC, err = createVeth(spec, podNS)
+		host, podMAC, err = createVeth(inv.nl, spec, podNS)
 	}
 	if err != nil {
 		if errors.Is(err, errIfNameTaken) {
@@ -251,7 +263,7 @@ func (p *plugin) plumbVeth(inv *invocation, spec vethSpec, side podSide, podNS n
 		// after the veth, so that no live port is ever left unguarded
 		return errors.Join(err, g.RemoveExact(port))
 	})
-	if err = inv.mode.attachHost(host); err != nil {
+	if err = inv.mode.attachHost(inv.nl, host); err != nil {
 		return nil, podfilter.Port{}, err
 	}
 	if err = p.passed(tr, "veth"); err != nil {
@@ -288,13 +300,13 @@ func (p *plugin) configure(inv *invocation, host netlink.Link, side podSide, pod
 	if err := guard(); err != nil {
 		return nil, err
 	}
-	if err := inv.mode.setupHost(host, side); err != nil {
+	if err := inv.mode.setupHost(inv.nl, host, side); err != nil {
 		return nil, err
 	}
 	if err := p.passed(tr, "host"); err != nil {
 		return nil, err
 	}
-	if err = inv.mode.finishHost(host, side); err != nil {
+	if err = inv.mode.finishHost(inv.nl, host, side); err != nil {
 		return nil, cniErrorf(types.ErrTryAgainLater, "%v", err)
 	}
 	if err = p.passed(tr, "host-route"); err != nil {

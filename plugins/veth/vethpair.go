@@ -33,8 +33,8 @@ type vethSpec struct {
 // index: what ADD uses of it) and the pod end's MAC. It fails with
 // errHostNameTaken when a link of the host end's name exists, and with
 // errIfNameTaken, naming the interface, when the pod already has one by
-// its name.
-func createVeth(spec vethSpec, podNS ns.NetNS) (netlink.Link, net.HardwareAddr, error) {
+// its name. h is a netlink handle of the node netns.
+func createVeth(h *netlink.Handle, spec vethSpec, podNS ns.NetNS) (netlink.Link, net.HardwareAddr, error) {
 	podMAC := randomMAC()
 	attrs := netlink.NewLinkAttrs()
 	attrs.Name = spec.HostName
@@ -54,10 +54,10 @@ func createVeth(spec vethSpec, podNS ns.NetNS) (netlink.Link, net.HardwareAddr, 
 		PeerHardwareAddr: podMAC,
 		PeerNamespace:    netlink.NsFd(int(podNS.Fd())),
 	}
-	if err := netlink.LinkAdd(veth); err != nil {
+	if err := h.LinkAdd(veth); err != nil {
 		if errors.Is(err, unix.EEXIST) {
 			// either name may be the taken one: look
-			if _, lerr := netlinksafe.LinkByName(spec.HostName); lerr == nil {
+			if _, lerr := (netlinksafe.Handle{Handle: h}).LinkByName(spec.HostName); lerr == nil {
 				return nil, nil, fmt.Errorf("create veth %s: %w: %w", spec.HostName, errHostNameTaken, err)
 			}
 			return nil, nil, fmt.Errorf("netns %s already has an interface named %q: %w", podNS.Path(), spec.PodName, errIfNameTaken)
@@ -67,15 +67,15 @@ func createVeth(spec vethSpec, podNS ns.NetNS) (netlink.Link, net.HardwareAddr, 
 	// LinkAdd looked the new link up by name for its index
 	var host netlink.Link = veth
 	if veth.Index == 0 {
-		l, err := netlinksafe.LinkByName(spec.HostName)
+		l, err := (netlinksafe.Handle{Handle: h}).LinkByName(spec.HostName)
 		if err != nil {
-			_ = netlink.LinkDel(veth)
+			_ = h.LinkDel(veth)
 			return nil, nil, fmt.Errorf("look up new veth %s: %w", spec.HostName, err)
 		}
 		host = l
 	}
-	if err := netlink.LinkSetAlias(host, spec.Owner.Alias()); err != nil {
-		_ = netlink.LinkDel(host)
+	if err := h.LinkSetAlias(host, spec.Owner.Alias()); err != nil {
+		_ = h.LinkDel(host)
 		return nil, nil, fmt.Errorf("set alias on veth %s: %w", spec.HostName, err)
 	}
 	return host, podMAC, nil

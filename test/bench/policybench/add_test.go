@@ -671,6 +671,13 @@ func (a *addBench) level(policies int) addLevel {
 			policies, m.mode, pct(m.podnet, 50), pct(m.podnet, 99), pct(m.ref, 50), pct(m.ref, 99),
 			pct(m.podnet, 50)/pct(m.ref, 50), pct(m.podnet, 99)/pct(m.ref, 99), m.wait, routed)
 	}
+	if len(l.StepsSeq) > 0 {
+		var sb strings.Builder
+		for _, st := range l.StepsSeq {
+			fmt.Fprintf(&sb, " %s %.2f", st.Step, st.P50Ms)
+		}
+		t.Logf("ADD at %d policies, sequential, podnet's steps (p50 ms):%s", policies, sb.String())
+	}
 	if len(l.Errors)+len(l.Leaks) > 0 {
 		t.Logf("ADD at %d policies: errors %q, leaks %q", policies, l.Errors, l.Leaks)
 	}

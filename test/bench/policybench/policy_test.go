@@ -357,6 +357,11 @@ func TestPolicyBench(t *testing.T) {
 		res.AddCompare = addCmp
 		addCmp.Levels = append(addCmp.Levels, ab.level(0))
 	}
+	if os.Getenv("PODNET_BENCH_POLICY_ADD_ONLY") == "1" {
+		// a developer's run: the ADD comparison at 0 policies, logged,
+		// nothing written
+		return
+	}
 	for ci, count := range counts {
 		pols := policies(count)
 		sc := scale{Policies: len(pols)}
