@@ -263,6 +263,16 @@ func TestApplyRouteDelta(t *testing.T) {
 		t.Error("our own deletion was reported lost")
 	}
 
+	// an old blackhole of ours (without contract.BlackholeMetric, from an
+	// earlier podnet-routed) that a write deletes is no loss, even where
+	// a route of ours for the same destination is owned (u.Type is the
+	// message's type; the route's is u.Route.Type)
+	old := *kernelRoute(want[3], 7)
+	old.Type, old.Priority, old.Gw = unix.RTN_BLACKHOLE, 0, nil
+	if cache.Observe(netlink.RouteUpdate{Type: unix.RTM_DELROUTE, Route: old}) {
+		t.Error("the deletion of an old blackhole was reported lost")
+	}
+
 	// someone routes a new Node's PodCIDR first: known from the
 	// notification, refused without a write
 	k.add("10.200.0.0/24", unix.RTPROT_STATIC, "192.168.0.250", "eth0")

@@ -158,7 +158,7 @@ func (c *RouteCache) Observe(u netlink.RouteUpdate) (lost bool) {
 	if t == nil {
 		return true // nothing to compare with: let an apply dump and see
 	}
-	if u.Type == unix.RTN_BLACKHOLE && u.Priority != contract.BlackholeMetric {
+	if u.Route.Type == unix.RTN_BLACKHOLE && u.Priority != contract.BlackholeMetric {
 		return false // an old blackhole, which write deletes
 	}
 	if _, ok := t.owned[dst]; !ok {
