@@ -43,7 +43,7 @@ func (d *Daemon) watchLinks(ctx context.Context, first chan struct{}) {
 			o.HostVethsLost()
 		}
 	}, func(ch chan netlink.LinkUpdate, done chan struct{}, onErr func(error)) error {
-		return netlink.LinkSubscribeWithOptions(ch, done, netlink.LinkSubscribeOptions{ErrorCallback: onErr})
+		return subscribeLinks(ch, done, onErr)
 	}, func(u netlink.LinkUpdate) {
 		for _, o := range d.hostVeths {
 			o.HostVethUpdate(u)
