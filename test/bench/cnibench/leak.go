@@ -33,8 +33,21 @@ type nodeState struct {
 	Files  []string // files under the data dirs, relative to them
 }
 
-// snapshotNode records the node netns and the files under dataDirs.
+// snapshotNode records the node netns and the files under dataDirs. A
+// dump the kernel interrupted (a pod netns torn down in the background
+// takes its veths with it meanwhile: netlink.ErrDumpInterrupted) is taken
+// again, up to 10 times.
 func snapshotNode(node ns.NetNS, dataDirs []string) (nodeState, error) {
+	for range 9 {
+		s, err := snapshotNodeOnce(node, dataDirs)
+		if !errors.Is(err, netlink.ErrDumpInterrupted) {
+			return s, err
+		}
+	}
+	return snapshotNodeOnce(node, dataDirs)
+}
+
+func snapshotNodeOnce(node ns.NetNS, dataDirs []string) (nodeState, error) {
 	var s nodeState
 	err := node.Do(func(ns.NetNS) error {
 		links, err := netlink.LinkList()
