@@ -131,53 +131,62 @@ func dumpAddrs(family int) ([]netip.Addr, error) {
 		if err != nil {
 			return nil, fmt.Errorf("RTM_GETADDR dump: %w", err)
 		}
-		var out []netip.Addr
-		interrupted := false
-		for i := range msgs {
-			m := &msgs[i]
-			if m.Header.Flags&unix.NLM_F_DUMP_INTR != 0 {
-				interrupted = true
-			}
-			switch m.Header.Type {
-			case syscall.NLMSG_ERROR:
-				if len(m.Data) >= 4 {
-					if errno := -int32(binary.NativeEndian.Uint32(m.Data[:4])); errno != 0 {
-						return nil, fmt.Errorf("RTM_GETADDR dump: %w", syscall.Errno(errno))
-					}
-				}
-				continue
-			case syscall.RTM_NEWADDR:
-			default:
-				continue
-			}
-			if len(m.Data) < syscall.SizeofIfAddrmsg || int(m.Data[0]) != family {
-				continue
-			}
-			attrs, err := syscall.ParseNetlinkRouteAttr(m)
-			if err != nil {
-				return nil, fmt.Errorf("RTM_GETADDR dump: %w", err)
-			}
-			var local, address []byte
-			for _, a := range attrs {
-				switch a.Attr.Type {
-				case syscall.IFA_LOCAL:
-					local = a.Value
-				case syscall.IFA_ADDRESS:
-					address = a.Value
-				}
-			}
-			if local == nil {
-				local = address
-			}
-			if ip, ok := netip.AddrFromSlice(local); ok {
-				if ip = ip.Unmap(); ip.IsGlobalUnicast() {
-					out = append(out, ip)
-				}
-			}
-		}
-		if !interrupted {
-			return out, nil
+		out, interrupted, err := addrsOf(msgs, family)
+		if err != nil || !interrupted {
+			return out, err
 		}
 	}
 	return nil, fmt.Errorf("RTM_GETADDR dump interrupted %d times in a row", dumpAttempts)
+}
+
+// addrsOf is the global unicast addresses of family in the messages of an
+// RTM_GETADDR dump, and whether the kernel marked the dump interrupted. A
+// message too short for its header or of another family is skipped; an
+// NLMSG_ERROR with an errno, or attributes that do not parse, fail it.
+func addrsOf(msgs []syscall.NetlinkMessage, family int) ([]netip.Addr, bool, error) {
+	var out []netip.Addr
+	interrupted := false
+	for i := range msgs {
+		m := &msgs[i]
+		if m.Header.Flags&unix.NLM_F_DUMP_INTR != 0 {
+			interrupted = true
+		}
+		switch m.Header.Type {
+		case syscall.NLMSG_ERROR:
+			if len(m.Data) >= 4 {
+				if errno := -int32(binary.NativeEndian.Uint32(m.Data[:4])); errno != 0 {
+					return nil, false, fmt.Errorf("RTM_GETADDR dump: %w", syscall.Errno(errno))
+				}
+			}
+			continue
+		case syscall.RTM_NEWADDR:
+		default:
+			continue
+		}
+		if len(m.Data) < syscall.SizeofIfAddrmsg || int(m.Data[0]) != family {
+			continue
+		}
+		attrs, err := syscall.ParseNetlinkRouteAttr(m)
+		if err != nil {
+			return nil, false, fmt.Errorf("RTM_GETADDR dump: %w", err)
+		}
+		var local, address []byte
+		for _, a := range attrs {
+			switch a.Attr.Type {
+			case syscall.IFA_LOCAL:
+				local = a.Value
+			case syscall.IFA_ADDRESS:
+				address = a.Value
+			}
+		}
+		if local == nil {
+			local = address
+		}
+		if ip, ok := netip.AddrFromSlice(local); ok {
+			if ip = ip.Unmap(); ip.IsGlobalUnicast() {
+				out = append(out, ip)
+			}
+		}
+	}
+	return out, interrupted, nil
 }

@@ -5,22 +5,19 @@ import (
 	"testing"
 )
 
-func TestStartOneP(t *testing.T) {
-	prev := runtime.GOMAXPROCS(4)
-	t.Cleanup(func() { runtime.GOMAXPROCS(prev) })
-	t.Setenv("GOMAXPROCS", "")
-	Start()
-	if got := runtime.GOMAXPROCS(0); got != 1 {
-		t.Fatalf("GOMAXPROCS after Start = %d, want 1", got)
-	}
-}
-
-func TestStartKeepsTheCallersSetting(t *testing.T) {
-	prev := runtime.GOMAXPROCS(3)
-	t.Cleanup(func() { runtime.GOMAXPROCS(prev) })
-	t.Setenv("GOMAXPROCS", "3")
-	Start()
-	if got := runtime.GOMAXPROCS(0); got != 3 {
-		t.Fatalf("GOMAXPROCS after Start with GOMAXPROCS=3 in the environment = %d, want 3", got)
+// TestStart: one P, unless the caller's environment says how many.
+func TestStart(t *testing.T) {
+	for _, c := range []struct {
+		env       string
+		before    int
+		wantAfter int
+	}{{"", 4, 1}, {"3", 3, 3}} {
+		prev := runtime.GOMAXPROCS(c.before)
+		t.Setenv("GOMAXPROCS", c.env)
+		Start()
+		got := runtime.GOMAXPROCS(prev)
+		if got != c.wantAfter {
+			t.Errorf("GOMAXPROCS=%q: %d Ps after Start, want %d", c.env, got, c.wantAfter)
+		}
 	}
 }

@@ -76,27 +76,11 @@ func subscribeLinks(ch chan<- netlink.LinkUpdate, done <-chan struct{}, onErr fu
 			if sa, ok := from.(*unix.SockaddrNetlink); !ok || sa.Pid != 0 {
 				continue // not the kernel's
 			}
-			msgs, err := syscall.ParseNetlinkMessage(buf[:n])
-			if err != nil {
-				fail(fmt.Errorf("parse link notification: %w", err))
-				continue
+			updates, errs := decodeLinkDatagram(buf[:n])
+			for _, err := range errs {
+				fail(err)
 			}
-			for _, m := range msgs {
-				if m.Header.Type != unix.RTM_NEWLINK && m.Header.Type != unix.RTM_DELLINK {
-					continue
-				}
-				if len(m.Data) < unix.SizeofIfInfomsg {
-					fail(fmt.Errorf("short link notification (%d bytes)", len(m.Data)))
-					continue
-				}
-				data := bytes.Clone(m.Data)
-				header := unix.NlMsghdr(m.Header)
-				link, err := netlink.LinkDeserialize(&header, data)
-				if err != nil {
-					fail(fmt.Errorf("decode link notification: %w", err))
-					continue
-				}
-				u := netlink.LinkUpdate{IfInfomsg: *nl.DeserializeIfInfomsg(data), Header: header, Link: link}
+			for _, u := range updates {
 				select {
 				case ch <- u:
 				case <-done:
@@ -106,4 +90,37 @@ func subscribeLinks(ch chan<- netlink.LinkUpdate, done <-chan struct{}, onErr fu
 		}
 	}()
 	return nil
+}
+
+// decodeLinkDatagram decodes the link notifications of one datagram read
+// from the link group: every RTM_NEWLINK and RTM_DELLINK that decodes, and
+// an error for each part that does not (a datagram that does not parse as
+// netlink messages at all yields none). Other message types are skipped.
+// Each message is decoded from a copy of its own, as the decoded link may
+// keep slices of it and b is read into again.
+func decodeLinkDatagram(b []byte) ([]netlink.LinkUpdate, []error) {
+	msgs, err := syscall.ParseNetlinkMessage(b)
+	if err != nil {
+		return nil, []error{fmt.Errorf("parse link notification: %w", err)}
+	}
+	var out []netlink.LinkUpdate
+	var errs []error
+	for _, m := range msgs {
+		if m.Header.Type != unix.RTM_NEWLINK && m.Header.Type != unix.RTM_DELLINK {
+			continue
+		}
+		if len(m.Data) < unix.SizeofIfInfomsg {
+			errs = append(errs, fmt.Errorf("short link notification (%d bytes)", len(m.Data)))
+			continue
+		}
+		data := bytes.Clone(m.Data)
+		header := unix.NlMsghdr(m.Header)
+		link, err := netlink.LinkDeserialize(&header, data)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("decode link notification: %w", err))
+			continue
+		}
+		out = append(out, netlink.LinkUpdate{IfInfomsg: *nl.DeserializeIfInfomsg(data), Header: header, Link: link})
+	}
+	return out, errs
 }

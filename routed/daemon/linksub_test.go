@@ -1,8 +1,10 @@
 package daemon
 
 import (
+	"encoding/binary"
 	"net"
 	"runtime"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -98,5 +100,67 @@ func TestSubscribeLinks(t *testing.T) {
 	}
 	if errs.Load() != 0 {
 		t.Errorf("%d subscription errors", errs.Load())
+	}
+}
+
+// linkMsg is an RTM_NEWLINK of interface index with name and MAC.
+func linkMsg(index int32, name string, mac net.HardwareAddr) []byte {
+	data := make([]byte, unix.SizeofIfInfomsg) // family, type, index, flags, change
+	binary.NativeEndian.PutUint32(data[4:], uint32(index))
+	data = append(data, linkAttr(unix.IFLA_IFNAME, append([]byte(name), 0))...)
+	data = append(data, linkAttr(unix.IFLA_ADDRESS, mac)...)
+	return linkNlMsg(unix.RTM_NEWLINK, data)
+}
+
+func linkAttr(typ uint16, v []byte) []byte {
+	b := binary.NativeEndian.AppendUint16(nil, uint16(4+len(v)))
+	b = binary.NativeEndian.AppendUint16(b, typ)
+	b = append(b, v...)
+	for len(b)%4 != 0 {
+		b = append(b, 0)
+	}
+	return b
+}
+
+func linkNlMsg(typ uint16, data []byte) []byte {
+	b := binary.NativeEndian.AppendUint32(nil, uint32(unix.SizeofNlMsghdr+len(data)))
+	b = binary.NativeEndian.AppendUint16(b, typ)
+	b = append(b, make([]byte, 10)...) // flags, seq, pid
+	b = append(b, data...)
+	for len(b)%4 != 0 {
+		b = append(b, 0)
+	}
+	return b
+}
+
+// TestDecodeLinkDatagramHostile: a datagram on the link group that is
+// not what the kernel sends. A message too short for an ifinfomsg is an
+// error and the valid link after it is still heard; other message types
+// are skipped; bytes that do not parse as netlink yield one error and no
+// update; and an update stays whole when the read buffer is overwritten.
+func TestDecodeLinkDatagramHostile(t *testing.T) {
+	mac := net.HardwareAddr{0x02, 0, 0, 0, 0, 0x42}
+	buf := slices.Concat(
+		linkNlMsg(unix.RTM_NEWLINK, []byte{0, 0, 0, 0}), // short
+		linkNlMsg(unix.RTM_NEWADDR, make([]byte, 24)),   // another type
+		linkMsg(7, "x1", mac),
+	)
+	updates, errs := decodeLinkDatagram(buf)
+	if len(errs) != 1 || len(updates) != 1 {
+		t.Fatalf("%d updates, errors %v: want 1 update and 1 error", len(updates), errs)
+	}
+	clear(buf) // the next read reuses the buffer
+	a := updates[0].Link.Attrs()
+	if a.Name != "x1" || a.HardwareAddr.String() != mac.String() || updates[0].Index != 7 || updates[0].Header.Type != unix.RTM_NEWLINK {
+		t.Errorf("update: name %q MAC %s index %d type %d; want x1 %s 7 RTM_NEWLINK", a.Name, a.HardwareAddr, updates[0].Index, updates[0].Header.Type, mac)
+	}
+
+	garbage := linkMsg(8, "x2", mac)
+	binary.NativeEndian.PutUint32(garbage, 4096) // claims more than the datagram holds
+	if updates, errs := decodeLinkDatagram(garbage); len(updates) != 0 || len(errs) != 1 {
+		t.Errorf("a datagram that does not parse: %d updates, errors %v; want none and 1 error", len(updates), errs)
+	}
+	if updates, errs := decodeLinkDatagram(nil); len(updates) != 0 || len(errs) != 0 {
+		t.Errorf("an empty datagram: %d updates, errors %v; want nothing", len(updates), errs)
 	}
 }
