@@ -44,6 +44,13 @@ type Config struct {
 	// LockBudget is how long one hold of a store's lock may last before
 	// the pass lets ADD and DEL in (they queue on the lock meanwhile).
 	LockBudget time.Duration
+	// HoldNice is the nice value (-20..19; 0: the process's) of the
+	// thread while it waits for and holds a store's lock, that thread
+	// alone (threadprio): a node starting pods keeps the CPUs busy, and
+	// a hold the scheduler stretches is time every ADD and DEL queued on
+	// the lock waits on top of it. A thread whose priority cannot be
+	// raised holds at its own.
+	HoldNice int
 }
 
 // DefaultLockBudget is how long one hold of a store's lock frees
@@ -151,6 +158,9 @@ func New(cfg Config, m *Metrics, log *slog.Logger) (*Loop, error) {
 	}
 	if cfg.LockBudget <= 0 {
 		cfg.LockBudget = DefaultLockBudget
+	}
+	if cfg.HoldNice < -20 || cfg.HoldNice > 19 {
+		return nil, fmt.Errorf("leak reconcile: hold nice %d out of -20..19", cfg.HoldNice)
 	}
 	l := &Loop{cfg: cfg, log: log, m: m, now: time.Now, filter: nftutil.Conn{Timeout: 10 * time.Second, ReceiveBuffer: podfilter.ReceiveBuffer}}
 	if cfg.CRISocket != "" {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"log/slog"
 	"net"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -143,5 +144,44 @@ func TestRuntimeMismatch(t *testing.T) {
 	}
 	if v := testutil.ToFloat64(l.m.RuntimeRefused); v != 2 {
 		t.Errorf("podnet_reconcile_runtime_refused_total = %v, want still 2", v)
+	}
+}
+
+// TestHoldNice: the store's lock is taken and held at HoldNice, and the
+// thread has its own nice value back after; a value out of -20..19 is
+// refused.
+func TestHoldNice(t *testing.T) {
+	for _, bad := range []int{-21, 20} {
+		if _, err := New(Config{Interval: time.Second, HoldNice: bad}, NewMetrics(prometheus.NewRegistry(), nil), slog.Default()); err == nil {
+			t.Errorf("HoldNice %d: New accepted it", bad)
+		}
+	}
+	// this goroutine's thread is the one withLock runs on
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	nice := func() int {
+		raw, err := unix.Getpriority(unix.PRIO_PROCESS, unix.Gettid())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return 20 - raw
+	}
+	before := nice()
+	for _, want := range []int{0, -7} {
+		l, err := New(Config{Interval: time.Second, HoldNice: want}, NewMetrics(prometheus.NewRegistry(), nil), slog.Default())
+		if err != nil {
+			t.Fatal(err)
+		}
+		var res Result
+		during := 99
+		if err := l.withLock(t.TempDir(), "podnet", func(*store.Disk) error { during = nice(); return nil }, &res); err != nil {
+			t.Fatalf("withLock: %v", err)
+		}
+		if want == 0 && during != before || want != 0 && during != want {
+			t.Errorf("HoldNice %d: the lock was held at nice %d (thread's own %d)", want, during, before)
+		}
+		if after := nice(); after != before {
+			t.Errorf("HoldNice %d: the thread is left at nice %d, was %d", want, after, before)
+		}
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/podnet/podnet/internal/attachment"
+	"github.com/podnet/podnet/internal/threadprio"
 	"github.com/podnet/podnet/ipam/allocator"
 	"github.com/podnet/podnet/ipam/store"
 )
@@ -139,16 +140,18 @@ func (l *Loop) logReclaim(network string, c candidate) {
 
 // withLock runs f in the locked store of network, and records how long
 // the lock was held.
-func (l *Loop) withLock(dir, network string, f func(*store.Disk) error, res *Result) error {
-	d, err := store.OpenDisk(dir, network)
-	if err != nil {
-		return err
-	}
-	start := time.Now()
-	err = f(d)
-	hold := time.Since(start)
-	err = errors.Join(err, d.Close())
-	l.m.LockHold.Observe(hold.Seconds())
-	res.MaxLockHold = max(res.MaxLockHold, hold)
+func (l *Loop) withLock(dir, network string, f func(*store.Disk) error, res *Result) (err error) {
+	threadprio.Do(l.cfg.HoldNice, func() {
+		var d *store.Disk
+		if d, err = store.OpenDisk(dir, network); err != nil {
+			return
+		}
+		start := time.Now()
+		err = f(d)
+		hold := time.Since(start)
+		err = errors.Join(err, d.Close())
+		l.m.LockHold.Observe(hold.Seconds())
+		res.MaxLockHold = max(res.MaxLockHold, hold)
+	})
 	return err
 }

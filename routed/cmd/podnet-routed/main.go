@@ -234,7 +234,7 @@ func startPolicy(ctx context.Context, stop func(), o *options, cl *clients, d *d
 func startReconcile(ctx context.Context, o *options, d *daemon.Daemon, dataDirs []string, log *slog.Logger) error {
 	reg, repairs := d.Registry()
 	loop, err := reconcile.New(reconcile.Config{DataDirs: dataDirs, Interval: o.reconcileInterval, Grace: o.reconcileGrace,
-		CRISocket: o.criSocket, ProcSys: o.procSys}, reconcile.NewMetrics(reg, repairs), log.With("loop", "reconcile"))
+		CRISocket: o.criSocket, ProcSys: o.procSys, HoldNice: o.policyNice}, reconcile.NewMetrics(reg, repairs), log.With("loop", "reconcile"))
 	if err != nil {
 		return fmt.Errorf("leak reconcile: %w", err)
 	}

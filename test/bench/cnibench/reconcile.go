@@ -30,6 +30,10 @@ import (
 
 const reconcileStackName = "podnet+podnet-ipam+reconcile"
 
+// reconcileHoldNice is the reconcile's HoldNice as podnet-routed ships it
+// (its --policy-nice default).
+const reconcileHoldNice = -10
+
 // reconcileConf is the reconcile of a stack that runs one.
 type reconcileConf struct {
 	every time.Duration
@@ -44,14 +48,14 @@ type reconcileConf struct {
 // withReconcile makes s run the reconcile during its phases.
 func (s *stack) withReconcile(subnet string, every time.Duration, dead int) *stack {
 	dir := filepath.Dir(s.dataDirs[0])
-	loop, err := reconcilebench.NewLoop(reconcile.Config{DataDirs: s.dataDirs, Interval: time.Hour, Grace: 2 * time.Minute, CRISocket: ""})
+	loop, err := reconcilebench.NewLoop(reconcile.Config{DataDirs: s.dataDirs, Interval: time.Hour, Grace: 2 * time.Minute, CRISocket: "", HoldNice: reconcileHoldNice})
 	if err != nil {
 		fatalf("%s: %v", s.Name, err)
 	}
 	s.rc = &reconcileConf{every: every, dead: dead, loop: loop,
 		ipamConf: reconcilebench.Conf(network, subnet, s.dataDirs[0], filepath.Join(dir, "state")),
 		goneDir:  filepath.Join(dir, "gone-netns")}
-	s.Reconcile = fmt.Sprintf("podnet-routed's leak reconcile in-process in the node netns (grace 2m, no runtime asked), a pass every %s during ADD and DEL; %d dead reservations planted before each phase", every, dead)
+	s.Reconcile = fmt.Sprintf("podnet-routed's leak reconcile in-process in the node netns (grace 2m, no runtime asked, the store's lock held at nice %d as podnet-routed's --policy-nice default), a pass every %s during ADD and DEL; %d dead reservations planted before each phase", reconcileHoldNice, every, dead)
 	return s
 }
 
