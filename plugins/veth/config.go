@@ -122,8 +122,9 @@ func parseArgs(cniArgs string) (podArgs, error) {
 }
 
 // resolveMTU returns the pod MTU: from the config, else the node state file,
-// else the MTU of the current netns' default-route interface, else 1500.
-func resolveMTU(conf *netConf) (int, error) {
+// else the MTU of the current netns' default-route interface (asked
+// through h, a netlink handle of that netns), else 1500.
+func resolveMTU(conf *netConf, h *netlink.Handle) (int, error) {
 	if conf.MTU > 0 {
 		return conf.MTU, nil
 	}
@@ -134,7 +135,7 @@ func resolveMTU(conf *netConf) (int, error) {
 	case err != nil && !errors.Is(err, nodestate.ErrNotReady):
 		return 0, cniErrorf(types.ErrTryAgainLater, "cannot take the MTU from the node state: %v", err)
 	}
-	return underlayMTU(), nil
+	return underlayMTU(h), nil
 }
 
 // underlayMTU is the MTU of the interface of the IPv4 default route. It
@@ -142,8 +143,9 @@ func resolveMTU(conf *netConf) (int, error) {
 // rather than dumping the main table: a node with many pods has a host
 // route per pod, and a dump made ADD grow with the pod count (0.3 ms at
 // 100 pods, 2.2 ms at 1,000). No route there (no default route): 1500.
-func underlayMTU() int {
-	routes, err := netlink.RouteGet(net.IPv4(1, 1, 1, 1))
+// h is a netlink handle of the node netns (ADD's, not a socket more).
+func underlayMTU(h *netlink.Handle) int {
+	routes, err := h.RouteGet(net.IPv4(1, 1, 1, 1))
 	if err != nil {
 		return defaultMTU
 	}
@@ -151,7 +153,7 @@ func underlayMTU() int {
 		if r.LinkIndex == 0 {
 			continue
 		}
-		if l, err := netlink.LinkByIndex(r.LinkIndex); err == nil && l.Attrs().MTU > 0 {
+		if l, err := h.LinkByIndex(r.LinkIndex); err == nil && l.Attrs().MTU > 0 {
 			return l.Attrs().MTU
 		}
 	}

@@ -143,7 +143,7 @@ func (p *plugin) add(args *skel.CmdArgs) (err error) {
 	defer nl.Close()
 	inv.nl = nl.Handle
 	tr.mark("netns")
-	mtu, err := resolveMTU(inv.conf)
+	mtu, err := resolveMTU(inv.conf, inv.nl)
 	if err != nil {
 		return err
 	}
@@ -493,7 +493,7 @@ func (p *plugin) status(args *skel.CmdArgs) error {
 	if err != nil {
 		return statusError(err)
 	}
-	if _, err := resolveMTU(inv.conf); err != nil {
+	if _, err := resolveMTU(inv.conf, &netlink.Handle{}); err != nil {
 		return statusError(err)
 	}
 	if err := ipamVerb("STATUS", ipam.Status, inv.conf, args); err != nil {
