@@ -242,6 +242,31 @@ func (g Guard) RemoveExact(p Port) error {
 	return g.RemoveRecord(p.Index)
 }
 
+// RemoveExactOn is RemoveExact on c (raw: its netlink side), a socket
+// the caller keeps: podnet-routed takes a DEL's port out for the plugin
+// on its own socket, as it puts ADD's in, so that no plugin process
+// closes an nftables socket after a removal (see the daemon's
+// GuardPort). With no IPs it is RemovePort on c.
+func (g Guard) RemoveExactOn(c *nftables.Conn, raw *netlink.Conn, p Port) error {
+	unlock, err := g.removing()
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	s := sock{c, raw}
+	if len(p.IPs) == 0 {
+		return g.removePortOn(s, p.Index)
+	}
+	err = g.drop(s, g.elements(p))
+	if errors.Is(err, errNotAllThere) {
+		return g.removePortOn(s, p.Index)
+	}
+	if err != nil {
+		return err
+	}
+	return g.RemoveRecord(p.Index)
+}
+
 // removing takes the records' lock, shared, for a removal of a port's
 // elements and record: a whole write (exclusive) rebuilds the filter from
 // the records, and one between the two would put the port's elements

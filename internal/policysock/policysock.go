@@ -14,6 +14,12 @@
 // (Answer.Guarded, or Answer.GuardError and the plugin adds it itself),
 // before the final one. An engine that does not know the field sends only
 // the final answer, and the plugin adds the port itself.
+//
+// A request with Unguard, from DEL, asks podnet-routed to take a port out
+// of the pod filter instead: its one answer says whether it did (an
+// engine that does not know the field answers about a policy wait, which
+// a request without a pod's name and addresses fails), and the plugin
+// takes the port out itself when it did not.
 package policysock
 
 import (
@@ -57,6 +63,12 @@ type Request struct {
 	// Guard, when set, asks podnet-routed to add HostVeth to the pod
 	// filter as sending only from IPs (internal/podfilter.Port).
 	Guard *GuardPort `json:"guard,omitempty"`
+	// Unguard, when set, asks podnet-routed to take the port of host
+	// veth index Unguard.Index out of the pod filter: exactly the
+	// elements of IPs and Unguard.MAC when IPs are given, else whatever
+	// the filter holds for the index. Namespace and Name are then
+	// optional, and no policy wait is made.
+	Unguard *GuardPort `json:"unguard,omitempty"`
 }
 
 // GuardPort is what the pod filter needs of a port beyond its name and
@@ -251,6 +263,10 @@ func Serve(ctx context.Context, l net.Listener, timeout time.Duration, h Handler
 // the handler returns without one, its error (or success) is sent.
 type GuardHandler func(ctx context.Context, req Request, answer func(error)) error
 
+// UnguardHandler takes the port a request's Unguard names out of the pod
+// filter (the request is valid).
+type UnguardHandler func(ctx context.Context, req Request) error
+
 // ServeEarly is Serve for an EarlyHandler. A request's Guard is answered
 // as not done: it guards nothing (ServeGuarded does).
 func ServeEarly(ctx context.Context, l net.Listener, timeout time.Duration, h EarlyHandler) error {
@@ -274,6 +290,20 @@ func ServeGuarded(ctx context.Context, l net.Listener, timeout time.Duration, gu
 // gets to it. A thread whose priority cannot be raised serves at its
 // own.
 func ServeGuardedAt(ctx context.Context, l net.Listener, timeout time.Duration, nice int, guard GuardHandler, h EarlyHandler) error {
+	return ServeHandlers(ctx, l, timeout, nice, Handlers{Guard: guard, Unguard: nil, Wait: h})
+}
+
+// Handlers are what a server does with the requests: Guard adds a
+// request's port to the pod filter (nil: it guards nothing), Unguard
+// takes one out (nil: it does not), Wait is the policy wait.
+type Handlers struct {
+	Guard   GuardHandler
+	Unguard UnguardHandler
+	Wait    EarlyHandler
+}
+
+// ServeHandlers is ServeGuardedAt with an UnguardHandler too.
+func ServeHandlers(ctx context.Context, l net.Listener, timeout time.Duration, nice int, hs Handlers) error {
 	go func() { <-ctx.Done(); l.Close() }()
 	defer func() {
 		if ul, ok := l.(*net.UnixListener); ok {
@@ -292,11 +322,11 @@ func ServeGuardedAt(ctx context.Context, l net.Listener, timeout time.Duration, 
 			}
 			return fmt.Errorf("policy socket accept: %w", err)
 		}
-		go threadprio.Do(nice, func() { serveConn(ctx, conn, timeout, guard, h) })
+		go threadprio.Do(nice, func() { serveConn(ctx, conn, timeout, hs) })
 	}
 }
 
-func serveConn(ctx context.Context, conn net.Conn, timeout time.Duration, guard GuardHandler, h EarlyHandler) {
+func serveConn(ctx context.Context, conn net.Conn, timeout time.Duration, hs Handlers) {
 	defer conn.Close()
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
@@ -311,10 +341,18 @@ func serveConn(ctx context.Context, conn net.Conn, timeout time.Duration, guard 
 		a.final(err)
 		return
 	}
-	if req.Guard != nil {
-		a.guard(callGuard(ctx, guard, req, a.guard))
+	if req.Unguard != nil {
+		if hs.Unguard == nil {
+			a.final(errors.New("this engine does not take ports out of the pod filter"))
+			return
+		}
+		a.final(hs.Unguard(ctx, req))
+		return
 	}
-	a.final(h(ctx, req, a.final))
+	if req.Guard != nil {
+		a.guard(callGuard(ctx, hs.Guard, req, a.guard))
+	}
+	a.final(hs.Wait(ctx, req, a.final))
 }
 
 // callGuard runs guard (nil: an engine that guards nothing).
@@ -365,6 +403,9 @@ const okAnswer = "{\"ok\":true}\n"
 
 // validate refuses a request that names no pod or no usable address.
 func validate(r Request) error {
+	if r.Unguard != nil {
+		return validateUnguard(r)
+	}
 	if r.Namespace == "" || r.Name == "" {
 		return errors.New("bad request: the pod's namespace and name are required")
 	}
@@ -384,6 +425,38 @@ func validate(r Request) error {
 	}
 	if r.Guard != nil {
 		return validateGuard(r)
+	}
+	return nil
+}
+
+// validateUnguard refuses an Unguard that cannot name a podnet port.
+func validateUnguard(r Request) error {
+	g := r.Unguard
+	if r.Guard != nil {
+		return errors.New("bad request: both guard and unguard")
+	}
+	if g.Mode != "routed" && g.Mode != "bridge" {
+		return fmt.Errorf("bad request: unguard mode %q (want routed or bridge)", g.Mode)
+	}
+	if g.Index <= 0 || g.Index > math.MaxInt32 {
+		return fmt.Errorf("bad request: unguard interface index %d", g.Index)
+	}
+	if len(r.IPs) > 8 {
+		return fmt.Errorf("bad request: %d addresses (want at most 8)", len(r.IPs))
+	}
+	for _, ip := range r.IPs {
+		if !ip.IsValid() || ip.IsUnspecified() || ip.IsMulticast() || ip.IsLoopback() {
+			return fmt.Errorf("bad request: %v is not a pod address", ip)
+		}
+	}
+	if len(r.IPs) > 0 {
+		mac, err := net.ParseMAC(g.MAC)
+		if err != nil || len(mac) != 6 || mac[0]&1 != 0 {
+			return fmt.Errorf("bad request: unguard MAC %q is not a unicast Ethernet address", g.MAC)
+		}
+	}
+	if len(r.Namespace) > 253 || len(r.Name) > 253 || len(g.Alias) > 255 {
+		return errors.New("bad request: namespace, name or alias too long")
 	}
 	return nil
 }

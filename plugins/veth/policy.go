@@ -59,10 +59,7 @@ func startPolicyWait(inv *invocation, containerID string, ips []net.IP, log *slo
 			req.IPs = append(req.IPs, a.Unmap())
 		}
 	}
-	dir := inv.conf.StateDir
-	if dir == "" {
-		dir = nodestate.DefaultDir
-	}
+	dir := stateDirOf(inv.conf)
 	ctx, cancel := context.WithTimeout(context.Background(), wait)
 	w := &policyWait{cancel: cancel, req: req, start: time.Now(), log: log}
 	p, err := policysock.Send(ctx, policysock.Path(dir), req)
@@ -117,4 +114,44 @@ func (w *policyWait) done(err error) {
 	default:
 		w.log.Debug("pod's NetworkPolicy in place", "pod", w.req.Namespace+"/"+w.req.Name, "waited", time.Since(w.start))
 	}
+}
+
+// unguardWait bounds how long DEL waits for podnet-routed to take its
+// port out of the pod filter before it does it itself (the daemon's
+// write takes well under a millisecond).
+const unguardWait = 500 * time.Millisecond
+
+// unguardByRouted asks podnet-routed to take port out of g's pod filter
+// on its own nftables socket (policysock Request.Unguard) and reports
+// whether it did. The plugin's socket would close at its exit, and a
+// close after the NetworkPolicy engine removed a gone pod's elements
+// holds every nftables writer of the node, the pods being started first,
+// for an RCU grace period. No engine, a config without the policy wait,
+// or any failure: false, and the plugin removes the port itself.
+func unguardByRouted(inv *invocation, g podfilter.Guard, port podfilter.Port) bool {
+	if inv.conf.PolicyWait != nil && *inv.conf.PolicyWait <= 0 {
+		return false
+	}
+	// no pod name: an engine that does not know Unguard refuses the
+	// request at once instead of taking it for a policy wait
+	req := policysock.Request{Unguard: &policysock.GuardPort{Mode: g.Mode(), Index: port.Index}}
+	if port.MAC != nil {
+		req.Unguard.MAC = port.MAC.String()
+	}
+	for _, ip := range port.IPs {
+		if a, ok := netip.AddrFromSlice(ip); ok {
+			req.IPs = append(req.IPs, a.Unmap())
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), unguardWait)
+	defer cancel()
+	return policysock.Wait(ctx, policysock.Path(stateDirOf(inv.conf)), req) == nil
+}
+
+// stateDirOf is the node state directory of conf.
+func stateDirOf(conf *netConf) string {
+	if conf.StateDir == "" {
+		return nodestate.DefaultDir
+	}
+	return conf.StateDir
 }

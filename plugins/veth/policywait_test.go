@@ -169,3 +169,75 @@ func TestGuardAskedOfTheDaemon(t *testing.T) {
 		}
 	}
 }
+
+// TestDelUnguardByDaemon: DEL asks podnet-routed to take the port out of
+// the pod filter (its host veth's index, the mode, the pod's MAC) and,
+// when it says it did, leaves the elements alone (this fake daemon
+// removes nothing, so they stay); when it fails, the plugin removes them
+// itself.
+func TestDelUnguardByDaemon(t *testing.T) {
+	for _, m := range rollbackModes {
+		for _, fail := range []bool{false, true} {
+			name := m.name + "/daemon unguards"
+			if fail {
+				name = m.name + "/daemon fails"
+			}
+			t.Run(name, func(t *testing.T) {
+				e := newAddEnv(t, m.pluginType, m.shared, "ungu4rd1")
+				l := e.policySocket(t)
+				got := make(chan policysock.Request, 2)
+				ctx, cancel := context.WithCancel(context.Background())
+				defer cancel()
+				// no Guard handler: ADD writes the port itself
+				go policysock.ServeHandlers(ctx, l, time.Minute, 0, policysock.Handlers{
+					Unguard: func(_ context.Context, r policysock.Request) error {
+						got <- r
+						if fail {
+							return errors.New("nftables: operation not permitted")
+						}
+						return nil
+					},
+					Wait: func(context.Context, policysock.Request, func(error)) error { return nil },
+				})
+				if _, err := e.add(t, m.newPlugin(nil)); err != nil {
+					t.Fatalf("ADD: %v", err)
+				}
+				var host netlink.Link
+				if err := e.inNode(func() (err error) { host, err = netlink.LinkByName(e.hostVeth); return err }); err != nil {
+					t.Fatal(err)
+				}
+				before, err := nettest.PodFilterElements(e.node.NS)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(before) == 0 {
+					t.Fatal("ADD wrote no pod filter elements")
+				}
+				if err := e.del(t, m.newPlugin(nil)); err != nil {
+					t.Fatalf("DEL: %v", err)
+				}
+				var r policysock.Request
+				select {
+				case r = <-got:
+				default:
+					t.Fatal("DEL did not ask podnet-routed to take the port out")
+				}
+				wantMode := map[string]string{"routed": "routed", "bridged": "bridge"}[m.name]
+				if r.Unguard == nil || r.Unguard.Mode != wantMode || r.Unguard.Index != host.Attrs().Index || r.Namespace != "" || r.Name != "" {
+					t.Fatalf("DEL asked %+v / %+v, want mode %s, index %d and no pod name", r, r.Unguard, wantMode, host.Attrs().Index)
+				}
+				time.Sleep(20 * time.Millisecond) // removed elements expire (1 ms)
+				after, err := nettest.PodFilterElements(e.node.NS)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !fail && !slices.Equal(after, before) {
+					t.Errorf("the daemon said it took the port out and the plugin removed elements too: %v, was %v", after, before)
+				}
+				if fail && len(after) > 0 {
+					t.Errorf("the daemon failed and the plugin left the port's elements: %v", after)
+				}
+			})
+		}
+	}
+}

@@ -389,16 +389,32 @@ func (p *plugin) del(args *skel.CmdArgs) (err error) {
 // unguard removes the pod filter's elements of the attachment whose host
 // veth had index hostIndex: exactly those of prevResult when there is one
 // (one transaction), else whatever the sets hold for the index.
+// podnet-routed does when it listens on the node (unguardByRouted), else
+// the plugin.
 func unguard(inv *invocation, args *skel.CmdArgs, hostIndex int) error {
 	g := inv.mode.guard().At(inv.conf.StateDir)
-	if inv.conf.PrevResult == nil {
+	port := delPort(inv, args, hostIndex)
+	if unguardByRouted(inv, g, port) {
+		return nil
+	}
+	if len(port.IPs) == 0 {
 		return g.RemovePort(hostIndex)
+	}
+	return g.RemoveExact(port)
+}
+
+// delPort is the port DEL takes out of the pod filter: host veth index
+// hostIndex with the interface's addresses and MAC in prevResult, when
+// it has them.
+func delPort(inv *invocation, args *skel.CmdArgs, hostIndex int) podfilter.Port {
+	port := podfilter.Port{Index: hostIndex}
+	if inv.conf.PrevResult == nil {
+		return port
 	}
 	prev, err := current.NewResultFromResult(inv.conf.PrevResult)
 	if err != nil {
-		return g.RemovePort(hostIndex)
+		return port
 	}
-	port := podfilter.Port{Index: hostIndex}
 	for i, iface := range prev.Interfaces {
 		if iface.Name != args.IfName || iface.Sandbox != args.Netns {
 			continue
@@ -410,10 +426,10 @@ func unguard(inv *invocation, args *skel.CmdArgs, hostIndex int) error {
 			}
 		}
 	}
-	if len(port.IPs) == 0 {
-		return g.RemovePort(hostIndex)
+	if port.MAC == nil {
+		port.IPs = nil // the exact elements need the MAC: the index's, then
 	}
-	return g.RemoveExact(port)
+	return port
 }
 
 // check compares the pod and the host side with prevResult.

@@ -6,6 +6,8 @@ import (
 	"net"
 	"time"
 
+	"github.com/vishvananda/netlink"
+
 	"github.com/podnet/podnet/internal/nftutil"
 	"github.com/podnet/podnet/internal/podfilter"
 	"github.com/podnet/podnet/internal/policysock"
@@ -132,4 +134,48 @@ func (d *Daemon) writeGuards(batch []*guardReq) {
 		// a socket a request failed on is not used again
 		d.guardConn.Close()
 	}
+}
+
+// UnguardPort takes the port a plugin's DEL names out of the pod filter
+// (policysock.UnguardHandler), on the same lasting socket as GuardPort
+// and for the same reason: the plugin's own socket would close at its
+// exit, and on a node that deletes pods while it starts others the close
+// after a removal holds every writer, the new pods' guard and policy
+// writes first, for a grace period. The request is checked by
+// policysock; a failure leaves it to the plugin. A port whose host veth
+// is up is refused: DEL takes it out only once it has taken the veth out
+// of service, and a live pod's port out of the filter would let that pod
+// send as anyone.
+func (d *Daemon) UnguardPort(_ context.Context, req policysock.Request) error {
+	g, ok := podfilter.ByMode(req.Unguard.Mode)
+	if !ok {
+		return fmt.Errorf("no pod filter of mode %q", req.Unguard.Mode)
+	}
+	if l, err := netlink.LinkByIndex(req.Unguard.Index); err == nil && l.Attrs().Flags&net.FlagUp != 0 {
+		return fmt.Errorf("interface index %d (%s) is up: a port leaves the pod filter only once DEL has taken its host veth down", req.Unguard.Index, l.Attrs().Name)
+	}
+	port := podfilter.Port{Index: req.Unguard.Index}
+	if len(req.IPs) > 0 {
+		mac, err := net.ParseMAC(req.Unguard.MAC)
+		if err != nil {
+			return fmt.Errorf("pod MAC: %w", err)
+		}
+		port.MAC = mac
+		for _, a := range req.IPs {
+			port.IPs = append(port.IPs, net.IP(a.Unmap().AsSlice()))
+		}
+	}
+	d.guardMu.Lock()
+	defer d.guardMu.Unlock()
+	c, err := d.guardConn.Open()
+	if err != nil {
+		return err
+	}
+	threadprio.Do(d.cfg.GuardNice, func() { err = g.At(d.cfg.StateDir).RemoveExactOn(c, d.guardConn.Netlink(), port) })
+	if err != nil {
+		// a socket a request failed on is not used again
+		d.guardConn.Close()
+		d.log.Warn("cannot take a port out of the pod filter; the plugin does", "index", port.Index, "err", err)
+	}
+	return err
 }

@@ -226,3 +226,96 @@ func hostVeth(name, peer string) (netlink.Link, string, error) {
 	}
 	return l, alias, nil
 }
+
+// TestUnguardPort: podnet-routed takes the port a DEL names out of the
+// pod filter on the socket it guards ports on: exactly the elements of
+// the addresses and MAC given, or whatever the filter holds for the
+// index when none are; the record goes with them, other ports stay; a
+// mode it does not know is refused.
+func TestUnguardPort(t *testing.T) {
+	n := testns.New(t)
+	dir := t.TempDir()
+	d := testDaemon(dir)
+	defer d.guardConn.Close()
+	err := n.Do(func(ns.NetNS) error {
+		for _, mode := range []string{"routed", "bridge"} {
+			g, _ := podfilter.ByMode(mode)
+			g = g.At(dir)
+			mac, _ := net.ParseMAC("02:00:00:00:00:07")
+			var ports []podfilter.Port
+			for i, name := range []string{"pn000000000" + mode[:1] + "1", "pn000000000" + mode[:1] + "2", "pn000000000" + mode[:1] + "3"} {
+				l, alias, err := hostVeth(name, "p"+name[2:])
+				if err != nil {
+					return err
+				}
+				ip := netip.AddrFrom4([4]byte{10, 244, 0, byte(10 + i)})
+				req := policysock.Request{Namespace: "ns", Name: name, HostVeth: name, IPs: []netip.Addr{ip},
+					Guard: &policysock.GuardPort{Mode: mode, Index: l.Attrs().Index, Alias: alias, MAC: mac.String()}}
+				if err := d.GuardPort(context.Background(), req, nil); err != nil {
+					t.Fatalf("%s: GuardPort: %v", mode, err)
+				}
+				ports = append(ports, podfilter.Port{Index: l.Attrs().Index, Name: name, Alias: alias, IPs: []net.IP{ip.AsSlice()}, MAC: mac})
+			}
+			socket := d.guardConn.Netlink()
+			// exact: the port's addresses and MAC
+			exact := policysock.Request{IPs: []netip.Addr{netip.AddrFrom4([4]byte{10, 244, 0, 10})},
+				Unguard: &policysock.GuardPort{Mode: mode, Index: ports[0].Index, MAC: mac.String()}}
+			if err := d.UnguardPort(context.Background(), exact); err != nil {
+				t.Fatalf("%s: UnguardPort (exact): %v", mode, err)
+			}
+			// by index alone
+			if err := d.UnguardPort(context.Background(), policysock.Request{Unguard: &policysock.GuardPort{Mode: mode, Index: ports[1].Index}}); err != nil {
+				t.Fatalf("%s: UnguardPort (index): %v", mode, err)
+			}
+			if d.guardConn.Netlink() != socket {
+				t.Errorf("%s: UnguardPort dialed a socket of its own", mode)
+			}
+			time.Sleep(20 * time.Millisecond) // removed elements expire (1 ms timeouts)
+			for _, p := range ports[:2] {
+				if err := g.Verify(p); err == nil {
+					t.Errorf("%s: port %d still in the pod filter after UnguardPort", mode, p.Index)
+				}
+			}
+			if err := g.Verify(ports[2]); err != nil {
+				t.Errorf("%s: another port went too: %v", mode, err)
+			}
+			recs, _, err := g.Desired()
+			if err != nil {
+				return err
+			}
+			if len(recs) != 1 || recs[0].Index != ports[2].Index {
+				t.Errorf("%s: records %+v, want only port %d's", mode, recs, ports[2].Index)
+			}
+		}
+		bad := policysock.Request{Unguard: &policysock.GuardPort{Mode: "netdev", Index: 99}}
+		if err := d.UnguardPort(context.Background(), bad); err == nil || !strings.Contains(err.Error(), "netdev") {
+			t.Errorf("mode netdev: %v, want a refusal", err)
+		}
+		// a live port (its host veth up) stays guarded
+		l, alias, err := hostVeth("pn000000000up", "p000000000up")
+		if err != nil {
+			return err
+		}
+		if err := netlink.LinkSetUp(l); err != nil {
+			return err
+		}
+		mac, _ := net.ParseMAC("02:00:00:00:00:09")
+		ip := netip.MustParseAddr("10.244.0.99")
+		if err := d.GuardPort(context.Background(), policysock.Request{Namespace: "ns", Name: "up", HostVeth: "pn000000000up", IPs: []netip.Addr{ip},
+			Guard: &policysock.GuardPort{Mode: "routed", Index: l.Attrs().Index, Alias: alias, MAC: mac.String()}}, nil); err != nil {
+			return err
+		}
+		live := policysock.Request{IPs: []netip.Addr{ip}, Unguard: &policysock.GuardPort{Mode: "routed", Index: l.Attrs().Index, MAC: mac.String()}}
+		if err := d.UnguardPort(context.Background(), live); err == nil || !strings.Contains(err.Error(), "is up") {
+			t.Errorf("a live port: %v, want a refusal", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+		if err := podfilter.Routed.At(dir).Verify(podfilter.Port{Index: l.Attrs().Index, Name: "pn000000000up", Alias: alias, IPs: []net.IP{ip.AsSlice()}, MAC: mac}); err != nil {
+			t.Errorf("the live port left the pod filter: %v", err)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}

@@ -214,7 +214,7 @@ func startPolicy(ctx context.Context, stop func(), o *options, cl *clients, d *d
 	go pev.Run(ctx)
 	eng := engine.New(engine.Config{NodeName: o.nodeName, Resync: o.resync, SocketPath: policysock.Path(o.stateDir), ProcSys: o.procSys, Events: pev,
 		ClusterEvents: pev, IPAMDataDirs: dataDirs, NodeEvent: d.NodeEvent, LoopNice: o.policyNice, GoneScanNice: goneScanNice, Watched: true,
-		Guard: d.GuardPort},
+		Guard: d.GuardPort, Unguard: d.UnguardPort},
 		engine.ListWatches{Pods: pods, Namespaces: nss, Policies: pols,
 			ClusterPolicies: cnps, ClusterPoliciesServed: cnpServed, NodeInformer: nodeInf},
 		engine.NFTWriter{W: &nft.Writer{Log: log, LogDrops: o.policyLogDrops > 0, LogRate: o.policyLogDrops, Nice: o.policyNice}, Unknown: m.SetUnknownDropped, Bridge: m.SetBridgeDropped, CT: &nft.Conntrack{}}, m, log.With("loop", "policy"))

@@ -106,6 +106,9 @@ type Config struct {
 	// Guard, when set, adds the ports of the waits that ask for it to the
 	// pod filter (podnet-routed's Daemon.GuardPort).
 	Guard policysock.GuardHandler
+	// Unguard, when set, takes the ports DELs name out of the pod filter
+	// (podnet-routed's Daemon.UnguardPort).
+	Unguard policysock.UnguardHandler
 	// OverrideTTL is how long an address a plugin reported counts while
 	// the Pod object does not show it yet.
 	OverrideTTL time.Duration
@@ -353,7 +356,8 @@ func (e *Engine) Run(ctx context.Context) error {
 			return err
 		}
 		go func() {
-			if err := policysock.ServeGuardedAt(ctx, l, e.cfg.SocketTimeout, e.cfg.LoopNice, e.cfg.Guard, e.handleWait); err != nil {
+			hs := policysock.Handlers{Guard: e.cfg.Guard, Unguard: e.cfg.Unguard, Wait: e.handleWait}
+			if err := policysock.ServeHandlers(ctx, l, e.cfg.SocketTimeout, e.cfg.LoopNice, hs); err != nil {
 				e.log.Error("policy socket", "err", err)
 			}
 		}()

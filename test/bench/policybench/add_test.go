@@ -112,6 +112,13 @@ type addLevel struct {
 	// wait, which runs while the plugin sets up the pod)
 	BlockedSeqMs  []float64 `json:"blocked_seq_ms,omitempty"`
 	BlockedConcMs []float64 `json:"blocked_conc_ms,omitempty"`
+	// RollingMs, BlockedRollingMs: podnet's ADDs, workers in flight,
+	// beside the DEL of as many older podnet pods (8 in flight), as a
+	// node replacing its pods does (addBench.rolling): latency and the
+	// time podnet-routed held each up. Empty with
+	// PODNET_BENCH_POLICY_ROLLING=0.
+	RollingMs        []float64 `json:"rolling_ms,omitempty"`
+	BlockedRollingMs []float64 `json:"blocked_rolling_ms,omitempty"`
 	// StepsSeq: the sequential podnet ADDs step by step, from the same
 	// trace (p50 of each step's wall time, in the trace's order, then
 	// "inside the plugin": main to the result)
@@ -671,6 +678,14 @@ func (a *addBench) level(policies int) addLevel {
 			policies, m.mode, pct(m.podnet, 50), pct(m.podnet, 99), pct(m.ref, 50), pct(m.ref, 99),
 			pct(m.podnet, 50)/pct(m.ref, 50), pct(m.podnet, 99)/pct(m.ref, 99), m.wait, routed)
 	}
+	if os.Getenv("PODNET_BENCH_POLICY_ROLLING") != "0" {
+		l.RollingMs, l.BlockedRollingMs, errs = a.rolling()
+		l.Errors = append(l.Errors, errs...)
+		if len(l.RollingMs) > 0 {
+			t.Logf("ADD at %d policies, %d concurrent beside as many DELs (a rolling update): podnet p50 %.1f ms p99 %.1f ms; held up by podnet-routed (%d traced): p50 %.2f ms p99 %.2f ms",
+				policies, a.workers, pct(l.RollingMs, 50), pct(l.RollingMs, 99), len(l.BlockedRollingMs), pct(l.BlockedRollingMs, 50), pct(l.BlockedRollingMs, 99))
+		}
+	}
 	if len(l.StepsSeq) > 0 {
 		var sb strings.Builder
 		for _, st := range l.StepsSeq {
@@ -682,6 +697,36 @@ func (a *addBench) level(policies int) addLevel {
 		t.Logf("ADD at %d policies: errors %q, leaks %q", policies, l.Errors, l.Leaks)
 	}
 	return l
+}
+
+// rolling ADDs a.pods podnet pods, a.workers in flight, while as many
+// older podnet pods, added before it, are DELeted beside them (delAll: 8
+// in flight, the netns and the Pod object after each DEL), as on a node
+// replacing its pods. Every DEL's plugin ends, and a socket it opened
+// closes; the engine removes each gone pod from its table meanwhile
+// (see test/policynft BenchmarkAddBesideDeletes). It returns the ADDs'
+// latency and the time podnet-routed held each up (guard and policy
+// steps), then DELs the new pods too.
+func (a *addBench) rolling() (addMs, blocked []float64, errs []string) {
+	old := a.newPods(a.podnet, a.pods)
+	a.quiet()
+	a.turn(old, a.workers)
+	fresh := a.newPods(a.podnet, a.pods)
+	a.quiet()
+	trace := filepath.Join(a.b.t.TempDir(), "rolling.jsonl")
+	restore := setEnv("PODNET_TRACE", trace)
+	var wg sync.WaitGroup
+	wg.Go(func() { a.delAll(old) })
+	a.turn(fresh, a.workers)
+	wg.Wait()
+	restore()
+	blocked, _, err := blockedMs(trace)
+	if err != nil {
+		a.errorf("podnet's step trace: %v", err)
+	}
+	addMs = okMs(fresh)
+	a.delAll(fresh)
+	return addMs, blocked, a.takeErrors()
 }
 
 // burstRuns starts a.burst pods at once, podnet's and the reference's in
