@@ -232,7 +232,13 @@ func (g Guard) RemoveExact(p Port) error {
 		return err
 	}
 	defer s.close()
-	err = g.drop(s, g.elements(p))
+	return g.removeExactOn(s, p)
+}
+
+// removeExactOn removes p's elements and record on s; callers hold the
+// records' shared lock (removing).
+func (g Guard) removeExactOn(s sock, p Port) error {
+	err := g.drop(s, g.elements(p))
 	if errors.Is(err, errNotAllThere) {
 		return g.removePortOn(s, p.Index)
 	}
@@ -257,14 +263,7 @@ func (g Guard) RemoveExactOn(c *nftables.Conn, raw *netlink.Conn, p Port) error 
 	if len(p.IPs) == 0 {
 		return g.removePortOn(s, p.Index)
 	}
-	err = g.drop(s, g.elements(p))
-	if errors.Is(err, errNotAllThere) {
-		return g.removePortOn(s, p.Index)
-	}
-	if err != nil {
-		return err
-	}
-	return g.RemoveRecord(p.Index)
+	return g.removeExactOn(s, p)
 }
 
 // removing takes the records' lock, shared, for a removal of a port's

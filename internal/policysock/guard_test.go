@@ -18,6 +18,18 @@ import (
 // socket and returns its path.
 func serveGuarded(t *testing.T, guard GuardHandler, h EarlyHandler) string {
 	t.Helper()
+	return serveWith(t, func(ctx context.Context, l net.Listener) error {
+		if guard == nil {
+			return ServeEarly(ctx, l, 2*time.Second, h)
+		}
+		return ServeGuarded(ctx, l, 2*time.Second, guard, h)
+	})
+}
+
+// serveWith runs serve on a fresh socket until the test ends and returns
+// the socket's path.
+func serveWith(t *testing.T, serve func(context.Context, net.Listener) error) string {
+	t.Helper()
 	path := filepath.Join(t.TempDir(), FileName)
 	l, err := Listen(path)
 	if err != nil {
@@ -25,13 +37,7 @@ func serveGuarded(t *testing.T, guard GuardHandler, h EarlyHandler) string {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() {
-		if guard == nil {
-			done <- ServeEarly(ctx, l, 2*time.Second, h)
-			return
-		}
-		done <- ServeGuarded(ctx, l, 2*time.Second, guard, h)
-	}()
+	go func() { done <- serve(ctx, l) }()
 	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {

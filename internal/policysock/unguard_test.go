@@ -3,8 +3,8 @@ package policysock
 import (
 	"context"
 	"errors"
+	"net"
 	"net/netip"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -14,21 +14,7 @@ import (
 // serveHandlers serves hs at a fresh socket and returns its path.
 func serveHandlers(t *testing.T, hs Handlers) string {
 	t.Helper()
-	path := filepath.Join(t.TempDir(), FileName)
-	l, err := Listen(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- ServeHandlers(ctx, l, 2*time.Second, 0, hs) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-	})
-	return path
+	return serveWith(t, func(ctx context.Context, l net.Listener) error { return ServeHandlers(ctx, l, 2*time.Second, 0, hs) })
 }
 
 func callUnguard(t *testing.T, path string, r Request) error {
@@ -46,7 +32,12 @@ func TestUnguard(t *testing.T) {
 	var got []Request
 	calls := map[string]int{}
 	path := serveHandlers(t, Handlers{
-		Guard: func(context.Context, Request, func(error)) error { mu.Lock(); calls["guard"]++; mu.Unlock(); return nil },
+		Guard: func(context.Context, Request, func(error)) error {
+			mu.Lock()
+			calls["guard"]++
+			mu.Unlock()
+			return nil
+		},
 		Unguard: func(_ context.Context, r Request) error {
 			mu.Lock()
 			defer mu.Unlock()
