@@ -39,6 +39,12 @@ type addLevel struct {
 	// steps (the plugin's trace): how long podnet-routed held it up
 	BlockedSeqMs  []float64 `json:"blocked_seq_ms"`
 	BlockedConcMs []float64 `json:"blocked_conc_ms"`
+	// RollingMs, BlockedRollingMs: podnet's ADDs, as many in flight as
+	// in the concurrent phase, beside the DEL of as many older podnet
+	// pods (8 in flight), and how long podnet-routed held each up; absent
+	// from older results
+	RollingMs        []float64 `json:"rolling_ms"`
+	BlockedRollingMs []float64 `json:"blocked_rolling_ms"`
 	// StepsSeq: the sequential podnet ADDs' steps (p50 wall, ms), the
 	// last "inside the plugin"; absent from older results
 	StepsSeq []struct {
@@ -198,6 +204,7 @@ func (r *report) addSection(d *policyData) {
 	if a.Pods == 0 {
 		r.f("(No sequential or concurrent phases: PODNET_BENCH_POLICY_ADD_PODS=0.)\n\n")
 	}
+	r.addRollingTable(a)
 	r.addStepsTable(a)
 
 	// targets: p50 at every level and mode, p99 and the engine's wait at
@@ -382,4 +389,31 @@ func (r *report) addStepsTable(a *addCompare) {
 		r.f(" %s |", fmtMs(median(l.PodnetSeqMs)-inside))
 	}
 	r.f("\n\n")
+}
+
+// addRollingTable shows podnet's ADDs beside DELs (a node replacing its
+// pods) next to the same level's concurrent phase, when the results have
+// them.
+func (r *report) addRollingTable(a *addCompare) {
+	var rows []addLevel
+	for _, l := range a.Levels {
+		if len(l.RollingMs) > 0 {
+			rows = append(rows, l)
+		}
+	}
+	if len(rows) == 0 {
+		return
+	}
+	r.f("**Beside DELs** (a node replacing its pods): after the concurrent phase, %d podnet pods are ADDed and left, then %d new ones ADDed with %d in flight while the older ones are DELeted beside them, 8 in flight (the CNI DEL, the netns, the Pod object, as in the phases' end); podnet's ADDs only. The concurrent phase's podnet ADDs of the same level are beside them for comparison.\n\n", a.Pods, a.Pods, a.Workers)
+	r.f("| policies | podnet ADD beside DELs p50 / p99 (ms) | held up p50 / p99 (ms) | concurrent, no DELs, p50 / p99 (ms) | held up p50 / p99 (ms) |\n|---:|---|---|---|---|\n")
+	for _, l := range rows {
+		held := func(v []float64) string {
+			if len(v) == 0 {
+				return "—"
+			}
+			return fmtMs(median(v)) + " / " + fmtMs(pct(v, 99))
+		}
+		r.f("| %d | %s / %s | %s | %s | %s |\n", l.Policies, fmtMs(median(l.RollingMs)), fmtMs(pct(l.RollingMs, 99)), held(l.BlockedRollingMs), held(l.PodnetConcMs), held(l.BlockedConcMs))
+	}
+	r.f("\n")
 }

@@ -157,3 +157,36 @@ func TestAddSteps(t *testing.T) {
 		t.Error("a steps table without steps")
 	}
 }
+
+// TestRollingTable: the levels with ADDs beside DELs get a row each, next
+// to the same level's concurrent phase; results without them get no
+// table.
+func TestRollingTable(t *testing.T) {
+	ms := func(v float64, n int) []float64 {
+		out := make([]float64, n)
+		for i := range out {
+			out[i] = v
+		}
+		return out
+	}
+	a := &addCompare{Pods: 100, Workers: 8, Chunk: 25, Levels: []addLevel{
+		{Policies: 0, PodnetSeqMs: ms(5, 100), RefSeqMs: ms(10, 100), PodnetConcMs: ms(20, 100), RefConcMs: ms(40, 100),
+			RollingMs: ms(37, 100), BlockedRollingMs: ms(0.5, 100), BlockedConcMs: ms(0.25, 100)},
+		{Policies: 1000, PodnetSeqMs: ms(6, 100), RefSeqMs: ms(10, 100), PodnetConcMs: ms(30, 100), RefConcMs: ms(40, 100)},
+	}}
+	r := &report{}
+	r.addSection(&policyData{AddCompare: a})
+	out := r.b.String()
+	if !strings.Contains(out, "**Beside DELs**") || !strings.Contains(out, "| 0 | 37.0 / 37.0 | 0.50 / 0.50 | 20.0 / 20.0 | 0.25 / 0.25 |") {
+		t.Errorf("no rolling row for 0 policies:\n%s", out)
+	}
+	if strings.Contains(out, "| 1000 | ") && strings.Contains(out[strings.Index(out, "**Beside DELs**"):], "| 1000 |") {
+		t.Errorf("a rolling row for a level without rolling ADDs:\n%s", out)
+	}
+	a.Levels[0].RollingMs = nil
+	r = &report{}
+	r.addSection(&policyData{AddCompare: a})
+	if strings.Contains(r.b.String(), "Beside DELs") {
+		t.Error("a rolling table without rolling ADDs")
+	}
+}
