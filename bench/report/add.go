@@ -184,10 +184,7 @@ func (r *report) addSection(d *policyData) {
 			if len(m.podnet) == 0 || len(m.ref) == 0 {
 				continue
 			}
-			held := "—"
-			if len(m.blocked) > 0 {
-				held = fmtMs(median(m.blocked)) + " / " + fmtMs(pct(m.blocked, 99))
-			}
+			held := p50p99(m.blocked)
 			r.f("| %d | %s | %d | %s / %s | %s / %s | %.2f× | %.2f× | %s | %s | %s | %.0f of %d | %s |\n", l.Policies, m.mode, len(m.podnet),
 				fmtMs(median(m.podnet)), fmtMs(pct(m.podnet, 99)), fmtMs(median(m.ref)), fmtMs(pct(m.ref, 99)),
 				median(m.podnet)/median(m.ref), pct(m.podnet, 99)/pct(m.ref, 99),
@@ -347,12 +344,7 @@ func gapMs(got, want float64) string {
 // level (from the plugin's trace), and what libcni measured on top of
 // the plugin's own time: its exec, the Go runtime's start and libcni.
 func (r *report) addStepsTable(a *addCompare) {
-	var levels []addLevel
-	for _, l := range a.Levels {
-		if len(l.StepsSeq) > 0 {
-			levels = append(levels, l)
-		}
-	}
+	levels := a.levelsWith(func(l addLevel) bool { return len(l.StepsSeq) > 0 })
 	if len(levels) == 0 {
 		return
 	}
@@ -395,25 +387,33 @@ func (r *report) addStepsTable(a *addCompare) {
 // pods) next to the same level's concurrent phase, when the results have
 // them.
 func (r *report) addRollingTable(a *addCompare) {
-	var rows []addLevel
-	for _, l := range a.Levels {
-		if len(l.RollingMs) > 0 {
-			rows = append(rows, l)
-		}
-	}
+	rows := a.levelsWith(func(l addLevel) bool { return len(l.RollingMs) > 0 })
 	if len(rows) == 0 {
 		return
 	}
 	r.f("**Beside DELs** (a node replacing its pods): after the concurrent phase, %d podnet pods are ADDed and left, then %d new ones ADDed with %d in flight while the older ones are DELeted beside them, 8 in flight (the CNI DEL, the netns, the Pod object, as in the phases' end); podnet's ADDs only. The concurrent phase's podnet ADDs of the same level are beside them for comparison.\n\n", a.Pods, a.Pods, a.Workers)
 	r.f("| policies | podnet ADD beside DELs p50 / p99 (ms) | held up p50 / p99 (ms) | concurrent, no DELs, p50 / p99 (ms) | held up p50 / p99 (ms) |\n|---:|---|---|---|---|\n")
 	for _, l := range rows {
-		held := func(v []float64) string {
-			if len(v) == 0 {
-				return "—"
-			}
-			return fmtMs(median(v)) + " / " + fmtMs(pct(v, 99))
-		}
-		r.f("| %d | %s / %s | %s | %s | %s |\n", l.Policies, fmtMs(median(l.RollingMs)), fmtMs(pct(l.RollingMs, 99)), held(l.BlockedRollingMs), held(l.PodnetConcMs), held(l.BlockedConcMs))
+		r.f("| %d | %s | %s | %s | %s |\n", l.Policies, p50p99(l.RollingMs), p50p99(l.BlockedRollingMs), p50p99(l.PodnetConcMs), p50p99(l.BlockedConcMs))
 	}
 	r.f("\n")
+}
+
+// levelsWith returns the levels keep says yes to, in order.
+func (a *addCompare) levelsWith(keep func(addLevel) bool) []addLevel {
+	var out []addLevel
+	for _, l := range a.Levels {
+		if keep(l) {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// p50p99 is "p50 / p99" of v in ms, "—" when v is empty.
+func p50p99(v []float64) string {
+	if len(v) == 0 {
+		return "—"
+	}
+	return fmtMs(median(v)) + " / " + fmtMs(pct(v, 99))
 }

@@ -49,13 +49,7 @@ func TestHistQuantile(t *testing.T) {
 // the plugin's trace says podnet-routed held it up, both phases of the
 // last level pooled, and shown per row.
 func TestHeldUpTarget(t *testing.T) {
-	ms := func(v float64, n int) []float64 {
-		out := make([]float64, n)
-		for i := range out {
-			out[i] = v
-		}
-		return out
-	}
+	ms := constMs
 	for _, tc := range []struct {
 		name      string
 		seq, conc []float64
@@ -162,13 +156,7 @@ func TestAddSteps(t *testing.T) {
 // to the same level's concurrent phase; results without them get no
 // table.
 func TestRollingTable(t *testing.T) {
-	ms := func(v float64, n int) []float64 {
-		out := make([]float64, n)
-		for i := range out {
-			out[i] = v
-		}
-		return out
-	}
+	ms := constMs
 	a := &addCompare{Pods: 100, Workers: 8, Chunk: 25, Levels: []addLevel{
 		{Policies: 0, PodnetSeqMs: ms(5, 100), RefSeqMs: ms(10, 100), PodnetConcMs: ms(20, 100), RefConcMs: ms(40, 100),
 			RollingMs: ms(37, 100), BlockedRollingMs: ms(0.5, 100), BlockedConcMs: ms(0.25, 100)},
@@ -189,4 +177,13 @@ func TestRollingTable(t *testing.T) {
 	if strings.Contains(r.b.String(), "Beside DELs") {
 		t.Error("a rolling table without rolling ADDs")
 	}
+}
+
+// constMs is n samples of v ms.
+func constMs(v float64, n int) []float64 {
+	out := make([]float64, n)
+	for i := range out {
+		out[i] = v
+	}
+	return out
 }
